@@ -1,0 +1,31 @@
+"""Shared fixtures: the real DeepSeek-V3 counts from ../shared/data and small synthetic counts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("SCENE_EPLB_DATA", REPO.parent / "shared" / "data" / "deepseek_v3_counts"))
+
+
+@pytest.fixture(scope="session")
+def real_counts_paths() -> list[Path]:
+    paths = sorted(DATA.glob("*.json"))
+    assert paths, f"real counts not found in {DATA} (set SCENE_EPLB_DATA)"
+    return paths
+
+
+def skewed_counts(T: int, L: int, E: int, seed: int = 0, top_k: int = 4, tokens: int = 512) -> np.ndarray:
+    """Zipf-skewed per-slot counts [T, L, E]; every slot of every layer sums to tokens * top_k."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((T, L, E), dtype=np.int64)
+    for l in range(L):
+        p = 1.0 / (1 + rng.permutation(E)) ** 1.1
+        p /= p.sum()
+        for t in range(T):
+            out[t, l] = rng.multinomial(tokens * top_k, p)
+    return out

@@ -1,0 +1,115 @@
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.dispatch import static_table
+from vllm_scene_eplb.fit import FitOptions, allocate_replicas, fit, fit_map
+from vllm_scene_eplb.formats import read_counts
+from vllm_scene_eplb.layout import Geometry, linear_map, map_problems, replica_counts
+from vllm_scene_eplb.score import ideal_score, static_score
+
+from .conftest import skewed_counts
+
+
+@st.composite
+def geometries_and_counts(draw):
+    ep = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    nodes = draw(st.sampled_from([n for n in (1, 2, 4) if ep % n == 0]))
+    E = draw(st.integers(2, 24))
+    r_min = (-E) % ep
+    R = r_min + ep * draw(st.integers(0, 2))
+    if R > E * (ep - 1):
+        R = r_min if r_min <= E * (ep - 1) else None
+    if R is None or (E + R) % ep:
+        E, R = ep * 2, 0
+    T = draw(st.integers(1, 4))
+    L = draw(st.integers(1, 3))
+    kind = draw(st.sampled_from(["random", "skewed", "zeros", "one-hot"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    if kind == "random":
+        data = rng.integers(0, 1000, size=(T, L, E))
+    elif kind == "skewed":
+        data = (rng.pareto(1.2, size=(T, L, E)) * 100).astype(np.int64)
+    elif kind == "zeros":
+        data = np.zeros((T, L, E), dtype=np.int64)
+    else:
+        data = np.zeros((T, L, E), dtype=np.int64)
+        data[..., rng.integers(E)] = 1000
+    return Geometry(E, R, ep, nodes), data
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(geometries_and_counts(), st.sampled_from(["static", "dynamic"]), st.booleans())
+def test_fit_always_gives_a_valid_layout(gc, dispatch, robust):
+    g, data = gc
+    layout = fit(Counts(data), FitOptions(g, dispatch=dispatch, robust=robust))
+    p2l = layout.physical_to_logical_map
+    assert map_problems(p2l, g) == []  # every expert present, ids legal, no same-rank duplicate
+    assert (replica_counts(p2l, g.num_experts) <= g.ep_size).all()
+    table = static_table(p2l, g)
+    # the static table names, for every source rank and expert, a slot that holds that expert
+    assert (np.take_along_axis(np.broadcast_to(p2l[:, None, :], table.shape[:2] + p2l.shape[1:]), table, axis=2) == np.arange(g.num_experts)).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(geometries_and_counts())
+def test_fit_is_deterministic_and_never_worse_than_linear_in_sample(gc):
+    g, data = gc
+    opts = FitOptions(g, dispatch="dynamic")
+    a, b = fit_map(data, opts), fit_map(data.copy(), opts)
+    assert (a == b).all()
+    w = data.sum(axis=0).astype(float)
+    linear = linear_map(g, w.shape[0])
+    if not map_problems(linear, g):
+        assert (ideal_score(a, w, g) <= ideal_score(linear, w, g) + 1e-9).all()
+
+
+def test_allocate_replicas_goes_to_the_largest_per_replica_load():
+    w = np.array([[100.0, 10.0, 10.0, 1.0]])
+    c = allocate_replicas(w, 4, cap=3)
+    assert c.tolist() == [[3, 2, 2, 1]] or c.sum() == 8
+    assert c[0, 0] == 3  # capped at ep_size
+
+
+def test_static_table_prefers_local_replicas_and_splits_evenly():
+    g = Geometry(4, 4, 4)  # 2 slots per rank
+    p2l = np.array([[0, 1, 0, 2, 0, 3, 0, 1]])  # expert 0 on every rank, expert 1 on ranks 0 and 3
+    table = static_table(p2l, g)[0]
+    assert table[:, 0].tolist() == [0, 2, 4, 6]  # each rank uses its own copy of expert 0
+    assert table[0, 1] == 1 and table[3, 1] == 7
+    assert sorted([table[1, 1], table[2, 1]]) == [1, 7]  # the other two split across both replicas
+
+
+def test_static_table_caps_replica_share_across_nodes():
+    g = Geometry(4, 4, 8, 2)  # 8 ranks on 2 nodes, 1 slot each; expert 0 has 3 replicas all on node 0
+    p2l = np.array([[0, 0, 0, 1, 2, 3, 1, 2]])
+    sources = np.bincount(static_table(p2l, g)[0, :, 0], minlength=8)
+    assert sources.max() <= 3  # ceil(8 / 3): no replica serves much more than an even share
+
+
+def test_in_sample_targets_on_real_counts(real_counts_paths):
+    counts = read_counts(real_counts_paths[0])
+    w = counts.total()[counts.active_layers()]
+    for g in (Geometry(256, 16, 16), Geometry(256, 32, 32, 4), Geometry(256, 0, 8)):
+        p2l = fit_map(w[None], FitOptions(g, dispatch="dynamic"))
+        s = ideal_score(p2l, w, g)
+        assert np.median(s) <= 1.001 and s.max() <= 1.005, g
+        ps = fit_map(w[None], FitOptions(g, dispatch="static"))
+        assert np.median(static_score(ps, w, g)) <= 1.001, g
+
+
+def test_robust_mode_lowers_expected_per_slot_peak_on_train():
+    from vllm_scene_eplb.score import per_slot_score
+
+    data = skewed_counts(16, 3, 32, seed=3, tokens=64)
+    g = Geometry(32, 8, 8)
+    plain = fit_map(data, FitOptions(g, dispatch="dynamic"))
+    robust = fit_map(data, FitOptions(g, dispatch="dynamic", robust=True))
+    assert (per_slot_score(robust, data, g) <= per_slot_score(plain, data, g) + 1e-12).all()
+
+
+def test_fit_refuses_counts_of_another_expert_count():
+    with pytest.raises(Exception, match="counts have 8 experts"):
+        fit(Counts(skewed_counts(1, 1, 8)), FitOptions(Geometry(16, 0, 4)))

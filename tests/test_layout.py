@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.layout import Geometry, Layout, linear_map, map_problems, same_rank_duplicates
+
+
+def test_geometry_rules():
+    g = Geometry(256, 16, 16, 1)
+    assert (g.num_physical, g.slots_per_rank) == (272, 17)
+    with pytest.raises(SceneEplbError, match="not divisible by ep_size"):
+        Geometry(256, 15, 16)
+    with pytest.raises(SceneEplbError, match="not divisible by nodes"):
+        Geometry(256, 16, 16, 3)
+    with pytest.raises(SceneEplbError, match="cannot be filled"):
+        Geometry(2, 10, 4)
+
+
+def test_map_problems_name_each_defect():
+    g = Geometry(4, 2, 2)  # 6 slots, 3 per rank
+    good = np.array([[0, 1, 2, 3, 0, 1]])
+    assert map_problems(good, g) == []
+    assert "outside [0, 4)" in map_problems(np.array([[0, 1, 2, 3, 0, 9]]), g)[0]
+    assert "have no slot" in map_problems(np.array([[0, 1, 2, 0, 1, 2]]), g)[0]
+    dup = np.array([[0, 0, 1, 2, 3, 1]])
+    assert any("holds logical expert 0 twice" in p for p in map_problems(dup, g))
+    assert same_rank_duplicates(dup, g) == 1
+    assert "5 slots per layer" in map_problems(np.array([[0, 1, 2, 3, 0]]), g)[0]
+
+
+def test_layout_refuses_invalid_maps_and_wrong_models():
+    g = Geometry(4, 2, 2)
+    with pytest.raises(SceneEplbError, match="twice"):
+        Layout(np.array([[0, 0, 1, 2, 3, 1]]), g)
+    lay = Layout(np.array([[0, 1, 2, 3, 0, 1]] * 3), g, moe_layers=(1, 2))
+    lay.check_model(2, 4, 2)
+    with pytest.raises(SceneEplbError, match="the model has 3"):
+        lay.check_model(3, 4, 2)
+    with pytest.raises(SceneEplbError, match="ep_size 4"):
+        lay.check_model(2, 4, 4)
+
+
+def test_linear_map_is_p_mod_e():
+    g = Geometry(8, 4, 4)
+    assert linear_map(g, 2)[1].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]

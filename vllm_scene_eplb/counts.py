@@ -1,0 +1,109 @@
+"""Routing counts (`logical_count`): validation, the train/holdout split and summaries.
+
+Counts are int [T, L, E]: T recorder ring slots (unordered, unwritten slots are zero), L layers in
+the model's layer axis (dense layers stay all-zero), E logical experts. A value is a number of
+(token, top-k) assignments, already summed over ranks exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import SceneEplbError
+from .fileio import canonical_json, sha256_hex
+
+# Counts above this cannot come from a real recorder and would overflow sums in int64.
+MAX_COUNT = 2**53
+
+
+def validate_count_array(raw: Any, path: str | None = None) -> np.ndarray:
+    """Check a [T, L, E] or [L, E] array of counts and return it as int64 [T, L, E].
+
+    Rejects ragged or empty input, non-numeric or boolean values, NaN/inf, fractional values,
+    negatives and absurdly large values, each with a message naming the first bad position.
+    """
+    try:
+        arr = np.asarray(raw)
+    except ValueError as exc:  # ragged nested lists
+        raise SceneEplbError(f"logical_count is not a rectangular array ({exc})", path) from None
+    if arr.dtype == object:
+        raise SceneEplbError("logical_count is not a rectangular array of numbers (ragged rows?)", path)
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3:
+        raise SceneEplbError(
+            f"logical_count must be [T, L, E] or [L, E], got {arr.ndim} dimension(s) {list(arr.shape)}",
+            path,
+        )
+    if 0 in arr.shape:
+        raise SceneEplbError(f"logical_count is empty: shape {list(arr.shape)}", path)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise SceneEplbError(f"logical_count must hold integers, got dtype {arr.dtype}", path)
+    checks = [(arr < 0, "a negative value"), (arr > MAX_COUNT, "an implausibly large value")]
+    if np.issubdtype(arr.dtype, np.floating):
+        finite = np.isfinite(arr)
+        checks = [(~finite, "a non-finite value"), (finite & (arr != np.floor(arr)), "a fractional value (counts are integers)")] + checks
+    for mask, what in checks:
+        if mask.any():
+            pos = tuple(int(i) for i in np.argwhere(mask)[0])
+            raise SceneEplbError(f"logical_count has {what} {arr[pos].item()!r} at [t, layer, expert] = {list(pos)}", path)
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def counts_digest(data: np.ndarray) -> str:
+    """SHA-256 of the counts' shape and little-endian int64 bytes; identifies a counts file's content."""
+    arr = np.ascontiguousarray(data, dtype="<i8")
+    return sha256_hex(canonical_json(list(arr.shape)) + arr.tobytes())
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Validated routing counts plus free-form metadata (model, role, geometry, layer ids...)."""
+
+    data: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", validate_count_array(self.data))
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.data.shape[1])
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.data.shape[2])
+
+    def total(self) -> np.ndarray:
+        """Counts summed over ring slots: int64 [L, E]."""
+        return self.data.sum(axis=0)
+
+    def written_slots(self) -> np.ndarray:
+        """Indices of ring slots holding any count (unwritten slots are all zero)."""
+        return np.flatnonzero(self.data.reshape(self.num_slots, -1).any(axis=1))
+
+    def active_layers(self) -> np.ndarray:
+        """Indices of layers with any routing (all-zero layers are dense or were never routed)."""
+        return np.flatnonzero(self.total().any(axis=1))
+
+    def digest(self) -> str:
+        return counts_digest(self.data)
+
+    def split(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Split written slots into train (first half, rounded up) and holdout (second half).
+
+        Returns ([T1, L, E], [T2, L, E] or None when fewer than two slots were written). This is an
+        internal check on held-out slots, not a proof of generalisation.
+        """
+        written = self.written_slots()
+        if written.size < 2:
+            return self.data[written] if written.size else self.data[:1], None
+        half = (written.size + 1) // 2
+        return self.data[written[:half]], self.data[written[half:]]

@@ -1,0 +1,109 @@
+"""Per-layer before/after scores of a layout on counts: what `score`, `fit` and `report` print."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .counts import Counts
+from .errors import SceneEplbError
+from .layout import Layout, linear_map, same_rank_duplicates
+from .score import ideal_score, per_slot_score, static_score
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Scores per MoE layer (arrays aligned with ``layers``); None where not observable.
+
+    ``old`` is the linear layout (slot p holds p mod E) engines start from; ``train``/``holdout``
+    are the first and second half of the written count slots.
+    """
+
+    layers: np.ndarray
+    old_train: np.ndarray
+    new_train: np.ndarray
+    old_holdout: np.ndarray | None
+    new_holdout: np.ndarray | None
+    new_static_train: np.ndarray
+    new_per_slot_holdout: np.ndarray | None
+    max_replicas: np.ndarray
+    replicated_experts: np.ndarray
+    old_duplicates: int
+    fingerprint: str | None
+    layout_hash: str
+
+    def summary(self) -> dict:
+        """Median and worst layer of each score (None when not observed)."""
+
+        def stats(a):
+            return None if a is None else {"median": float(np.median(a)), "worst": float(np.max(a))}
+
+        return {
+            "layers": int(self.layers.size),
+            "old_train": stats(self.old_train),
+            "new_train": stats(self.new_train),
+            "old_holdout": stats(self.old_holdout),
+            "new_holdout": stats(self.new_holdout),
+            "new_static_train": stats(self.new_static_train),
+            "new_per_slot_holdout": stats(self.new_per_slot_holdout),
+            "old_same_rank_duplicates": self.old_duplicates,
+            "fingerprint": self.fingerprint,
+            "layout_hash": self.layout_hash,
+        }
+
+    def rows(self) -> list[dict]:
+        """One dict per MoE layer, for JSON output and tables."""
+
+        def at(a, i):
+            return None if a is None else float(a[i])
+
+        return [
+            {
+                "layer": int(layer),
+                "old_train": at(self.old_train, i),
+                "new_train": at(self.new_train, i),
+                "old_holdout": at(self.old_holdout, i),
+                "new_holdout": at(self.new_holdout, i),
+                "new_static_train": at(self.new_static_train, i),
+                "new_per_slot_holdout": at(self.new_per_slot_holdout, i),
+                "max_replicas": int(self.max_replicas[i]),
+                "replicated_experts": int(self.replicated_experts[i]),
+            }
+            for i, layer in enumerate(self.layers)
+        ]
+
+
+def check_compatible(layout: Layout, counts: Counts) -> None:
+    """Refuse to score a layout on counts of another model shape."""
+    if counts.num_experts != layout.geometry.num_experts:
+        raise SceneEplbError(f"layout is for {layout.geometry.num_experts} experts, counts have {counts.num_experts}")
+    if counts.num_layers != layout.num_layers:
+        raise SceneEplbError(f"layout has {layout.num_layers} layers, counts have {counts.num_layers}")
+
+
+def evaluate(layout: Layout, counts: Counts) -> Evaluation:
+    """Score ``layout`` and the linear layout on the train and holdout halves of ``counts``."""
+    check_compatible(layout, counts)
+    g = layout.geometry
+    layers = np.asarray(layout.moe_layers, dtype=np.int64)
+    new = layout.physical_to_logical_map[layers]
+    old = linear_map(g, layers.size)
+    train, holdout = counts.split()
+    w_train = train.sum(axis=0)[layers]
+    w_hold = None if holdout is None else holdout.sum(axis=0)[layers]
+    reps = layout.replica_counts()[layers]
+    return Evaluation(
+        layers=layers,
+        old_train=ideal_score(old, w_train, g),
+        new_train=ideal_score(new, w_train, g),
+        old_holdout=None if w_hold is None else ideal_score(old, w_hold, g),
+        new_holdout=None if w_hold is None else ideal_score(new, w_hold, g),
+        new_static_train=static_score(new, w_train, g),
+        new_per_slot_holdout=None if holdout is None else per_slot_score(new, holdout[:, layers], g),
+        max_replicas=reps.max(axis=1),
+        replicated_experts=(reps > 1).sum(axis=1),
+        old_duplicates=same_rank_duplicates(old, g),
+        fingerprint=layout.meta.get("fingerprint"),
+        layout_hash=layout.digest(),
+    )

@@ -1,0 +1,97 @@
+"""Human-readable reports: a Markdown table per layer and PNG heat maps of per-rank load."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .counts import Counts
+from .errors import SceneEplbError
+from .evaluation import Evaluation
+from .fileio import atomic_write_bytes
+from .layout import Layout, linear_map
+from .score import ideal_rank_loads
+
+
+def _fmt(x) -> str:
+    return "NOT_OBSERVED" if x is None else f"{x:.4f}"
+
+
+def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", images: list[str] = ()) -> str:
+    """A Markdown report: summary, then one row per MoE layer."""
+    g = layout.geometry
+    s = ev.summary()
+    lines = [
+        f"# {title}",
+        "",
+        f"- geometry: {g.num_experts} experts, {g.num_redundant} redundant slots, ep_size {g.ep_size}, "
+        f"{g.num_nodes} node(s), {g.slots_per_rank} slots per rank",
+        f"- layout hash: `{ev.layout_hash}`; fingerprint: `{ev.fingerprint or 'none'}`; "
+        f"dispatch fitted for: {layout.meta.get('dispatch', 'unknown')}",
+        f"- MoE layers scored: {s['layers']}; same-rank duplicates in the old (linear) layout: {s['old_same_rank_duplicates']}",
+        "- scores are max/mean rank load (1.0 = perfect), a screening number, not a device speedup;",
+        "  holdout = the second half of the written recorder slots, an internal check, not a generalisation proof.",
+        "",
+        "| score | median | worst layer |",
+        "|---|---|---|",
+    ]
+    names = {
+        "old_train": "old layout, train (ideal)",
+        "new_train": "new layout, train (ideal)",
+        "old_holdout": "old layout, holdout (ideal)",
+        "new_holdout": "new layout, holdout (ideal)",
+        "new_static_train": "new layout, train, static dispatch",
+        "new_per_slot_holdout": "new layout, holdout, expected per-slot peak",
+    }
+    for key, name in names.items():
+        st = s[key]
+        lines.append(f"| {name} | {_fmt(st and st['median'])} | {_fmt(st and st['worst'])} |")
+    lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in images] + [""]
+    lines += [
+        "| layer | old train | new train | old holdout | new holdout | new static | per-slot holdout | max replicas | replicated experts |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ev.rows():
+        lines.append(
+            f"| {r['layer']} | {_fmt(r['old_train'])} | {_fmt(r['new_train'])} | {_fmt(r['old_holdout'])} | "
+            f"{_fmt(r['new_holdout'])} | {_fmt(r['new_static_train'])} | {_fmt(r['new_per_slot_holdout'])} | "
+            f"{r['max_replicas']} | {r['replicated_experts']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path:
+    """PNG: per-rank load / mean for every MoE layer, old (linear) layout beside the new one."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SceneEplbError("heat maps need matplotlib (pip install 'vllm-scene-eplb[plots]')") from None
+    g = layout.geometry
+    layers = list(layout.moe_layers)
+    w = counts.total()[layers].astype(np.float64)
+    panels = [("old (linear) layout", linear_map(g, len(layers))), ("fitted layout", layout.physical_to_logical_map[layers])]
+    rel = []
+    for _, p2l in panels:
+        loads = ideal_rank_loads(p2l, w, g)
+        mean = loads.mean(axis=1, keepdims=True)
+        rel.append(np.divide(loads, mean, out=np.ones_like(loads), where=mean > 0))
+    vmax = max(1.05, float(max(r.max() for r in rel)))
+    fig, axes = plt.subplots(1, 2, figsize=(10, max(3.0, 0.12 * len(layers) + 1.5)), sharey=True)
+    for ax, (name, _), r in zip(axes, panels, rel):
+        im = ax.imshow(r, aspect="auto", cmap="magma", vmin=0.0, vmax=vmax, interpolation="nearest")
+        ax.set_title(f"{name}\nmedian peak {np.median(r.max(axis=1)):.3f}, worst {r.max():.3f}")
+        ax.set_xlabel("EP rank")
+    axes[0].set_ylabel("MoE layer (row in layout)")
+    axes[0].set_yticks(range(0, len(layers), max(1, len(layers) // 12)))
+    axes[0].set_yticklabels([layers[i] for i in range(0, len(layers), max(1, len(layers) // 12))])
+    fig.colorbar(im, ax=axes, label="rank load / mean")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,64 @@
+"""Scores of a layout on counts: per-rank loads and the max/mean balance ratio per layer.
+
+- ideal: each replica takes an even share w_e / c_e (also what ``dynamic`` dispatch predicts);
+- static: each source rank sends w_e / ep_size to the replica its static table names;
+- per-slot: the ideal score of every recorder slot, averaged with the slots' token weights
+  (the expected per-pass peak, which a sum over slots hides).
+A score of 1.0 is perfect balance. It screens layouts; it is not a device speedup.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dispatch import static_table
+from .layout import Geometry, replica_counts
+
+
+def ideal_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Per-rank load with an even split over replicas: float [..., L, ep] for weights [..., L, E]."""
+    c = replica_counts(p2l, geometry.num_experts)
+    share = np.asarray(weights, dtype=np.float64) / np.maximum(c, 1)
+    slot_load = np.take_along_axis(share, np.broadcast_to(p2l, share.shape[:-1] + p2l.shape[-1:]), axis=-1)
+    return slot_load.reshape(slot_load.shape[:-1] + (geometry.ep_size, geometry.slots_per_rank)).sum(axis=-1)
+
+
+def static_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Per-rank load under the static table, each source rank holding 1/ep of every expert's tokens."""
+    L, E, ep = p2l.shape[0], geometry.num_experts, geometry.ep_size
+    table = static_table(p2l, geometry)  # [L, ep, E]
+    dest_rank = table // geometry.slots_per_rank
+    per_source = np.broadcast_to(np.asarray(weights, dtype=np.float64)[:, None, :] / ep, (L, ep, E))
+    flat = (np.arange(L)[:, None, None] * ep + dest_rank).ravel()
+    return np.bincount(flat, weights=per_source.ravel(), minlength=L * ep).reshape(L, ep)
+
+
+def balance(loads: np.ndarray) -> np.ndarray:
+    """max/mean over the last (rank) axis; 1.0 where a layer carries no load."""
+    mean = loads.mean(axis=-1)
+    peak = loads.max(axis=-1)
+    return np.where(mean > 0, peak / np.where(mean > 0, mean, 1.0), 1.0)
+
+
+def ideal_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Ideal (even-split) score per layer: float [L]."""
+    return balance(ideal_rank_loads(p2l, weights, geometry))
+
+
+def static_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Static-dispatch score per layer: float [L]."""
+    return balance(static_rank_loads(p2l, weights, geometry))
+
+
+def dispatch_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, dispatch: str) -> np.ndarray:
+    """Predicted score under a dispatch algorithm (``dynamic`` splits evenly, so it equals ideal)."""
+    return static_score(p2l, weights, geometry) if dispatch == "static" else ideal_score(p2l, weights, geometry)
+
+
+def per_slot_score(p2l: np.ndarray, slots: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Expected per-pass peak: ideal score of each slot [T, L, E], weighted by slot load, per layer [L]."""
+    loads = ideal_rank_loads(p2l, slots, geometry)  # [T, L, ep]
+    per_slot = balance(loads)  # [T, L]
+    w = loads.sum(axis=-1)
+    total = w.sum(axis=0)
+    return np.where(total > 0, (per_slot * w).sum(axis=0) / np.where(total > 0, total, 1.0), 1.0)
