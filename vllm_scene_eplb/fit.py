@@ -16,8 +16,8 @@ from .counts import Counts
 from .dispatch import DISPATCH_ALGORITHMS, static_table
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
-from .layout import Geometry, Layout, replica_counts
-from .score import per_slot_score
+from .layout import Geometry, Layout, linear_map, same_rank_duplicates
+from .score import dispatch_score, per_slot_score
 
 FITTER_VERSION = f"{__version__}/fit-1"
 # Candidate risk weights for robust mode: weights = mean + kappa * std over train slots.
@@ -229,7 +229,18 @@ def _fit_weights(weights: np.ndarray, options: FitOptions) -> np.ndarray:
     p2l = refine(p2l, even, g, options.max_rounds, options.tolerance)
     if options.dispatch == "static":
         p2l = _refine_for_static(p2l, weights, options)
-    return p2l
+    return _no_worse_than_linear(p2l, weights, options)
+
+
+def _no_worse_than_linear(p2l: np.ndarray, weights: np.ndarray, options: FitOptions) -> np.ndarray:
+    """Keep the engines' default (linear) layout in any layer where it scores better, e.g. tiny
+    geometries where replicating a cold expert beats replicating a hot one; it must be valid."""
+    g = options.geometry
+    linear = linear_map(g, len(p2l))
+    if same_rank_duplicates(linear, g):
+        return p2l
+    ours, theirs = (dispatch_score(m, weights, g, options.dispatch) for m in (p2l, linear))
+    return np.where((theirs < ours - 1e-12)[:, None], linear, p2l)
 
 
 def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions, passes: int = STATIC_PASSES) -> np.ndarray:

@@ -219,7 +219,8 @@ def _geometry_for_bare_map(p2l: np.ndarray, hint: GeometryHint, path: Path) -> G
     E = hint.num_experts if hint.num_experts is not None else int(p2l.max()) + 1
     R = p2l.shape[1] - E
     if R < 0:
-        raise SceneEplbError(f"{p2l.shape[1]} slots per layer cannot hold {E} experts", path)
+        how = "given" if hint.num_experts is not None else f"inferred from the largest id {int(p2l.max())}; pass --num-experts"
+        raise SceneEplbError(f"{p2l.shape[1]} slots per layer cannot hold {E} experts ({how})", path)
     return _geometry(E, R, hint.ep_size, hint.num_nodes or 1, path)
 
 

@@ -13,7 +13,7 @@ from .errors import SceneEplbError
 from .evaluation import Evaluation
 from .fileio import atomic_write_bytes
 from .layout import Layout, linear_map
-from .score import ideal_rank_loads
+from .score import ideal_rank_loads, static_rank_loads
 
 
 def _fmt(x) -> str:
@@ -64,7 +64,8 @@ def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", image
 
 
 def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path:
-    """PNG: per-rank load / mean for every MoE layer, old (linear) layout beside the new one."""
+    """PNG: per-rank load / mean for every MoE layer, old (linear) layout beside the new one, under
+    the dispatch the layout was fitted for (static table, or the even split of dynamic)."""
     try:
         import matplotlib
 
@@ -76,9 +77,11 @@ def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path
     layers = list(layout.moe_layers)
     w = counts.total()[layers].astype(np.float64)
     panels = [("old (linear) layout", linear_map(g, len(layers))), ("fitted layout", layout.physical_to_logical_map[layers])]
+    dispatch = layout.meta.get("dispatch", "dynamic")
+    rank_loads = static_rank_loads if dispatch == "static" else ideal_rank_loads
     rel = []
     for _, p2l in panels:
-        loads = ideal_rank_loads(p2l, w, g)
+        loads = rank_loads(p2l, w, g)
         mean = loads.mean(axis=1, keepdims=True)
         rel.append(np.divide(loads, mean, out=np.ones_like(loads), where=mean > 0))
     vmax = max(1.05, float(max(r.max() for r in rel)))
@@ -86,7 +89,7 @@ def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path
     for ax, (name, _), r in zip(axes, panels, rel):
         im = ax.imshow(r, aspect="auto", cmap="magma", vmin=0.0, vmax=vmax, interpolation="nearest")
         ax.set_title(f"{name}\nmedian peak {np.median(r.max(axis=1)):.3f}, worst {r.max():.3f}")
-        ax.set_xlabel("EP rank")
+        ax.set_xlabel(f"EP rank ({dispatch} dispatch)")
     axes[0].set_ylabel("MoE layer (row in layout)")
     axes[0].set_yticks(range(0, len(layers), max(1, len(layers) // 12)))
     axes[0].set_yticklabels([layers[i] for i in range(0, len(layers), max(1, len(layers) // 12))])
