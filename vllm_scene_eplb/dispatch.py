@@ -42,40 +42,48 @@ def static_table(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
     replica, else its node's replicas (dealt round-robin in slot order), else the replicas with
     spare capacity in slot order.
     """
-    L, P = p2l.shape
-    E, ep, S = geometry.num_experts, geometry.ep_size, geometry.slots_per_rank
-    nodes, rpn = geometry.num_nodes, geometry.ranks_per_node
-    l2p, count = logical_to_physical(p2l, E)  # replicas in slot order, hence in rank and node order
-    W = l2p.shape[2]
-    valid = l2p >= 0
-    cap = -(-ep // count)  # [L, E]
-    local = np.full((L, E, ep), -1, dtype=np.int64)  # local[l, e, r]: the slot of e on rank r, or -1
-    slots = np.arange(P)
-    local[np.repeat(np.arange(L), P), p2l.ravel(), np.tile(slots // S, L)] = np.tile(slots, L)
-    # Same node: the j-th rank of a node without a local copy takes node replica j mod n, while
-    # that replica is under its cap.
-    node_of_replica = np.where(valid, l2p // (S * rpn), nodes)
-    node_count = (node_of_replica[..., None] == np.arange(nodes)).sum(axis=2)  # [L, E, nodes]
-    node_start = np.cumsum(node_count, axis=2) - node_count
-    node_of_rank = geometry.node_of_rank()
-    in_node = np.maximum(node_count[..., node_of_rank], 1)  # [L, E, ep]
-    needs = (local < 0) & (node_count[..., node_of_rank] > 0)
-    j = np.cumsum(needs.reshape(L, E, nodes, rpn), axis=3).reshape(L, E, ep) - 1
-    take = needs & (j // in_node <= cap[..., None] - 2)
-    idx = np.where(take, node_start[..., node_of_rank] + j % in_node, 0)
-    choice = np.where(take, np.take_along_axis(l2p, idx, axis=2), local)
-    # Everyone else fills the replicas' spare capacity in slot order.
-    row = (np.arange(L)[:, None] * E + np.arange(E)[None, :])[..., None] * W
-    # A replica serves its own rank unless it is a same-rank duplicate (then the first copy does).
-    own = np.take_along_axis(local, np.where(valid, l2p // S, 0), axis=2) == l2p
-    used = own + np.bincount((row + idx)[take], minlength=L * E * W).reshape(L, E, W)
-    spare = np.cumsum(np.where(valid, cap[..., None] - used, 0), axis=2)
-    pool = choice < 0
-    jp = np.cumsum(pool, axis=2) - 1
-    lp, ep_, rp = np.nonzero(pool)
-    rep = (spare[lp, ep_] <= jp[lp, ep_, rp][:, None]).sum(axis=1)
-    choice[lp, ep_, rp] = l2p[lp, ep_, np.minimum(rep, W - 1)]
+    L, E, ep = p2l.shape[0], geometry.num_experts, geometry.ep_size
+    l2p, count = logical_to_physical(p2l, E)
+    choice = np.repeat(l2p[:, :, :1], ep, axis=2)  # an expert with one replica: every rank uses it
+    li, ei = np.nonzero(count > 1)
+    if li.size:
+        choice[li, ei] = _replicated_choices(l2p[li, ei], count[li, ei], geometry)
     return np.ascontiguousarray(choice.transpose(0, 2, 1))
+
+
+def _replicated_choices(reps: np.ndarray, count: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """The static choice of every source rank for n replicated experts: reps [n, W] (slots in
+    ascending order, -1 padded), count [n] -> slots [n, ep]."""
+    n, W = reps.shape
+    ep, S, nodes, rpn = geometry.ep_size, geometry.slots_per_rank, geometry.num_nodes, geometry.ranks_per_node
+    rows = np.arange(n)
+    valid = reps >= 0
+    cap = -(-ep // count)  # [n]
+    local = np.full((n, ep), -1, dtype=np.int64)  # local[i, r]: the slot of the expert on rank r, or -1
+    for k in range(W - 1, -1, -1):  # reverse, so a same-rank duplicate leaves the first copy in place
+        ok = valid[:, k]
+        local[rows[ok], reps[ok, k] // S] = reps[ok, k]
+    # Same node: the j-th rank of a node without a local copy takes node replica j mod m, while
+    # that replica is under its cap.
+    node_of_replica = np.where(valid, reps // (S * rpn), nodes)
+    node_count = (node_of_replica[..., None] == np.arange(nodes)).sum(axis=1)  # [n, nodes]
+    node_start = np.cumsum(node_count, axis=1) - node_count
+    node_of_rank = geometry.node_of_rank()
+    in_node = np.maximum(node_count[:, node_of_rank], 1)  # [n, ep]
+    needs = (local < 0) & (node_count[:, node_of_rank] > 0)
+    j = np.cumsum(needs.reshape(n, nodes, rpn), axis=2).reshape(n, ep) - 1
+    take = needs & (j // in_node <= cap[:, None] - 2)
+    idx = np.where(take, node_start[:, node_of_rank] + j % in_node, 0)
+    choice = np.where(take, np.take_along_axis(reps, idx, axis=1), local)
+    # Everyone else fills the replicas' spare capacity in slot order.
+    own = np.take_along_axis(local, np.where(valid, reps // S, 0), axis=1) == reps
+    used = own + np.bincount((rows[:, None] * W + idx)[take], minlength=n * W).reshape(n, W)
+    spare = np.cumsum(np.where(valid, cap[:, None] - used, 0), axis=1)
+    pool_i, pool_r = np.nonzero(choice < 0)
+    jp = (np.cumsum(choice < 0, axis=1) - 1)[pool_i, pool_r]
+    rep = (spare[pool_i] <= jp[:, None]).sum(axis=1)
+    choice[pool_i, pool_r] = reps[pool_i, np.minimum(rep, W - 1)]
+    return choice
 
 
 def dynamic_tables(p2l: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:

@@ -22,8 +22,6 @@ from .score import dispatch_score, per_slot_score
 FITTER_VERSION = f"{__version__}/fit-1"
 # Candidate risk weights for robust mode: weights = mean + kappa * std over train slots.
 ROBUST_KAPPAS = (0.0, 0.5, 1.0, 2.0)
-# Refinement passes against the exact static-dispatch loads.
-STATIC_PASSES = 2
 
 
 @dataclass(frozen=True)
@@ -243,24 +241,19 @@ def _no_worse_than_linear(p2l: np.ndarray, weights: np.ndarray, options: FitOpti
     return np.where((theirs < ours - 1e-12)[:, None], linear, p2l)
 
 
-def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions, passes: int = STATIC_PASSES) -> np.ndarray:
+def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions) -> np.ndarray:
     """Refine again with the uneven replica shares the static table really gives. A swap moves a
-    replica with its current share, which the table then recomputes, so each pass keeps, per layer,
-    only maps whose static-dispatch peak really fell."""
+    replica with its current share, which the table then recomputes, so a layer keeps the new map
+    only where its static-dispatch peak really fell."""
     g = options.geometry
     loads = static_slot_loads(p2l, weights, g)
-    peak = loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2).max(axis=1)
-    for _ in range(passes):
-        candidate = refine(p2l, loads, g, options.max_rounds, options.tolerance)
-        cand_loads = static_slot_loads(candidate, weights, g)
-        cand_peak = cand_loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2).max(axis=1)
-        better = cand_peak < peak * (1.0 - 1e-9)
-        if not better.any():
-            break
-        p2l = np.where(better[:, None], candidate, p2l)
-        loads = np.where(better[:, None], cand_loads, loads)
-        peak = np.where(better, cand_peak, peak)
-    return p2l
+    candidate = refine(p2l, loads, g, options.max_rounds, options.tolerance)
+
+    def peak(slot_loads):
+        return slot_loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2).max(axis=1)
+
+    better = peak(static_slot_loads(candidate, weights, g)) < peak(loads) * (1.0 - 1e-9)
+    return np.where(better[:, None], candidate, p2l)
 
 
 def fit_map(train: np.ndarray, options: FitOptions) -> np.ndarray:
