@@ -71,6 +71,14 @@ def _load_pt(path: Path) -> Any:
     return _tensors_to_numpy(obj)
 
 
+def _write_pt(path: Path, key: str, array: np.ndarray) -> Path:
+    """Atomically write ``{key: int64 tensor}`` with torch.save (the dict SGLang loads)."""
+    torch = _torch(path)
+    buf = io.BytesIO()
+    torch.save({key: torch.from_numpy(np.array(array, dtype=np.int64))}, buf)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
 def _tensors_to_numpy(obj: Any) -> Any:
     if hasattr(obj, "detach") and hasattr(obj, "numpy"):
         return obj.detach().cpu().numpy()
@@ -188,10 +196,7 @@ def write_counts(counts: Counts, path: str | os.PathLike, fmt: str = "native") -
     if fmt == "sglang":
         return atomic_write_bytes(path, json.dumps({"logical_count": counts.data.tolist()}).encode())
     if fmt == "pt":
-        torch = _torch(path)
-        buf = io.BytesIO()
-        torch.save({"logical_count": torch.from_numpy(counts.data.copy())}, buf)
-        return atomic_write_bytes(path, buf.getvalue())
+        return _write_pt(path, "logical_count", counts.data)
     raise SceneEplbError(f"unknown counts format {fmt!r}; choose one of {', '.join(COUNTS_FORMATS)}")
 
 
@@ -352,10 +357,7 @@ def write_layout(layout: Layout, path: str | os.PathLike, fmt: str = "native") -
     if fmt == "vllm-ascend":
         return atomic_write_bytes(path, json.dumps(ascend_expert_map(layout), indent=1).encode())
     if fmt == "pt":
-        torch = _torch(path)
-        buf = io.BytesIO()
-        torch.save({"physical_to_logical_map": torch.from_numpy(layout.physical_to_logical_map.copy())}, buf)
-        return atomic_write_bytes(path, buf.getvalue())
+        return _write_pt(path, "physical_to_logical_map", layout.physical_to_logical_map)
     raise SceneEplbError(f"unknown layout format {fmt!r}; choose one of {', '.join(LAYOUT_FORMATS)}")
 
 
