@@ -1,0 +1,39 @@
+import pytest
+
+from vllm_scene_eplb.config import PluginConfig, parse_config
+from vllm_scene_eplb.errors import SceneEplbError
+
+
+def test_absent_means_off_and_defaults_are_sane():
+    assert parse_config({}) is None and parse_config(None) is None
+    cfg = parse_config({"scene_eplb": {}})
+    assert cfg.role == "auto" and cfg.buffer_slots == 512 and cfg.dispatch == "static" and cfg.layout is None
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"rol": "prefill"}, "unknown key(s) ['rol']"),
+        ({"role": "p"}, "role must be one of"),
+        ({"buffer_slots": 0}, "buffer_slots must be"),
+        ({"buffer_slots": "512"}, "buffer_slots must be"),
+        ({"dispatch": "random"}, "dispatch must be one of"),
+        ({"layout": "/nonexistent/layout.json"}, "no such file"),
+        ({"dump_dir": ""}, "non-empty path"),
+        ("on", "must be a JSON object"),
+    ],
+)
+def test_bad_settings_fail_clearly(raw, message):
+    with pytest.raises(SceneEplbError) as exc:
+        parse_config({"scene_eplb": raw})
+    assert message in str(exc.value)
+
+
+def test_role_resolution():
+    auto = PluginConfig()
+    assert auto.resolve_role("kv_producer") == "prefill"
+    assert auto.resolve_role("kv_consumer") == "decode"
+    assert auto.resolve_role(None) == "prefill"
+    with pytest.raises(SceneEplbError, match="kv_both"):
+        auto.resolve_role("kv_both")
+    assert PluginConfig(role="decode").resolve_role("kv_producer") == "decode"
