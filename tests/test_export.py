@@ -3,8 +3,6 @@
 import json
 import socket
 
-import numpy as np
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .counts import Counts
 from .dispatch import DISPATCH_ALGORITHMS
 from .errors import SceneEplbError
 from .evaluation import evaluate

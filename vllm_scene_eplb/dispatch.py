@@ -42,7 +42,7 @@ def static_table(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
     replica, else its node's replicas (dealt round-robin in slot order), else the replicas with
     spare capacity in slot order.
     """
-    L, E, ep = p2l.shape[0], geometry.num_experts, geometry.ep_size
+    E, ep = geometry.num_experts, geometry.ep_size
     l2p, count = logical_to_physical(p2l, E)
     choice = np.repeat(l2p[:, :, :1], ep, axis=2)  # an expert with one replica: every rank uses it
     li, ei = np.nonzero(count > 1)

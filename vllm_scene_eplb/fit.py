@@ -13,11 +13,11 @@ import numpy as np
 
 from . import __version__
 from .counts import Counts
-from .dispatch import DISPATCH_ALGORITHMS, static_table
+from .dispatch import DISPATCH_ALGORITHMS
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
 from .layout import Geometry, Layout, linear_map, same_rank_duplicates
-from .score import dispatch_score, per_slot_score
+from .score import dispatch_score, per_slot_score, static_slot_loads
 
 FITTER_VERSION = f"{__version__}/fit-1"
 # Candidate risk weights for robust mode: weights = mean + kappa * std over train slots.
@@ -206,15 +206,6 @@ def refine(p2l: np.ndarray, slot_load: np.ndarray, geometry: Geometry, max_round
         load = value[lay].sum(axis=2)
         active = lay[load.max(axis=1) > load.mean(axis=1) * (1.0 + tolerance)]
     return expert.reshape(L, P)
-
-
-def static_slot_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """Load of every slot under the static table (each source rank holds 1/ep of each expert): [L, P]."""
-    L, E, ep = p2l.shape[0], geometry.num_experts, geometry.ep_size
-    table = static_table(p2l, geometry)
-    flat = (np.arange(L)[:, None, None] * geometry.num_physical + table).ravel()
-    per_source = np.broadcast_to(weights[:, None, :] / ep, (L, ep, E)).ravel()
-    return np.bincount(flat, weights=per_source, minlength=L * geometry.num_physical).reshape(L, -1)
 
 
 def _fit_weights(weights: np.ndarray, options: FitOptions) -> np.ndarray:

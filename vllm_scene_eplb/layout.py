@@ -71,7 +71,7 @@ class Geometry:
 
 def map_problems(p2l: np.ndarray, geometry: Geometry) -> list[str]:
     """Every reason ``p2l`` [L, P] is not a valid layout for ``geometry``; empty when valid."""
-    P, E, S = geometry.num_physical, geometry.num_experts, geometry.slots_per_rank
+    P, E = geometry.num_physical, geometry.num_experts
     if p2l.ndim != 2 or p2l.shape[0] == 0:
         return [f"physical_to_logical_map must be [layers, {P}], got shape {list(p2l.shape)}"]
     if p2l.shape[1] != P:

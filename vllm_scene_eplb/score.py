@@ -23,14 +23,19 @@ def ideal_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -
     return slot_load.reshape(slot_load.shape[:-1] + (geometry.ep_size, geometry.slots_per_rank)).sum(axis=-1)
 
 
-def static_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """Per-rank load under the static table, each source rank holding 1/ep of every expert's tokens."""
+def static_slot_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Load of every slot under the static table, each source rank holding 1/ep of every expert's
+    tokens: float [L, P]."""
     L, E, ep = p2l.shape[0], geometry.num_experts, geometry.ep_size
     table = static_table(p2l, geometry)  # [L, ep, E]
-    dest_rank = table // geometry.slots_per_rank
-    per_source = np.broadcast_to(np.asarray(weights, dtype=np.float64)[:, None, :] / ep, (L, ep, E))
-    flat = (np.arange(L)[:, None, None] * ep + dest_rank).ravel()
-    return np.bincount(flat, weights=per_source.ravel(), minlength=L * ep).reshape(L, ep)
+    flat = (np.arange(L)[:, None, None] * geometry.num_physical + table).ravel()
+    per_source = np.broadcast_to(np.asarray(weights, dtype=np.float64)[:, None, :] / ep, (L, ep, E)).ravel()
+    return np.bincount(flat, weights=per_source, minlength=L * geometry.num_physical).reshape(L, -1)
+
+
+def static_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Per-rank load under the static table: float [L, ep]."""
+    return static_slot_loads(p2l, weights, geometry).reshape(len(p2l), geometry.ep_size, -1).sum(axis=2)
 
 
 def balance(loads: np.ndarray) -> np.ndarray:
