@@ -69,8 +69,9 @@ def _replicated_choices(reps: np.ndarray, count: np.ndarray, geometry: Geometry)
     node_count = (node_of_replica[..., None] == np.arange(nodes)).sum(axis=1)  # [n, nodes]
     node_start = np.cumsum(node_count, axis=1) - node_count
     node_of_rank = geometry.node_of_rank()
-    in_node = np.maximum(node_count[:, node_of_rank], 1)  # [n, ep]
-    needs = (local < 0) & (node_count[:, node_of_rank] > 0)
+    rank_node_count = node_count[:, node_of_rank]  # [n, ep]: replicas on each rank's node
+    in_node = np.maximum(rank_node_count, 1)
+    needs = (local < 0) & (rank_node_count > 0)
     j = np.cumsum(needs.reshape(n, nodes, rpn), axis=2).reshape(n, ep) - 1
     take = needs & (j // in_node <= cap[:, None] - 2)
     idx = np.where(take, node_start[:, node_of_rank] + j % in_node, 0)

@@ -17,7 +17,7 @@ from .dispatch import DISPATCH_ALGORITHMS
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
 from .layout import Geometry, Layout, linear_map, same_rank_duplicates
-from .score import dispatch_score, per_slot_score, static_slot_loads
+from .score import balance, dispatch_score, ideal_score, per_slot_score, static_slot_loads
 
 FITTER_VERSION = f"{__version__}/fit-1"
 # Candidate risk weights for robust mode: weights = mean + kappa * std over train slots.
@@ -217,34 +217,37 @@ def _fit_weights(weights: np.ndarray, options: FitOptions) -> np.ndarray:
     even = np.take_along_axis(weights / count, p2l, axis=1)
     p2l = refine(p2l, even, g, options.max_rounds, options.tolerance)
     if options.dispatch == "static":
-        p2l = _refine_for_static(p2l, weights, options)
-    return _no_worse_than_linear(p2l, weights, options)
+        p2l, score = _refine_for_static(p2l, weights, options)
+    else:
+        score = ideal_score(p2l, weights, g)
+    return _no_worse_than_linear(p2l, score, weights, options)
 
 
-def _no_worse_than_linear(p2l: np.ndarray, weights: np.ndarray, options: FitOptions) -> np.ndarray:
-    """Keep the engines' default (linear) layout in any layer where it scores better, e.g. tiny
-    geometries where replicating a cold expert beats replicating a hot one; it must be valid."""
+def _no_worse_than_linear(p2l: np.ndarray, score: np.ndarray, weights: np.ndarray, options: FitOptions) -> np.ndarray:
+    """Keep the engines' default (linear) layout in any layer where it scores better than ``p2l``
+    (whose per-layer ``score`` is given), e.g. tiny geometries where replicating a cold expert
+    beats replicating a hot one; the linear layout must be valid."""
     g = options.geometry
     linear = linear_map(g, len(p2l))
     if same_rank_duplicates(linear, g):
         return p2l
-    ours, theirs = (dispatch_score(m, weights, g, options.dispatch) for m in (p2l, linear))
-    return np.where((theirs < ours - 1e-12)[:, None], linear, p2l)
+    theirs = dispatch_score(linear, weights, g, options.dispatch)
+    return np.where((theirs < score - 1e-12)[:, None], linear, p2l)
 
 
-def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions) -> np.ndarray:
+def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions) -> tuple[np.ndarray, np.ndarray]:
     """Refine again with the uneven replica shares the static table really gives. A swap moves a
     replica with its current share, which the table then recomputes, so a layer keeps the new map
-    only where its static-dispatch peak really fell."""
+    only where its static-dispatch peak really fell. Returns (map, static score per layer)."""
     g = options.geometry
     loads = static_slot_loads(p2l, weights, g)
     candidate = refine(p2l, loads, g, options.max_rounds, options.tolerance)
-
-    def peak(slot_loads):
-        return slot_loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2).max(axis=1)
-
-    better = peak(static_slot_loads(candidate, weights, g)) < peak(loads) * (1.0 - 1e-9)
-    return np.where(better[:, None], candidate, p2l)
+    before, after = (
+        balance(slot_loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2))
+        for slot_loads in (loads, static_slot_loads(candidate, weights, g))
+    )
+    better = after < before * (1.0 - 1e-9)
+    return np.where(better[:, None], candidate, p2l), np.where(better, after, before)
 
 
 def fit_map(train: np.ndarray, options: FitOptions) -> np.ndarray:
