@@ -1,9 +1,11 @@
-"""`scene-eplb`: inspect counts, fit, validate, score, convert and report layouts (pure CPU)."""
+"""`scene-eplb`: inspect counts, fit, validate, score, convert and report layouts (pure CPU), and drive a
+running server's recorder (`record`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -140,6 +142,18 @@ def cmd_convert(args) -> None:
     _emit(args, {"input": args.input, "kind": kind, "output": str(out), "format": args.to}, f"wrote {out} ({kind}, {args.to})")
 
 
+def cmd_record(args) -> None:
+    from .record_client import call
+
+    result = call(args.url, args.action, args.api_key or os.environ.get("VLLM_API_KEY"), args.timeout)
+    if args.action == "dump":
+        text = f"wrote {result.get('path')}  shape {result.get('shape')}  slots written {result.get('slots_written')}"
+    else:
+        text = "  ".join(f"{k}={result[k]}" for k in ("role", "observer", "layout_hash", "redundant_slots", "dispatch",
+                                                     "slots_written", "passes_recorded") if k in result)
+    _emit(args, result, text)
+
+
 def _parse_layers(text: str, num_layers: int) -> tuple[int, ...]:
     """'3-60' or '3,5,7' or '3-10,12' into row indices."""
     out = []
@@ -231,6 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", required=True, help="report directory")
     common(sp, geometry=True)
     sp.set_defaults(func=cmd_report)
+
+    sp = sub.add_parser("record", help="control a running server's recorder: start | stop | dump | status",
+                        description="Drive the plugin's routes on a vLLM server started with scene_eplb in "
+                        "--additional-config and VLLM_PLUGINS=scene_eplb. dump answers the path of the counts file "
+                        "the server wrote inside its dump_dir.")
+    sp.add_argument("action", choices=("start", "stop", "dump", "status"))
+    sp.add_argument("--url", default="http://localhost:8000", help="server base URL (default http://localhost:8000)")
+    sp.add_argument("--api-key", help="the server's --api-key (default: $VLLM_API_KEY)")
+    sp.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the server (default 300)")
+    common(sp)
+    sp.set_defaults(func=cmd_record)
     return p
 
 

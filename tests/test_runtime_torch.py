@@ -1,0 +1,96 @@
+"""Observer ring buffer and in-forward replica maps (torch only, no engine)."""
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_scene_eplb.dispatch import dynamic_tables, static_table
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.runtime.observer import RoutingObserver
+from vllm_scene_eplb.runtime.replica_map import layer_maps
+
+
+def test_observer_counts_passes_once_and_skips_padding_and_dummies():
+    obs = RoutingObserver(num_moe_layers=2, num_experts=4, slots=3)
+    padding = torch.tensor([False, False, True, True])
+    obs.start()
+    obs.capture(0, torch.tensor([[0, 1], [1, 2], [3, 3], [3, 3]]), padding_rows=padding)
+    obs.capture(1, torch.tensor([[2, 3], [2, 0]]))
+    obs.end_step()
+    obs.capture(0, torch.tensor([[0, 1]]))
+    obs.end_step(is_dummy=True)  # a dummy pass is dropped
+    obs.stop()
+    ring = obs.snapshot()
+    assert ring[0].tolist() == [[1, 2, 1, 0], [1, 0, 2, 1]]
+    assert ring[1:].sum() == 0 and obs.status().passes_recorded == 1
+
+
+def test_observer_idle_counts_nothing_and_ring_wraps():
+    obs = RoutingObserver(1, 2, slots=2)
+    obs.capture(0, torch.tensor([[0, 1]]))
+    obs.end_step()  # not recording: cleared, not committed
+    obs.start()
+    for _ in range(5):
+        obs.capture(0, torch.tensor([[1, 1]]))
+        obs.end_step()
+    obs.stop()
+    assert obs.snapshot().sum(dim=(1, 2)).tolist() == [2, 2]
+    st = obs.status()
+    assert (st.passes_recorded, st.slots_written, st.state) == (5, 2, "idle")
+
+
+def test_observer_misuse_is_refused():
+    obs = RoutingObserver(1, 2, slots=2)
+    with pytest.raises(SceneEplbError, match="nothing recorded"):
+        obs.snapshot()
+    with pytest.raises(SceneEplbError, match="not on"):
+        obs.stop()
+    obs.start()
+    with pytest.raises(SceneEplbError, match="already on"):
+        obs.start()
+    with pytest.raises(SceneEplbError, match="stop it before dumping"):
+        obs.snapshot()
+
+
+def _layout() -> Layout:
+    g = Geometry(num_experts=6, num_redundant=2, ep_size=2)
+    p2l = np.array([[0, 1, 2, 3, 4, 5, 0, 1], [5, 1, 2, 3, 0, 4, 1, 5]])
+    return Layout(p2l, g)
+
+
+@pytest.mark.parametrize("algorithm", ["static", "dynamic"])
+def test_replica_map_picks_a_replica_of_the_routed_expert(algorithm):
+    layout = _layout()
+    maps = layer_maps(layout, algorithm)
+    ids = torch.randint(0, 6, (37, 3), dtype=torch.int32)
+    for layer, m in maps.items():
+        phys = m(ids)
+        assert phys.dtype == ids.dtype and phys.shape == ids.shape
+        assert torch.equal(torch.from_numpy(layout.physical_to_logical_map[layer])[phys.long()], ids.long())
+
+
+def test_static_map_follows_the_core_table_by_row_split():
+    layout = _layout()
+    table = static_table(layout.physical_to_logical_map, layout.geometry)
+    ids = torch.tensor([[0], [0], [0], [1], [1], [1]])
+    phys = layer_maps(layout, "static")[1](ids).flatten().tolist()
+    # rows 0-2 come from rank 0, rows 3-5 from rank 1
+    assert phys == [table[1, 0, 0]] * 3 + [table[1, 1, 1]] * 3
+    assert phys[3:] == [6, 6, 6]  # expert 1 has a replica on rank 1 (slot 6): rank 1's rows use it
+
+
+def test_dynamic_map_spreads_rows_evenly():
+    layout = _layout()
+    l2p, count = dynamic_tables(layout.physical_to_logical_map, 6)
+    phys = layer_maps(layout, "dynamic")[0](torch.zeros((9, 1), dtype=torch.int64)).flatten()
+    assert int(count[0, 0]) == 2 and l2p[0, 0, :2].tolist() == [0, 6]
+    assert torch.bincount(phys, minlength=8)[[0, 6]].tolist() == [5, 4]
+
+
+def test_replica_map_is_traceable_with_dynamic_batch_size():
+    m = layer_maps(_layout(), "static")[0]
+    compiled = torch.compile(m, fullgraph=True, dynamic=True, backend="eager")
+    for n in (3, 7, 16):
+        ids = torch.randint(0, 6, (n, 2))
+        assert torch.equal(compiled(ids), m(ids))

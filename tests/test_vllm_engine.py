@@ -1,0 +1,207 @@
+"""The plugin in real vLLM 0.32 CPU servers: a generated Qwen3-MoE checkpoint, TP=2 with expert parallel.
+
+One server at a time (two cores): the baseline without any plugin, a P-role recording server behind
+--api-key, a server with the fitted layout under ``static`` and one under ``dynamic`` (decode role),
+and one started with a layout for another geometry, which must refuse to start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vllm_scene_eplb.formats import read_counts, read_layout, write_layout
+from vllm_scene_eplb.layout import Geometry, Layout, linear_map
+
+from .vllm_server import http, require_vllm, start_server
+
+pytestmark = pytest.mark.engine
+
+TOP_K, EXPERTS, LAYERS = 2, 8, 2
+RNG = np.random.default_rng(7)
+PROMPTS = [RNG.integers(3, 500, n).tolist() for n in (5, 17, 33, 64)]
+MAX_TOKENS = 8
+# Every prompt token is one prefill row; each later token one decode row (prefix caching is off).
+RECORDED_TOKENS = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
+API_KEY = "scene-secret"
+
+
+def _plugin_args(**cfg) -> list[str]:
+    return ["--enable-expert-parallel", "--additional-config", json.dumps({"scene_eplb": cfg})]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    require_vllm()
+    return tmp_path_factory.mktemp("engine")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(workdir):
+    out = workdir / "tiny-qwen3-moe"
+    subprocess.run([sys.executable, "-m", "vllm_scene_eplb.tiny_model", str(out), "--experts", str(EXPERTS),
+                    "--top-k", str(TOP_K), "--layers", str(LAYERS)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model, workdir):
+    """Greedy outputs of TP=2 with no plugin loaded at all (stock vLLM CPU cannot run EP: SPEC §5)."""
+    srv = start_server(tiny_model, workdir, "baseline", plugins=False)
+    try:
+        srv.wait_ready()
+        return srv.complete(PROMPTS, MAX_TOKENS)
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_model, workdir):
+    """Drive a P-role server through the whole record workflow; returns what it answered."""
+    dump_dir = workdir / "dumps"
+    srv = start_server(tiny_model, workdir, "recording", api_key=API_KEY,
+                       extra=_plugin_args(role="prefill", buffer_slots=64, dump_dir=str(dump_dir)))
+    obs: dict = {"dump_dir": dump_dir}
+    try:
+        srv.wait_ready()
+        call = lambda path, headers=srv.headers(), **kw: http("POST", srv.url + path, headers=headers, **kw)  # noqa: E731
+        obs["idle_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
+        obs["no_key"] = call("/start_expert_distribution_record", headers={})
+        obs["dump_before_record"] = call("/dump_expert_distribution_record")
+        obs["start"] = _cli(srv.url, "start")
+        obs["start_twice"] = call("/start_expert_distribution_record")
+        obs["recording_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
+        obs["dump_while_recording"] = call("/dump_expert_distribution_record")
+        obs["stop"] = _cli(srv.url, "stop")
+        obs["dump"] = call("/dump_expert_distribution_record", body={"path": "/tmp/elsewhere.npz"})
+        obs["status"] = _cli(srv.url, "status")
+        obs["after_misuse_outputs"] = srv.complete(PROMPTS[:1], MAX_TOKENS)
+        obs["log"] = srv.log_text()
+        return obs
+    finally:
+        srv.stop()
+
+
+def _cli(url: str, action: str) -> dict:
+    """The `scene-eplb record` client, as an operator runs it."""
+    res = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "record", action, "--url", url, "--json",
+                          "--api-key", API_KEY], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def fitted_layout(recorded, workdir):
+    """Fit a layout with 2 redundant slots on the recorded counts, with the CLI."""
+    out = workdir / "layout.json"
+    res = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "fit", recorded["dump"][1]["path"],
+                          "--ep-size", "2", "--redundant", "2", "-o", str(out), "-q"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _layout_server(tiny_model, workdir, layout, dispatch, role):
+    srv = start_server(tiny_model, workdir, f"layout-{dispatch}",
+                       extra=_plugin_args(role=role, layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")))
+    try:
+        srv.wait_ready()
+        outputs = srv.complete(PROMPTS, MAX_TOKENS)
+        return {"outputs": outputs, "status": http("GET", srv.url + "/scene_eplb/status"),
+                "start": http("POST", srv.url + "/start_expert_distribution_record"), "log": srv.log_text()}
+    finally:
+        srv.stop()
+
+
+# ---------------------------------------------------------------- recording
+
+
+def test_idle_and_recording_plugin_give_the_baseline_tokens(baseline, recorded):
+    assert recorded["idle_outputs"] == baseline
+    assert recorded["recording_outputs"] == baseline
+    assert recorded["after_misuse_outputs"] == baseline[:1]
+
+
+def test_dump_counts_every_routed_token_once(recorded):
+    status, dump = recorded["dump"]
+    assert status == 200, dump
+    assert dump["shape"] == [64, LAYERS, EXPERTS]
+    counts = read_counts(dump["path"])  # verifies the checksum
+    assert counts.data.shape == (64, LAYERS, EXPERTS)
+    per_layer = counts.data.sum(axis=(0, 2))
+    assert per_layer.tolist() == [RECORDED_TOKENS * TOP_K] * LAYERS  # TP=2: counted once, not twice
+    assert counts.meta["role"] == "prefill" and counts.meta["moe_layers"] == [0, 1] and counts.meta["ranks_summed"] == 2
+    assert 1 <= dump["slots_written"] == counts.written_slots().size
+
+
+def test_dump_path_is_chosen_by_the_server(recorded):
+    path = recorded["dump"][1]["path"]
+    assert path.startswith(str(recorded["dump_dir"]))
+    assert [p.name for p in recorded["dump_dir"].iterdir()] == [path.rsplit("/", 1)[1]]  # one file, no temporaries
+
+
+def test_misuse_gets_clear_errors(recorded):
+    assert recorded["no_key"][0] == 401
+    code, body = recorded["dump_before_record"]
+    assert code == 409 and "nothing recorded" in body["error"]
+    code, body = recorded["start_twice"]
+    assert code == 409 and "already on" in body["error"]
+    code, body = recorded["dump_while_recording"]
+    assert code == 409 and "stop it before dumping" in body["error"]
+
+
+def test_status_and_startup_log_say_what_runs(recorded):
+    assert recorded["start"]["observer"] == "recording"
+    st = recorded["status"]
+    assert (st["role"], st["observer"], st["layout_hash"], st["redundant_slots"], st["ep_size"]) == ("prefill", "idle", None, 0, 2)
+    assert "scene-eplb: role=prefill observer=idle layout_hash=none (linear) redundant_slots=0" in recorded["log"]
+
+
+# ---------------------------------------------------------------- layouts
+
+
+@pytest.fixture(scope="module")
+def static_run(tiny_model, workdir, fitted_layout):
+    return _layout_server(tiny_model, workdir, fitted_layout, "static", "prefill")
+
+
+@pytest.fixture(scope="module")
+def dynamic_run(tiny_model, workdir, fitted_layout):
+    return _layout_server(tiny_model, workdir, fitted_layout, "dynamic", "decode")
+
+
+def test_fitted_layout_has_replicas(fitted_layout):
+    layout = read_layout(fitted_layout)
+    assert layout.geometry.num_redundant == 2 and (layout.replica_counts() > 1).any()
+
+
+@pytest.mark.parametrize("run", ["static_run", "dynamic_run"])
+def test_layout_changes_where_work_runs_not_what_is_computed(run, request, baseline, fitted_layout):
+    result = request.getfixturevalue(run)
+    dispatch = run.split("_")[0]
+    assert result["outputs"] == baseline
+    code, st = result["status"]
+    assert code == 200
+    assert (st["layout_hash"], st["redundant_slots"], st["dispatch"]) == (read_layout(fitted_layout).digest(), 2, dispatch)
+    assert f"layout_hash={st['layout_hash']} redundant_slots=2 dispatch={dispatch}" in result["log"]
+
+
+def test_decode_role_has_no_recorder(dynamic_run):
+    code, body = dynamic_run["start"]
+    assert code == 409 and "recorder is off" in body["error"]
+    assert dynamic_run["status"][1]["observer"] == "off"
+
+
+def test_layout_for_another_geometry_stops_startup(tiny_model, workdir):
+    g = Geometry(num_experts=EXPERTS, num_redundant=0, ep_size=4)
+    bad = write_layout(Layout(linear_map(g, LAYERS), g), workdir / "ep4.json")
+    srv = start_server(tiny_model, workdir, "bad-layout", extra=_plugin_args(layout=str(bad)))
+    try:
+        assert srv.proc.wait(timeout=300) != 0
+    finally:
+        srv.stop()
+    log = srv.log_text()
+    assert "scene_eplb.layout does not fit this server" in log and "ep_size 4" in log

@@ -1,0 +1,1 @@
+"""Engine adapters: the only code that touches inference-engine internals, each behind a version check."""

@@ -1,0 +1,41 @@
+"""HTTP client for a server's recorder routes (stdlib only): start, stop, dump, status."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from .errors import SceneEplbError
+
+ACTION_PATHS = {
+    "start": "/start_expert_distribution_record",
+    "stop": "/stop_expert_distribution_record",
+    "dump": "/dump_expert_distribution_record",
+    "status": "/scene_eplb/status",
+}
+
+
+def call(url: str, action: str, api_key: str | None = None, timeout: float = 300.0) -> dict:
+    """Send ``action`` to the server at ``url``; returns its JSON answer, raises SceneEplbError on any error."""
+    if action not in ACTION_PATHS:
+        raise SceneEplbError(f"unknown action {action!r}; one of {', '.join(ACTION_PATHS)}")
+    target = url.rstrip("/") + ACTION_PATHS[action]
+    req = urllib.request.Request(target, method="GET" if action == "status" else "POST", data=None if action == "status" else b"")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read().decode() or "{}")
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        try:
+            detail = json.loads(body).get("error") or json.loads(body).get("detail") or body
+        except (json.JSONDecodeError, AttributeError):
+            detail = body or exc.reason
+        hint = " (is the server started with VLLM_PLUGINS=scene_eplb?)" if exc.code == 404 and "not enabled" not in str(detail) else ""
+        raise SceneEplbError(f"{action}: HTTP {exc.code}: {detail}{hint}", target) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise SceneEplbError(f"{action}: cannot reach the server: {getattr(exc, 'reason', exc)}", target) from None
+    except json.JSONDecodeError:
+        raise SceneEplbError(f"{action}: the server's answer is not JSON", target) from None

@@ -1,0 +1,94 @@
+"""The P-side routing observer: per-pass logical-expert counts in a device ring buffer [slots, L, E].
+
+``capture`` runs inside the model's forward (traced by torch.compile): one fixed-shape
+``scatter_add_`` into a per-pass buffer, no host sync, no Python state that changes per step.
+``end_step`` runs between forward passes on the host: it commits the pass into the next ring slot
+while recording, and always clears the pass buffer. Engine-neutral: the adapters bind ``capture``
+to their routers and ``end_step`` to their step boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import SceneEplbError
+
+
+@dataclass(frozen=True)
+class ObserverStatus:
+    """What the status route reports about the recorder."""
+
+    armed: bool
+    recording: bool
+    slots: int
+    slots_written: int
+    passes_recorded: int
+    has_record: bool
+
+    @property
+    def state(self) -> str:
+        if not self.armed:
+            return "off"
+        return "recording" if self.recording else "idle"
+
+
+class RoutingObserver:
+    """Counts (token, top-k) assignments per MoE layer and logical expert, one ring slot per pass.
+
+    ``padding_rows`` (optional) is the engine's bool padding mask of at least the batch size, True
+    for padded rows, which are not counted. Dummy passes are dropped by ``end_step(is_dummy=True)``.
+    """
+
+    def __init__(self, num_moe_layers: int, num_experts: int, slots: int, device: torch.device | str = "cpu"):
+        self.num_moe_layers, self.num_experts, self.slots = num_moe_layers, num_experts, slots
+        self.pass_counts = torch.zeros((num_moe_layers, num_experts), dtype=torch.int32, device=device)
+        self.ring = torch.zeros((slots, num_moe_layers, num_experts), dtype=torch.int32, device=device)
+        self.recording = False
+        self.next_slot = 0
+        self.passes_recorded = 0
+        self.has_record = False
+
+    def capture(self, moe_idx: int, topk_ids: torch.Tensor, padding_rows: torch.Tensor | None = None) -> None:
+        """Add one pass's logical top-k ids [M, k] of MoE layer ``moe_idx``; traceable."""
+        ids = topk_ids.reshape(topk_ids.shape[0], -1).to(torch.int64)
+        if padding_rows is None:
+            ones = torch.ones_like(ids, dtype=torch.int32)
+        else:
+            ones = (~padding_rows[: ids.shape[0]]).to(torch.int32).unsqueeze(1).expand_as(ids)
+        self.pass_counts[moe_idx].scatter_add_(0, ids.flatten(), ones.flatten())
+
+    def end_step(self, is_dummy: bool = False) -> None:
+        """Close one forward pass: commit it to the ring while recording, then clear it."""
+        if self.recording and not is_dummy:
+            self.ring[self.next_slot].copy_(self.pass_counts)
+            self.next_slot = (self.next_slot + 1) % self.slots
+            self.passes_recorded += 1
+        self.pass_counts.zero_()
+
+    def start(self) -> None:
+        """Start a new record: clear the ring and count every following pass."""
+        if self.recording:
+            raise SceneEplbError("recording is already on: stop it (and dump) before starting again")
+        self.ring.zero_()
+        self.pass_counts.zero_()
+        self.next_slot, self.passes_recorded = 0, 0
+        self.recording, self.has_record = True, True
+
+    def stop(self) -> None:
+        if not self.recording:
+            raise SceneEplbError("recording is not on: start it first")
+        self.recording = False
+
+    def snapshot(self) -> torch.Tensor:
+        """The recorded ring [slots, L, E] (a view); refuses while recording or before any record."""
+        if self.recording:
+            raise SceneEplbError("recording is on: stop it before dumping")
+        if not self.has_record:
+            raise SceneEplbError("nothing recorded yet: start and stop a record before dumping")
+        return self.ring
+
+    def status(self, armed: bool = True) -> ObserverStatus:
+        written = min(self.passes_recorded, self.slots)
+        return ObserverStatus(armed, self.recording, self.slots, written, self.passes_recorded, self.has_record)
