@@ -1,4 +1,6 @@
-"""Generate a tiny random Qwen3-MoE checkpoint for CPU tests and the demo (needs torch + transformers).
+"""Generate a tiny random Qwen3-MoE checkpoint (and a word-level tokenizer) for CPU tests and the demo.
+
+Needs torch and transformers (installed with vLLM).
 
 ``skew`` > 0 makes routing deliberately uneven: every token embedding carries a constant component
 on hidden dim 0, and each layer's router adds ``skew * profile[e]`` on that dim, so a few experts
@@ -85,11 +87,25 @@ def make_tiny_moe(out_dir: str | Path, spec: TinyMoeSpec = TinyMoeSpec()) -> Pat
                 perm = torch.randperm(spec.num_experts, generator=gen)
                 layer.mlp.gate.weight[:, 0] = spec.skew * profile[perm]
     model.save_pretrained(out, safe_serialization=True)
+    _save_tokenizer(out, spec.vocab_size)
     cfg_path = out / "config.json"
     doc = json.loads(cfg_path.read_text())
     doc["torch_dtype"] = "float32"
     cfg_path.write_text(json.dumps(doc, indent=1))
     return out
+
+
+def _save_tokenizer(out: Path, vocab_size: int) -> None:
+    """A word-level tokenizer ("w3 w17 ...") whose decode/encode round-trips any id sequence, so text
+    benchmarks (vllm bench serve, random dataset) can drive the model."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(out)
 
 
 def main(argv: list[str] | None = None) -> int:
