@@ -16,17 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.vllm_server import http, start_server  # noqa: E402
+from vllm_scene_eplb.local_server import http, start_server
 
 
 def _load(n_prompts: int, length: int, seed: int) -> list[list[int]]:
@@ -91,7 +87,7 @@ def _export_worker(rank: int, port: int, dump_dir: str, out: str) -> None:
 def export_cost() -> dict:
     import torch.multiprocessing as mp
 
-    from tests.vllm_server import free_port
+    from vllm_scene_eplb.local_server import free_port
 
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_export_worker, args=(free_port(), d, d), nprocs=2, join=True)

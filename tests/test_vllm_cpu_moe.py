@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from .vllm_server import require_vllm
+from .conftest import require_vllm
 
 pytestmark = pytest.mark.engine
 

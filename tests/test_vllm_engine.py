@@ -17,7 +17,9 @@ import pytest
 from vllm_scene_eplb.formats import read_counts, read_layout, write_layout
 from vllm_scene_eplb.layout import Geometry, Layout, linear_map
 
-from .vllm_server import http, require_vllm, start_server
+from vllm_scene_eplb.local_server import http, start_server
+
+from .conftest import require_vllm
 
 pytestmark = pytest.mark.engine
 
@@ -104,14 +106,25 @@ def fitted_layout(recorded, workdir):
     return out
 
 
+def _scene_eplb(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)
+
+
 def _layout_server(tiny_model, workdir, layout, dispatch, role):
     srv = start_server(tiny_model, workdir, f"layout-{dispatch}",
                        extra=_plugin_args(role=role, layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")))
     try:
         srv.wait_ready()
         outputs = srv.complete(PROMPTS, MAX_TOKENS)
-        return {"outputs": outputs, "status": http("GET", srv.url + "/scene_eplb/status"),
-                "start": http("POST", srv.url + "/start_expert_distribution_record"), "log": srv.log_text()}
+        run = {"outputs": outputs, "status": http("GET", srv.url + "/scene_eplb/status")}
+        if dispatch == "static":
+            run["audit_ok"] = _scene_eplb("audit", "--url", srv.url, "--layout", layout, "--dispatch", "static", "--log", srv.log)
+            run["audit_bad"] = _scene_eplb("audit", "--url", srv.url, "--layout", layout, "--dispatch", "dynamic", "--json")
+            run["bench"] = _scene_eplb("bench", "--url", srv.url, "--model", srv.model, "--scene", "smoke", "-n", 8, "-c", 4,
+                                       "--input-len", 64, "--output-len", 4, "--cards", 2, "-o", workdir / "bench.json", "--json", "-q")
+        run["start"] = http("POST", srv.url + "/start_expert_distribution_record")
+        run["log"] = srv.log_text()
+        return run
     finally:
         srv.stop()
 
@@ -187,6 +200,25 @@ def test_layout_changes_where_work_runs_not_what_is_computed(run, request, basel
     assert code == 200
     assert (st["layout_hash"], st["redundant_slots"], st["dispatch"]) == (read_layout(fitted_layout).digest(), 2, dispatch)
     assert f"layout_hash={st['layout_hash']} redundant_slots=2 dispatch={dispatch}" in result["log"]
+
+
+def test_audit_checks_the_loaded_layout(static_run):
+    ok, bad = static_run["audit_ok"], static_run["audit_bad"]
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "PASS  layout hash" in ok.stdout and "PASS  startup log line 2" in ok.stdout
+    assert bad.returncode == 1
+    failed = [c["name"] for c in json.loads(bad.stdout)["checks"] if not c["ok"]]
+    assert failed == ["dispatch algorithm"]
+
+
+def test_bench_drives_vllm_bench_serve_and_saves_the_manifest(static_run, fitted_layout):
+    res = static_run["bench"]
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["aggregate"]["completed"] == 8 and doc["aggregate"]["failed"] == 0
+    assert doc["manifest"]["layout_hash"] == read_layout(fitted_layout).digest() and doc["manifest"]["dispatch"] == "static"
+    assert doc["manifest"]["scene"]["num_prompts"] == 8 and doc["aggregate"]["steady_state"] is False  # seconds, not 60
+    assert doc["aggregate"]["prefill_throughput_per_card"]["mean"] > 0
 
 
 def test_decode_role_has_no_recorder(dynamic_run):

