@@ -42,16 +42,17 @@ def _server(model: Path, out: Path, name: str, cfg: dict):
     return srv
 
 
-def _measure(srv, model: Path, scene: Scene, out: Path, name: str) -> dict:
+def _measure(srv, model: Path, scene: Scene, out: Path, name: str, repeats: int) -> dict:
     st = http("GET", srv.url + "/scene_eplb/status")[1]
     assert st.get("observer") != "recording", "recorder must be off for a measurement run"
-    doc = bench(srv.url, str(model), scene, out / f"{name}.json", extra={"parallel": "TP2-EP2", "chunk_size": 4096}, progress=say)
+    doc = bench(srv.url, str(model), scene, out / f"{name}.json", repeats, extra={"parallel": "TP2-EP2", "chunk_size": 4096},
+                progress=say)
     agg = doc["aggregate"]
     say(f"{name}: prefill {agg['prefill_throughput_per_card']['mean']:.0f} tok/s/card, window {agg['window_s']:.0f}s")
     return doc
 
 
-def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: int, redundant: int) -> dict:
+def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: int, redundant: int, repeats: int = 1) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
     model = make_tiny_moe(out / "model", TinyMoeSpec(**DEMO_SPEC, skew=skew))
@@ -69,7 +70,7 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
         call(srv.url, "stop")
         dump = call(srv.url, "dump")
         say(f"dumped {dump['path']} {dump['shape']}")
-        a = _measure(srv, model, target, out, "linear")
+        a = _measure(srv, model, target, out, "linear", repeats)
     finally:
         srv.stop()
 
@@ -82,7 +83,7 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static"})
     try:
         bench(srv.url, str(model), small, out / "warmup-fitted.json", progress=say)
-        b = _measure(srv, model, target, out, "fitted")
+        b = _measure(srv, model, target, out, "fitted", repeats)
     finally:
         srv.stop()
 
@@ -94,7 +95,7 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card_steady")
     if row["ratio"] == NOT_OBSERVED:
         row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
-    summary = {"prefill_throughput_ratio": row["ratio"], "prefill_metric": row["metric"], "skew": skew,
+    summary = {"prefill_throughput_ratio": row["ratio"], "prefill_metric": row["metric"], "verdict": row["verdict"], "skew": skew,
                "layout_hash": read_layout(layout).digest(), "counts": dump["path"], "comparison": c.to_dict(),
                "manifests": {"linear": a["manifest"], "fitted": b["manifest"]}}
     atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())
@@ -112,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--redundant", type=int, default=2, help="redundant slots of the fitted layout")
+    ap.add_argument("--repeats", type=int, default=1, help="measured runs per side (>= 2 gives confidence intervals)")
     a = ap.parse_args(argv)
-    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant)
+    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats)
     return 0
 
 

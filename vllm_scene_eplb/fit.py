@@ -242,10 +242,12 @@ def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions
     g = options.geometry
     loads = static_slot_loads(p2l, weights, g)
     candidate = refine(p2l, loads, g, options.max_rounds, options.tolerance)
-    before, after = (
-        balance(slot_loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2))
-        for slot_loads in (loads, static_slot_loads(candidate, weights, g))
-    )
+    before = balance(loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2))
+    after = before.copy()
+    changed = np.nonzero((candidate != p2l).any(axis=1))[0]  # only those need a new static table
+    if changed.size:
+        new_loads = static_slot_loads(candidate[changed], weights[changed], g)
+        after[changed] = balance(new_loads.reshape(changed.size, g.ep_size, -1).sum(axis=2))
     better = after < before * (1.0 - 1e-9)
     return np.where(better[:, None], candidate, p2l), np.where(better, after, before)
 
