@@ -353,6 +353,22 @@ def _patch_step(GPUModelRunner) -> None:
 _REGISTERED = False
 
 
+def _refuse_flag_on_other_versions() -> None:
+    """On another vLLM, patch only the engine config (stable across releases) so that the plugin's flag
+    stops startup with the version message instead of being silently ignored."""
+    from vllm.config import VllmConfig
+
+    orig = VllmConfig.__post_init__
+
+    @functools.wraps(orig)
+    def __post_init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        if parse_config(self.additional_config) is not None:
+            check_engine_version()
+
+    VllmConfig.__post_init__ = __post_init__
+
+
 def register() -> None:
     """``vllm.general_plugins`` entry point: install the patches (idle until a worker enables them)."""
     global _REGISTERED
@@ -363,6 +379,7 @@ def register() -> None:
         logger.warning("scene-eplb: written for vLLM %s, found %s: the plugin installs nothing here "
                        "(a server started with scene_eplb in --additional-config will refuse to start)",
                        ".".join(map(str, SUPPORTED_VLLM)), version)
+        _refuse_flag_on_other_versions()
         _REGISTERED = True
         return
     from vllm.distributed.eplb.eplb_state import EplbState

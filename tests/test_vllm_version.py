@@ -1,0 +1,46 @@
+"""The vLLM adapter refuses other vLLM versions when its flag is set, and stays out of the way otherwise.
+
+Only the reported version is faked (this machine has vLLM 0.32 only); the config class is vLLM's own.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import require_vllm
+
+pytestmark = pytest.mark.engine
+
+SCRIPT = """
+import vllm_scene_eplb.adapters.vllm as a
+a.engine_version = lambda: "0.23.0"
+a.register()
+from vllm.config import VllmConfig
+VllmConfig(additional_config={{}})  # plugin off: fine
+try:
+    VllmConfig(additional_config={cfg})
+except Exception as exc:
+    print("REFUSED:", exc)
+else:
+    print("STARTED")
+"""
+
+
+def _run(cfg: str) -> str:
+    require_vllm()
+    res = subprocess.run([sys.executable, "-c", SCRIPT.format(cfg=cfg)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def test_flag_on_another_vllm_stops_startup_with_the_version_message():
+    out = _run('{"scene_eplb": {"role": "prefill"}}')
+    assert "REFUSED:" in out and "written for vLLM 0.32.0, found vLLM 0.23.0" in out
+
+
+def test_version_check_accepts_local_build_tags():
+    from vllm_scene_eplb.adapters.vllm import version_supported
+
+    assert version_supported("0.32.0") and version_supported("0.32.0+cpu")
+    assert not version_supported("0.32.1") and not version_supported("0.23.0") and not version_supported("garbage")
