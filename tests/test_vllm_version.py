@@ -44,3 +44,20 @@ def test_version_check_accepts_local_build_tags():
 
     assert version_supported("0.32.0") and version_supported("0.32.0+cpu")
     assert not version_supported("0.32.1") and not version_supported("0.23.0") and not version_supported("garbage")
+
+
+def test_model_runner_v2_refuses_the_flag():
+    """V2 cannot run on this machine (no Triton CPU backend), so its load_model is called on a stand-in
+    object that carries only the config; the refusal happens before anything else is touched."""
+    require_vllm()
+    from types import SimpleNamespace
+
+    import vllm_scene_eplb.adapters.vllm as a
+    from vllm_scene_eplb.errors import SceneEplbError
+
+    a.register()
+    from vllm.v1.worker.cpu.model_runner import CPUModelRunner as CPUModelRunnerV2
+
+    stand_in = SimpleNamespace(vllm_config=SimpleNamespace(additional_config={"scene_eplb": {}}))
+    with pytest.raises(SceneEplbError, match="V1 model runner only"):
+        CPUModelRunnerV2.load_model(stand_in)

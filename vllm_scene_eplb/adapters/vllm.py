@@ -337,6 +337,19 @@ def _patch_runner(runner_cls) -> None:
     runner_cls.load_model = load_model
 
 
+def _refuse_v2_runner(runner_cls) -> None:
+    """Model Runner V2 has other step hooks, not wired here: refuse the flag instead of recording nothing."""
+    load = runner_cls.load_model
+
+    @functools.wraps(load)
+    def load_model(self, *args, **kwargs):
+        if parse_config(self.vllm_config.additional_config) is not None:
+            raise SceneEplbError("scene_eplb supports vLLM's V1 model runner only: set VLLM_USE_V2_MODEL_RUNNER=0")
+        return load(self, *args, **kwargs)
+
+    runner_cls.load_model = load_model
+
+
 def _patch_step(GPUModelRunner) -> None:
     orig = GPUModelRunner.eplb_step
 
@@ -402,5 +415,8 @@ def register() -> None:
         CPUModelRunner = None
     if CPUModelRunner is not None and "load_model" in CPUModelRunner.__dict__:
         _patch_runner(CPUModelRunner)
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+
+    _refuse_v2_runner(GPUModelRunnerV2)
     WorkerBase.scene_eplb_control = control
     _REGISTERED = True
