@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_scene_eplb.adapters.vllm_ascend import (check_versions, log2phy_dynamic, log2phy_static, off_rank_with_local,
-                                                  rank_expert_maps)
+from vllm_scene_eplb.adapters.vllm_ascend import (check_versions, install_static_dispatch, log2phy_dynamic, log2phy_static,
+                                                  off_rank_with_local, rank_expert_maps)
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_layout
@@ -108,3 +108,14 @@ def test_other_engine_versions_are_refused():
     check_versions("0.23.0.post1", "0.23.0")
     with pytest.raises(SceneEplbError, match="written for vllm-ascend 0.23.0.post1"):
         check_versions("0.18.0", "0.18.0")
+
+
+def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, exported, field_layout):  # noqa: ARG001
+    """vLLM-Ascend's own init_eplb_config, with generate_log2phy_map replaced: every rank's log2phy
+    is our static table row, and no rank routes off-rank when it holds a replica."""
+    fresh = load_eplb_utils()  # a second instance: the fixture's keeps their formula for the other tests
+    install_static_dispatch(fresh)
+    n = len(field_layout.moe_layers)
+    _, l2p, _ = _their_maps(fresh, exported, n, 16, 256, tp_size=2)
+    np.testing.assert_array_equal(l2p, log2phy_static(field_layout))
+    assert off_rank_with_local(l2p, field_layout) == 0

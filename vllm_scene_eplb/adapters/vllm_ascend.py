@@ -8,9 +8,13 @@ rank itself. Physical ids there are ``local + rank * S``, the same as our slot i
 table replaces its log2phy map entry for entry. The MTP layer (index == moe_layer_count) has no
 row in the file: vLLM-Ascend gives it its default placement with the file's slot count.
 
-What has run: these tables against vLLM-Ascend's own ``eplb_utils.py`` on CPU (tests). What has
-not: anything on Ascend hardware; the in-engine hooks (observer on ``AscendFusedMoE``, loader)
-are not built yet.
+``install_static_dispatch`` replaces ``generate_log2phy_map`` in vLLM-Ascend's ``eplb_utils`` with
+our static table (local replica first, then even spread), computed from the same per-rank maps it
+is given, so every layer vLLM-Ascend builds from an ``expert_map_path`` file dispatches our way.
+
+What has run: these tables and the replacement against vLLM-Ascend's own ``eplb_utils.py`` on CPU
+(tests). What has not: anything on Ascend hardware; the observer on ``AscendFusedMoE`` and the
+export inside vLLM-Ascend are not built yet.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 
 from ..dispatch import dynamic_tables, static_table
 from ..errors import SceneEplbError
-from ..layout import Layout
+from ..layout import Geometry, Layout
 
 SUPPORTED = {"vllm-ascend": "0.23.0.post1", "vllm": "0.23"}
 
@@ -62,3 +66,32 @@ def off_rank_with_local(choice: np.ndarray, layout: Layout) -> int:
     S = layout.geometry.slots_per_rank
     ranks = np.arange(layout.geometry.ep_size)[None, :, None]
     return int((held & (choice // S != ranks)).sum())
+
+
+def static_log2phy_from_rank_maps(global_expert_map: np.ndarray, ep_rank: int) -> np.ndarray:
+    """Our static choice for ``ep_rank`` from vLLM-Ascend's per-rank maps [ep, E] (local slot or -1):
+    global slot ids int32 [E]."""
+    maps = np.asarray(global_expert_map)
+    ep, E = maps.shape
+    S = int((maps[0] >= 0).sum())
+    if ((maps >= 0).sum(axis=1) != S).any():
+        raise SceneEplbError("vLLM-Ascend expert maps hold different slot counts per rank; expected S per rank")
+    p2l = np.full(ep * S, -1, dtype=np.int64)
+    r, e = np.nonzero(maps >= 0)
+    p2l[r * S + maps[r, e]] = e
+    if (p2l < 0).any():
+        raise SceneEplbError("vLLM-Ascend expert maps leave a slot empty (a same-rank duplicate?)")
+    g = Geometry(num_experts=E, num_redundant=ep * S - E, ep_size=ep)
+    return static_table(p2l[None, :], g)[0, ep_rank].astype(np.int32)
+
+
+def install_static_dispatch(eplb_utils) -> None:
+    """Replace ``eplb_utils.generate_log2phy_map`` (vLLM-Ascend's fixed replica formula) with ours."""
+    import torch
+
+    def generate_log2phy_map(global_expert_map, ep_rank, tp_size=None):
+        stacked = torch.stack(list(global_expert_map)) if isinstance(global_expert_map, (list, tuple)) else global_expert_map
+        return torch.from_numpy(static_log2phy_from_rank_maps(stacked.cpu().numpy(), int(ep_rank)))
+
+    generate_log2phy_map.__doc__ = install_static_dispatch.__doc__
+    eplb_utils.generate_log2phy_map = generate_log2phy_map
