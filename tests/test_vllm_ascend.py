@@ -110,7 +110,7 @@ def test_other_engine_versions_are_refused():
         check_versions("0.18.0", "0.18.0")
 
 
-def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, exported, field_layout):  # noqa: ARG001
+def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, exported, field_layout):
     """vLLM-Ascend's own init_eplb_config, with generate_log2phy_map replaced: every rank's log2phy
     is our static table row, and no rank routes off-rank when it holds a replica."""
     fresh = load_eplb_utils()  # a second instance: the fixture's keeps their formula for the other tests
