@@ -9,7 +9,7 @@ import pytest
 from vllm_scene_eplb.bench import NOT_OBSERVED, Scene, aggregate, read_result, summarise
 from vllm_scene_eplb.compare import compare
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.fileio import canonical_json, sha256_hex
+from vllm_scene_eplb.fileio import doc_checksum
 
 SCENE = Scene("s", num_prompts=4, concurrency=2, request_rate=float("inf"), input_len=100, output_len=3, cards=2)
 
@@ -72,7 +72,7 @@ def test_cli_compare_json_and_checksum(tmp_path):
     paths = []
     for name, doc in (("a", _doc()), ("b", _doc(layout_hash="abc", redundant_slots=2))):
         doc = json.loads(json.dumps(doc))
-        doc["checksum"] = sha256_hex(canonical_json(doc))
+        doc["checksum"] = doc_checksum(doc)
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(doc))
     res = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "compare", *map(str, paths), "--json", "-o", str(tmp_path / "cmp")],

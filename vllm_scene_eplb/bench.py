@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import SceneEplbError
-from .fileio import atomic_write_bytes, canonical_json, sha256_hex
+from .fileio import atomic_write_bytes, doc_checksum
 
 NOT_OBSERVED = "NOT_OBSERVED"
 STEADY_MIN_S = 60.0
@@ -201,7 +201,7 @@ def bench(url: str, model: str, scene: Scene, out: Path, repeats: int = 1, api_k
     doc = {"format": RESULT_FORMAT, "version": 1, "manifest": manifest(scene, status, {"model": model, **(extra or {})}),
            "runs": runs, "aggregate": aggregate(runs)}
     doc = json.loads(json.dumps(doc, default=str))
-    doc["checksum"] = sha256_hex(canonical_json(doc))
+    doc["checksum"] = doc_checksum(doc)
     atomic_write_bytes(out, json.dumps(doc, indent=1).encode())
     return doc
 
@@ -215,8 +215,7 @@ def read_result(path: str | Path) -> dict:
         raise SceneEplbError(f"cannot read bench result: {exc}", path) from None
     if not isinstance(doc, dict) or doc.get("format") != RESULT_FORMAT:
         raise SceneEplbError(f"not a scene-eplb bench result (format {doc.get('format') if isinstance(doc, dict) else None!r})", path)
-    body = {k: v for k, v in doc.items() if k != "checksum"}
-    if doc.get("checksum") != sha256_hex(canonical_json(body)):
+    if doc.get("checksum") != doc_checksum(doc):
         raise SceneEplbError("checksum mismatch: the result was changed or truncated", path)
     for key in ("manifest", "runs", "aggregate"):
         if key not in doc:

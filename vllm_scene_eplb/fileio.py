@@ -20,6 +20,11 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
+def doc_checksum(doc: dict) -> str:
+    """Checksum of a JSON document over every key but ``checksum`` itself."""
+    return sha256_hex(canonical_json({k: v for k, v in doc.items() if k != "checksum"}))
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
     """Write a file through ``write(fh)`` into a temporary sibling, fsync, then rename over ``path``.
 

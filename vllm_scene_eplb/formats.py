@@ -22,7 +22,7 @@ import numpy as np
 
 from .counts import Counts, counts_digest, validate_count_array
 from .errors import SceneEplbError
-from .fileio import atomic_write, atomic_write_bytes, canonical_json, sha256_hex
+from .fileio import atomic_write, atomic_write_bytes, canonical_json, doc_checksum, sha256_hex
 from .layout import Geometry, Layout
 
 COUNTS_FORMAT = "scene-eplb-counts"
@@ -243,14 +243,10 @@ def _layout(p2l: np.ndarray, geometry: Geometry, moe_layers, meta: dict, path: P
         raise SceneEplbError(exc.problem, path) from None
 
 
-def _native_layout_checksum(doc: dict) -> str:
-    return sha256_hex(canonical_json({k: v for k, v in doc.items() if k != "checksum"}))
-
-
 def _read_native_layout(doc: dict, hint: GeometryHint, path: Path) -> Layout:
     if doc.get("version") != FORMAT_VERSION:
         raise SceneEplbError(f"layout format version {doc.get('version')!r} is not supported (expected {FORMAT_VERSION})", path)
-    if doc.get("checksum") != _native_layout_checksum(doc):
+    if doc.get("checksum") != doc_checksum(doc):
         raise SceneEplbError("checksum mismatch: the layout was altered or damaged", path)
     g = doc.get("geometry")
     if not isinstance(g, dict) or not all(isinstance(g.get(k), int) for k in ("num_experts", "num_redundant", "ep_size", "num_nodes")):
@@ -326,7 +322,7 @@ def native_layout_doc(layout: Layout) -> dict:
         "meta": layout.meta,
         "physical_to_logical_map": layout.physical_to_logical_map.tolist(),
     }
-    doc["checksum"] = _native_layout_checksum(doc)
+    doc["checksum"] = doc_checksum(doc)
     return doc
 
 
