@@ -38,6 +38,10 @@ def test_layout_refuses_invalid_maps_and_wrong_models():
         lay.check_model(3, 4, 2)
     with pytest.raises(SceneEplbError, match="ep_size 4"):
         lay.check_model(2, 4, 4)
+    with pytest.raises(SceneEplbError, match=r"MoE rows \[1, 2\] differ from the model's MoE layers \[0, 1\]"):
+        lay.check_model(2, 4, 2, (0, 1), 3)
+    lay.check_model(2, 4, 2, (1, 2), 3)
+    lay.check_model(2, 4, 2, (0, 1), 5)  # another layer axis (e.g. MoE rows only): ids cannot be compared
 
 
 def test_linear_map_is_p_mod_e():

@@ -101,9 +101,10 @@ def cmd_validate(args) -> None:
     if args.model:
         model = read_model_geometry(args.model)
         ep = args.ep_size or layout.geometry.ep_size
-        layout.check_model(len(model.moe_layers), model.num_experts, ep)
-        if layout.num_layers == model.num_layers and tuple(layout.moe_layers) != model.moe_layers:
-            raise SceneEplbError(f"layout's MoE layers {list(layout.moe_layers)[:6]}... differ from the model's {list(model.moe_layers)[:6]}...", args.layout)
+        try:
+            layout.check_model(len(model.moe_layers), model.num_experts, ep, model.moe_layers, model.num_layers)
+        except SceneEplbError as exc:
+            raise SceneEplbError(exc.problem, args.layout) from None
         checks.append(f"matches model {args.model}: {len(model.moe_layers)} MoE layers, {model.num_experts} experts")
     g = layout.geometry
     payload = {"file": args.layout, "valid": True, "layout_hash": layout.digest(), "geometry": g.to_dict(), "moe_layers": list(layout.moe_layers), "meta": layout.meta, "checks": checks}

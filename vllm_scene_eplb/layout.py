@@ -168,11 +168,16 @@ class Layout:
         """Content hash of the map and geometry: what a running server reports as its layout hash."""
         return sha256_hex(canonical_json({"geometry": self.geometry.to_dict(), "map": self.physical_to_logical_map.tolist()}))[:16]
 
-    def check_model(self, num_moe_layers: int, num_experts: int, ep_size: int) -> None:
-        """Refuse a layout made for another model or parallel geometry."""
+    def check_model(self, num_moe_layers: int, num_experts: int, ep_size: int,
+                    model_moe_layers: tuple[int, ...] | None = None, model_num_layers: int | None = None) -> None:
+        """Refuse a layout made for another model or parallel geometry. Given the model's MoE layer
+        ids and layer count, a layout with the model's layer axis must have MoE rows at those ids."""
         problems = []
         if len(self.moe_layers) != num_moe_layers:
             problems.append(f"layout has {len(self.moe_layers)} MoE layers, the model has {num_moe_layers}")
+        elif (model_moe_layers is not None and self.num_layers == model_num_layers
+              and tuple(self.moe_layers) != tuple(model_moe_layers)):
+            problems.append(f"layout's MoE rows {list(self.moe_layers)} differ from the model's MoE layers {list(model_moe_layers)}")
         if self.geometry.num_experts != num_experts:
             problems.append(f"layout is for {self.geometry.num_experts} experts, the model has {num_experts}")
         if self.geometry.ep_size != ep_size:

@@ -146,10 +146,9 @@ def load_layout_for(path: str, model: ModelGeometry, ep_size: int, pc) -> Layout
         raise SceneEplbError("scene_eplb.layout needs --expert-placement-strategy linear (rank r owns slots [r*S, (r+1)*S))")
     try:
         layout = read_layout(path, GeometryHint(ep_size=ep_size, num_experts=model.num_experts))
-        layout.check_model(len(model.moe_layers), model.num_experts, ep_size)
-        if layout.num_layers != model.num_layers or tuple(layout.moe_layers) != tuple(model.moe_layers):
-            raise SceneEplbError(f"layout has {layout.num_layers} layers with MoE rows {list(layout.moe_layers)}, "
-                                 f"the model has {model.num_layers} with MoE layers {list(model.moe_layers)}")
+        layout.check_model(len(model.moe_layers), model.num_experts, ep_size, model.moe_layers, model.num_layers)
+        if layout.num_layers != model.num_layers:  # slots are looked up by model layer index
+            raise SceneEplbError(f"layout has {layout.num_layers} layer rows, the model has {model.num_layers} layers")
     except SceneEplbError as exc:
         raise SceneEplbError(f"scene_eplb.layout does not fit this server (model {model.num_experts} experts, "
                              f"MoE layers {list(model.moe_layers)}, ep_size {ep_size}): {exc.problem}", path) from None
