@@ -17,8 +17,6 @@ import json
 import math
 import statistics
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import numpy as np
 
 from .errors import SceneEplbError
 from .fileio import atomic_write_bytes, doc_checksum
+from .record_client import call
 
 NOT_OBSERVED = "NOT_OBSERVED"
 STEADY_MIN_S = 60.0
@@ -164,13 +163,9 @@ def aggregate(runs: list[dict]) -> dict:
 
 def server_status(url: str, api_key: str | None = None) -> dict:
     """The plugin's status route, or NOT_OBSERVED fields when the server has none."""
-    req = urllib.request.Request(url.rstrip("/") + "/scene_eplb/status")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, json.JSONDecodeError):
+        return call(url, "status", api_key, timeout=30)
+    except SceneEplbError:
         return {k: NOT_OBSERVED for k in ("model", "role", "layout_hash", "redundant_slots", "dispatch", "observer")}
 
 

@@ -146,7 +146,7 @@ def cmd_convert(args) -> None:
 def cmd_record(args) -> None:
     from .record_client import call
 
-    result = call(args.url, args.action, args.api_key or os.environ.get("VLLM_API_KEY"), args.timeout)
+    result = call(args.url, args.action, args.api_key, args.timeout)
     if args.action == "dump":
         text = f"wrote {result.get('path')}  shape {result.get('shape')}  slots written {result.get('slots_written')}"
     else:
@@ -159,7 +159,7 @@ def cmd_audit(args) -> None:
     from .audit import audit
     from .record_client import call
 
-    status = call(args.url, "status", args.api_key or os.environ.get("VLLM_API_KEY"))
+    status = call(args.url, "status", args.api_key)
     checks = audit(status, args.layout, args.dispatch, args.recorder, args.log)
     ok = all(c.ok for c in checks)
     text = "\n".join(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in checks)
@@ -175,7 +175,7 @@ def cmd_bench(args) -> None:
                   args.prefix_share, args.cards, args.seed)
     extra = {"quantization": args.quantization, "chunk_size": args.chunk_size, "parallel": args.parallel}
     say = (lambda msg: None) if _quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    doc = bench(args.url, args.model, scene, Path(args.output), args.repeats, args.api_key or os.environ.get("VLLM_API_KEY"),
+    doc = bench(args.url, args.model, scene, Path(args.output), args.repeats, args.api_key,
                 extra, say)
     agg = doc["aggregate"]
     lines = [f"wrote {args.output}  window {agg['window_s']} s  steady-state {agg['steady_state']}  failed {agg['failed']}"]
@@ -238,6 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    def remote(sp, url_required: bool = True):
+        """--url and --api-key of a running server (the key defaults to $VLLM_API_KEY, as vLLM's own)."""
+        if url_required:
+            sp.add_argument("--url", required=True, help="server base URL")
+        else:
+            sp.add_argument("--url", default="http://localhost:8000", help="server base URL (default http://localhost:8000)")
+        sp.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="the server's --api-key (default: $VLLM_API_KEY)")
+
     def common(sp, geometry=False):
         sp.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
         sp.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
@@ -299,8 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "--additional-config and VLLM_PLUGINS=scene_eplb. dump answers the path of the counts file "
                         "the server wrote inside its dump_dir.")
     sp.add_argument("action", choices=("start", "stop", "dump", "status"))
-    sp.add_argument("--url", default="http://localhost:8000", help="server base URL (default http://localhost:8000)")
-    sp.add_argument("--api-key", help="the server's --api-key (default: $VLLM_API_KEY)")
+    remote(sp, url_required=False)
     sp.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the server (default 300)")
     common(sp)
     sp.set_defaults(func=cmd_record)
@@ -309,13 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Read the server's status route (and optionally its log's startup lines) and check: "
                         "layout hash equals the intended file's, redundant slots and dispatch algorithm as intended, recorder "
                         "state. Exit 0 when every check passes, 1 when one fails, 2 on an error.")
-    sp.add_argument("--url", required=True, help="server base URL")
+    remote(sp)
     sp.add_argument("--layout", help="the intended layout file (omit for a server that must run the linear layout)")
     sp.add_argument("--dispatch", choices=DISPATCH_ALGORITHMS, help="the intended dispatch algorithm")
     sp.add_argument("--recorder", choices=("off", "idle", "recording"), default="idle",
                     help="intended recorder state (default idle: armed but not recording, right for a measurement run)")
     sp.add_argument("--log", help="the server log: every worker's startup line must agree with the status route")
-    sp.add_argument("--api-key", help="the server's --api-key (default: $VLLM_API_KEY)")
     common(sp)
     sp.set_defaults(func=cmd_audit)
 
@@ -323,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Drive an OpenAI-compatible server with vLLM's own benchmark (random dataset, fixed "
                         "lengths) and save per-card throughput (whole run and steady state), TTFT/TPOT percentiles and the "
                         "scene manifest (with the server's status route) to one JSON file. Needs vLLM installed.")
-    sp.add_argument("--url", required=True, help="server base URL")
+    remote(sp)
     sp.add_argument("--model", required=True, help="served model name (and tokenizer path)")
     sp.add_argument("--scene", required=True, help="scene name, saved in the manifest")
     sp.add_argument("-n", "--num-prompts", type=int, required=True, help="request count N")
@@ -338,7 +344,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quantization", help="for the manifest (default NOT_OBSERVED)")
     sp.add_argument("--chunk-size", type=int, help="the server's chunked-prefill size, for the manifest")
     sp.add_argument("--parallel", help="the server's parallel geometry, e.g. TP2-EP2, for the manifest")
-    sp.add_argument("--api-key", help="the server's --api-key (default: $VLLM_API_KEY)")
     sp.add_argument("-o", "--output", required=True, help="result JSON to write")
     common(sp)
     sp.set_defaults(func=cmd_bench)
