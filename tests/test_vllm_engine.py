@@ -82,6 +82,9 @@ def recorded(tiny_model, workdir):
         obs["dump"] = call("/dump_expert_distribution_record", body={"path": "/tmp/elsewhere.npz"})
         obs["status"] = _cli(srv.url, "status")
         obs["after_misuse_outputs"] = srv.complete(PROMPTS[:1], MAX_TOKENS)
+        obs["bench_with_key"] = _scene_eplb("bench", "--url", srv.url, "--model", srv.model, "--scene", "keyed", "-n", 4,
+                                            "-c", 2, "--input-len", 32, "--output-len", 2, "-o", workdir / "keyed.json",
+                                            "--api-key", API_KEY, "--json", "-q")
         obs["log"] = srv.log_text()
         return obs
     finally:
@@ -164,6 +167,20 @@ def test_misuse_gets_clear_errors(recorded):
     assert code == 409 and "already on" in body["error"]
     code, body = recorded["dump_while_recording"]
     assert code == 409 and "stop it before dumping" in body["error"]
+
+
+def test_bench_sends_the_api_key(recorded):
+    res = recorded["bench_with_key"]
+    assert res.returncode == 0, res.stderr[-3000:]
+    agg = json.loads(res.stdout)["aggregate"]
+    assert (agg["completed"], agg["failed"]) == (4, 0)
+
+
+def test_bench_against_no_server_is_one_clean_error(tmp_path):
+    res = _scene_eplb("bench", "--url", "http://127.0.0.1:9", "--model", "/nonexistent-model", "--scene", "s", "-n", 1, "-c", 1,
+                      "--input-len", 8, "--output-len", 1, "-o", tmp_path / "r.json", "-q")
+    assert res.returncode == 2 and "scene-eplb: error: vllm bench serve failed" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "r.json").exists()
 
 
 def test_status_and_startup_log_say_what_runs(recorded):

