@@ -101,10 +101,6 @@ class WorkerRuntime:
 _RUNTIME: WorkerRuntime | None = None
 
 
-def runtime() -> WorkerRuntime | None:
-    return _RUNTIME
-
-
 # ---------------------------------------------------------------- startup: settings and layout
 
 
@@ -223,7 +219,7 @@ def control(worker, action: str) -> dict:
             raise SceneEplbError(f"unknown action {action!r}")
         return {"ok": True, **rt.status()}
     except SceneEplbError as exc:
-        return {"ok": False, "error": str(exc)}
+        return {"ok": False, "error": str(exc), "http_status": 404 if rt is None else 409}
 
 
 def _dump(rt: WorkerRuntime) -> dict:
@@ -237,16 +233,14 @@ def _dump(rt: WorkerRuntime) -> dict:
     local = torch.zeros((T, L, E), dtype=torch.int64)
     if rt.contributes:
         local[:, rt.moe_layer_ids] = ring.to("cpu", torch.int64)
-    st = rt.observer.status()
-    meta = {"model": rt.model_name, "role": rt.role, "moe_layers": rt.moe_layer_ids, "ep_size": rt.ep_size,
-            "layout_hash": rt.layout.digest() if rt.layout else None, "dispatch": rt.config.dispatch if rt.layout else None,
-            "passes_recorded": st.passes_recorded, "ring_wrapped": st.passes_recorded > T,
-            "engine": f"vllm {engine_version()}", "plugin_version": __version__, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    st = rt.status()
+    meta = {k: st[k] for k in ("model", "role", "moe_layers", "ep_size", "layout_hash", "dispatch", "passes_recorded",
+                               "engine", "plugin_version")}
+    meta.update(ring_wrapped=st["passes_recorded"] > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     t0 = time.perf_counter()
     path = export_counts(local, get_ep_group().cpu_group, rt.config.dump_dir, meta, (T, L, E))
-    totals = local.sum(dim=(0, 2))
-    return {"path": str(path), "shape": [T, L, E], "slots_written": st.slots_written, "passes_recorded": st.passes_recorded,
-            "export_seconds": round(time.perf_counter() - t0, 4), "local_total": int(totals.sum())}
+    return {"path": str(path), "shape": [T, L, E], "slots_written": st["slots_written"], "passes_recorded": st["passes_recorded"],
+            "export_seconds": round(time.perf_counter() - t0, 4), "local_total": int(local.sum())}
 
 
 # ---------------------------------------------------------------- patches

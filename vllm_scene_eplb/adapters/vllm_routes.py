@@ -72,8 +72,7 @@ class SceneEplbEndpoints:
             if not isinstance(result, dict):
                 return JSONResponse({"error": f"unexpected worker answer {result!r}"}, status_code=500)
             if not result.get("ok"):
-                status = 404 if "not enabled" in result.get("error", "") else 409
-                return JSONResponse({"error": result.get("error")}, status_code=status)
+                return JSONResponse({"error": result.get("error")}, status_code=result.get("http_status", 409))
             return JSONResponse({k: v for k, v in result.items() if k != "ok"})
 
         handle.__name__ = f"scene_eplb_{action}"

@@ -20,7 +20,6 @@ from ..errors import SceneEplbError
 class ObserverStatus:
     """What the status route reports about the recorder."""
 
-    armed: bool
     recording: bool
     slots: int
     slots_written: int
@@ -29,8 +28,6 @@ class ObserverStatus:
 
     @property
     def state(self) -> str:
-        if not self.armed:
-            return "off"
         return "recording" if self.recording else "idle"
 
 
@@ -89,6 +86,6 @@ class RoutingObserver:
             raise SceneEplbError("nothing recorded yet: start and stop a record before dumping")
         return self.ring
 
-    def status(self, armed: bool = True) -> ObserverStatus:
+    def status(self) -> ObserverStatus:
         written = min(self.passes_recorded, self.slots)
-        return ObserverStatus(armed, self.recording, self.slots, written, self.passes_recorded, self.has_record)
+        return ObserverStatus(self.recording, self.slots, written, self.passes_recorded, self.has_record)
