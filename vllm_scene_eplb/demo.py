@@ -27,7 +27,8 @@ from .record_client import call
 from .tiny_model import TinyMoeSpec, make_tiny_moe
 
 DEMO_SPEC = dict(num_experts=16, num_layers=4, hidden_size=256, moe_intermediate_size=1024)
-ENGINE = tuple(a for a in ENGINE_ARGS) + ("--max-num-batched-tokens", "4096", "--max-model-len", "2048", "--enable-expert-parallel")
+# Later flags win: 4096-token chunks and 2048-token contexts for the 512-token scene.
+ENGINE = ENGINE_ARGS + ("--max-num-batched-tokens", "4096", "--max-model-len", "2048", "--enable-expert-parallel")
 
 
 def say(msg: str) -> None:
