@@ -54,7 +54,7 @@ def test_d_server_and_proxy_dry_run():
 def test_collect_dry_run_follows_the_workflow_in_order():
     out = _dry("collect.sh")
     steps = ["audit --url http://127.0.0.1:8100 --recorder idle", "--scene warm-up", "record start", "--scene record",
-             "record stop", "scene-eplb fit", "--scene target", "--layout", "compare"]
+             "record stop", "record dump", "scene-eplb fit", "--scene target", "--layout", "compare"]
     positions = [out.find(s) for s in steps]
     assert -1 not in positions, [s for s, p in zip(steps, positions) if p < 0]
     assert positions == sorted(positions)

@@ -38,6 +38,7 @@ run scene-eplb record start --url "$P_URL"
 run scene-eplb bench --url "$PROXY" --scene record -n "$N" -c "$C" -r "$RATE" "${SCENE[@]}" -o "$OUT/record-load.json"
 run scene-eplb record stop --url "$P_URL"
 # 4. export: Gloo SUM on the P ranks, rank 0 writes one checksummed file
+printf '+ '; printf '%q ' scene-eplb record dump --url "$P_URL" --json -q; echo
 if [ "${DRY_RUN:-0}" != 1 ]; then
   COUNTS=$(scene-eplb record dump --url "$P_URL" --json -q | python -c 'import json,sys; print(json.load(sys.stdin)["path"])')
 else
