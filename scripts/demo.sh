@@ -17,7 +17,7 @@ mkdir -p "$OUT/deepseek"
 "$VENV/bin/python" -m vllm_scene_eplb.demo --out "$OUT/engine"
 set -x
 "${SE[@]}" inspect "$DATA/prefill_in4096.json"
-"${SE[@]}" fit "$DATA/prefill_in4096.json" --ep-size 16 --redundant 16 --dispatch static -o "$OUT/deepseek/layout.json"
+"${SE[@]}" fit "$DATA/prefill_in4096.json" --ep-size 16 --redundant 16 --dispatch static --expert-groups 8 -o "$OUT/deepseek/layout.json"
 "${SE[@]}" validate "$OUT/deepseek/layout.json"
 "${SE[@]}" score "$OUT/deepseek/layout.json" "$DATA/prefill_in1024.json" -q
 "${SE[@]}" convert "$OUT/deepseek/layout.json" --to sglang -o "$OUT/deepseek/layout.sglang.json" -q

@@ -87,7 +87,7 @@ def cmd_fit(args) -> None:
     with progress(f"reading {args.counts}"):
         counts = read_counts(args.counts)
     geometry = Geometry(counts.num_experts, args.redundant, args.ep_size, args.nodes)
-    options = FitOptions(geometry, dispatch=args.dispatch, robust=args.robust)
+    options = FitOptions(geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=args.expert_groups)
     with progress(f"fitting {counts.num_layers} layers"):
         layout = fit(counts, options)
         ev = evaluate(layout, counts)
@@ -269,6 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dispatch", choices=DISPATCH_ALGORITHMS, default="static",
                     help="ep_dispatch_algorithm the layout will run under; the fitter balances its real replica shares (default static)")
     sp.add_argument("--robust", action="store_true", help="per layer, pick risk-weighted counts that minimise the expected per-slot peak on train slots")
+    sp.add_argument("--expert-groups", type=int, default=1, metavar="N",
+                    help="the model's routing groups (config.json n_group; DeepSeek-V3/R1: 8). Placement then spreads every "
+                         "group and its halvings of neighbouring ids evenly over ranks, which held up better on other scenes "
+                         "of real DeepSeek-V3 counts (benchmarks/bench_fit_vs_vllm.py). Default 1: no groups")
     sp.add_argument("-o", "--output", required=True, help="layout file to write")
     sp.add_argument("--format", choices=LAYOUT_FORMATS, default="native", help="layout file format (default native)")
     common(sp)

@@ -24,8 +24,7 @@ def logical_to_physical(p2l: np.ndarray, num_experts: int) -> tuple[np.ndarray, 
     L, P = p2l.shape
     order = np.argsort(p2l, axis=1, kind="stable")  # slots grouped by expert, ascending within
     sorted_ids = np.take_along_axis(p2l, order, axis=1)
-    count = np.zeros((L, num_experts), dtype=np.int64)
-    np.add.at(count, (np.repeat(np.arange(L), P), p2l.ravel()), 1)
+    count = np.bincount((np.arange(L)[:, None] * num_experts + p2l).ravel(), minlength=L * num_experts).reshape(L, num_experts)
     start = np.cumsum(count, axis=1) - count
     width = int(count.max())
     k = np.arange(P)[None, :] - np.take_along_axis(start, sorted_ids, axis=1)
@@ -42,13 +41,22 @@ def static_table(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
     replica, else its node's replicas (dealt round-robin in slot order), else the replicas with
     spare capacity in slot order.
     """
-    E, ep = geometry.num_experts, geometry.ep_size
-    l2p, count = logical_to_physical(p2l, E)
-    choice = np.repeat(l2p[:, :, :1], ep, axis=2)  # an expert with one replica: every rank uses it
-    li, ei = np.nonzero(count > 1)
-    if li.size:
-        choice[li, ei] = _replicated_choices(l2p[li, ei], count[li, ei], geometry)
+    l2p, count, li, ei, chosen = replicated_static_choices(p2l, geometry)
+    choice = np.repeat(l2p[:, :, :1], geometry.ep_size, axis=2)  # an expert with one replica: every rank uses it
+    choice[li, ei] = chosen
     return np.ascontiguousarray(choice.transpose(0, 2, 1))
+
+
+def replicated_static_choices(p2l: np.ndarray, geometry: Geometry):
+    """The static table's rows for replicated experts only (the rest is one slot for all ranks).
+
+    Returns (l2p [L, E, W], count [L, E], layer [n], expert [n], slot chosen per source rank [n, ep])
+    for the n (layer, expert) pairs with more than one replica.
+    """
+    l2p, count = logical_to_physical(p2l, geometry.num_experts)
+    li, ei = np.nonzero(count > 1)
+    chosen = _replicated_choices(l2p[li, ei], count[li, ei], geometry) if li.size else np.zeros((0, geometry.ep_size), dtype=np.int64)
+    return l2p, count, li, ei, chosen
 
 
 def _replicated_choices(reps: np.ndarray, count: np.ndarray, geometry: Geometry) -> np.ndarray:

@@ -7,6 +7,7 @@ same layout and fingerprint.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -16,10 +17,10 @@ from .counts import Counts
 from .dispatch import DISPATCH_ALGORITHMS
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
-from .layout import Geometry, Layout, linear_map, same_rank_duplicates
-from .score import balance, dispatch_score, ideal_score, per_slot_score, static_slot_loads
+from .layout import Geometry, Layout, linear_map, replica_counts, same_rank_duplicates
+from .score import balance, ideal_score, per_slot_score, static_slot_loads
 
-FITTER_VERSION = f"{__version__}/fit-1"
+FITTER_VERSION = f"{__version__}/fit-2"
 # Candidate risk weights for robust mode: weights = mean + kappa * std over train slots.
 ROBUST_KAPPAS = (0.0, 0.5, 1.0, 2.0)
 
@@ -31,10 +32,16 @@ class FitOptions:
     geometry: Geometry
     dispatch: str = "static"
     robust: bool = False
+    expert_groups: int = 1  # the model's routing groups (DeepSeek-V3/R1: n_group = 8); 1 = none
+    group_hedge: float = 0.5  # placement weight of a rank's load from the expert's own blocks
     max_rounds: int = 256
     tolerance: float = 1e-4
 
     def __post_init__(self) -> None:
+        if self.expert_groups < 1 or self.geometry.num_experts % self.expert_groups:
+            raise SceneEplbError(f"expert_groups must be >= 1 and divide {self.geometry.num_experts} experts, got {self.expert_groups}")
+        if not (np.isfinite(self.group_hedge) and self.group_hedge >= 0):
+            raise SceneEplbError(f"group_hedge must be >= 0, got {self.group_hedge}")
         if self.dispatch not in DISPATCH_ALGORITHMS:
             raise SceneEplbError(f"dispatch must be one of {', '.join(DISPATCH_ALGORITHMS)}, got {self.dispatch!r}")
         if self.max_rounds < 0:
@@ -58,6 +65,28 @@ def allocate_replicas(weights: np.ndarray, num_redundant: int, cap: int) -> np.n
         ratio = np.where(count < cap, weights / count, -1.0)
         count[rows, np.argmax(ratio, axis=1)] += 1
     return count
+
+
+def hedge_kernel(num_experts: int, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """For every expert, the experts of its routing group and how many hedging blocks it shares
+    with each: the group itself and its halvings down to id pairs. Returns (members int [E, G],
+    shared int [E, G]); both have no columns when ``groups`` is 1.
+
+    Why: between real DeepSeek-V3 scenes, load moves between blocks of neighbouring expert ids
+    (group-limited routing), the more so the bigger the block; out-of-scene noise is not
+    independent per expert, so a placement that spreads each block evenly over ranks is safer.
+    """
+    if groups <= 1:
+        empty = np.zeros((num_experts, 0), dtype=np.int64)
+        return empty, empty
+    size = num_experts // groups
+    members = (np.arange(num_experts) // size * size)[:, None] + np.arange(size)
+    shared = np.zeros(members.shape, dtype=np.int64)
+    block = size
+    while block >= 2:
+        shared += (np.arange(num_experts)[:, None] // block) == (members // block)
+        block //= 2
+    return members, shared
 
 
 def _expand_items(count: np.ndarray, share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -94,12 +123,16 @@ def _repair_dead_end(layer, e, x, item_rank, experts, loads, k, rank_load, fill,
     return q
 
 
-def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nodes: bool) -> np.ndarray:
+def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nodes: bool, groups: int = 1, hedge: float = 0.0) -> np.ndarray:
     """Greedy placement: replicas heaviest first onto the least-loaded rank with a free slot that
     does not hold the expert yet. With several nodes, a node without a replica of the expert is
     preferred: always when ``spread_nodes`` (static dispatch serves each node from its own replica,
     so spreading evens the replicas' shares), else only to break near-ties (within 1e-6 of the
     mean rank load), which keeps traffic node-local at no cost in balance.
+
+    With ``groups`` > 1 expert groups, a rank's cost also counts ``hedge`` times its load from
+    each of the expert's blocks (see ``hedge_kernel``), so every rank holds a similar share
+    of every block and a scene that shifts load between blocks moves all ranks alike.
 
     Returns physical_to_logical_map int [L, P].
     """
@@ -113,6 +146,10 @@ def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nod
     fill = np.zeros((L, ep), dtype=np.int64)
     holds = np.zeros((L, E, ep), dtype=bool)
     item_rank = np.zeros((L, P), dtype=np.int64)
+    members, shared = hedge_kernel(E, groups if hedge > 0 else 1)
+    # affinity[l, r, f]: load on rank r from experts sharing blocks with f, times blocks shared
+    affinity = np.zeros((L, ep, E))
+    by_group = affinity.reshape(L, ep, groups, E // groups)
     node_of_rank = geometry.node_of_rank()
     multi_node = geometry.num_nodes > 1
     if multi_node:
@@ -122,6 +159,8 @@ def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nod
         e, x = experts[:, k], loads[:, k]
         ok = (fill < S) & ~holds[rows, e]
         cost = rank_load
+        if members.size:
+            cost = cost + hedge * affinity[rows, :, e]
         if multi_node:
             cost = cost + penalty * node_has[rows, e][:, node_of_rank]
         r = np.argmin(np.where(ok, cost, np.inf), axis=1)
@@ -131,50 +170,51 @@ def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nod
         fill[rows, r] += 1
         holds[rows, e, r] = True
         item_rank[:, k] = r
+        if members.size:  # (a rare dead-end repair moves one placed replica without updating this)
+            by_group[rows, r, e // (E // groups)] += x[:, None] * shared[e]
         if multi_node:
             node_has[rows, e, node_of_rank[r]] = True
     order = np.argsort(item_rank, axis=1, kind="stable")
     return np.take_along_axis(experts, order, axis=1)
 
 
-def _best_swaps(expert, value, holds, partners):
-    """For each layer, the best swap between its busiest rank and one of ``partners`` [A, K].
+def _best_swaps(expert, value, holds, load, lay, m, partners):
+    """For problems n = (layer ``lay``, rank ``m`` to relieve, ``partners`` [N, K]), the swap of a
+    replica on m with one on a partner that makes the larger of the two new loads smallest.
 
-    Returns (found bool [A], busiest rank [A], slot on it [A], partner rank [A], slot on that [A]).
-    A swap must lower the busiest rank without raising the partner above the old peak, so the
-    sum of squared rank loads falls strictly; it must not create a same-rank duplicate.
+    Returns (found bool [N], slot on m [N], partner rank [N], slot on it [N]). A swap must lower m
+    without raising the partner to m's old load, so the sum of squared rank loads falls strictly;
+    it must not create a same-rank duplicate.
     """
-    A, ep, S = expert.shape
-    ar = np.arange(A)
-    load = value.sum(axis=2)
-    m = np.argmax(load, axis=1)
-    peak = load[ar, m]
-    a_val, a_exp = value[ar, m], expert[ar, m]  # [A, S]
-    p_val = value[ar[:, None], partners]  # [A, K, S]
-    p_exp = expert[ar[:, None], partners]
-    delta = a_val[:, :, None, None] - p_val[:, None, :, :]  # [A, S, K, S]
-    p_load = load[ar[:, None], partners]  # [A, K]
-    pair_max = np.maximum(peak[:, None, None, None] - delta, p_load[:, None, :, None] + delta)
-    valid = (delta > 0) & (pair_max < peak[:, None, None, None] * (1.0 - 1e-12))
+    N, K = partners.shape
+    S = expert.shape[2]
+    top = load[lay, m]
+    a_val, a_exp = value[lay, m], expert[lay, m]  # [N, S]
+    p_val = value[lay[:, None], partners]  # [N, K, S]
+    p_exp = expert[lay[:, None], partners]
+    delta = a_val[:, :, None, None] - p_val[:, None, :, :]  # [N, S, K, S]
+    p_load = load[lay[:, None], partners]  # [N, K]
+    pair_max = np.maximum(top[:, None, None, None] - delta, p_load[:, None, :, None] + delta)
+    valid = (delta > 0) & (pair_max < top[:, None, None, None] * (1.0 - 1e-12))
     valid &= (partners != m[:, None])[:, None, :, None]
-    K = partners.shape[1]
-    b_on_m = np.take_along_axis(holds[ar, m], p_exp.reshape(A, -1), axis=1).reshape(A, 1, K, S)
-    a_on_p = holds[ar[:, None, None], partners[:, None, :], a_exp[:, :, None]][..., None]  # [A, S, K, 1]
+    b_on_m = np.take_along_axis(holds[lay, m], p_exp.reshape(N, -1), axis=1).reshape(N, 1, K, S)
+    a_on_p = holds[lay[:, None, None], partners[:, None, :], a_exp[:, :, None]][..., None]  # [N, S, K, 1]
     valid &= ~b_on_m & ~a_on_p
-    flat = np.where(valid, pair_max, np.inf).reshape(A, -1)
+    flat = np.where(valid, pair_max, np.inf).reshape(N, -1)
     best = np.argmin(flat, axis=1)
-    found = np.isfinite(flat[ar, best])
+    found = np.isfinite(flat[np.arange(N), best])
     i, k, j = np.unravel_index(best, (S, K, S))
-    return found, m, i, partners[ar, k], j
+    return found, i, partners[np.arange(N), k], j
 
 
-def refine(p2l: np.ndarray, slot_load: np.ndarray, geometry: Geometry, max_rounds: int, tolerance: float) -> np.ndarray:
+def refine(p2l: np.ndarray, slot_load: np.ndarray, geometry: Geometry, max_rounds: int, tolerance: float, pairs: int = 1) -> np.ndarray:
     """Bounded pairwise swaps: each round, in every unfinished layer, swap one replica on the
-    busiest rank with one on another rank so that the larger of the two new loads is smallest.
+    busiest rank with one on the 3 lightest ranks so that the larger of the two new loads is
+    smallest (all ranks are tried if those cannot help), and likewise the second busiest rank
+    with the next 3 lightest when it is above tolerance too (disjoint ranks, so both swaps hold).
 
-    Partners are first the 3 lightest ranks, then all ranks for layers those cannot improve; a
-    layer is done when within ``tolerance`` of perfect balance or when no swap helps.
-    ``slot_load`` [L, P] is the load each replica carries with it. Returns the new map [L, P].
+    A layer is done when within ``tolerance`` of perfect balance or when no swap helps its
+    busiest rank. ``slot_load`` [L, P] is the load each replica carries with it. Returns [L, P].
     """
     L, P = p2l.shape
     E, ep, S = geometry.num_experts, geometry.ep_size, geometry.slots_per_rank
@@ -183,28 +223,38 @@ def refine(p2l: np.ndarray, slot_load: np.ndarray, geometry: Geometry, max_round
     holds = np.zeros((L, ep, E), dtype=bool)
     holds[np.arange(L)[:, None, None], np.arange(ep)[None, :, None], expert] = True
     load = value.sum(axis=2)
-    active = np.flatnonzero(load.max(axis=1) > load.mean(axis=1) * (1.0 + tolerance))
-    K = min(3, ep)
+    limit = load.mean(axis=1) * (1.0 + tolerance)
+    active = np.flatnonzero(load.max(axis=1) > limit)
+    K = min(3, ep - 1) if ep > 1 else 0
+    pairs = pairs if ep >= pairs * (K + 1) else 1
     for _ in range(max_rounds):
-        if active.size == 0:
+        if active.size == 0 or K == 0:
             break
-        ex, val, hold = expert[active], value[active], holds[active]
-        partners = np.argsort(val.sum(axis=2), axis=1, kind="stable")[:, :K]
-        found, m, i, r, j = _best_swaps(ex, val, hold, partners)
-        stuck = np.flatnonzero(~found)
-        if stuck.size and K < ep:
+        order = np.argsort(load[active], axis=1, kind="stable")
+        lay = np.concatenate([active] * pairs)
+        m = np.concatenate([order[:, -1 - q] for q in range(pairs)])
+        partners = np.concatenate([order[:, q * K:(q + 1) * K] for q in range(pairs)])
+        keep = load[lay, m] > limit[lay]
+        lay, m, partners = lay[keep], m[keep], partners[keep]
+        found, i, r, j = _best_swaps(expert, value, holds, load, lay, m, partners)
+        stuck = np.flatnonzero(~found[:active.size])  # the busiest rank: try every other rank
+        if stuck.size and K < ep - 1:
             all_ranks = np.broadcast_to(np.arange(ep), (stuck.size, ep))
-            f2, m2, i2, r2, j2 = _best_swaps(ex[stuck], val[stuck], hold[stuck], all_ranks)
-            found[stuck], m[stuck], i[stuck], r[stuck], j[stuck] = f2, m2, i2, r2, j2
-        lay, m, i, r, j = active[found], m[found], i[found], r[found], j[found]
+            found[stuck], i[stuck], r[stuck], j[stuck] = _best_swaps(expert, value, holds, load, lay[stuck], m[stuck], all_ranks)
+            if pairs > 1:  # the retried swap may touch the second problem's ranks
+                found[active.size:] &= ~np.isin(lay[active.size:], lay[stuck])
+        alive = found[:active.size]  # a layer whose busiest rank no swap can relieve is done
+        lay, m, i, r, j = lay[found], m[found], i[found], r[found], j[found]
         ea, eb = expert[lay, m, i], expert[lay, r, j]
         va, vb = value[lay, m, i], value[lay, r, j]
         expert[lay, m, i], expert[lay, r, j] = eb, ea
         value[lay, m, i], value[lay, r, j] = vb, va
+        load[lay, m] += vb - va
+        load[lay, r] += va - vb
         holds[lay, m, ea], holds[lay, r, eb] = False, False
         holds[lay, m, eb], holds[lay, r, ea] = True, True
-        load = value[lay].sum(axis=2)
-        active = lay[load.max(axis=1) > load.mean(axis=1) * (1.0 + tolerance)]
+        active = active[alive]
+        active = active[load[active].max(axis=1) > limit[active]]
     return expert.reshape(L, P)
 
 
@@ -213,7 +263,7 @@ def _fit_weights(weights: np.ndarray, options: FitOptions) -> np.ndarray:
     g = options.geometry
     weights = np.where(weights.sum(axis=1, keepdims=True) > 0, weights, 1.0).astype(np.float64)
     count = allocate_replicas(weights, g.num_redundant, g.ep_size)
-    p2l = place(count, weights, g, spread_nodes=options.dispatch == "static")
+    p2l = place(count, weights, g, spread_nodes=options.dispatch == "static", groups=options.expert_groups, hedge=options.group_hedge)
     even = np.take_along_axis(weights / count, p2l, axis=1)
     p2l = refine(p2l, even, g, options.max_rounds, options.tolerance)
     if options.dispatch == "static":
@@ -231,8 +281,20 @@ def _no_worse_than_linear(p2l: np.ndarray, score: np.ndarray, weights: np.ndarra
     linear = linear_map(g, len(p2l))
     if same_rank_duplicates(linear, g):
         return p2l
-    theirs = dispatch_score(linear, weights, g, options.dispatch)
+    slot_loads = weights @ _linear_slot_shares(g, options.dispatch)
+    theirs = balance(slot_loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2))
     return np.where((theirs < score - 1e-12)[:, None], linear, p2l)
+
+
+@functools.lru_cache(maxsize=16)
+def _linear_slot_shares(g: Geometry, dispatch: str) -> np.ndarray:
+    """Share of each expert's load that each slot of the linear layout takes: float [E, P]. The
+    linear layout is the same in every layer, so its dispatch table is computed once."""
+    E = g.num_experts
+    linear = linear_map(g, E)
+    if dispatch == "static":
+        return static_slot_loads(linear, np.eye(E), g)
+    return np.eye(E)[:, linear[0]] / replica_counts(linear[:1], E)[0][linear[0]]
 
 
 def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions) -> tuple[np.ndarray, np.ndarray]:
@@ -241,7 +303,7 @@ def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions
     only where its static-dispatch peak really fell. Returns (map, static score per layer)."""
     g = options.geometry
     loads = static_slot_loads(p2l, weights, g)
-    candidate = refine(p2l, loads, g, options.max_rounds, options.tolerance)
+    candidate = refine(p2l, loads, g, options.max_rounds, options.tolerance, pairs=2)
     before = balance(loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2))
     after = before.copy()
     changed = np.nonzero((candidate != p2l).any(axis=1))[0]  # only those need a new static table

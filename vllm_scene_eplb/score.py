@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dispatch import static_table
+from .dispatch import replicated_static_choices
 from .layout import Geometry, replica_counts
 
 
@@ -25,12 +25,15 @@ def ideal_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -
 
 def static_slot_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
     """Load of every slot under the static table, each source rank holding 1/ep of every expert's
-    tokens: float [L, P]."""
-    L, E, ep = p2l.shape[0], geometry.num_experts, geometry.ep_size
-    table = static_table(p2l, geometry)  # [L, ep, E]
-    flat = (np.arange(L)[:, None, None] * geometry.num_physical + table).ravel()
-    per_source = np.broadcast_to(np.asarray(weights, dtype=np.float64)[:, None, :] / ep, (L, ep, E)).ravel()
-    return np.bincount(flat, weights=per_source, minlength=L * geometry.num_physical).reshape(L, -1)
+    tokens: float [L, P]. A single replica takes its expert's whole load; only replicated experts
+    need the table."""
+    L, P, ep = p2l.shape[0], geometry.num_physical, geometry.ep_size
+    weights = np.asarray(weights, dtype=np.float64)
+    _, count, li, ei, chosen = replicated_static_choices(p2l, geometry)
+    single = np.take_along_axis(count, p2l, axis=1) == 1
+    loads = np.where(single, np.take_along_axis(weights, p2l, axis=1), 0.0)
+    shared = np.bincount((li[:, None] * P + chosen).ravel(), weights=np.repeat(weights[li, ei] / ep, ep), minlength=L * P)
+    return loads + shared.reshape(L, P)
 
 
 def static_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:

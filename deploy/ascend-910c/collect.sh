@@ -3,7 +3,8 @@
 #   warm-up -> (cache scenes: seed, then check the cache per DP rank) -> record start -> target load
 #   -> stop -> dump -> fit -> [restart P with the layout] -> audit -> A/B on the same load.
 # Usage: bash collect.sh            (DRY_RUN=1 prints every command without running it)
-# Scene knobs (env): N, C, RATE, IN_LEN, OUT_LEN, PREFIX_SHARE, CARDS (all P + D cards), REDUNDANT.
+# Scene knobs (env): N, C, RATE, IN_LEN, OUT_LEN, PREFIX_SHARE, CARDS (all P + D cards), REDUNDANT,
+# EXPERT_GROUPS (the model's n_group: 8 for DeepSeek-V3/R1; 1 for models without routing groups).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
@@ -11,7 +12,7 @@ MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 PROXY=${PROXY_URL:-http://127.0.0.1:8000}
 P_URL=${P_URL:-http://127.0.0.1:8100}
 N=${N:-320}; C=${C:-128}; RATE=${RATE:-6}; IN_LEN=${IN_LEN:-16384}; OUT_LEN=${OUT_LEN:-1024}
-PREFIX_SHARE=${PREFIX_SHARE:-0}; CARDS=${CARDS:-16}; REDUNDANT=${REDUNDANT:-16}
+PREFIX_SHARE=${PREFIX_SHARE:-0}; CARDS=${CARDS:-16}; REDUNDANT=${REDUNDANT:-16}; EXPERT_GROUPS=${EXPERT_GROUPS:-8}
 OUT=${SCENE_EPLB_DIR}/scene-$(date +%Y%m%d-%H%M%S)
 SCENE=(--model "$MODEL" --input-len "$IN_LEN" --output-len "$OUT_LEN" --prefix-share "$PREFIX_SHARE" --cards "$CARDS"
        --chunk-size 8192 --parallel P-DP16-EP16 -q)
@@ -46,7 +47,7 @@ else
 fi
 # 5. fit on CPU, check, report
 run scene-eplb inspect "$COUNTS"
-run scene-eplb fit "$COUNTS" --ep-size 16 --redundant "$REDUNDANT" --dispatch static -o "$OUT/layout.json"
+run scene-eplb fit "$COUNTS" --ep-size 16 --redundant "$REDUNDANT" --dispatch static --expert-groups "$EXPERT_GROUPS" -o "$OUT/layout.json"
 run scene-eplb report "$OUT/layout.json" "$COUNTS" -o "$OUT/report" -q
 # 6. baseline A on the running (linear) P with the recorder off, then restart P with the layout
 run scene-eplb bench --url "$PROXY" --scene target -n "$N" -c "$C" -r "$RATE" "${SCENE[@]}" -o "$OUT/A-linear.json"
