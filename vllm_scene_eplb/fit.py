@@ -360,6 +360,7 @@ def fit(counts: Counts, options: FitOptions) -> Layout:
             "source_counts_sha256": counts.digest(),
             "dispatch": options.dispatch,
             "robust": options.robust,
+            "expert_groups": options.expert_groups,
             "model": counts.meta.get("model"),
             "role": counts.meta.get("role"),
         },
