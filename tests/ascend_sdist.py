@@ -14,7 +14,15 @@ from pathlib import Path
 VERSION = "0.23.0.post1"
 SDIST = f"vllm_ascend-{VERSION}.tar.gz"
 SHA256 = "a3b9f4a5dd7aa50c37e03d1f35937c4ae5aeacc49b734cac74d59ce5757738e1"
-MEMBERS = ("vllm_ascend/eplb/core/eplb_utils.py",)
+MEMBERS = (
+    "vllm_ascend/eplb/core/eplb_utils.py",
+    # enough of the package to import it by its own name (these files import nothing heavy)
+    "vllm_ascend/__init__.py",
+    "vllm_ascend/logger.py",
+    "vllm_ascend/eplb/__init__.py",
+    "vllm_ascend/eplb/core/__init__.py",
+    "vllm_ascend/ascend_config.py",
+)
 
 
 def cache_dir() -> Path:

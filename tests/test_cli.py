@@ -140,3 +140,22 @@ def test_help_explains_commands():
     for cmd in ("inspect", "fit", "validate", "score", "convert", "report"):
         assert cmd in out
     assert "--dispatch" in run("fit", "--help").stdout
+
+
+def test_audit_from_the_log_alone_where_the_plugin_has_no_routes(tmp_path, counts_file):
+    """vLLM-Ascend workers log the startup line but serve no status route: audit reads the log."""
+    from vllm_scene_eplb.adapters.vllm_ascend_startup import STARTUP_LINE
+    from vllm_scene_eplb.formats import read_layout
+
+    run("fit", counts_file, "--ep-size", 4, "--redundant", 8, "-o", tmp_path / "l.json", "-q")
+    layout = read_layout(tmp_path / "l.json")
+    line = STARTUP_LINE % ("prefill", layout.digest(), 8, 4, "/d/expert_map.json")
+    (tmp_path / "p.log").write_text(f"INFO x {line}\nINFO y {line}\n")
+    ok = json.loads(run("audit", "--log", tmp_path / "p.log", "--layout", tmp_path / "l.json", "--dispatch", "static",
+                        "--recorder", "off", "--json").stdout)
+    assert ok["ok"] and len(ok["checks"]) == 6
+    (tmp_path / "bad.log").write_text(f"INFO x {line}\nINFO y {line.replace('redundant_slots=8', 'redundant_slots=4')}\n")
+    bad = run("audit", "--log", tmp_path / "bad.log", "--layout", tmp_path / "l.json", "--recorder", "off", check=False)
+    assert bad.returncode == 1 and "FAIL  startup log line 2" in bad.stdout
+    none = run("audit", "--layout", tmp_path / "l.json", check=False)
+    assert none.returncode == 2 and "needs --url" in none.stderr and "Traceback" not in none.stderr

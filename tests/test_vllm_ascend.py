@@ -119,3 +119,128 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
     _, l2p, _ = _their_maps(fresh, exported, n, 16, 256, tp_size=2)
     np.testing.assert_array_equal(l2p, log2phy_static(field_layout))
     assert off_rank_with_local(l2p, field_layout) == 0
+
+
+# ---------------------------------------------------------------- startup wiring (vllm_ascend_startup)
+
+STARTUP = """
+import json, sys
+from types import SimpleNamespace
+import torch
+sys.path.insert(0, {root!r})  # vLLM-Ascend's own files from the sdist, importable by their own names
+from vllm_ascend.eplb.core import eplb_utils as eu
+from vllm_ascend.ascend_config import EplbConfig
+theirs = eu.generate_log2phy_map
+import vllm_scene_eplb.adapters.vllm as a
+a.engine_version = lambda: "0.23.0"          # faked: this machine has vLLM 0.32 and no vllm-ascend
+a.ascend_version = lambda: "0.23.0.post1"
+a.register()
+from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
+torch.Tensor.npu = lambda self: self         # no NPU here: their code moves log2phy to it
+mc = ModelConfig(model={model!r})
+pc = ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True)
+extra = {extra}
+try:
+    vc = VllmConfig(model_config=mc, parallel_config=pc, additional_config=extra)
+except Exception as exc:
+    print(json.dumps({{"refused": str(exc)}}))
+    raise SystemExit(0)
+plain = VllmConfig(model_config=mc, parallel_config=pc, additional_config={{}})
+ec = EplbConfig(vc.additional_config["eplb_config"])  # their config class accepts what we set
+out = {{"path": ec.expert_map_path}}
+for name, cfg in (("ours", vc), ("theirs", plain)):
+    rows, formula = [], []
+    with set_current_vllm_config(cfg):
+        for k in range({n_moe}):
+            for r in range(2):
+                g, _, log2phy, _ = eu.init_eplb_config(ec, k, SimpleNamespace(num_experts={E}, ep_size=2, ep_rank=r), tp_size=2)
+                rows.append(log2phy.tolist())
+                formula.append(theirs(list(g), r, tp_size=2).tolist())
+    out[name], out[name + "_formula"] = rows, formula
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def ascend_model(tmp_path_factory):
+    """A generated Qwen3-MoE checkpoint (8 experts, 2 MoE layers) and a layout fitted for EP=2, R=2."""
+    from vllm_scene_eplb.counts import Counts
+    from vllm_scene_eplb.tiny_model import TinyMoeSpec, make_tiny_moe
+
+    from .conftest import skewed_counts
+
+    root = tmp_path_factory.mktemp("ascend-startup")
+    spec = TinyMoeSpec()
+    model = make_tiny_moe(root / "model", spec)
+    layout = fit(Counts(skewed_counts(2, spec.num_layers, spec.num_experts, top_k=2)), FitOptions(Geometry(spec.num_experts, 2, 2)))
+    path = write_layout(layout, root / "layout.json")
+    return model, layout, path, root
+
+
+def _startup(ascend_model, scene: dict) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    from .ascend_sdist import fetch
+
+    require_vllm()
+    model, layout, _, _ = ascend_model
+    script = STARTUP.format(root=str(fetch()), model=str(model), extra=repr(scene), n_moe=len(layout.moe_layers),
+                            E=layout.geometry.num_experts)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_model):
+    """Real VllmConfig (vLLM 0.32, version faked to 0.23) with vLLM-Ascend's own eplb_utils and
+    EplbConfig: the plugin writes the expert map, vLLM-Ascend parses it into our per-rank maps, and
+    its log2phy is our static table while the config carries the layout, its formula otherwise."""
+    _, layout, path, root = ascend_model
+    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}})
+    assert out["path"].startswith(str(root / "dump")) and out["path"].endswith(".json")
+    assert read_layout(out["path"], GeometryHint(ep_size=2, num_experts=8)).physical_to_logical_map.tolist() == \
+        layout.physical_to_logical_map[list(layout.moe_layers)].tolist()
+    ours = np.array(out["ours"]).reshape(len(layout.moe_layers), 2, -1)
+    np.testing.assert_array_equal(ours, log2phy_static(layout))
+    assert out["theirs"] == out["theirs_formula"]  # plugin off: their formula, untouched
+    assert off_rank_with_local(ours, layout) == 0
+
+
+@pytest.mark.parametrize("scene, message", [
+    ({"dispatch": "dynamic"}, 'dispatch "dynamic" is not available on vLLM-Ascend'),
+    ({"layout": None}, "runs the layout run only"),
+])
+def test_startup_refuses_what_is_not_built_on_ascend(ascend_model, scene, message):
+    _, _, path, root = ascend_model
+    cfg = {"layout": str(path), "dump_dir": str(root / "dump2"), **scene}
+    out = _startup(ascend_model, {"scene_eplb": {k: v for k, v in cfg.items() if v is not None}})
+    assert message in out["refused"]
+    assert not (root / "dump2").exists()  # nothing written
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"eplb_config": {"dynamic_eplb": True}}, "both move experts"),
+    ({"eplb_config": {"expert_map_path": "/x/map.json"}}, "set by hand"),
+    ({"mix_placement": True}, "turn off mix_placement"),
+])
+def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, message):
+    from vllm_scene_eplb.adapters.vllm_ascend_startup import prepare_layout_run
+    from vllm_scene_eplb.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump3")}, **extra}
+    before = repr(additional)
+    with pytest.raises(SceneEplbError, match=message):
+        prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2)
+    assert repr(additional) == before and not (root / "dump3").exists()
+
+
+def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):
+    from vllm_scene_eplb.adapters.vllm_ascend_startup import prepare_layout_run
+    from vllm_scene_eplb.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    with pytest.raises(SceneEplbError, match="does not fit this server"):
+        prepare_layout_run({"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d4")}}, hf_config(TinyMoeSpec()), ep_size=4)

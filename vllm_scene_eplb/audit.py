@@ -1,6 +1,7 @@
 """`scene-eplb audit`: check that a running server loaded what was intended (SPEC §3 step 6).
 
-Reads the plugin's status route and, optionally, the server log's startup lines (one per worker),
+Reads the plugin's status route and, optionally, the server log's startup lines (one per worker;
+where the plugin has no routes, as on vLLM-Ascend, the log alone),
 and checks: the loaded layout hash equals the intended file's, the redundant slots and dispatch
 algorithm are as intended, and the recorder is off for a measurement run.
 """
@@ -36,6 +37,15 @@ def log_records(path: str | Path) -> list[dict]:
         raise SceneEplbError(f"cannot read server log: {exc}", path) from None
     return [{"role": m[0], "observer": m[1], "layout_hash": None if m[2] == "none" else m[2], "redundant_slots": int(m[3]),
              "dispatch": None if m[4] == "none" else m[4]} for m in LOG_LINE.findall(text)]
+
+
+def status_from_log(path: str | Path) -> dict:
+    """The first worker's startup line as a status dict, for engines where the plugin has no status
+    route (vLLM-Ascend); ``audit`` then checks every other worker's line against it."""
+    records = log_records(path)
+    if not records:
+        raise SceneEplbError("no scene-eplb startup line in the server log", path)
+    return dict(records[0])
 
 
 def audit(status: dict, layout_path: str | None, dispatch: str | None, recorder: str | None,

@@ -156,10 +156,15 @@ def cmd_record(args) -> None:
 
 
 def cmd_audit(args) -> None:
-    from .audit import audit
+    from .audit import audit, status_from_log
     from .record_client import call
 
-    status = call(args.url, "status", args.api_key)
+    if args.url:
+        status = call(args.url, "status", args.api_key)
+    elif args.log:
+        status = status_from_log(args.log)
+    else:
+        raise SceneEplbError("audit needs --url (the status route) or --log (the server log's startup lines)")
     checks = audit(status, args.layout, args.dispatch, args.recorder, args.log)
     ok = all(c.ok for c in checks)
     text = "\n".join(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in checks)
@@ -238,12 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def remote(sp, url_required: bool = True):
+    def remote(sp, url_required: bool = True, url_help: str = "server base URL (default http://localhost:8000)",
+               url_default: str | None = "http://localhost:8000"):
         """--url and --api-key of a running server (the key defaults to $VLLM_API_KEY, as vLLM's own)."""
         if url_required:
             sp.add_argument("--url", required=True, help="server base URL")
         else:
-            sp.add_argument("--url", default="http://localhost:8000", help="server base URL (default http://localhost:8000)")
+            sp.add_argument("--url", default=url_default, help=url_help)
         sp.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="the server's --api-key (default: $VLLM_API_KEY)")
 
     def common(sp, geometry=False):
@@ -320,12 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Read the server's status route (and optionally its log's startup lines) and check: "
                         "layout hash equals the intended file's, redundant slots and dispatch algorithm as intended, recorder "
                         "state. Exit 0 when every check passes, 1 when one fails, 2 on an error.")
-    remote(sp)
+    remote(sp, url_required=False, url_default=None,
+           url_help="server base URL (its status route); omit it and give --log alone where the plugin has no routes (vLLM-Ascend)")
     sp.add_argument("--layout", help="the intended layout file (omit for a server that must run the linear layout)")
     sp.add_argument("--dispatch", choices=DISPATCH_ALGORITHMS, help="the intended dispatch algorithm")
     sp.add_argument("--recorder", choices=("off", "idle", "recording"), default="idle",
                     help="intended recorder state (default idle: armed but not recording, right for a measurement run)")
-    sp.add_argument("--log", help="the server log: every worker's startup line must agree with the status route")
+    sp.add_argument("--log", help="the server log: every worker's startup line must agree with the status route "
+                    "(without --url: with the first worker's line, which stands in for the route)")
     common(sp)
     sp.set_defaults(func=cmd_audit)
 

@@ -14,6 +14,7 @@ P_URL=${P_URL:-http://127.0.0.1:8100}
 N=${N:-320}; C=${C:-128}; RATE=${RATE:-6}; IN_LEN=${IN_LEN:-16384}; OUT_LEN=${OUT_LEN:-1024}
 PREFIX_SHARE=${PREFIX_SHARE:-0}; CARDS=${CARDS:-16}; REDUNDANT=${REDUNDANT:-16}; EXPERT_GROUPS=${EXPERT_GROUPS:-8}
 OUT=${SCENE_EPLB_DIR}/scene-$(date +%Y%m%d-%H%M%S)
+P_LOG=${P_LOG:-$OUT/p_server.log}
 SCENE=(--model "$MODEL" --input-len "$IN_LEN" --output-len "$OUT_LEN" --prefix-share "$PREFIX_SHARE" --cards "$CARDS"
        --chunk-size 8192 --parallel P-DP16-EP16 -q)
 
@@ -51,9 +52,10 @@ run scene-eplb fit "$COUNTS" --ep-size 16 --redundant "$REDUNDANT" --dispatch st
 run scene-eplb report "$OUT/layout.json" "$COUNTS" -o "$OUT/report" -q
 # 6. baseline A on the running (linear) P with the recorder off, then restart P with the layout
 run scene-eplb bench --url "$PROXY" --scene target -n "$N" -c "$C" -r "$RATE" "${SCENE[@]}" -o "$OUT/A-linear.json"
-echo "restart P now:  bash $HERE/p_server.sh layout $OUT/layout.json   then press Enter"
+echo "restart P now:  bash $HERE/p_server.sh layout $OUT/layout.json 2>&1 | tee $P_LOG   then press Enter"
 if [ "${DRY_RUN:-0}" != 1 ]; then read -r; fi
-# 7. acceptance: the loaded layout is the intended one, recorder idle
-run scene-eplb audit --url "$P_URL" --layout "$OUT/layout.json" --recorder idle
+# 7. acceptance from every P worker's startup line (the plugin serves no routes on vLLM-Ascend):
+#    the loaded layout is the intended one, static dispatch, recorder off
+run scene-eplb audit --log "$P_LOG" --layout "$OUT/layout.json" --dispatch static --recorder off
 run scene-eplb bench --url "$PROXY" --scene target -n "$N" -c "$C" -r "$RATE" "${SCENE[@]}" -o "$OUT/B-fitted.json"
 run scene-eplb compare "$OUT/A-linear.json" "$OUT/B-fitted.json" --name-a linear --name-b fitted -o "$OUT/compare"

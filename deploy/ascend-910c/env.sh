@@ -18,7 +18,8 @@ export TASK_QUEUE_ENABLE=${TASK_QUEUE_ENABLE:-1}
 export PYTORCH_NPU_ALLOC_CONF=${PYTORCH_NPU_ALLOC_CONF:-expandable_segments:True}
 # CPU threads per worker process; the NPU does the math.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
-# Load the plugin's routes (vLLM loads endpoint plugins only when named here; the general plugin too).
-export VLLM_PLUGINS=${VLLM_PLUGINS:-scene_eplb}
+# VLLM_PLUGINS is deliberately left unset: when set it is an allow-list for every plugin group, and
+# one that leaves out vLLM-Ascend's own plugins (the `ascend` platform plugin, its KV connector and
+# model plugins) breaks the server. Unset, vLLM loads every general plugin, scene_eplb included.
 # Where the P server writes counts dumps, and where layouts and bench results go.
 export SCENE_EPLB_DIR=${SCENE_EPLB_DIR:-/data/scene-eplb}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The P (prefill) server: 8 cards = 16 dies, DP16 with EP16, chunked prefill 8192, kv_producer.
-#   bash p_server.sh collect            # collection run: plugin armed (role prefill), linear layout
-#   bash p_server.sh layout LAYOUT.json # layout run: the fitted layout (256 experts + 16 redundant slots)
+#   bash p_server.sh collect            # collection run: plugin armed (role prefill), linear layout.
+#                                       # NOT BUILT on vLLM-Ascend yet: the plugin stops startup with a message
+#   bash p_server.sh layout LAYOUT.json # layout run: the fitted layout (256 experts + 16 redundant slots);
+#                                       # SCENE_EPLB_PLUGIN=0 loads it through vLLM-Ascend alone (its formula)
 # DRY_RUN=1 prints the exact command instead of running it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -15,11 +17,15 @@ case "$MODE" in
   collect) EPLB='"scene_eplb": {"role": "prefill", "buffer_slots": 512, "dump_dir": "'"$SCENE_EPLB_DIR"'/dumps"}' ;;
   layout)
     LAYOUT=${2:?layout mode needs the layout file}
-    # vLLM-Ascend's own static-map path loads the weights and maps today; its replica choice is the
-    # fixed generate_log2phy_map formula. The plugin keeps its recorder idle for the measurement run.
-    EPLB='"eplb_config": {"expert_map_path": "'"${LAYOUT%.json}"'.expert_map.json"}'
-    # With the Ascend adapter (SCENE_EPLB_PLUGIN=1) the plugin also reports the run for `scene-eplb audit`.
-    if [ "${SCENE_EPLB_PLUGIN:-0}" = 1 ]; then EPLB="$EPLB"', "scene_eplb": {"role": "prefill", "dump_dir": "'"$SCENE_EPLB_DIR"'/dumps"}'; fi ;;
+    if [ "${SCENE_EPLB_PLUGIN:-1}" = 1 ]; then
+      # The plugin checks the layout against the model, writes vLLM-Ascend's expert_map_path JSON
+      # from it (vLLM-Ascend then loads weights and maps) and replaces its fixed replica formula
+      # with our static table (local replica first); each worker logs the line `scene-eplb audit` reads.
+      EPLB='"scene_eplb": {"role": "prefill", "layout": "'"$LAYOUT"'", "dispatch": "static", "dump_dir": "'"$SCENE_EPLB_DIR"'/dumps"}'
+    else
+      # Without the plugin: vLLM-Ascend's own static-map path with its fixed generate_log2phy_map formula.
+      EPLB='"eplb_config": {"expert_map_path": "'"${LAYOUT%.json}"'.expert_map.json"}'
+    fi ;;
   *) echo "p_server.sh: unknown mode $MODE (collect or layout)" >&2; exit 2 ;;
 esac
 CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "$PORT"
@@ -28,8 +34,8 @@ CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "$PORT
   --no-enable-prefix-caching --quantization ascend
   --kv-transfer-config "$KV"
   --additional-config "{$EPLB}")
-if [ "$MODE" = layout ] && [ "${DRY_RUN:-0}" != 1 ]; then
-  # vLLM-Ascend reads its own expert_map_path JSON: export it from our layout first.
+if [ "$MODE" = layout ] && [ "${SCENE_EPLB_PLUGIN:-1}" != 1 ] && [ "${DRY_RUN:-0}" != 1 ]; then
+  # Without the plugin vLLM-Ascend reads its own expert_map_path JSON: export it from our layout first.
   scene-eplb convert "$LAYOUT" --to vllm-ascend -o "${LAYOUT%.json}.expert_map.json" -q
 fi
 if [ "${DRY_RUN:-0}" = 1 ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi

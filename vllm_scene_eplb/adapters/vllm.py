@@ -27,6 +27,8 @@ from ..errors import SceneEplbError
 from ..formats import GeometryHint, read_layout
 from ..layout import Layout
 from ..model_geometry import ModelGeometry, from_hf_config
+from .vllm_ascend import check_versions
+from .vllm_ascend_startup import ascend_version
 
 SUPPORTED_VLLM = (0, 32, 0)
 logger = logging.getLogger("vllm.scene_eplb")
@@ -359,9 +361,9 @@ def _patch_step(GPUModelRunner) -> None:
 _REGISTERED = False
 
 
-def _refuse_flag_on_other_versions() -> None:
+def _refuse_flag_on_other_versions(check=None) -> None:
     """On another vLLM, patch only the engine config (stable across releases) so that the plugin's flag
-    stops startup with the version message instead of being silently ignored."""
+    stops startup with the version message (``check`` raises it) instead of being silently ignored."""
     from vllm.config import VllmConfig
 
     orig = VllmConfig.__post_init__
@@ -370,7 +372,7 @@ def _refuse_flag_on_other_versions() -> None:
     def __post_init__(self, *args, **kwargs):
         orig(self, *args, **kwargs)
         if parse_config(self.additional_config) is not None:
-            check_engine_version()
+            (check or check_engine_version)()
 
     VllmConfig.__post_init__ = __post_init__
 
@@ -381,6 +383,17 @@ def register() -> None:
     if _REGISTERED:
         return
     version = engine_version()
+    if not version_supported(version) and ascend_version() is not None:
+        from .vllm_ascend_startup import register_ascend
+
+        ascend = ascend_version()
+        try:
+            register_ascend(ascend, version)
+        except SceneEplbError as exc:
+            logger.warning("scene-eplb: %s: the plugin installs nothing here", exc.problem)
+            _refuse_flag_on_other_versions(functools.partial(check_versions, ascend, version))
+        _REGISTERED = True
+        return
     if not version_supported(version):
         logger.warning("scene-eplb: written for vLLM %s, found %s: the plugin installs nothing here "
                        "(a server started with scene_eplb in --additional-config will refuse to start)",

@@ -13,8 +13,8 @@ our static table (local replica first, then even spread), computed from the same
 is given, so every layer vLLM-Ascend builds from an ``expert_map_path`` file dispatches our way.
 
 What has run: these tables and the replacement against vLLM-Ascend's own ``eplb_utils.py`` on CPU
-(tests). What has not: anything on Ascend hardware; the observer on ``AscendFusedMoE`` and the
-export inside vLLM-Ascend are not built yet.
+(tests); the startup wiring is in ``vllm_ascend_startup``. What has not: anything on Ascend
+hardware; the observer on ``AscendFusedMoE`` and the export inside vLLM-Ascend are not built yet.
 """
 
 from __future__ import annotations
@@ -85,11 +85,16 @@ def static_log2phy_from_rank_maps(global_expert_map: np.ndarray, ep_rank: int) -
     return static_table(p2l[None, :], g)[0, ep_rank].astype(np.int32)
 
 
-def install_static_dispatch(eplb_utils) -> None:
-    """Replace ``eplb_utils.generate_log2phy_map`` (vLLM-Ascend's fixed replica formula) with ours."""
+def install_static_dispatch(eplb_utils, when=None) -> None:
+    """Replace ``eplb_utils.generate_log2phy_map`` (vLLM-Ascend's fixed replica formula) with ours;
+    with ``when`` (a callable), only while it returns True, else their formula runs."""
     import torch
 
+    theirs = eplb_utils.generate_log2phy_map
+
     def generate_log2phy_map(global_expert_map, ep_rank, tp_size=None):
+        if when is not None and not when():
+            return theirs(global_expert_map, ep_rank, tp_size=tp_size)
         stacked = torch.stack(list(global_expert_map)) if isinstance(global_expert_map, (list, tuple)) else global_expert_map
         return torch.from_numpy(static_log2phy_from_rank_maps(stacked.cpu().numpy(), int(ep_rank)))
 

@@ -1,0 +1,144 @@
+"""vLLM-Ascend startup wiring for the layout run (vLLM 0.23 with vllm-ascend 0.23.0.post1).
+
+- In the process that builds the engine config (``VllmConfig.__post_init__``, before vLLM-Ascend
+  reads its ``eplb_config``): check the scene_eplb settings and the layout against the model and
+  the EP size, write the layout as vLLM-Ascend's ``expert_map_path`` JSON (atomically, named by the
+  layout hash, in ``dump_dir``) and point ``additional_config.eplb_config.expert_map_path`` at it.
+  vLLM-Ascend then builds every rank's expert map and loads the weights from it.
+- In every process: vLLM-Ascend's ``generate_log2phy_map`` uses our ``static`` table (local replica
+  first) when the current config carries a scene_eplb layout, its own formula otherwise; the first
+  use logs the line ``scene-eplb audit`` reads.
+
+Refused with a message, because not built on Ascend: a run without a layout (the observer on
+``AscendFusedMoE`` and the export are not built, so a collection run would record nothing),
+``dispatch: dynamic`` (vLLM-Ascend MRv1 routes each source rank to one fixed replica; a per-token
+split needs a hook in its MoE comm methods), and settings that would fight the layout: vLLM-Ascend's
+own dynamic EPLB, a hand-set ``expert_map_path``, ``mix_placement``, PP > 1, no expert parallelism.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+from ..config import parse_config
+from ..errors import SceneEplbError
+from ..formats import GeometryHint, read_layout, write_layout
+from ..layout import Layout
+from ..model_geometry import from_hf_config
+from .vllm_ascend import check_versions, install_static_dispatch
+
+logger = logging.getLogger("vllm.scene_eplb")
+# One per worker process, the first time our table is used; `scene-eplb audit --log` reads it.
+STARTUP_LINE = ("scene-eplb: role=%s observer=off layout_hash=%s redundant_slots=%d dispatch=static ep_size=%d "
+                "(vLLM-Ascend, expert_map_path %s)")
+
+
+def ascend_version() -> str | None:
+    """The installed vllm-ascend version, or None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm-ascend")
+    except PackageNotFoundError:
+        return None
+
+
+def ep_size_of(parallel_config) -> int:
+    """EP ranks of an Ascend server: DP x TP (x PCP) when expert parallelism is on."""
+    if not parallel_config.enable_expert_parallel:
+        raise SceneEplbError("scene_eplb.layout needs --enable-expert-parallel (a layout places experts on EP ranks)")
+    if parallel_config.pipeline_parallel_size > 1:
+        raise SceneEplbError("scene_eplb supports pipeline_parallel_size 1 only (vLLM-Ascend numbers MoE layers per PP stage)")
+    pcp = getattr(parallel_config, "prefill_context_parallel_size", 1) or 1
+    return parallel_config.tensor_parallel_size * parallel_config.data_parallel_size * pcp
+
+
+def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int) -> tuple[Layout, Path]:
+    """Check the settings and the layout, write the expert map file and set ``eplb_config`` to it.
+
+    Returns (layout, expert_map_path); changes ``additional_config`` only when everything holds.
+    """
+    cfg = parse_config(additional_config)
+    if cfg is None:
+        raise SceneEplbError("scene_eplb is not enabled in additional_config")
+    if cfg.layout is None:
+        raise SceneEplbError("scene_eplb on vLLM-Ascend runs the layout run only: set scene_eplb.layout (recording "
+                             "on AscendFusedMoE and the export are not built for vLLM-Ascend yet)")
+    if cfg.dispatch != "static":
+        raise SceneEplbError('scene_eplb.dispatch "dynamic" is not available on vLLM-Ascend 0.23 (its log2phy map is one '
+                             'fixed replica per source rank): use "static"')
+    eplb = additional_config.get("eplb_config") or {}
+    if not isinstance(eplb, dict):
+        raise SceneEplbError("additional_config.eplb_config must be a JSON object")
+    if eplb.get("dynamic_eplb") or eplb.get("expert_map_record_path"):
+        raise SceneEplbError("scene_eplb.layout and vLLM-Ascend's dynamic EPLB both move experts: use one of them")
+    if eplb.get("expert_map_path"):
+        raise SceneEplbError("eplb_config.expert_map_path is set by hand: give the layout as scene_eplb.layout only "
+                             "(the plugin writes the expert map from it)")
+    if additional_config.get("mix_placement"):
+        raise SceneEplbError("scene_eplb.layout places routed experts only: turn off mix_placement")
+    model = from_hf_config(hf_config)
+    try:
+        layout = read_layout(cfg.layout, GeometryHint(ep_size=ep_size, num_experts=model.num_experts))
+        layout.check_model(len(model.moe_layers), model.num_experts, ep_size, model.moe_layers, model.num_layers)
+    except SceneEplbError as exc:
+        raise SceneEplbError(f"scene_eplb.layout does not fit this server (model {model.num_experts} experts, "
+                             f"{len(model.moe_layers)} MoE layers, ep_size {ep_size}): {exc.problem}", cfg.layout) from None
+    path = write_layout(layout, Path(cfg.dump_dir) / f"expert_map-{layout.digest()[:16]}.json", "vllm-ascend")
+    additional_config["eplb_config"] = {**eplb, "expert_map_path": str(path)}
+    return layout, path
+
+
+@functools.lru_cache(maxsize=4)
+def _layout(path: str) -> Layout:
+    return read_layout(path)
+
+
+def _use_ours() -> bool:
+    """True when the config the model is being built with carries a scene_eplb layout."""
+    from vllm.config import get_current_vllm_config
+
+    vc = get_current_vllm_config()
+    cfg = parse_config(vc.additional_config)
+    if cfg is None or cfg.layout is None:
+        return False
+    if not _use_ours.logged:
+        kv = vc.kv_transfer_config
+        role = cfg.resolve_role(kv.kv_role if kv is not None and kv.kv_connector else None)
+        layout = _layout(cfg.layout)
+        logger.info(STARTUP_LINE, role, layout.digest(), layout.geometry.num_redundant, layout.geometry.ep_size,
+                    (vc.additional_config.get("eplb_config") or {}).get("expert_map_path"))
+        _use_ours.logged = True
+    return True
+
+
+_use_ours.logged = False
+
+
+def _wrap_config(vllm_config_cls) -> None:
+    """Prepare the layout run before vLLM-Ascend's platform reads ``eplb_config``."""
+    orig = vllm_config_cls.__post_init__
+
+    @functools.wraps(orig)
+    def __post_init__(self, *args, **kwargs):
+        if parse_config(self.additional_config) is not None:
+            layout, path = prepare_layout_run(self.additional_config, self.model_config.hf_config.to_dict(),
+                                              ep_size_of(self.parallel_config))
+            logger.info("scene-eplb: layout %s (%d redundant slots, static dispatch) -> vLLM-Ascend expert_map_path %s",
+                        layout.digest(), layout.geometry.num_redundant, path)
+        orig(self, *args, **kwargs)
+
+    vllm_config_cls.__post_init__ = __post_init__
+
+
+def register_ascend(ascend: str, vllm_version: str) -> None:
+    """The plugin on vLLM-Ascend: version check, config hook, dispatch replacement."""
+    from vllm.config import VllmConfig
+
+    check_versions(ascend, vllm_version)
+    from vllm_ascend.eplb.core import eplb_utils
+
+    _wrap_config(VllmConfig)
+    install_static_dispatch(eplb_utils, when=_use_ours)
