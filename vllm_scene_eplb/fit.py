@@ -210,8 +210,9 @@ def _best_swaps(expert, value, holds, load, lay, m, partners):
 def refine(p2l: np.ndarray, slot_load: np.ndarray, geometry: Geometry, max_rounds: int, tolerance: float, pairs: int = 1) -> np.ndarray:
     """Bounded pairwise swaps: each round, in every unfinished layer, swap one replica on the
     busiest rank with one on the 3 lightest ranks so that the larger of the two new loads is
-    smallest (all ranks are tried if those cannot help), and likewise the second busiest rank
-    with the next 3 lightest when it is above tolerance too (disjoint ranks, so both swaps hold).
+    smallest (all ranks are tried if those cannot help). With ``pairs`` = 2 (and 8+ ranks), the
+    second busiest rank likewise swaps with the next 3 lightest in the same round when it is
+    above tolerance too: disjoint ranks, so both swaps hold, and rounds roughly halve.
 
     A layer is done when within ``tolerance`` of perfect balance or when no swap helps its
     busiest rank. ``slot_load`` [L, P] is the load each replica carries with it. Returns [L, P].
