@@ -244,3 +244,16 @@ def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):
     _, _, path, root = ascend_model
     with pytest.raises(SceneEplbError, match="does not fit this server"):
         prepare_layout_run({"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d4")}}, hf_config(TinyMoeSpec()), ep_size=4)
+
+
+def test_prepare_needs_an_explicit_role_with_kv_both(ascend_model):
+    from vllm_scene_eplb.adapters.vllm_ascend_startup import prepare_layout_run
+    from vllm_scene_eplb.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d5")}}
+    with pytest.raises(SceneEplbError, match="kv_both"):
+        prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2, kv_role="kv_both")
+    additional["scene_eplb"]["role"] = "prefill"
+    _, written = prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2, kv_role="kv_both")
+    assert written.is_file() and additional["eplb_config"]["expert_map_path"] == str(written)

@@ -55,7 +55,7 @@ def ep_size_of(parallel_config) -> int:
     return parallel_config.tensor_parallel_size * parallel_config.data_parallel_size * pcp
 
 
-def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int) -> tuple[Layout, Path]:
+def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, kv_role: str | None = None) -> tuple[Layout, Path]:
     """Check the settings and the layout, write the expert map file and set ``eplb_config`` to it.
 
     Returns (layout, expert_map_path); changes ``additional_config`` only when everything holds.
@@ -63,6 +63,7 @@ def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int) -
     cfg = parse_config(additional_config)
     if cfg is None:
         raise SceneEplbError("scene_eplb is not enabled in additional_config")
+    cfg.resolve_role(kv_role)  # kv_both needs an explicit role: fail here, not in a worker
     if cfg.layout is None:
         raise SceneEplbError("scene_eplb on vLLM-Ascend runs the layout run only: set scene_eplb.layout (recording "
                              "on AscendFusedMoE and the export are not built for vLLM-Ascend yet)")
@@ -124,8 +125,10 @@ def _wrap_config(vllm_config_cls) -> None:
     @functools.wraps(orig)
     def __post_init__(self, *args, **kwargs):
         if parse_config(self.additional_config) is not None:
+            kv = self.kv_transfer_config
             layout, path = prepare_layout_run(self.additional_config, self.model_config.hf_config.to_dict(),
-                                              ep_size_of(self.parallel_config))
+                                              ep_size_of(self.parallel_config),
+                                              kv.kv_role if kv is not None and kv.kv_connector else None)
             logger.info("scene-eplb: layout %s (%d redundant slots, static dispatch) -> vLLM-Ascend expert_map_path %s",
                         layout.digest(), layout.geometry.num_redundant, path)
         orig(self, *args, **kwargs)
