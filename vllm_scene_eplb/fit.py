@@ -74,7 +74,8 @@ def hedge_kernel(num_experts: int, groups: int) -> tuple[np.ndarray, np.ndarray]
 
     Why: between real DeepSeek-V3 scenes, load moves between blocks of neighbouring expert ids
     (group-limited routing), the more so the bigger the block; out-of-scene noise is not
-    independent per expert, so a placement that spreads each block evenly over ranks is safer.
+    independent per expert, so a placement that spreads each block evenly over ranks is safer
+    (``benchmarks/scene_structure.py`` measures it).
     """
     if groups <= 1:
         empty = np.zeros((num_experts, 0), dtype=np.int64)
