@@ -111,6 +111,15 @@ def main() -> int:
             cross = np.concatenate([ideal_score(maps[a], scenes[b], g) for a in scenes for b in scenes if a != b])
             sweep[hedge] = stats(cross)
         out["cross_ideal_by_group_hedge"] = sweep
+        pairs = {}
+        print("cross-scene table, ideal score median/worst over MoE layers (fit on A, score on B):")
+        for a in scenes:
+            for b in scenes:
+                if a != b:
+                    cell = {name: stats(ideal_score(row[name][a], scenes[b], g)) for name in ("vllm", "vllm_flat", "ours_dynamic")}
+                    pairs[f"{a} -> {b}"] = cell
+                    print(f"  {a + ' -> ' + b:45s} " + "  ".join(f"{n} {v['median']:.4f}/{v['worst']:.4f}" for n, v in cell.items()))
+        out["cross_ideal_by_pair"] = pairs
         print("cross-scene ideal med/worst by group hedge (dynamic objective; default "
               f"{FitOptions(g).group_hedge}): " + "  ".join(f"{h:g}: {v['median']:.4f}/{v['worst']:.4f}" for h, v in sweep.items()))
         results[gname] = out
