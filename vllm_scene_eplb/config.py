@@ -46,6 +46,12 @@ class PluginConfig:
         raise SceneEplbError(f'scene_eplb.role is "auto" but kv_role is {kv_role!r}: set "role" to "prefill" or "decode"')
 
 
+def kv_role_of(vllm_config: Any) -> str | None:
+    """The server's ``kv_transfer_config.kv_role``, or None without a KV connector (no P/D split)."""
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    return kv.kv_role if kv is not None and kv.kv_connector else None
+
+
 def parse_config(additional_config: Any) -> PluginConfig | None:
     """The plugin's settings from vLLM's additional_config (a dict), or None when not enabled."""
     if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..config import PluginConfig, parse_config
+from ..config import PluginConfig, kv_role_of, parse_config
 from ..errors import SceneEplbError
 from ..formats import GeometryHint, read_layout
 from ..layout import Layout
@@ -115,8 +115,7 @@ def configure(vllm_config) -> WorkerRuntime | None:
         return None
     check_engine_version()
     pc = vllm_config.parallel_config
-    kv = vllm_config.kv_transfer_config
-    role = cfg.resolve_role(kv.kv_role if kv is not None and kv.kv_connector else None)
+    role = cfg.resolve_role(kv_role_of(vllm_config))
     model = from_hf_config(vllm_config.model_config.hf_config.to_dict(), vllm_config.model_config.model)
     ep_size = pc.tensor_parallel_size * pc.data_parallel_size * pc.prefill_context_parallel_size if pc.enable_expert_parallel else 1
     from vllm.distributed import get_tensor_model_parallel_rank

@@ -22,7 +22,7 @@ import functools
 import logging
 from pathlib import Path
 
-from ..config import parse_config
+from ..config import kv_role_of, parse_config
 from ..errors import SceneEplbError
 from ..formats import GeometryHint, read_layout, write_layout
 from ..layout import Layout
@@ -106,8 +106,7 @@ def _use_ours() -> bool:
     if cfg is None or cfg.layout is None:
         return False
     if not _use_ours.logged:
-        kv = vc.kv_transfer_config
-        role = cfg.resolve_role(kv.kv_role if kv is not None and kv.kv_connector else None)
+        role = cfg.resolve_role(kv_role_of(vc))
         layout = _layout(cfg.layout)
         logger.info(STARTUP_LINE, role, layout.digest(), layout.geometry.num_redundant, layout.geometry.ep_size,
                     (vc.additional_config.get("eplb_config") or {}).get("expert_map_path"))
@@ -125,10 +124,8 @@ def _wrap_config(vllm_config_cls) -> None:
     @functools.wraps(orig)
     def __post_init__(self, *args, **kwargs):
         if parse_config(self.additional_config) is not None:
-            kv = self.kv_transfer_config
             layout, path = prepare_layout_run(self.additional_config, self.model_config.hf_config.to_dict(),
-                                              ep_size_of(self.parallel_config),
-                                              kv.kv_role if kv is not None and kv.kv_connector else None)
+                                              ep_size_of(self.parallel_config), kv_role_of(self))
             logger.info("scene-eplb: layout %s (%d redundant slots, static dispatch) -> vLLM-Ascend expert_map_path %s",
                         layout.digest(), layout.geometry.num_redundant, path)
         orig(self, *args, **kwargs)
