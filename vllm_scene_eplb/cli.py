@@ -243,13 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def remote(sp, url_required: bool = True, url_help: str = "server base URL (default http://localhost:8000)",
-               url_default: str | None = "http://localhost:8000"):
+    def remote(sp, url_required: bool = True, url_default: str | None = "http://localhost:8000", url_help: str | None = None):
         """--url and --api-key of a running server (the key defaults to $VLLM_API_KEY, as vLLM's own)."""
         if url_required:
             sp.add_argument("--url", required=True, help="server base URL")
         else:
-            sp.add_argument("--url", default=url_default, help=url_help)
+            sp.add_argument("--url", default=url_default, help=url_help or f"server base URL (default {url_default})")
         sp.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="the server's --api-key (default: $VLLM_API_KEY)")
 
     def common(sp, geometry=False):

@@ -24,9 +24,9 @@ import numpy as np
 from .. import __version__
 from ..config import PluginConfig, kv_role_of, parse_config
 from ..errors import SceneEplbError
-from ..formats import GeometryHint, read_layout
 from ..layout import Layout
 from ..model_geometry import ModelGeometry, from_hf_config
+from .layout_check import layout_for_server
 from .vllm_ascend import check_versions
 from .vllm_ascend_startup import ascend_version
 
@@ -141,15 +141,7 @@ def load_layout_for(path: str, model: ModelGeometry, ep_size: int, pc) -> Layout
         raise SceneEplbError("scene_eplb.layout needs every rank to read all expert tensors: drop --enable-ep-weight-filter")
     if pc.expert_placement_strategy != "linear":
         raise SceneEplbError("scene_eplb.layout needs --expert-placement-strategy linear (rank r owns slots [r*S, (r+1)*S))")
-    try:
-        layout = read_layout(path, GeometryHint(ep_size=ep_size, num_experts=model.num_experts))
-        layout.check_model(len(model.moe_layers), model.num_experts, ep_size, model.moe_layers, model.num_layers)
-        if layout.num_layers != model.num_layers:  # slots are looked up by model layer index
-            raise SceneEplbError(f"layout has {layout.num_layers} layer rows, the model has {model.num_layers} layers")
-    except SceneEplbError as exc:
-        raise SceneEplbError(f"scene_eplb.layout does not fit this server (model {model.num_experts} experts, "
-                             f"MoE layers {list(model.moe_layers)}, ep_size {ep_size}): {exc.problem}", path) from None
-    return layout
+    return layout_for_server(path, model, ep_size, model_layer_axis=True)  # slots are looked up by model layer index
 
 
 # ---------------------------------------------------------------- after load: bind to the model

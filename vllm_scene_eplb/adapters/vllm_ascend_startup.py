@@ -24,9 +24,10 @@ from pathlib import Path
 
 from ..config import kv_role_of, parse_config
 from ..errors import SceneEplbError
-from ..formats import GeometryHint, read_layout, write_layout
+from ..formats import read_layout, write_layout
 from ..layout import Layout
 from ..model_geometry import from_hf_config
+from .layout_check import layout_for_server
 from .vllm_ascend import check_versions, install_static_dispatch
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -80,13 +81,7 @@ def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, k
                              "(the plugin writes the expert map from it)")
     if additional_config.get("mix_placement"):
         raise SceneEplbError("scene_eplb.layout places routed experts only: turn off mix_placement")
-    model = from_hf_config(hf_config)
-    try:
-        layout = read_layout(cfg.layout, GeometryHint(ep_size=ep_size, num_experts=model.num_experts))
-        layout.check_model(len(model.moe_layers), model.num_experts, ep_size, model.moe_layers, model.num_layers)
-    except SceneEplbError as exc:
-        raise SceneEplbError(f"scene_eplb.layout does not fit this server (model {model.num_experts} experts, "
-                             f"{len(model.moe_layers)} MoE layers, ep_size {ep_size}): {exc.problem}", cfg.layout) from None
+    layout = layout_for_server(cfg.layout, from_hf_config(hf_config), ep_size, model_layer_axis=False)  # the map file holds MoE rows only
     path = write_layout(layout, Path(cfg.dump_dir) / f"expert_map-{layout.digest()[:16]}.json", "vllm-ascend")
     additional_config["eplb_config"] = {**eplb, "expert_map_path": str(path)}
     return layout, path
