@@ -124,7 +124,8 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
 # ---------------------------------------------------------------- startup wiring (vllm_ascend_startup)
 
 STARTUP = """
-import json, sys
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)  # a server configures this; a bare script must, to see the startup line
 from types import SimpleNamespace
 import torch
 sys.path.insert(0, {root!r})  # vLLM-Ascend's own files from the sdist, importable by their own names
@@ -177,7 +178,7 @@ def ascend_model(tmp_path_factory):
     return model, layout, path, root
 
 
-def _startup(ascend_model, scene: dict) -> dict:
+def _startup(ascend_model, scene: dict, log: list | None = None) -> dict:
     import json
     import subprocess
     import sys
@@ -190,15 +191,22 @@ def _startup(ascend_model, scene: dict) -> dict:
                             E=layout.geometry.num_experts)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+    if log is not None:
+        log.append(res.stdout + res.stderr)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_model):
+@pytest.mark.parametrize("fmt", ["native", "sglang"])
+def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_model, fmt):
     """Real VllmConfig (vLLM 0.32, version faked to 0.23) with vLLM-Ascend's own eplb_utils and
     EplbConfig: the plugin writes the expert map, vLLM-Ascend parses it into our per-rank maps, and
-    its log2phy is our static table while the config carries the layout, its formula otherwise."""
-    _, layout, path, root = ascend_model
-    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}})
+    its log2phy is our static table while the config carries the layout, its formula otherwise.
+    A bare SGLang layout (no geometry in the file) works the same; each process logs the audit line."""
+    _, layout, native, root = ascend_model
+    path = native if fmt == "native" else write_layout(layout, root / "layout.sglang.json", fmt="sglang")
+    log = []
+    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}}, log)
+    assert f"scene-eplb: role=prefill observer=off layout_hash={layout.digest()} redundant_slots=2 dispatch=static" in log[0]
     assert out["path"].startswith(str(root / "dump")) and out["path"].endswith(".json")
     assert read_layout(out["path"], GeometryHint(ep_size=2, num_experts=8)).physical_to_logical_map.tolist() == \
         layout.physical_to_logical_map[list(layout.moe_layers)].tolist()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..config import kv_role_of, parse_config
 from ..errors import SceneEplbError
-from ..formats import read_layout, write_layout
+from ..formats import write_layout
 from ..layout import Layout
 from ..model_geometry import from_hf_config
 from .layout_check import layout_for_server
@@ -87,11 +87,6 @@ def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, k
     return layout, path
 
 
-@functools.lru_cache(maxsize=4)
-def _layout(path: str) -> Layout:
-    return read_layout(path)
-
-
 def _use_ours() -> bool:
     """True when the config the model is being built with carries a scene_eplb layout."""
     from vllm.config import get_current_vllm_config
@@ -100,16 +95,24 @@ def _use_ours() -> bool:
     cfg = parse_config(vc.additional_config)
     if cfg is None or cfg.layout is None:
         return False
-    if not _use_ours.logged:
-        role = cfg.resolve_role(kv_role_of(vc))
-        layout = _layout(cfg.layout)
-        logger.info(STARTUP_LINE, role, layout.digest(), layout.geometry.num_redundant, layout.geometry.ep_size,
-                    (vc.additional_config.get("eplb_config") or {}).get("expert_map_path"))
-        _use_ours.logged = True
+    _announce(vc, cfg.layout)
     return True
 
 
-_use_ours.logged = False
+def _announce(vc, layout_path: str) -> None:
+    """Log this worker's startup line once (per process and layout). The layout is read with the
+    server's geometry, as at config time, so bare formats (SGLang, .pt) read here too."""
+    if layout_path in _announced:
+        return
+    cfg = parse_config(vc.additional_config)
+    layout = layout_for_server(layout_path, from_hf_config(vc.model_config.hf_config.to_dict()),
+                               ep_size_of(vc.parallel_config), model_layer_axis=False)
+    logger.info(STARTUP_LINE, cfg.resolve_role(kv_role_of(vc)), layout.digest(), layout.geometry.num_redundant,
+                layout.geometry.ep_size, (vc.additional_config.get("eplb_config") or {}).get("expert_map_path"))
+    _announced.add(layout_path)
+
+
+_announced: set[str] = set()
 
 
 def _wrap_config(vllm_config_cls) -> None:
