@@ -147,10 +147,11 @@ def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nod
     fill = np.zeros((L, ep), dtype=np.int64)
     holds = np.zeros((L, E, ep), dtype=bool)
     item_rank = np.zeros((L, P), dtype=np.int64)
-    members, shared = hedge_kernel(E, groups if hedge > 0 else 1)
-    # affinity[l, r, f]: load on rank r from experts sharing blocks with f, times blocks shared
-    affinity = np.zeros((L, ep, E))
-    by_group = affinity.reshape(L, ep, groups, E // groups)
+    _, shared = hedge_kernel(E, groups if hedge > 0 else 1)  # members are the group's ids in order: by_group below
+    if shared.size:
+        # affinity[l, r, f]: load on rank r from experts sharing blocks with f, times blocks shared
+        affinity = np.zeros((L, ep, E))
+        by_group = affinity.reshape(L, ep, groups, E // groups)
     node_of_rank = geometry.node_of_rank()
     multi_node = geometry.num_nodes > 1
     if multi_node:
@@ -160,7 +161,7 @@ def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nod
         e, x = experts[:, k], loads[:, k]
         ok = (fill < S) & ~holds[rows, e]
         cost = rank_load
-        if members.size:
+        if shared.size:
             cost = cost + hedge * affinity[rows, :, e]
         if multi_node:
             cost = cost + penalty * node_has[rows, e][:, node_of_rank]
@@ -171,7 +172,7 @@ def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nod
         fill[rows, r] += 1
         holds[rows, e, r] = True
         item_rank[:, k] = r
-        if members.size:  # (a rare dead-end repair moves one placed replica without updating this)
+        if shared.size:  # (a rare dead-end repair moves one placed replica without updating this)
             by_group[rows, r, e // (E // groups)] += x[:, None] * shared[e]
         if multi_node:
             node_has[rows, e, node_of_rank[r]] = True
