@@ -374,10 +374,10 @@ def register() -> None:
     if _REGISTERED:
         return
     version = engine_version()
-    if not version_supported(version) and ascend_version() is not None:
+    ascend = None if version_supported(version) else ascend_version()
+    if ascend is not None:
         from .vllm_ascend_startup import register_ascend
 
-        ascend = ascend_version()
         try:
             register_ascend(ascend, version)
         except SceneEplbError as exc:
