@@ -23,6 +23,8 @@ import numpy as np
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit_map
 from vllm_scene_eplb.formats import read_counts
+
+from sample_data import DEFAULT
 from vllm_scene_eplb.layout import Geometry, same_rank_duplicates
 from vllm_scene_eplb.score import ideal_score, static_score
 
@@ -64,7 +66,7 @@ def stats(a: np.ndarray) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[1].parent / "shared/data/deepseek_v3_counts"))
+    ap.add_argument("--data", default=DEFAULT, help=f"folder of counts files (default {DEFAULT}; $SCENE_EPLB_DATA)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()

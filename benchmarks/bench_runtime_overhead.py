@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_scene_eplb.local_server import http, start_server
+from vllm_scene_eplb.harness.local_server import http, start_server
 
 
 def _load(n_prompts: int, length: int, seed: int) -> list[list[int]]:
@@ -87,7 +87,7 @@ def _export_worker(rank: int, port: int, dump_dir: str, out: str) -> None:
 def export_cost() -> dict:
     import torch.multiprocessing as mp
 
-    from vllm_scene_eplb.local_server import free_port
+    from vllm_scene_eplb.harness.local_server import free_port
 
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_export_worker, args=(free_port(), d, d), nprocs=2, join=True)
@@ -104,7 +104,7 @@ def main() -> int:
     ap.add_argument("--length", type=int, default=192)
     ap.add_argument("--max-tokens", type=int, default=4)
     a = ap.parse_args()
-    from vllm_scene_eplb.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
 
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)

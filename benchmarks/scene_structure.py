@@ -18,6 +18,8 @@ import numpy as np
 
 from vllm_scene_eplb.formats import read_counts
 
+from sample_data import DEFAULT
+
 BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -31,7 +33,7 @@ def block_inflation(a: np.ndarray, b: np.ndarray, block: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[1].parent / "shared/data/deepseek_v3_counts"))
+    ap.add_argument("--data", default=DEFAULT, help=f"folder of counts files (default {DEFAULT}; $SCENE_EPLB_DATA)")
     args = ap.parse_args()
     scenes = {}
     for f in sorted(Path(args.data).glob("*.json")):

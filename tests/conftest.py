@@ -1,4 +1,4 @@
-"""Shared fixtures: the real DeepSeek-V3 counts from ../shared/data and small synthetic counts."""
+"""Shared fixtures: the real DeepSeek-V3 counts shipped in data/ (SCENE_EPLB_DATA overrides) and small synthetic counts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("SCENE_EPLB_DATA", REPO.parent / "shared" / "data" / "deepseek_v3_counts"))
+DATA = Path(os.environ.get("SCENE_EPLB_DATA", REPO / "data" / "deepseek_v3_counts"))
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +20,7 @@ def real_counts_paths() -> list[Path]:
 
 
 def skewed_counts(T: int, L: int, E: int, seed: int = 0, top_k: int = 4, tokens: int = 512) -> np.ndarray:
-    """Zipf-skewed per-slot counts [T, L, E]; every slot of every layer sums to tokens * top_k."""
+    """Zipf-skewed counts [T, L, E] per ring entry; every entry of every layer sums to tokens * top_k."""
     rng = np.random.default_rng(seed)
     out = np.zeros((T, L, E), dtype=np.int64)
     for l in range(L):

@@ -144,12 +144,13 @@ def test_help_explains_commands():
 
 def test_audit_from_the_log_alone_where_the_plugin_has_no_routes(tmp_path, counts_file):
     """vLLM-Ascend workers log the startup line but serve no status route: audit reads the log."""
-    from vllm_scene_eplb.adapters.vllm_ascend_startup import STARTUP_LINE
     from vllm_scene_eplb.formats import read_layout
+    from vllm_scene_eplb.protocol import startup_line
 
     run("fit", counts_file, "--ep-size", 4, "--redundant", 8, "-o", tmp_path / "l.json", "-q")
     layout = read_layout(tmp_path / "l.json")
-    line = STARTUP_LINE % ("prefill", layout.digest(), 8, 4, "/d/expert_map.json")
+    line = startup_line({"role": "prefill", "observer": "off", "layout_hash": layout.digest(), "redundant_slots": 8,
+                         "dispatch": "static", "ep_size": 4}, "vLLM-Ascend, expert_map_path /d/expert_map.json")
     (tmp_path / "p.log").write_text(f"INFO x {line}\nINFO y {line}\n")
     ok = json.loads(run("audit", "--log", tmp_path / "p.log", "--layout", tmp_path / "l.json", "--dispatch", "static",
                         "--recorder", "off", "--json").stdout)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from vllm_scene_eplb.bench import NOT_OBSERVED, Scene, aggregate, read_result, summarise
-from vllm_scene_eplb.compare import compare
+from vllm_scene_eplb.harness.compare import compare
+from vllm_scene_eplb.harness.results import NOT_OBSERVED, Scene, aggregate, read_result, summarise
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fileio import doc_checksum
 

@@ -7,7 +7,7 @@ from vllm_scene_eplb.errors import SceneEplbError
 def test_absent_means_off_and_defaults_are_sane():
     assert parse_config({}) is None and parse_config(None) is None
     cfg = parse_config({"scene_eplb": {}})
-    assert cfg.role == "auto" and cfg.buffer_slots == 512 and cfg.dispatch == "static" and cfg.layout is None
+    assert cfg.role == "auto" and cfg.ring_entries == 512 and cfg.dispatch == "static" and cfg.layout is None
 
 
 @pytest.mark.parametrize(
@@ -15,8 +15,9 @@ def test_absent_means_off_and_defaults_are_sane():
     [
         ({"rol": "prefill"}, "unknown key(s) ['rol']"),
         ({"role": "p"}, "role must be one of"),
-        ({"buffer_slots": 0}, "buffer_slots must be"),
-        ({"buffer_slots": "512"}, "buffer_slots must be"),
+        ({"ring_entries": 0}, "ring_entries must be"),
+        ({"ring_entries": "512"}, "ring_entries must be"),
+        ({"buffer_slots": 64}, "'buffer_slots' is now called 'ring_entries'"),
         ({"dispatch": "random"}, "dispatch must be one of"),
         ({"layout": "/nonexistent/layout.json"}, "no such file"),
         ({"dump_dir": ""}, "non-empty path"),

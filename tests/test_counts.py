@@ -34,7 +34,7 @@ def test_integral_floats_are_accepted_as_int64_and_2d_gets_a_slot_axis():
     assert arr.sum() == 7
 
 
-def test_split_uses_written_slots_first_half_train():
+def test_split_uses_written_entries_first_half_train():
     data = np.zeros((6, 2, 4), dtype=np.int64)
     data[[1, 2, 4]] = 1  # slots 0, 3 and 5 unwritten
     train, holdout = Counts(data).split()
@@ -52,6 +52,6 @@ def test_single_slot_has_no_holdout_and_dense_layers_are_detected():
 
 def test_all_zero_counts_have_no_written_slot():
     c = Counts(np.zeros((3, 2, 4), dtype=np.int64))
-    assert c.written_slots().size == 0
+    assert c.written_entries().size == 0
     train, holdout = c.split()
     assert holdout is None and train.sum() == 0

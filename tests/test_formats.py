@@ -7,7 +7,8 @@ import torch  # the test set-up installs it: .pt is SGLang's recorder format
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.formats import GeometryHint, ascend_expert_map, read_counts, read_layout, write_counts, write_layout
+from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_counts, write_layout
+from vllm_scene_eplb.formats.vllm_ascend import expert_map_doc
 from vllm_scene_eplb.layout import Geometry
 
 from .conftest import skewed_counts
@@ -32,7 +33,7 @@ def test_counts_round_trip(tmp_path, counts, fmt):
     assert (back.data == counts.data).all() and back.data.dtype == np.int64
     if fmt == "native":
         assert back.meta["model"] == "tiny" and back.meta["moe_layers"] == [1, 2, 3, 4]
-        assert back.meta["slots_written"] == 4
+        assert back.meta["entries_written"] == 4
 
 
 def test_reads_sglang_recorder_dump_pt(tmp_path):
@@ -71,7 +72,7 @@ def test_sglang_layout_has_no_extra_keys(tmp_path, layout):
 
 
 def test_ascend_export_lists_moe_layers_per_rank_in_order(layout):
-    doc = ascend_expert_map(layout)
+    doc = expert_map_doc(layout)
     assert doc["moe_layer_count"] == 4 and len(doc["layer_list"]) == 4
     first = doc["layer_list"][0]["device_list"]
     assert len(first) == 4 and all(len(d["device_expert"]) == 5 for d in first)

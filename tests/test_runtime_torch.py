@@ -12,7 +12,7 @@ from vllm_scene_eplb.runtime.replica_map import layer_maps
 
 
 def test_observer_counts_passes_once_and_skips_padding_and_dummies():
-    obs = RoutingObserver(num_moe_layers=2, num_experts=4, slots=3)
+    obs = RoutingObserver(num_moe_layers=2, num_experts=4, entries=3)
     padding = torch.tensor([False, False, True, True])
     obs.start()
     obs.capture(0, torch.tensor([[0, 1], [1, 2], [3, 3], [3, 3]]), padding_rows=padding)
@@ -27,7 +27,7 @@ def test_observer_counts_passes_once_and_skips_padding_and_dummies():
 
 
 def test_observer_idle_counts_nothing_and_ring_wraps():
-    obs = RoutingObserver(1, 2, slots=2)
+    obs = RoutingObserver(1, 2, entries=2)
     obs.capture(0, torch.tensor([[0, 1]]))
     obs.end_step()  # not recording: cleared, not committed
     obs.start()
@@ -37,11 +37,11 @@ def test_observer_idle_counts_nothing_and_ring_wraps():
     obs.stop()
     assert obs.snapshot().sum(dim=(1, 2)).tolist() == [2, 2]
     st = obs.status()
-    assert (st.passes_recorded, st.slots_written, st.state) == (5, 2, "idle")
+    assert (st.passes_recorded, st.entries_written, st.state) == (5, 2, "idle")
 
 
 def test_observer_misuse_is_refused():
-    obs = RoutingObserver(1, 2, slots=2)
+    obs = RoutingObserver(1, 2, entries=2)
     with pytest.raises(SceneEplbError, match="nothing recorded"):
         obs.snapshot()
     with pytest.raises(SceneEplbError, match="not on"):
@@ -82,9 +82,9 @@ def test_static_map_follows_the_core_table_by_row_split():
 
 def test_dynamic_map_spreads_rows_evenly():
     layout = _layout()
-    l2p, count = dynamic_tables(layout.physical_to_logical_map, 6)
+    l2p, replicas = dynamic_tables(layout.physical_to_logical_map, 6)
     phys = layer_maps(layout, "dynamic")[0](torch.zeros((9, 1), dtype=torch.int64)).flatten()
-    assert int(count[0, 0]) == 2 and l2p[0, 0, :2].tolist() == [0, 6]
+    assert int(replicas[0, 0]) == 2 and l2p[0, 0, :2].tolist() == [0, 6]
     assert torch.bincount(phys, minlength=8)[[0, 6]].tolist() == [5, 4]
 
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_scene_eplb.adapters.vllm_ascend import (check_versions, install_static_dispatch, log2phy_dynamic, log2phy_static,
-                                                  off_rank_with_local, rank_expert_maps)
+from vllm_scene_eplb.adapters.vllm_ascend import check_versions
+from vllm_scene_eplb.adapters.vllm_ascend.tables import (install_static_dispatch, log2phy_dynamic, log2phy_static,
+                                                         off_rank_with_local, rank_expert_maps)
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_layout
@@ -87,8 +88,8 @@ def test_our_tables_are_valid_physical_ids_for_every_rank_and_expert(field_layou
     assert static.shape == (len(field_layout.moe_layers), 16, 256)
     assert ((static >= 0) & (static < 272)).all()
     assert (np.take_along_axis(p2l[:, None, :].repeat(16, 1), static, axis=2) == np.arange(256)).all()
-    l2p, count = log2phy_dynamic(field_layout)
-    valid = np.arange(l2p.shape[2])[None, None, :] < count[..., None]
+    l2p, replicas = log2phy_dynamic(field_layout)
+    valid = np.arange(l2p.shape[2])[None, None, :] < replicas[..., None]
     assert (l2p[valid] >= 0).all()
     assert (np.take_along_axis(p2l, np.where(valid, l2p, 0).reshape(len(p2l), -1), axis=1).reshape(l2p.shape)[valid]
             == np.broadcast_to(np.arange(256)[None, :, None], l2p.shape)[valid]).all()
@@ -121,7 +122,7 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
     assert off_rank_with_local(l2p, field_layout) == 0
 
 
-# ---------------------------------------------------------------- startup wiring (vllm_ascend_startup)
+# ---------------------------------------------------------------- startup wiring (adapters/vllm_ascend/startup)
 
 STARTUP = """
 import json, logging, sys
@@ -132,10 +133,10 @@ sys.path.insert(0, {root!r})  # vLLM-Ascend's own files from the sdist, importab
 from vllm_ascend.eplb.core import eplb_utils as eu
 from vllm_ascend.ascend_config import EplbConfig
 theirs = eu.generate_log2phy_map
-import vllm_scene_eplb.adapters.vllm as a
-a.engine_version = lambda: "0.23.0"          # faked: this machine has vLLM 0.32 and no vllm-ascend
-a.ascend_version = lambda: "0.23.0.post1"
-a.register()
+import vllm_scene_eplb.adapters.entry as entry
+entry.vllm_version = lambda: "0.23.0"        # faked: this machine has vLLM 0.32 and no vllm-ascend
+entry.ascend_version = lambda: "0.23.0.post1"
+entry.register()
 from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
 torch.Tensor.npu = lambda self: self         # no NPU here: their code moves log2phy to it
 mc = ModelConfig(model={model!r})
@@ -166,7 +167,7 @@ print(json.dumps(out))
 def ascend_model(tmp_path_factory):
     """A generated Qwen3-MoE checkpoint (8 experts, 2 MoE layers) and a layout fitted for EP=2, R=2."""
     from vllm_scene_eplb.counts import Counts
-    from vllm_scene_eplb.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
 
     from .conftest import skewed_counts
 
@@ -234,8 +235,8 @@ def test_startup_refuses_what_is_not_built_on_ascend(ascend_model, scene, messag
     ({"mix_placement": True}, "turn off mix_placement"),
 ])
 def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, message):
-    from vllm_scene_eplb.adapters.vllm_ascend_startup import prepare_layout_run
-    from vllm_scene_eplb.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
 
     _, _, path, root = ascend_model
     additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump3")}, **extra}
@@ -246,8 +247,8 @@ def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, mes
 
 
 def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):
-    from vllm_scene_eplb.adapters.vllm_ascend_startup import prepare_layout_run
-    from vllm_scene_eplb.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
 
     _, _, path, root = ascend_model
     with pytest.raises(SceneEplbError, match="does not fit this server"):
@@ -255,8 +256,8 @@ def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):
 
 
 def test_prepare_needs_an_explicit_role_with_kv_both(ascend_model):
-    from vllm_scene_eplb.adapters.vllm_ascend_startup import prepare_layout_run
-    from vllm_scene_eplb.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
 
     _, _, path, root = ascend_model
     additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d5")}}

@@ -15,7 +15,7 @@ def ops():
     require_vllm()
     from vllm._custom_ops import cpu_fused_moe, cpu_prepack_moe_weight
 
-    from vllm_scene_eplb.adapters.vllm_cpu_moe import cpu_local_fused_moe
+    from vllm_scene_eplb.adapters.vllm.cpu_moe import cpu_local_fused_moe
 
     return cpu_fused_moe, cpu_prepack_moe_weight, cpu_local_fused_moe
 

@@ -17,7 +17,7 @@ import pytest
 from vllm_scene_eplb.formats import read_counts, read_layout, write_layout
 from vllm_scene_eplb.layout import Geometry, Layout, linear_map
 
-from vllm_scene_eplb.local_server import http, start_server
+from vllm_scene_eplb.harness.local_server import http, start_server
 
 from .conftest import require_vllm
 
@@ -45,7 +45,7 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_model(workdir):
     out = workdir / "tiny-qwen3-moe"
-    subprocess.run([sys.executable, "-m", "vllm_scene_eplb.tiny_model", str(out), "--experts", str(EXPERTS),
+    subprocess.run([sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(out), "--experts", str(EXPERTS),
                     "--top-k", str(TOP_K), "--layers", str(LAYERS)], check=True, capture_output=True)
     return out
 
@@ -66,7 +66,7 @@ def recorded(tiny_model, workdir):
     """Drive a P-role server through the whole record workflow; returns what it answered."""
     dump_dir = workdir / "dumps"
     srv = start_server(tiny_model, workdir, "recording", api_key=API_KEY,
-                       extra=_plugin_args(role="prefill", buffer_slots=64, dump_dir=str(dump_dir)))
+                       extra=_plugin_args(role="prefill", ring_entries=64, dump_dir=str(dump_dir)))
     obs: dict = {"dump_dir": dump_dir}
     try:
         srv.wait_ready()
@@ -150,7 +150,7 @@ def test_dump_counts_every_routed_token_once(recorded):
     per_layer = counts.data.sum(axis=(0, 2))
     assert per_layer.tolist() == [RECORDED_TOKENS * TOP_K] * LAYERS  # TP=2: counted once, not twice
     assert counts.meta["role"] == "prefill" and counts.meta["moe_layers"] == [0, 1] and counts.meta["ranks_summed"] == 2
-    assert 1 <= dump["slots_written"] == counts.written_slots().size
+    assert 1 <= dump["entries_written"] == counts.written_entries().size
 
 
 def test_dump_path_is_chosen_by_the_server(recorded):

@@ -13,9 +13,10 @@ from .conftest import require_vllm
 pytestmark = pytest.mark.engine
 
 SCRIPT = """
-import vllm_scene_eplb.adapters.vllm as a
-a.engine_version = lambda: "0.23.0"
-a.register()
+import vllm_scene_eplb.adapters.entry as entry
+entry.vllm_version = lambda: "0.23.0"
+entry.ascend_version = lambda: None
+entry.register()
 from vllm.config import VllmConfig
 VllmConfig(additional_config={{}})  # plugin off: fine
 try:
@@ -52,10 +53,10 @@ def test_model_runner_v2_refuses_the_flag():
     require_vllm()
     from types import SimpleNamespace
 
-    import vllm_scene_eplb.adapters.vllm as a
+    from vllm_scene_eplb.adapters import vllm as adapter
     from vllm_scene_eplb.errors import SceneEplbError
 
-    a.register()
+    adapter.register()
     from vllm.v1.worker.cpu.model_runner import CPUModelRunner as CPUModelRunnerV2
 
     stand_in = SimpleNamespace(vllm_config=SimpleNamespace(additional_config={"scene_eplb": {}}))

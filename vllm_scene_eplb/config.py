@@ -1,6 +1,6 @@
 """The plugin's settings: the ``scene_eplb`` object in vLLM's ``--additional-config``, validated.
 
-    --additional-config '{"scene_eplb": {"role": "prefill", "buffer_slots": 512,
+    --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512,
                           "dump_dir": "/data/eplb", "layout": "layout.json", "dispatch": "static"}}'
 
 Absent object = plugin off. Unknown keys and bad values fail at startup with a clear message.
@@ -18,8 +18,10 @@ from .errors import SceneEplbError
 
 CONFIG_KEY = "scene_eplb"
 ROLES = ("prefill", "decode", "auto")
-DEFAULT_BUFFER_SLOTS = 512
-MAX_BUFFER_SLOTS = 1 << 16
+DEFAULT_RING_ENTRIES = 512
+MAX_RING_ENTRIES = 1 << 16
+# Keys renamed since an earlier release: named in the error instead of "unknown key".
+RENAMED = {"buffer_slots": "ring_entries"}
 # kv_transfer_config.kv_role -> role, for role "auto".
 KV_ROLE_TO_ROLE = {"kv_producer": "prefill", "kv_consumer": "decode"}
 
@@ -29,7 +31,7 @@ class PluginConfig:
     """Validated plugin settings; ``role`` is still ``auto`` until resolved against the kv role."""
 
     role: str = "auto"
-    buffer_slots: int = DEFAULT_BUFFER_SLOTS
+    ring_entries: int = DEFAULT_RING_ENTRIES  # forward passes the recorder's ring keeps
     dump_dir: str = os.path.join(tempfile.gettempdir(), "scene-eplb")
     layout: str | None = None
     dispatch: str = "static"
@@ -52,6 +54,11 @@ def kv_role_of(vllm_config: Any) -> str | None:
     return kv.kv_role if kv is not None and kv.kv_connector else None
 
 
+def plugin_enabled(additional_config: Any) -> bool:
+    """True when vLLM's additional_config carries the plugin's flag (its settings are validated on the way)."""
+    return parse_config(additional_config) is not None
+
+
 def parse_config(additional_config: Any) -> PluginConfig | None:
     """The plugin's settings from vLLM's additional_config (a dict), or None when not enabled."""
     if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
@@ -61,16 +68,19 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         raw = {}
     if not isinstance(raw, dict):
         raise SceneEplbError(f"additional_config.{CONFIG_KEY} must be a JSON object (or true), got {type(raw).__name__}")
-    known = {"role", "buffer_slots", "dump_dir", "layout", "dispatch"}
+    known = {"role", "ring_entries", "dump_dir", "layout", "dispatch"}
     unknown = sorted(set(raw) - known)
+    renamed = [k for k in unknown if k in RENAMED]
+    if renamed:
+        raise SceneEplbError(f"additional_config.{CONFIG_KEY}: {renamed[0]!r} is now called {RENAMED[renamed[0]]!r}")
     if unknown:
         raise SceneEplbError(f"additional_config.{CONFIG_KEY}: unknown key(s) {unknown}; allowed: {sorted(known)}")
     role = raw.get("role", "auto")
     if role not in ROLES:
         raise SceneEplbError(f"{CONFIG_KEY}.role must be one of {', '.join(ROLES)}, got {role!r}")
-    slots = raw.get("buffer_slots", DEFAULT_BUFFER_SLOTS)
-    if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= MAX_BUFFER_SLOTS:
-        raise SceneEplbError(f"{CONFIG_KEY}.buffer_slots must be an integer in [1, {MAX_BUFFER_SLOTS}], got {slots!r}")
+    entries = raw.get("ring_entries", DEFAULT_RING_ENTRIES)
+    if not isinstance(entries, int) or isinstance(entries, bool) or not 1 <= entries <= MAX_RING_ENTRIES:
+        raise SceneEplbError(f"{CONFIG_KEY}.ring_entries must be an integer in [1, {MAX_RING_ENTRIES}], got {entries!r}")
     dispatch = raw.get("dispatch", "static")
     if dispatch not in DISPATCH_ALGORITHMS:
         raise SceneEplbError(f"{CONFIG_KEY}.dispatch must be one of {', '.join(DISPATCH_ALGORITHMS)}, got {dispatch!r}")
@@ -80,4 +90,4 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     layout = raw.get("layout")
     if layout is not None and not os.path.isfile(layout):
         raise SceneEplbError(f"{CONFIG_KEY}.layout: no such file: {layout}")
-    return PluginConfig(role=role, buffer_slots=slots, dump_dir=raw.get("dump_dir", PluginConfig.dump_dir), layout=layout, dispatch=dispatch)
+    return PluginConfig(role=role, ring_entries=entries, dump_dir=raw.get("dump_dir", PluginConfig.dump_dir), layout=layout, dispatch=dispatch)

@@ -1,8 +1,9 @@
 """Routing counts (`logical_count`): validation, the train/holdout split and summaries.
 
-Counts are int [T, L, E]: T recorder ring slots (unordered, unwritten slots are zero), L layers in
-the model's layer axis (dense layers stay all-zero), E logical experts. A value is a number of
-(token, top-k) assignments, already summed over ranks exactly once.
+Counts are int [T, L, E]: T recorder ring entries, one forward pass each (unordered, unwritten
+entries are zero; not physical expert slots), L layers in the model's layer axis (dense layers stay
+all-zero), E logical experts. A value is a number of (token, top-k) assignments, already summed over
+ranks exactly once.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Counts:
         object.__setattr__(self, "data", validate_count_array(self.data))
 
     @property
-    def num_slots(self) -> int:
+    def num_entries(self) -> int:
         return int(self.data.shape[0])
 
     @property
@@ -82,12 +83,12 @@ class Counts:
         return int(self.data.shape[2])
 
     def total(self) -> np.ndarray:
-        """Counts summed over ring slots: int64 [L, E]."""
+        """Counts summed over ring entries: int64 [L, E]."""
         return self.data.sum(axis=0)
 
-    def written_slots(self) -> np.ndarray:
-        """Indices of ring slots holding any count (unwritten slots are all zero)."""
-        return np.flatnonzero(self.data.reshape(self.num_slots, -1).any(axis=1))
+    def written_entries(self) -> np.ndarray:
+        """Indices of ring entries holding any count (unwritten entries are all zero)."""
+        return np.flatnonzero(self.data.reshape(self.num_entries, -1).any(axis=1))
 
     def active_layers(self) -> np.ndarray:
         """Indices of layers with any routing (all-zero layers are dense or were never routed)."""
@@ -97,12 +98,12 @@ class Counts:
         return counts_digest(self.data)
 
     def split(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """Split written slots into train (first half, rounded up) and holdout (second half).
+        """Split written ring entries into train (first half, rounded up) and holdout (second half).
 
-        Returns ([T1, L, E], [T2, L, E] or None when fewer than two slots were written). This is an
-        internal check on held-out slots, not a proof of generalisation.
+        Returns ([T1, L, E], [T2, L, E] or None when fewer than two entries were written). This is an
+        internal check on held-out passes, not a proof of generalisation.
         """
-        written = self.written_slots()
+        written = self.written_entries()
         if written.size < 2:
             return self.data[written] if written.size else self.data[:1], None
         half = (written.size + 1) // 2

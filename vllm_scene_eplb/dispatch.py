@@ -19,18 +19,18 @@ DISPATCH_ALGORITHMS = ("static", "dynamic")
 def logical_to_physical(p2l: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
     """Replica slots of every expert in ascending slot order.
 
-    Returns (l2p int [L, E, max_replicas] padded with -1, replica count int [L, E]).
+    Returns (l2p int [L, E, max_replicas] padded with -1, replicas per expert int [L, E]).
     """
     L, P = p2l.shape
     order = np.argsort(p2l, axis=1, kind="stable")  # slots grouped by expert, ascending within
     sorted_ids = np.take_along_axis(p2l, order, axis=1)
-    count = np.bincount((np.arange(L)[:, None] * num_experts + p2l).ravel(), minlength=L * num_experts).reshape(L, num_experts)
-    start = np.cumsum(count, axis=1) - count
-    width = int(count.max())
+    replicas = np.bincount((np.arange(L)[:, None] * num_experts + p2l).ravel(), minlength=L * num_experts).reshape(L, num_experts)
+    start = np.cumsum(replicas, axis=1) - replicas
+    width = int(replicas.max())
     k = np.arange(P)[None, :] - np.take_along_axis(start, sorted_ids, axis=1)
     l2p = np.full((L, num_experts, width), -1, dtype=np.int64)
     l2p[np.repeat(np.arange(L), P), sorted_ids.ravel(), k.ravel()] = order.ravel()
-    return l2p, count
+    return l2p, replicas
 
 
 def static_table(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
@@ -41,7 +41,7 @@ def static_table(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
     replica, else its node's replicas (dealt round-robin in slot order), else the replicas with
     spare capacity in slot order.
     """
-    l2p, count, li, ei, chosen = replicated_static_choices(p2l, geometry)
+    l2p, replicas, li, ei, chosen = replicated_static_choices(p2l, geometry)
     choice = np.repeat(l2p[:, :, :1], geometry.ep_size, axis=2)  # an expert with one replica: every rank uses it
     choice[li, ei] = chosen
     return np.ascontiguousarray(choice.transpose(0, 2, 1))
@@ -50,23 +50,23 @@ def static_table(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
 def replicated_static_choices(p2l: np.ndarray, geometry: Geometry):
     """The static table's rows for replicated experts only (the rest is one slot for all ranks).
 
-    Returns (l2p [L, E, W], count [L, E], layer [n], expert [n], slot chosen per source rank [n, ep])
+    Returns (l2p [L, E, W], replicas [L, E], layer [n], expert [n], slot chosen per source rank [n, ep])
     for the n (layer, expert) pairs with more than one replica.
     """
-    l2p, count = logical_to_physical(p2l, geometry.num_experts)
-    li, ei = np.nonzero(count > 1)
-    chosen = _replicated_choices(l2p[li, ei], count[li, ei], geometry) if li.size else np.zeros((0, geometry.ep_size), dtype=np.int64)
-    return l2p, count, li, ei, chosen
+    l2p, replicas = logical_to_physical(p2l, geometry.num_experts)
+    li, ei = np.nonzero(replicas > 1)
+    chosen = _replicated_choices(l2p[li, ei], replicas[li, ei], geometry) if li.size else np.zeros((0, geometry.ep_size), dtype=np.int64)
+    return l2p, replicas, li, ei, chosen
 
 
-def _replicated_choices(reps: np.ndarray, count: np.ndarray, geometry: Geometry) -> np.ndarray:
+def _replicated_choices(reps: np.ndarray, replicas: np.ndarray, geometry: Geometry) -> np.ndarray:
     """The static choice of every source rank for n replicated experts: reps [n, W] (slots in
-    ascending order, -1 padded), count [n] -> slots [n, ep]."""
+    ascending order, -1 padded), replicas [n] -> slots [n, ep]."""
     n, W = reps.shape
     ep, S, nodes, rpn = geometry.ep_size, geometry.slots_per_rank, geometry.num_nodes, geometry.ranks_per_node
     rows = np.arange(n)
     valid = reps >= 0
-    cap = -(-ep // count)  # [n]
+    cap = -(-ep // replicas)  # [n]
     local = np.full((n, ep), -1, dtype=np.int64)  # local[i, r]: the slot of the expert on rank r, or -1
     for k in range(W - 1, -1, -1):  # reverse, so a same-rank duplicate leaves the first copy in place
         ok = valid[:, k]
@@ -96,5 +96,5 @@ def _replicated_choices(reps: np.ndarray, count: np.ndarray, geometry: Geometry)
 
 
 def dynamic_tables(p2l: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tables for dynamic dispatch: token row i of expert e goes to ``l2p[e, i % count[e]]``."""
+    """Tables for dynamic dispatch: token row i of expert e goes to ``l2p[e, i % replicas[e]]``."""
     return logical_to_physical(p2l, num_experts)

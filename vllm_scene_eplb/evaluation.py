@@ -1,4 +1,8 @@
-"""Per-layer before/after scores of a layout on counts: what `score`, `fit` and `report` print."""
+"""Per-layer before/after scores of a layout on counts: what `score`, `fit` and `report` print.
+
+``SCORES`` is the one table of score names: the evaluation computes them, the CLI prints them and
+the report labels them from it.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +13,37 @@ import numpy as np
 from .counts import Counts
 from .errors import SceneEplbError
 from .layout import Layout, linear_map, same_rank_duplicates
-from .score import ideal_score, per_slot_score, static_score
+from .score import ideal_score, per_pass_score, static_score
+
+
+@dataclass(frozen=True)
+class ScoreName:
+    """One score of a layout on counts: its key in JSON, its label in the report and in table headers."""
+
+    key: str
+    label: str
+    column: str
+
+
+# ``old`` is the linear layout (slot p holds p mod E) engines start from; ``train``/``holdout``
+# are the first and second half of the written ring entries.
+SCORES = (
+    ScoreName("old_train", "old layout, train (ideal)", "old train"),
+    ScoreName("new_train", "new layout, train (ideal)", "new train"),
+    ScoreName("old_holdout", "old layout, holdout (ideal)", "old holdout"),
+    ScoreName("new_holdout", "new layout, holdout (ideal)", "new holdout"),
+    ScoreName("new_static_train", "new layout, train, static dispatch", "new static"),
+    ScoreName("new_per_pass_holdout", "new layout, holdout, expected per-pass peak", "per-pass holdout"),
+)
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Scores per MoE layer (arrays aligned with ``layers``); None where not observable.
-
-    ``old`` is the linear layout (slot p holds p mod E) engines start from; ``train``/``holdout``
-    are the first and second half of the written count slots.
-    """
+    """Scores per MoE layer, keyed by ``SCORES`` keys (arrays aligned with ``layers``; None where
+    not observable), plus replica statistics and provenance."""
 
     layers: np.ndarray
-    old_train: np.ndarray
-    new_train: np.ndarray
-    old_holdout: np.ndarray | None
-    new_holdout: np.ndarray | None
-    new_static_train: np.ndarray
-    new_per_slot_holdout: np.ndarray | None
+    scores: dict[str, np.ndarray | None]
     max_replicas: np.ndarray
     replicated_experts: np.ndarray
     old_duplicates: int
@@ -41,12 +58,7 @@ class Evaluation:
 
         return {
             "layers": int(self.layers.size),
-            "old_train": stats(self.old_train),
-            "new_train": stats(self.new_train),
-            "old_holdout": stats(self.old_holdout),
-            "new_holdout": stats(self.new_holdout),
-            "new_static_train": stats(self.new_static_train),
-            "new_per_slot_holdout": stats(self.new_per_slot_holdout),
+            **{s.key: stats(self.scores[s.key]) for s in SCORES},
             "old_same_rank_duplicates": self.old_duplicates,
             "fingerprint": self.fingerprint,
             "layout_hash": self.layout_hash,
@@ -61,12 +73,7 @@ class Evaluation:
         return [
             {
                 "layer": int(layer),
-                "old_train": at(self.old_train, i),
-                "new_train": at(self.new_train, i),
-                "old_holdout": at(self.old_holdout, i),
-                "new_holdout": at(self.new_holdout, i),
-                "new_static_train": at(self.new_static_train, i),
-                "new_per_slot_holdout": at(self.new_per_slot_holdout, i),
+                **{s.key: at(self.scores[s.key], i) for s in SCORES},
                 "max_replicas": int(self.max_replicas[i]),
                 "replicated_experts": int(self.replicated_experts[i]),
             }
@@ -93,14 +100,18 @@ def evaluate(layout: Layout, counts: Counts) -> Evaluation:
     w_train = train.sum(axis=0)[layers]
     w_hold = None if holdout is None else holdout.sum(axis=0)[layers]
     reps = layout.replica_counts()[layers]
+    scores = {
+        "old_train": ideal_score(old, w_train, g),
+        "new_train": ideal_score(new, w_train, g),
+        "old_holdout": None if w_hold is None else ideal_score(old, w_hold, g),
+        "new_holdout": None if w_hold is None else ideal_score(new, w_hold, g),
+        "new_static_train": static_score(new, w_train, g),
+        "new_per_pass_holdout": None if holdout is None else per_pass_score(new, holdout[:, layers], g),
+    }
+    assert tuple(scores) == tuple(s.key for s in SCORES)
     return Evaluation(
         layers=layers,
-        old_train=ideal_score(old, w_train, g),
-        new_train=ideal_score(new, w_train, g),
-        old_holdout=None if w_hold is None else ideal_score(old, w_hold, g),
-        new_holdout=None if w_hold is None else ideal_score(new, w_hold, g),
-        new_static_train=static_score(new, w_train, g),
-        new_per_slot_holdout=None if holdout is None else per_slot_score(new, holdout[:, layers], g),
+        scores=scores,
         max_replicas=reps.max(axis=1),
         replicated_experts=(reps > 1).sum(axis=1),
         old_duplicates=same_rank_duplicates(old, g),

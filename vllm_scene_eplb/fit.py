@@ -18,10 +18,10 @@ from .dispatch import DISPATCH_ALGORITHMS
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
 from .layout import Geometry, Layout, linear_map, replica_counts, same_rank_duplicates
-from .score import balance, ideal_score, per_slot_score, static_slot_loads
+from .score import balance, ideal_score, per_pass_score, static_slot_loads
 
 FITTER_VERSION = f"{__version__}/fit-2"
-# Candidate risk weights for robust mode: weights = mean + kappa * std over train slots.
+# Candidate risk weights for robust mode: weights = mean + kappa * std over the train passes.
 ROBUST_KAPPAS = (0.0, 0.5, 1.0, 2.0)
 
 
@@ -59,12 +59,12 @@ def allocate_replicas(weights: np.ndarray, num_redundant: int, cap: int) -> np.n
     Returns replica counts int [L, E], each row summing to E + R.
     """
     L, E = weights.shape
-    count = np.ones((L, E), dtype=np.int64)
+    replicas = np.ones((L, E), dtype=np.int64)
     rows = np.arange(L)
     for _ in range(num_redundant):
-        ratio = np.where(count < cap, weights / count, -1.0)
-        count[rows, np.argmax(ratio, axis=1)] += 1
-    return count
+        ratio = np.where(replicas < cap, weights / replicas, -1.0)
+        replicas[rows, np.argmax(ratio, axis=1)] += 1
+    return replicas
 
 
 def hedge_kernel(num_experts: int, groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,10 +90,10 @@ def hedge_kernel(num_experts: int, groups: int) -> tuple[np.ndarray, np.ndarray]
     return members, shared
 
 
-def _expand_items(count: np.ndarray, share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _expand_items(replicas: np.ndarray, share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """All replicas of every layer as (expert id, load), heaviest first: two [L, P] arrays."""
-    L, E = count.shape
-    experts = np.repeat(np.tile(np.arange(E), L), count.ravel()).reshape(L, -1)
+    L, E = replicas.shape
+    experts = np.repeat(np.tile(np.arange(E), L), replicas.ravel()).reshape(L, -1)
     loads = np.take_along_axis(share, experts, axis=1)
     order = np.argsort(-loads, axis=1, kind="stable")
     return np.take_along_axis(experts, order, axis=1), np.take_along_axis(loads, order, axis=1)
@@ -124,7 +124,7 @@ def _repair_dead_end(layer, e, x, item_rank, experts, loads, k, rank_load, fill,
     return q
 
 
-def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nodes: bool, groups: int = 1, hedge: float = 0.0) -> np.ndarray:
+def place(replicas: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nodes: bool, groups: int = 1, hedge: float = 0.0) -> np.ndarray:
     """Greedy placement: replicas heaviest first onto the least-loaded rank with a free slot that
     does not hold the expert yet. With several nodes, a node without a replica of the expert is
     preferred: always when ``spread_nodes`` (static dispatch serves each node from its own replica,
@@ -137,10 +137,10 @@ def place(count: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nod
 
     Returns physical_to_logical_map int [L, P].
     """
-    L, E = count.shape
+    L, E = replicas.shape
     ep, S = geometry.ep_size, geometry.slots_per_rank
-    share = weights / count
-    experts, loads = _expand_items(count, share)
+    share = weights / replicas
+    experts, loads = _expand_items(replicas, share)
     P = experts.shape[1]
     rows = np.arange(L)
     rank_load = np.zeros((L, ep))
@@ -265,9 +265,9 @@ def _fit_weights(weights: np.ndarray, options: FitOptions) -> np.ndarray:
     """Fit one map [L, P] to total weights [L, E] (all-zero layers get uniform weights)."""
     g = options.geometry
     weights = np.where(weights.sum(axis=1, keepdims=True) > 0, weights, 1.0).astype(np.float64)
-    count = allocate_replicas(weights, g.num_redundant, g.ep_size)
-    p2l = place(count, weights, g, spread_nodes=options.dispatch == "static", groups=options.expert_groups, hedge=options.group_hedge)
-    even = np.take_along_axis(weights / count, p2l, axis=1)
+    replicas = allocate_replicas(weights, g.num_redundant, g.ep_size)
+    p2l = place(replicas, weights, g, spread_nodes=options.dispatch == "static", groups=options.expert_groups, hedge=options.group_hedge)
+    even = np.take_along_axis(weights / replicas, p2l, axis=1)
     p2l = refine(p2l, even, g, options.max_rounds, options.tolerance)
     if options.dispatch == "static":
         p2l, score = _refine_for_static(p2l, weights, options)
@@ -319,7 +319,7 @@ def _refine_for_static(p2l: np.ndarray, weights: np.ndarray, options: FitOptions
 
 def fit_map(train: np.ndarray, options: FitOptions) -> np.ndarray:
     """Fit a map [L, P] to train counts [T, L, E]; robust mode picks, per layer, the risk weight
-    (mean + kappa * std over slots) whose map has the lowest expected per-slot peak on train."""
+    (mean + kappa * std over passes) whose map has the lowest expected per-pass peak on train."""
     train = np.asarray(train, dtype=np.float64)
     total = train.sum(axis=0)
     if not options.robust or train.shape[0] < 2:
@@ -329,7 +329,7 @@ def fit_map(train: np.ndarray, options: FitOptions) -> np.ndarray:
     best_map, best_score = None, None
     for kappa in ROBUST_KAPPAS:
         p2l = _fit_weights(total + kappa * std, options)
-        s = per_slot_score(p2l, train, options.geometry)
+        s = per_pass_score(p2l, train, options.geometry)
         if best_map is None:
             best_map, best_score = p2l, s
         else:
@@ -345,7 +345,7 @@ def fingerprint(counts_digest: str, options: FitOptions) -> str:
 
 
 def fit(counts: Counts, options: FitOptions) -> Layout:
-    """Fit a layout to the train half of ``counts`` (all written slots if fewer than two)."""
+    """Fit a layout to the train half of ``counts`` (all written ring entries if fewer than two)."""
     g = options.geometry
     if counts.num_experts != g.num_experts:
         raise SceneEplbError(f"counts have {counts.num_experts} experts, geometry says {g.num_experts}")

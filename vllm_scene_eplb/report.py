@@ -10,7 +10,7 @@ import numpy as np
 
 from .counts import Counts
 from .errors import SceneEplbError
-from .evaluation import Evaluation
+from .evaluation import SCORES, Evaluation, evaluate
 from .fileio import atomic_write_bytes
 from .layout import Layout, linear_map
 from .score import ideal_rank_loads, static_rank_loads
@@ -33,33 +33,22 @@ def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", image
         f"dispatch fitted for: {layout.meta.get('dispatch', 'unknown')}",
         f"- MoE layers scored: {s['layers']}; same-rank duplicates in the old (linear) layout: {s['old_same_rank_duplicates']}",
         "- scores are max/mean rank load (1.0 = perfect), a screening number, not a device speedup;",
-        "  holdout = the second half of the written recorder slots, an internal check, not a generalisation proof.",
+        "  holdout = the second half of the written ring entries, an internal check, not a generalisation proof.",
         "",
         "| score | median | worst layer |",
         "|---|---|---|",
     ]
-    names = {
-        "old_train": "old layout, train (ideal)",
-        "new_train": "new layout, train (ideal)",
-        "old_holdout": "old layout, holdout (ideal)",
-        "new_holdout": "new layout, holdout (ideal)",
-        "new_static_train": "new layout, train, static dispatch",
-        "new_per_slot_holdout": "new layout, holdout, expected per-slot peak",
-    }
-    for key, name in names.items():
-        st = s[key]
-        lines.append(f"| {name} | {_fmt(st and st['median'])} | {_fmt(st and st['worst'])} |")
+    for score in SCORES:
+        st = s[score.key]
+        lines.append(f"| {score.label} | {_fmt(st and st['median'])} | {_fmt(st and st['worst'])} |")
     lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in images] + [""]
     lines += [
-        "| layer | old train | new train | old holdout | new holdout | new static | per-slot holdout | max replicas | replicated experts |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| layer | " + " | ".join(score.column for score in SCORES) + " | max replicas | replicated experts |",
+        "|---|" + "---|" * (len(SCORES) + 2),
     ]
     for r in ev.rows():
-        lines.append(
-            f"| {r['layer']} | {_fmt(r['old_train'])} | {_fmt(r['new_train'])} | {_fmt(r['old_holdout'])} | "
-            f"{_fmt(r['new_holdout'])} | {_fmt(r['new_static_train'])} | {_fmt(r['new_per_slot_holdout'])} | "
-            f"{r['max_replicas']} | {r['replicated_experts']} |"
-        )
+        lines.append(f"| {r['layer']} | " + " | ".join(_fmt(r[score.key]) for score in SCORES)
+                     + f" | {r['max_replicas']} | {r['replicated_experts']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -98,3 +87,16 @@ def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def write_report(layout: Layout, counts: Counts, out_dir: str | os.PathLike) -> tuple[Evaluation, Path, Path]:
+    """Score ``layout`` on ``counts`` and write ``report.md``, ``rank_load_heatmap.png`` and
+    ``scores.json`` into ``out_dir``; returns the evaluation and the report and heat-map paths."""
+    import json
+
+    ev = evaluate(layout, counts)
+    out = Path(out_dir)
+    png = heatmap_png(layout, counts, out / "rank_load_heatmap.png")
+    md = atomic_write_bytes(out / "report.md", markdown(ev, layout, images=[png.name]).encode())
+    atomic_write_bytes(out / "scores.json", json.dumps({"summary": ev.summary(), "layers": ev.rows()}, indent=2).encode())
+    return ev, md, png

@@ -2,8 +2,8 @@
 
 - ideal: each replica takes an even share w_e / c_e (also what ``dynamic`` dispatch predicts);
 - static: each source rank sends w_e / ep_size to the replica its static table names;
-- per-slot: the ideal score of every recorder slot, averaged with the slots' token weights
-  (the expected per-pass peak, which a sum over slots hides).
+- per-pass: the ideal score of every recorded pass (ring entry), averaged with the passes' token
+  weights (the expected per-pass peak, which a sum over passes hides).
 A score of 1.0 is perfect balance. It screens layouts; it is not a device speedup.
 """
 
@@ -29,8 +29,8 @@ def static_slot_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) 
     need the table."""
     L, P, ep = p2l.shape[0], geometry.num_physical, geometry.ep_size
     weights = np.asarray(weights, dtype=np.float64)
-    _, count, li, ei, chosen = replicated_static_choices(p2l, geometry)
-    single = np.take_along_axis(count, p2l, axis=1) == 1
+    _, replicas, li, ei, chosen = replicated_static_choices(p2l, geometry)
+    single = np.take_along_axis(replicas, p2l, axis=1) == 1
     loads = np.where(single, np.take_along_axis(weights, p2l, axis=1), 0.0)
     shared = np.bincount((li[:, None] * P + chosen).ravel(), weights=np.repeat(weights[li, ei] / ep, ep), minlength=L * P)
     return loads + shared.reshape(L, P)
@@ -63,10 +63,10 @@ def dispatch_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, dis
     return static_score(p2l, weights, geometry) if dispatch == "static" else ideal_score(p2l, weights, geometry)
 
 
-def per_slot_score(p2l: np.ndarray, slots: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """Expected per-pass peak: ideal score of each slot [T, L, E], weighted by slot load, per layer [L]."""
-    loads = ideal_rank_loads(p2l, slots, geometry)  # [T, L, ep]
-    per_slot = balance(loads)  # [T, L]
+def per_pass_score(p2l: np.ndarray, passes: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Expected per-pass peak: ideal score of each pass [T, L, E], weighted by its load, per layer [L]."""
+    loads = ideal_rank_loads(p2l, passes, geometry)  # [T, L, ep]
+    per_pass = balance(loads)  # [T, L]
     w = loads.sum(axis=-1)
     total = w.sum(axis=0)
-    return np.where(total > 0, (per_slot * w).sum(axis=0) / np.where(total > 0, total, 1.0), 1.0)
+    return np.where(total > 0, (per_pass * w).sum(axis=0) / np.where(total > 0, total, 1.0), 1.0)

@@ -14,7 +14,7 @@ PORT=${P_PORT:-8100}
 CHUNK=${CHUNK:-8192}
 KV='{"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": "20001", "engine_id": "p0"}'
 case "$MODE" in
-  collect) EPLB='"scene_eplb": {"role": "prefill", "buffer_slots": 512, "dump_dir": "'"$SCENE_EPLB_DIR"'/dumps"}' ;;
+  collect) EPLB='"scene_eplb": {"role": "prefill", "ring_entries": 512, "dump_dir": "'"$SCENE_EPLB_DIR"'/dumps"}' ;;
   layout)
     LAYOUT=${2:?layout mode needs the layout file}
     if [ "${SCENE_EPLB_PLUGIN:-1}" = 1 ]; then

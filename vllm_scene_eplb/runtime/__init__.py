@@ -1,1 +1,7 @@
-"""Engine-neutral runtime pieces (torch, no inference engine): the counts export over Gloo."""
+"""Engine-neutral runtime pieces both adapters share (no inference engine imported):
+
+- ``observer``: the recorder's device ring buffer, and the null observer where it is off (torch);
+- ``replica_map``: logical -> physical ids inside the forward pass (torch);
+- ``export``: the integer SUM of the counts over a Gloo group, rank 0 writes one file (torch);
+- ``layout_check``: the startup check of ``scene_eplb.layout`` against the model and EP size (pure).
+"""

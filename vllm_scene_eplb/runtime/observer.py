@@ -1,10 +1,12 @@
-"""The P-side routing observer: per-pass logical-expert counts in a device ring buffer [slots, L, E].
+"""The P-side routing observer: per-pass logical-expert counts in a device ring buffer [entries, L, E].
 
-``capture`` runs inside the model's forward (traced by torch.compile): one fixed-shape
-``scatter_add_`` into a per-pass buffer, no host sync, no Python state that changes per step.
-``end_step`` runs between forward passes on the host: it commits the pass into the next ring slot
-while recording, and always clears the pass buffer. Engine-neutral: the adapters bind ``capture``
-to their routers and ``end_step`` to their step boundary.
+Each ring entry holds one forward pass's counts (the recorder's time axis, T in counts [T, L, E]);
+an entry is not a physical expert slot. ``capture`` runs inside the model's forward (traced by
+torch.compile): one fixed-shape ``scatter_add_`` into a per-pass buffer, no host sync, no Python
+state that changes per step. ``end_step`` runs between forward passes on the host: it commits the
+pass into the next ring entry while recording, and always clears the pass buffer. Engine-neutral:
+the adapters bind ``capture`` to their routers and ``end_step`` to their step boundary.
+``NullObserver`` stands in where the recorder is off (roles other than prefill).
 """
 
 from __future__ import annotations
@@ -14,36 +16,36 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SceneEplbError
+from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING
 
 
 @dataclass(frozen=True)
 class ObserverStatus:
     """What the status route reports about the recorder."""
 
-    recording: bool
-    slots: int
-    slots_written: int
+    state: str  # off | idle | recording
+    ring_entries: int
+    entries_written: int
     passes_recorded: int
-    has_record: bool
 
     @property
-    def state(self) -> str:
-        return "recording" if self.recording else "idle"
+    def recording(self) -> bool:
+        return self.state == OBSERVER_RECORDING
 
 
 class RoutingObserver:
-    """Counts (token, top-k) assignments per MoE layer and logical expert, one ring slot per pass.
+    """Counts (token, top-k) assignments per MoE layer and logical expert, one ring entry per pass.
 
     ``padding_rows`` (optional) is the engine's bool padding mask of at least the batch size, True
     for padded rows, which are not counted. Dummy passes are dropped by ``end_step(is_dummy=True)``.
     """
 
-    def __init__(self, num_moe_layers: int, num_experts: int, slots: int, device: torch.device | str = "cpu"):
-        self.num_moe_layers, self.num_experts, self.slots = num_moe_layers, num_experts, slots
+    def __init__(self, num_moe_layers: int, num_experts: int, entries: int, device: torch.device | str = "cpu"):
+        self.num_moe_layers, self.num_experts, self.entries = num_moe_layers, num_experts, entries
         self.pass_counts = torch.zeros((num_moe_layers, num_experts), dtype=torch.int32, device=device)
-        self.ring = torch.zeros((slots, num_moe_layers, num_experts), dtype=torch.int32, device=device)
+        self.ring = torch.zeros((entries, num_moe_layers, num_experts), dtype=torch.int32, device=device)
         self.recording = False
-        self.next_slot = 0
+        self.next_entry = 0
         self.passes_recorded = 0
         self.has_record = False
 
@@ -59,8 +61,8 @@ class RoutingObserver:
     def end_step(self, is_dummy: bool = False) -> None:
         """Close one forward pass: commit it to the ring while recording, then clear it."""
         if self.recording and not is_dummy:
-            self.ring[self.next_slot].copy_(self.pass_counts)
-            self.next_slot = (self.next_slot + 1) % self.slots
+            self.ring[self.next_entry].copy_(self.pass_counts)
+            self.next_entry = (self.next_entry + 1) % self.entries
             self.passes_recorded += 1
         self.pass_counts.zero_()
 
@@ -70,7 +72,7 @@ class RoutingObserver:
             raise SceneEplbError("recording is already on: stop it (and dump) before starting again")
         self.ring.zero_()
         self.pass_counts.zero_()
-        self.next_slot, self.passes_recorded = 0, 0
+        self.next_entry, self.passes_recorded = 0, 0
         self.recording, self.has_record = True, True
 
     def stop(self) -> None:
@@ -79,7 +81,7 @@ class RoutingObserver:
         self.recording = False
 
     def snapshot(self) -> torch.Tensor:
-        """The recorded ring [slots, L, E] (a view); refuses while recording or before any record."""
+        """The recorded ring [entries, L, E] (a view); refuses while recording or before any record."""
         if self.recording:
             raise SceneEplbError("recording is on: stop it before dumping")
         if not self.has_record:
@@ -87,5 +89,23 @@ class RoutingObserver:
         return self.ring
 
     def status(self) -> ObserverStatus:
-        written = min(self.passes_recorded, self.slots)
-        return ObserverStatus(self.recording, self.slots, written, self.passes_recorded, self.has_record)
+        state = OBSERVER_RECORDING if self.recording else OBSERVER_IDLE
+        return ObserverStatus(state, self.entries, min(self.passes_recorded, self.entries), self.passes_recorded)
+
+
+class NullObserver:
+    """The recorder where it does not run (a decode server): counts nothing, refuses control."""
+
+    def __init__(self, role: str, entries: int):
+        self.role, self.entries = role, entries
+
+    def _refuse(self, *args, **kwargs):
+        raise SceneEplbError(f"the recorder is off on this server (role {self.role}); it runs on the prefill role only")
+
+    start = stop = snapshot = _refuse
+
+    def end_step(self, is_dummy: bool = False) -> None:
+        pass
+
+    def status(self) -> ObserverStatus:
+        return ObserverStatus(OBSERVER_OFF, self.entries, 0, 0)

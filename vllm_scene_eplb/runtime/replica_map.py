@@ -23,13 +23,13 @@ from ..layout import Layout
 
 @dataclass
 class LayerReplicaMap:
-    """One MoE layer's dispatch: ``static`` [ep, E] table or ``dynamic`` l2p [E, W] + count [E]."""
+    """One MoE layer's dispatch: ``static`` [ep, E] table or ``dynamic`` l2p [E, W] + replicas [E]."""
 
     algorithm: str
     ep_size: int
     static: torch.Tensor | None = None
     l2p: torch.Tensor | None = None
-    count: torch.Tensor | None = None
+    replicas: torch.Tensor | None = None
 
     def __call__(self, topk_ids: torch.Tensor) -> torch.Tensor:
         """Physical slot ids for logical ``topk_ids`` [M, k], same dtype and shape."""
@@ -39,7 +39,7 @@ class LayerReplicaMap:
             src = torch.div(rows * self.ep_size, max(ids.shape[0], 1), rounding_mode="floor")
             phys = self.static[src.expand_as(ids), ids]
         else:
-            replica = torch.remainder(rows, self.count[ids])
+            replica = torch.remainder(rows, self.replicas[ids])
             phys = self.l2p[ids, replica]
         return phys.to(topk_ids.dtype)
 
@@ -56,10 +56,10 @@ def layer_maps(layout: Layout, algorithm: str, device: torch.device | str = "cpu
         for layer in layout.moe_layers:
             maps[layer] = LayerReplicaMap("static", ep, static=_tensor(table[layer], device))
     else:
-        l2p, count = dynamic_tables(p2l, g.num_experts)
+        l2p, replicas = dynamic_tables(p2l, g.num_experts)
         for layer in layout.moe_layers:
             maps[layer] = LayerReplicaMap("dynamic", ep, l2p=_tensor(np.maximum(l2p[layer], 0), device),
-                                          count=_tensor(count[layer], device))
+                                          replicas=_tensor(replicas[layer], device))
     return maps
 
 

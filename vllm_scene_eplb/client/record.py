@@ -6,22 +6,17 @@ import json
 import urllib.error
 import urllib.request
 
-from .errors import SceneEplbError
-
-ACTION_PATHS = {
-    "start": "/start_expert_distribution_record",
-    "stop": "/stop_expert_distribution_record",
-    "dump": "/dump_expert_distribution_record",
-    "status": "/scene_eplb/status",
-}
+from ..errors import SceneEplbError
+from ..protocol import ACTIONS, ROUTE_BY_ACTION
 
 
 def call(url: str, action: str, api_key: str | None = None, timeout: float = 300.0) -> dict:
     """Send ``action`` to the server at ``url``; returns its JSON answer, raises SceneEplbError on any error."""
-    if action not in ACTION_PATHS:
-        raise SceneEplbError(f"unknown action {action!r}; one of {', '.join(ACTION_PATHS)}")
-    target = url.rstrip("/") + ACTION_PATHS[action]
-    req = urllib.request.Request(target, method="GET" if action == "status" else "POST", data=None if action == "status" else b"")
+    if action not in ROUTE_BY_ACTION:
+        raise SceneEplbError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+    route = ROUTE_BY_ACTION[action]
+    target = url.rstrip("/") + route.path
+    req = urllib.request.Request(target, method=route.method, data=None if route.method == "GET" else b"")
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
     try:

@@ -13,7 +13,7 @@ our static table (local replica first, then even spread), computed from the same
 is given, so every layer vLLM-Ascend builds from an ``expert_map_path`` file dispatches our way.
 
 What has run: these tables and the replacement against vLLM-Ascend's own ``eplb_utils.py`` on CPU
-(tests); the startup wiring is in ``vllm_ascend_startup``. What has not: anything on Ascend
+(tests); the startup wiring is in ``startup``. What has not: anything on Ascend
 hardware; the observer on ``AscendFusedMoE`` and the export inside vLLM-Ascend are not built yet.
 """
 
@@ -21,18 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dispatch import dynamic_tables, static_table
-from ..errors import SceneEplbError
-from ..layout import Geometry, Layout
-
-SUPPORTED = {"vllm-ascend": "0.23.0.post1", "vllm": "0.23"}
-
-
-def check_versions(ascend_version: str, vllm_version: str) -> None:
-    """Refuse engine versions this adapter was not written for."""
-    if ascend_version != SUPPORTED["vllm-ascend"] or not vllm_version.startswith(SUPPORTED["vllm"] + "."):
-        raise SceneEplbError(f"vllm_scene_eplb's Ascend adapter is written for vllm-ascend {SUPPORTED['vllm-ascend']} with "
-                             f"vLLM {SUPPORTED['vllm']}.x, found vllm-ascend {ascend_version} with vLLM {vllm_version}")
+from ...dispatch import dynamic_tables, static_table
+from ...errors import SceneEplbError
+from ...layout import Geometry, Layout
 
 
 def rank_expert_maps(layout: Layout) -> np.ndarray:
@@ -53,10 +44,10 @@ def log2phy_static(layout: Layout) -> np.ndarray:
 
 
 def log2phy_dynamic(layout: Layout) -> tuple[np.ndarray, np.ndarray]:
-    """Our ``dynamic`` tables per MoE layer: replica slots [L_moe, E, W] (-1 padded) and counts [L_moe, E]."""
-    l2p, count = dynamic_tables(layout.physical_to_logical_map, layout.geometry.num_experts)
+    """Our ``dynamic`` tables per MoE layer: replica slots [L_moe, E, W] (-1 padded) and replicas per expert [L_moe, E]."""
+    l2p, replicas = dynamic_tables(layout.physical_to_logical_map, layout.geometry.num_experts)
     idx = list(layout.moe_layers)
-    return l2p[idx], count[idx]
+    return l2p[idx], replicas[idx]
 
 
 def off_rank_with_local(choice: np.ndarray, layout: Layout) -> int:

@@ -8,7 +8,7 @@ are hot in every layer (a Zipf-like profile; its hotter half sits on ids [0, E/2
 order, i.e. on the first EP ranks of the linear layout). ``skew`` = 0 gives near-uniform
 routing. Experts are large relative to attention so that MoE dominates a prefill step.
 
-    python -m vllm_scene_eplb.tiny_model OUT_DIR [--experts 8] [--layers 2] [--skew 2.0]
+    python -m vllm_scene_eplb.harness.tiny_model OUT_DIR [--experts 8] [--layers 2] [--skew 2.0]
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _save_tokenizer(out: Path, vocab_size: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.tiny_model", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.harness.tiny_model", description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--experts", type=int, default=TinyMoeSpec.num_experts)
     ap.add_argument("--top-k", type=int, default=TinyMoeSpec.top_k)

@@ -1,7 +1,5 @@
-"""The ``vllm.endpoint_plugins`` entry point: recorder control routes at SGLang's names, plus status.
-
-    POST /start_expert_distribution_record   POST /stop_expert_distribution_record
-    POST /dump_expert_distribution_record    GET  /scene_eplb/status
+"""The ``vllm.endpoint_plugins`` entry point: recorder control routes at SGLang's names, plus status
+(the paths are in ``protocol.ROUTES``).
 
 Each route calls ``scene_eplb_control`` on every worker (collective_rpc) and answers rank 0's
 result. Misuse answers 409 with ``{"error": ...}`` and the server keeps serving. The dump path is
@@ -17,15 +15,10 @@ from argparse import Namespace
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ..config import parse_config
-from .vllm import check_engine_version
+from ...config import plugin_enabled
+from ...protocol import ROUTES
+from .version import check_engine_version
 
-ROUTES = {
-    "/start_expert_distribution_record": "start",
-    "/stop_expert_distribution_record": "stop",
-    "/dump_expert_distribution_record": "dump",
-    "/scene_eplb/status": "status",
-}
 RPC_TIMEOUT_S = 300.0
 
 
@@ -40,8 +33,8 @@ class SceneEplbEndpoints:
         self.verifier = None
 
     def attach_router(self, app: FastAPI) -> None:
-        for path, action in ROUTES.items():
-            app.add_api_route(path, self._handler(action), methods=["GET", "POST"], name=f"scene_eplb_{action}")
+        for route in ROUTES:
+            app.add_api_route(route.path, self._handler(route.action), methods=["GET", "POST"], name=f"scene_eplb_{route.action}")
 
     async def init_state(self, engine_client, state, args: Namespace) -> None:
         import json
@@ -49,7 +42,7 @@ class SceneEplbEndpoints:
         raw = getattr(args, "additional_config", None)
         if isinstance(raw, str):
             raw = json.loads(raw) if raw else None
-        if parse_config(raw) is not None:
+        if plugin_enabled(raw):
             check_engine_version()  # refuse to serve with an adapter written for another vLLM
         self.engine_client = engine_client
         tokens = [k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k]

@@ -1,6 +1,6 @@
 """The end-to-end demo on CPU: record a scene on a real vLLM server, fit a layout, restart with it, A/B.
 
-    python -m vllm_scene_eplb.demo --out out/demo [--skew 0.3] [--num-prompts 1400]
+    python -m vllm_scene_eplb.harness.demo --out out/demo [--skew 0.3] [--num-prompts 1400]
 
 1. generate a tiny Qwen3-MoE (16 experts, 4 MoE layers, large experts) with a skewed router;
 2. start it with the plugin (TP=2, EP=2, P role), warm up, record the target load, dump;
@@ -17,13 +17,16 @@ import sys
 import time
 from pathlib import Path
 
-from .bench import NOT_OBSERVED, Scene, bench
-from .cli import main as cli_main
+from ..client.record import call
+from ..fileio import atomic_write_bytes
+from ..fit import FitOptions, fit
+from ..formats import read_counts, write_layout
+from ..layout import Geometry
+from ..report import write_report
+from .bench import bench
 from .compare import chart_png, compare, markdown
-from .fileio import atomic_write_bytes
-from .formats import read_layout
-from .local_server import ENGINE_ARGS, http, start_server
-from .record_client import call
+from .local_server import ENGINE_ARGS, start_server
+from .results import NOT_OBSERVED, Scene
 from .tiny_model import TinyMoeSpec, make_tiny_moe
 
 DEMO_SPEC = dict(num_experts=16, num_layers=4, hidden_size=256, moe_intermediate_size=1024)
@@ -44,8 +47,8 @@ def _server(model: Path, out: Path, name: str, cfg: dict):
 
 
 def _measure(srv, model: Path, scene: Scene, out: Path, name: str, repeats: int) -> dict:
-    st = http("GET", srv.url + "/scene_eplb/status")[1]
-    assert st.get("observer") != "recording", "recorder must be off for a measurement run"
+    if call(srv.url, "status").get("recording"):
+        raise SystemExit("demo: the recorder must be off for a measurement run")
     doc = bench(srv.url, str(model), scene, out / f"{name}.json", repeats, extra={"parallel": "TP2-EP2", "chunk_size": 4096},
                 progress=say)
     agg = doc["aggregate"]
@@ -75,11 +78,13 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     finally:
         srv.stop()
 
-    layout = out / "layout.json"
-    if cli_main(["fit", dump["path"], "--ep-size", "2", "--redundant", str(redundant), "-o", str(layout), "-q"]) != 0:
-        raise SystemExit("demo: fit failed")
+    counts = read_counts(dump["path"])
+    fitted = fit(counts, FitOptions(Geometry(counts.num_experts, redundant, ep_size=2), dispatch="static"))
+    layout = write_layout(fitted, out / "layout.json")
     report = out / "report"
-    cli_main(["report", str(layout), dump["path"], "-o", str(report), "-q"])
+    ev, _, _ = write_report(fitted, counts, report)
+    scores = ev.summary()
+    say(f"fitted {layout}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}")
 
     srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static"})
     try:
@@ -97,7 +102,7 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     if row["ratio"] == NOT_OBSERVED:
         row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
     summary = {"prefill_throughput_ratio": row["ratio"], "prefill_metric": row["metric"], "verdict": row["verdict"], "skew": skew,
-               "layout_hash": read_layout(layout).digest(), "counts": dump["path"], "comparison": c.to_dict(),
+               "layout_hash": fitted.digest(), "counts": dump["path"], "comparison": c.to_dict(),
                "manifests": {"linear": a["manifest"], "fitted": b["manifest"]}}
     atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())
     print(text)
@@ -107,7 +112,7 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.harness.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/demo", help="output folder (default out/demo)")
     ap.add_argument("--skew", type=float, default=0.3, help="router skew of the generated model (0 = unskewed)")
     ap.add_argument("--num-prompts", type=int, default=1400, help="requests N of the measured scene (same on both sides)")

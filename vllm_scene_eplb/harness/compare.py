@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .bench import HIGHER_IS_BETTER, METRICS, NOT_OBSERVED
-from .errors import SceneEplbError
+from ..errors import SceneEplbError
+from .results import HIGHER_IS_BETTER, METRICS, NOT_OBSERVED
 
 LOAD_KEYS = ("num_prompts", "concurrency", "request_rate")
 SCENE_KNOBS = ("input_len", "output_len", "prefix_share", "cards")

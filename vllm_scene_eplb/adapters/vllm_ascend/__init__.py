@@ -1,0 +1,20 @@
+"""vLLM-Ascend 0.23.0.post1 adapter (with vLLM 0.23).
+
+- ``version``: the releases it was written for, and the refusal of any other;
+- ``tables``: our layout and dispatch tables in vLLM-Ascend's terms (per-rank expert maps, log2phy);
+- ``startup``: the layout run's wiring (expert map file, dispatch swap, startup line).
+The file format vLLM-Ascend reads (``expert_map_path``) is ``vllm_scene_eplb.formats.vllm_ascend``.
+"""
+
+from __future__ import annotations
+
+from .version import SUPPORTED, check_versions
+
+__all__ = ["SUPPORTED", "check_versions", "register"]
+
+
+def register(ascend_version: str, vllm_version: str) -> None:
+    """Install the Ascend wiring (called by ``adapters.entry.register``); refuses other versions."""
+    from .startup import register as register_startup
+
+    register_startup(ascend_version, vllm_version)

@@ -1,0 +1,12 @@
+"""One module per `scene-eplb` command, each declaring its own arguments next to its code:
+``HELP`` (and optionally ``DESCRIPTION``), ``add_arguments(parser)`` and ``run(args, console)``.
+``COMMANDS`` is the order `scene-eplb --help` lists them in."""
+
+from __future__ import annotations
+
+from . import audit, bench, compare, convert, fit, inspect, record, report, score, validate
+
+COMMANDS = {
+    "inspect": inspect, "fit": fit, "validate": validate, "score": score, "convert": convert, "report": report,
+    "record": record, "audit": audit, "bench": bench, "compare": compare,
+}

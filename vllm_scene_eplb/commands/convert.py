@@ -1,0 +1,47 @@
+"""`scene-eplb convert IN --to FORMAT -o OUT`: counts or a layout into another format."""
+
+from __future__ import annotations
+
+from ..errors import SceneEplbError
+from ..formats import COUNTS_FORMATS, LAYOUT_FORMATS, file_kind, read_counts, read_layout, write_counts, write_layout
+from ..layout import Layout
+from .common import Console, geometry_args, hint
+
+HELP = "convert counts or a layout between formats"
+DESCRIPTION = f"Counts formats: {', '.join(COUNTS_FORMATS)}. Layout formats: {', '.join(LAYOUT_FORMATS)}."
+
+
+def add_arguments(p) -> None:
+    p.add_argument("input")
+    p.add_argument("--to", required=True, choices=sorted(set(COUNTS_FORMATS + LAYOUT_FORMATS)), help="target format")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--moe-layers", help="layout rows that are MoE layers, e.g. 3-60 (for vllm-ascend export of a bare layout)")
+    geometry_args(p)
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """'3-60' or '3,5,7' or '3-10,12' into row indices."""
+    out = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise SceneEplbError(f"--moe-layers {text!r}: expected ranges like 3-60 or 3,5,7") from None
+    return tuple(out)
+
+
+def run(args, console: Console) -> None:
+    kind = file_kind(args.input)
+    if kind == "counts":
+        if args.to not in COUNTS_FORMATS:
+            raise SceneEplbError(f"counts convert to one of {', '.join(COUNTS_FORMATS)}, not {args.to!r}", args.input)
+        with console.progress(f"reading {args.input}"):
+            obj = read_counts(args.input)
+        out = write_counts(obj, args.output, args.to)
+    else:
+        obj = read_layout(args.input, hint(args))
+        if args.moe_layers is not None:
+            obj = Layout(obj.physical_to_logical_map, obj.geometry, parse_layers(args.moe_layers), obj.meta)
+        out = write_layout(obj, args.output, args.to)
+    console.emit({"input": args.input, "kind": kind, "output": str(out), "format": args.to}, f"wrote {out} ({kind}, {args.to})")

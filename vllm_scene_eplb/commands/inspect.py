@@ -1,0 +1,44 @@
+"""`scene-eplb inspect COUNTS`: shape, written ring entries, routed layers and skew of a counts file."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats import read_counts
+from .common import Console
+
+HELP = "summarise and validate a counts file"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("counts", help="counts: native .npz, SGLang-style .json or recorder .pt")
+
+
+def run(args, console: Console) -> None:
+    with console.progress(f"reading {args.counts}"):
+        c = read_counts(args.counts)
+    total = c.total()
+    active = c.active_layers()
+    per_layer = total.sum(axis=1)
+    skew = [float(total[l].max() / total[l].mean()) for l in active]
+    payload = {
+        "file": args.counts,
+        "shape": list(c.data.shape),
+        "entries_written": int(c.written_entries().size),
+        "active_layers": active.tolist(),
+        "all_zero_layers": [int(i) for i in np.flatnonzero(per_layer == 0)],
+        "assignments_per_layer": {"min": int(per_layer[active].min()) if active.size else 0, "max": int(per_layer.max())},
+        "expert_skew_max_over_mean": {"median": float(np.median(skew)) if skew else None, "worst": max(skew) if skew else None},
+        "meta": c.meta,
+        "counts_sha256": c.digest(),
+    }
+    zero = payload["all_zero_layers"]
+    text = (
+        f"{args.counts}: counts [T={c.num_entries}, L={c.num_layers}, E={c.num_experts}], "
+        f"{payload['entries_written']} ring entr{'y' if payload['entries_written'] == 1 else 'ies'} written\n"
+        f"  routed layers: {active.size} (all-zero: {zero[:10]}{'...' if len(zero) > 10 else ''})\n"
+        f"  assignments per routed layer: {payload['assignments_per_layer']['min']}..{payload['assignments_per_layer']['max']}\n"
+        + (f"  expert load max/mean: median {np.median(skew):.2f}, worst {max(skew):.2f}\n" if skew else "")
+        + f"  sha256 {c.digest()}"
+    )
+    console.emit(payload, text)

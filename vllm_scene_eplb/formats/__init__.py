@@ -1,0 +1,84 @@
+"""Every file format the project reads and writes, in one table; a file's format is detected here, once.
+
+    kind     name          detect (on the loaded file)                  module
+    counts   native        a scene-eplb .npz archive                    counts
+    counts   sglang        JSON dict with logical_count                 counts
+    counts   pt            torch dict with logical_count                counts
+    layout   native        JSON dict with format scene-eplb-layout      layouts
+    layout   sglang        JSON dict with physical_to_logical_map       layouts
+    layout   pt            torch dict with physical_to_logical_map      layouts
+    layout   vllm-ascend   JSON dict with layer_list (expert_map_path)  vllm_ascend
+
+Every read is validated before use and names the file in its error; every write is atomic.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..counts import Counts
+from ..errors import SceneEplbError
+from ..layout import Layout
+from . import counts as _counts
+from . import layouts as _layouts
+from . import vllm_ascend as _vllm_ascend
+from .base import FileFormat, GeometryHint, load
+
+FORMATS: tuple[FileFormat, ...] = _counts.FORMATS + _layouts.FORMATS + (_vllm_ascend.FORMAT,)
+COUNTS_FORMATS = tuple(f.name for f in FORMATS if f.kind == "counts")
+LAYOUT_FORMATS = tuple(f.name for f in FORMATS if f.kind == "layout")
+NOT_A_LAYOUT = "not a layout file (expected physical_to_logical_map or an expert_map layer_list)"
+
+__all__ = ["COUNTS_FORMATS", "FORMATS", "LAYOUT_FORMATS", "GeometryHint", "detect", "file_kind", "read_counts",
+           "read_layout", "write_counts", "write_layout"]
+
+
+def detect(path: str | os.PathLike) -> tuple[FileFormat | None, object]:
+    """The format of the file at ``path`` (None when no row matches) and the loaded file."""
+    loaded = load(path)
+    return next((f for f in FORMATS if f.detect(loaded)), None), loaded
+
+
+def _lookup(kind: str, name: str) -> FileFormat:
+    for f in FORMATS:
+        if f.kind == kind and f.name == name:
+            return f
+    names = COUNTS_FORMATS if kind == "counts" else LAYOUT_FORMATS
+    raise SceneEplbError(f"unknown {kind} format {name!r}; choose one of {', '.join(names)}")
+
+
+def read_counts(path: str | os.PathLike) -> Counts:
+    """Read and validate a counts file of any supported format."""
+    fmt, loaded = detect(path)
+    if fmt is None or fmt.kind != "counts":
+        raise SceneEplbError("no 'logical_count' key: not a counts file", loaded.path)
+    return fmt.read(loaded, GeometryHint())
+
+
+def read_layout(path: str | os.PathLike, hint: GeometryHint = GeometryHint()) -> Layout:
+    """Read and validate a layout of any supported format (bare formats need ``hint.ep_size``)."""
+    fmt, loaded = detect(path)
+    if fmt is not None and fmt.kind == "counts" and loaded.container != "npz":
+        raise SceneEplbError("this is a counts file, not a layout", loaded.path)
+    if fmt is None or fmt.kind != "layout":
+        raise SceneEplbError(NOT_A_LAYOUT, loaded.path)
+    return fmt.read(loaded, hint)
+
+
+def write_counts(counts: Counts, path: str | os.PathLike, fmt: str = "native") -> Path:
+    """Write counts atomically in ``fmt``."""
+    return _lookup("counts", fmt).write(counts, Path(path))
+
+
+def write_layout(layout: Layout, path: str | os.PathLike, fmt: str = "native") -> Path:
+    """Write a layout atomically in ``fmt``."""
+    return _lookup("layout", fmt).write(layout, Path(path))
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """``counts`` or ``layout``, from the file's content."""
+    fmt, loaded = detect(path)
+    if fmt is None:
+        raise SceneEplbError("neither a counts nor a layout file", loaded.path)
+    return fmt.kind

@@ -1,0 +1,162 @@
+"""What every file format shares: loading a file once by its container (npz, JSON, torch), the
+geometry hint for bare layouts, and the checks of integer maps. No format logic lives here."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import SceneEplbError
+from ..fileio import atomic_write_bytes
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GeometryHint:
+    """Geometry a bare layout file cannot carry itself, given on the command line."""
+
+    ep_size: int | None = None
+    num_experts: int | None = None
+    num_nodes: int | None = None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A file read once: its container (``npz``, ``json`` or ``pt``) and content (the parsed
+    document, or for ``npz`` the path, which the native counts reader opens itself)."""
+
+    path: Path
+    container: str
+    doc: Any
+
+    def has_key(self, key: str) -> bool:
+        return isinstance(self.doc, dict) and key in self.doc
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """One row of the format table: what it holds (``counts`` or ``layout``), its name, how to
+    recognise a loaded file, how to read one and how to write one."""
+
+    kind: str
+    name: str
+    detect: Callable[[Loaded], bool]
+    read: Callable[[Loaded, GeometryHint], Any]
+    write: Callable[[Any, Path], Path]
+
+
+def _torch(path: Path):
+    try:
+        import torch
+    except ImportError:
+        raise SceneEplbError("reading or writing .pt files needs PyTorch (pip install 'vllm-scene-eplb[torch]')", path) from None
+    return torch
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise SceneEplbError(f"cannot read file: {exc.strerror or exc}", path) from None
+    if not text.strip():
+        raise SceneEplbError("file is empty", path)
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SceneEplbError(f"not valid JSON (truncated or corrupt?): {exc}", path) from None
+
+
+def _load_pt(path: Path) -> Any:
+    torch = _torch(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for truncated or foreign files
+        raise SceneEplbError(f"not a readable torch file (truncated or corrupt?): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", path) from None
+    return _tensors_to_numpy(obj)
+
+
+def _tensors_to_numpy(obj: Any) -> Any:
+    if hasattr(obj, "detach") and hasattr(obj, "numpy"):
+        return obj.detach().cpu().numpy()
+    if isinstance(obj, dict):
+        return {k: _tensors_to_numpy(v) for k, v in obj.items()}
+    return obj
+
+
+def write_pt(path: Path, key: str, array: np.ndarray) -> Path:
+    """Atomically write ``{key: int64 tensor}`` with torch.save (the dict SGLang loads)."""
+    torch = _torch(path)
+    buf = io.BytesIO()
+    torch.save({key: torch.from_numpy(np.array(array, dtype=np.int64))}, buf)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def write_json(path: Path, doc: Any, indent: int | None = None) -> Path:
+    """Atomically write a JSON document."""
+    return atomic_write_bytes(path, json.dumps(doc, indent=indent).encode())
+
+
+def _is_zip(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(4) == b"PK\x03\x04"
+    except OSError as exc:
+        raise SceneEplbError(f"cannot read file: {exc.strerror or exc}", path) from None
+
+
+def _is_native_npz(path: Path) -> bool:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return "logical_count.npy" in zf.namelist() and "meta.npy" in zf.namelist()
+    except zipfile.BadZipFile:
+        return False
+
+
+def load(path: str | os.PathLike) -> Loaded:
+    """Load a file by its content: a native counts archive, a torch file or JSON."""
+    path = Path(path)
+    if not path.exists():
+        raise SceneEplbError("no such file", path)
+    if path.is_dir():
+        raise SceneEplbError("is a directory, expected a file", path)
+    if _is_zip(path):
+        if _is_native_npz(path):
+            return Loaded(path, "npz", path)
+        if path.suffix == ".npz":
+            raise SceneEplbError("not a scene-eplb counts archive (truncated or corrupt?)", path)
+        return Loaded(path, "pt", _load_pt(path))
+    if path.suffix == ".pt":
+        return Loaded(path, "pt", _load_pt(path))
+    return Loaded(path, "json", _load_json(path))
+
+
+def int_map(raw: Any, what: str, path: Path) -> np.ndarray:
+    """A non-empty 2-D array of integers (integral floats accepted) as int64, or a clear error."""
+    try:
+        arr = np.asarray(raw)
+    except ValueError:
+        raise SceneEplbError(f"{what} is not a rectangular array (rows of different lengths?)", path) from None
+    if arr.dtype == object or arr.ndim != 2 or 0 in arr.shape:
+        raise SceneEplbError(f"{what} must be a non-empty [layers, slots] array of integers, got shape {list(arr.shape)}", path)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise SceneEplbError(f"{what} must hold integers, got {arr.dtype}", path)
+    if np.issubdtype(arr.dtype, np.floating):
+        if not np.isfinite(arr).all() or (arr != np.floor(arr)).any():
+            raise SceneEplbError(f"{what} must hold integers (found a fractional or non-finite value)", path)
+    return arr.astype(np.int64)
+
+
+def check_moe_layers(moe_layers: Any, num_layers: int, path: Path) -> None:
+    """``moe_layers`` metadata, when present, must list layer indices of the file's layer axis."""
+    if moe_layers is None:
+        return
+    if not isinstance(moe_layers, list) or not all(isinstance(i, int) and 0 <= i < num_layers for i in moe_layers):
+        raise SceneEplbError(f"moe_layers must be a list of layer indices in [0, {num_layers})", path)

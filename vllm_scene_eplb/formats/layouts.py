@@ -1,0 +1,99 @@
+"""Layout file formats.
+
+``native`` (.json): ``physical_to_logical_map`` with geometry, MoE layers, provenance and a
+checksum. ``sglang``: the bare ``{"physical_to_logical_map": ...}`` SGLang's
+``--init-expert-location`` takes (it rejects extra keys). ``pt``: a torch dict with the same key.
+vLLM-Ascend's ``expert_map_path`` file is in ``vllm_ascend``. Bare formats carry no geometry:
+reading one needs ``GeometryHint.ep_size``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SceneEplbError
+from ..fileio import doc_checksum
+from ..layout import Geometry, Layout
+from .base import FORMAT_VERSION, FileFormat, GeometryHint, Loaded, check_moe_layers, int_map, write_json, write_pt
+
+LAYOUT_FORMAT = "scene-eplb-layout"
+MAP_KEY = "physical_to_logical_map"
+
+
+def _geometry(E: int, R: int, ep: int, nodes: int, path: Path) -> Geometry:
+    try:
+        return Geometry(E, R, ep, nodes)
+    except SceneEplbError as exc:
+        raise SceneEplbError(exc.problem, path) from None
+
+
+def _layout(p2l: np.ndarray, geometry: Geometry, moe_layers, meta: dict, path: Path) -> Layout:
+    try:
+        return Layout(p2l, geometry, moe_layers=moe_layers, meta=meta)
+    except SceneEplbError as exc:
+        raise SceneEplbError(exc.problem, path) from None
+
+
+def bare_layout(p2l: np.ndarray, hint: GeometryHint, path: Path) -> Layout:
+    """A layout from a map alone: ep_size from the hint, experts from the hint or the largest id."""
+    if hint.ep_size is None:
+        raise SceneEplbError("this layout format does not record ep_size: pass --ep-size", path)
+    E = hint.num_experts if hint.num_experts is not None else int(p2l.max()) + 1
+    R = p2l.shape[1] - E
+    if R < 0:
+        how = "given" if hint.num_experts is not None else f"inferred from the largest id {int(p2l.max())}; pass --num-experts"
+        raise SceneEplbError(f"{p2l.shape[1]} slots per layer cannot hold {E} experts ({how})", path)
+    return _layout(p2l, _geometry(E, R, hint.ep_size, hint.num_nodes or 1, path), None, {"imported_from": path.name}, path)
+
+
+def _read_bare(loaded: Loaded, hint: GeometryHint) -> Layout:
+    return bare_layout(int_map(loaded.doc[MAP_KEY], MAP_KEY, loaded.path), hint, loaded.path)
+
+
+def _read_native(loaded: Loaded, hint: GeometryHint) -> Layout:
+    doc, path = loaded.doc, loaded.path
+    if doc.get("version") != FORMAT_VERSION:
+        raise SceneEplbError(f"layout format version {doc.get('version')!r} is not supported (expected {FORMAT_VERSION})", path)
+    if doc.get("checksum") != doc_checksum(doc):
+        raise SceneEplbError("checksum mismatch: the layout was altered or damaged", path)
+    g = doc.get("geometry")
+    if not isinstance(g, dict) or not all(isinstance(g.get(k), int) for k in ("num_experts", "num_redundant", "ep_size", "num_nodes")):
+        raise SceneEplbError("geometry must give integer num_experts, num_redundant, ep_size and num_nodes", path)
+    geometry = _geometry(g["num_experts"], g["num_redundant"], g["ep_size"], g["num_nodes"], path)
+    for name, given, have in (("ep_size", hint.ep_size, geometry.ep_size), ("experts", hint.num_experts, geometry.num_experts), ("nodes", hint.num_nodes, geometry.num_nodes)):
+        if given is not None and given != have:
+            raise SceneEplbError(f"layout was made for {name} {have}, but {given} was asked for", path)
+    p2l = int_map(doc.get(MAP_KEY), MAP_KEY, path)
+    moe_layers = doc.get("moe_layers")
+    check_moe_layers(moe_layers, p2l.shape[0], path)
+    return _layout(p2l, geometry, moe_layers, dict(doc.get("meta") or {}), path)
+
+
+def native_doc(layout: Layout) -> dict:
+    """The native JSON document of a layout, checksum included."""
+    doc = {
+        "format": LAYOUT_FORMAT,
+        "version": FORMAT_VERSION,
+        "geometry": layout.geometry.to_dict(),
+        "moe_layers": list(layout.moe_layers),
+        "layout_hash": layout.digest(),
+        "meta": layout.meta,
+        MAP_KEY: layout.physical_to_logical_map.tolist(),
+    }
+    doc["checksum"] = doc_checksum(doc)
+    return doc
+
+
+def _is_native(f: Loaded) -> bool:
+    return f.container == "json" and isinstance(f.doc, dict) and f.doc.get("format") == LAYOUT_FORMAT
+
+
+FORMATS = (
+    FileFormat("layout", "native", _is_native, _read_native, lambda layout, path: write_json(path, native_doc(layout))),
+    FileFormat("layout", "sglang", lambda f: f.container == "json" and f.has_key(MAP_KEY) and not _is_native(f), _read_bare,
+               lambda layout, path: write_json(path, {MAP_KEY: layout.physical_to_logical_map.tolist()})),
+    FileFormat("layout", "pt", lambda f: f.container == "pt" and f.has_key(MAP_KEY), _read_bare,
+               lambda layout, path: write_pt(path, MAP_KEY, layout.physical_to_logical_map)),
+)

@@ -1,0 +1,60 @@
+"""The plugin's wire contract, in one place: route paths, status keys, the startup log line.
+
+The server side (engine adapters) and the client side (``scene-eplb record``, ``audit``, ``bench``)
+both import it, so a route or key renamed here is renamed everywhere. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Route:
+    """One control route: the worker action it triggers, its HTTP method and path."""
+
+    action: str
+    method: str
+    path: str
+
+
+# SGLang's route names for the recorder, plus our status route.
+ROUTES = (
+    Route("start", "POST", "/start_expert_distribution_record"),
+    Route("stop", "POST", "/stop_expert_distribution_record"),
+    Route("dump", "POST", "/dump_expert_distribution_record"),
+    Route("status", "GET", "/scene_eplb/status"),
+)
+ROUTE_BY_ACTION = {r.action: r for r in ROUTES}
+ACTIONS = tuple(ROUTE_BY_ACTION)
+
+# What GET /scene_eplb/status answers (and each control action after it succeeds).
+STATUS_KEYS = ("plugin_version", "engine", "model", "role", "ep_size", "layout_hash", "layout_path", "redundant_slots",
+               "dispatch", "observer", "recording", "ring_entries", "entries_written", "passes_recorded", "moe_layers")
+# The status keys a dump file's metadata carries (besides what the export adds).
+DUMP_META_KEYS = ("model", "role", "moe_layers", "ep_size", "layout_hash", "dispatch", "passes_recorded", "engine",
+                  "plugin_version")
+# The status keys an audit compares between the status route and every worker's startup line.
+AUDITED_KEYS = ("layout_hash", "redundant_slots", "dispatch")
+
+# Observer states, as status and the startup line report them.
+OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING = "off", "idle", "recording"
+
+_LINE = "scene-eplb: role={role} observer={observer} layout_hash={layout_hash} redundant_slots={redundant_slots} " \
+        "dispatch={dispatch} ep_size={ep_size} ({where})"
+_LINE_RE = re.compile(r"scene-eplb: role=(\S+) observer=(\S+) layout_hash=(\S+)(?: \(linear\))? redundant_slots=(\d+) "
+                      r"dispatch=(\S+)")
+
+
+def startup_line(status: dict, where: str) -> str:
+    """The one line each worker logs at startup (what it loaded); ``where`` names the worker."""
+    return _LINE.format(role=status["role"], observer=status["observer"], layout_hash=status["layout_hash"] or "none (linear)",
+                        redundant_slots=status["redundant_slots"], dispatch=status["dispatch"] or "none",
+                        ep_size=status["ep_size"], where=where)
+
+
+def parse_startup_lines(text: str) -> list[dict]:
+    """Every startup line in a log, as the status keys it carries (None for "none")."""
+    return [{"role": m[0], "observer": m[1], "layout_hash": None if m[2] == "none" else m[2], "redundant_slots": int(m[3]),
+             "dispatch": None if m[4] == "none" else m[4]} for m in _LINE_RE.findall(text)]
