@@ -4,8 +4,7 @@ Throughput (prefill-heavy batches of token-id prompts, tokens/s) in the same run
 - plugin idle vs no plugin: two servers one after the other (TP=2, no expert parallel, so the only
   difference is the observer's capture in the forward), rounds interleaved per server;
 - recording on vs off: one server, rounds alternating between the two states.
-Export: a [512, 61, 256] int32 buffer (DeepSeek-V3 geometry) summed over a real 2-process Gloo
-group and written by rank 0: seconds and peak extra memory per process.
+The export's cost (field-size ring, 2 and 16 ranks) is measured by ``bench_export_dp.py``.
 
     python benchmarks/bench_runtime_overhead.py [--rounds 6]     (needs the .venv from scripts/setup.sh)
 Exits 1 when a target is missed: idle/no-plugin >= 0.99, recording/off >= 0.97.
@@ -60,43 +59,6 @@ def throughput(model: Path, work: Path, rounds: int, prompts, max_tokens: int) -
     return {k: statistics.median(v) for k, v in res.items()}
 
 
-def _rss_kb(field: str) -> int:
-    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
-    return int(line.split()[1])
-
-
-def _export_worker(rank: int, port: int, dump_dir: str, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from vllm_scene_eplb.runtime.export import export_counts
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    group = dist.new_group([0, 1], backend="gloo")
-    ring = torch.randint(0, 1000, (512, 61, 256), dtype=torch.int32)
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark (Linux)
-    before = _rss_kb("VmRSS")
-    t0 = time.perf_counter()
-    export_counts(ring, group, dump_dir, {"role": "prefill", "model": "bench"}, tuple(ring.shape))
-    dt = time.perf_counter() - t0
-    peak = _rss_kb("VmHWM")
-    Path(out, f"r{rank}.json").write_text(json.dumps({"seconds": dt, "peak_extra_mb": (peak - before) / 1024}))
-    dist.destroy_process_group()
-
-
-def export_cost() -> dict:
-    import torch.multiprocessing as mp
-
-    from vllm_scene_eplb.harness.local_server import free_port
-
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_export_worker, args=(free_port(), d, d), nprocs=2, join=True)
-        per_rank = [json.loads(Path(d, f"r{r}.json").read_text()) for r in range(2)]
-        size = sum(p.stat().st_size for p in Path(d).glob("*.npz"))
-    return {"seconds": max(p["seconds"] for p in per_rank), "peak_extra_mb": max(p["peak_extra_mb"] for p in per_rank),
-            "file_mb": size / 2**20, "buffer_mb": 512 * 61 * 256 * 4 / 2**20}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
@@ -110,14 +72,11 @@ def main() -> int:
         work = Path(d)
         model = make_tiny_moe(work / "model", TinyMoeSpec())
         tp = throughput(model, work, a.rounds, _load(a.prompts, a.length, 0), a.max_tokens)
-    ex = export_cost()
     idle, rec = tp["idle"] / tp["no_plugin"], tp["recording"] / tp["idle"]
     print(f"throughput tokens/s (median of {a.rounds}): no plugin {tp['no_plugin']:.0f}, plugin idle {tp['idle']:.0f}, "
           f"recording {tp['recording']:.0f}")
     print(f"  idle / no plugin   {idle:.3f}  (target >= 0.99)")
     print(f"  recording / off    {rec:.3f}  (target >= 0.97)")
-    print(f"export [512, 61, 256]: {ex['seconds']:.3f} s, peak extra memory {ex['peak_extra_mb']:.0f} MB per process "
-          f"(buffer {ex['buffer_mb']:.0f} MB int32), file {ex['file_mb']:.1f} MB")
     misses = [m for m, ok in (("idle/no-plugin < 0.99", idle >= 0.99), ("recording/off < 0.97", rec >= 0.97)) if not ok]
     if misses:
         print("MISSED: " + "; ".join(misses))

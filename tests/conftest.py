@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,3 +39,13 @@ def require_vllm() -> None:
         import vllm  # noqa: F401
     except ImportError as exc:
         pytest.fail(f"vLLM is not importable ({exc}); run scripts/setup.sh or deselect with -m 'not engine'")
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tmp_path_factory) -> Path:
+    """The generated tiny Qwen3-MoE (8 experts, top-2, 2 MoE layers) the engine tests serve."""
+    require_vllm()
+    out = tmp_path_factory.mktemp("model") / "tiny-qwen3-moe"
+    subprocess.run([sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(out), "--experts", "8", "--top-k", "2",
+                    "--layers", "2"], check=True, capture_output=True)
+    return out

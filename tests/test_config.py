@@ -19,6 +19,8 @@ def test_absent_means_off_and_defaults_are_sane():
         ({"ring_entries": "512"}, "ring_entries must be"),
         ({"buffer_slots": 64}, "'buffer_slots' is now called 'ring_entries'"),
         ({"dispatch": "random"}, "dispatch must be one of"),
+        ({"export_timeout_s": 0}, "export_timeout_s must be"),
+        ({"export_timeout_s": True}, "export_timeout_s must be"),
         ({"layout": "/nonexistent/layout.json"}, "no such file"),
         ({"dump_dir": ""}, "non-empty path"),
         ("on", "must be a JSON object"),

@@ -1,7 +1,10 @@
-"""Counts export over a real Gloo group: two real processes, real torch.distributed."""
+"""Counts export over real Gloo groups: real processes, real torch.distributed, the plugin's own
+per-export group over the world's store, run on a thread the way a worker runs it."""
 
 import json
+import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -10,6 +13,7 @@ import torch.multiprocessing as mp
 from vllm_scene_eplb.formats import read_counts
 
 SHAPE = (4, 3, 8)
+DEADLINE_S = 3.0
 
 
 def _free_port() -> int:
@@ -19,20 +23,24 @@ def _free_port() -> int:
 
 
 def _worker(rank, port, dump_dir, scenario, out_dir):
-    from vllm_scene_eplb.errors import SceneEplbError
-    from vllm_scene_eplb.runtime.export import export_counts
+    from vllm_scene_eplb.runtime.export import Exporter, export_group
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        group = dist.new_group([0, 1], backend="gloo")
+        exporter = Exporter(lambda export_id: export_group(export_id, rank, 2, DEADLINE_S))
         local = torch.full(SHAPE, rank + 1, dtype=torch.int32)
         if scenario == "bad_shape" and rank == 1:
             local = torch.zeros((4, 3, 9), dtype=torch.int32)
-        try:
-            path = export_counts(local, group, dump_dir, {"role": "prefill", "model": "tiny"}, SHAPE)
-            result = {"path": str(path)}
-        except SceneEplbError as exc:
-            result = {"error": str(exc)}
+        if scenario in ("absent", "late") and rank == 1:
+            time.sleep(DEADLINE_S + 2)  # rank 1 is stuck in a step (or dead) while rank 0 exports
+            if scenario == "absent":
+                return
+        t0 = time.monotonic()
+        job = exporter.begin("e1", local, os.path.join(dump_dir, "counts-e1.npz"), {"role": "prefill", "model": "tiny"}, SHAPE)
+        began_s = time.monotonic() - t0
+        while exporter.job("e1").state == "running":
+            time.sleep(0.05)
+        result = {**job.to_dict(), "began_s": began_s, "waited_s": time.monotonic() - t0}
         with open(f"{out_dir}/rank{rank}.json", "w") as fh:
             json.dump(result, fh)
     finally:
@@ -41,15 +49,15 @@ def _worker(rank, port, dump_dir, scenario, out_dir):
 
 def _run(tmp_path, scenario, dump_dir):
     mp.spawn(_worker, args=(_free_port(), str(dump_dir), scenario, str(tmp_path)), nprocs=2, join=True)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
 
 
 def test_sum_over_gloo_and_rank0_writes_one_verified_file(tmp_path):
     dump = tmp_path / "dumps"
     results = _run(tmp_path, "ok", dump)
-    assert results[0] == results[1] and "path" in results[0]
-    files = list(dump.iterdir())
-    assert len(files) == 1
+    assert [r["state"] for r in results] == ["done", "done"] and results[0]["path"] == results[1]["path"]
+    assert all(r["began_s"] < 1.0 for r in results)  # begin() hands the work to a thread and returns
+    assert [f.name for f in dump.iterdir()] == ["counts-e1.npz"]
     counts = read_counts(results[0]["path"])
     assert (counts.data == 3).all() and counts.data.shape == SHAPE  # 1 + 2, summed exactly once
     assert counts.meta["ranks_summed"] == 2 and counts.meta["role"] == "prefill"
@@ -58,7 +66,7 @@ def test_sum_over_gloo_and_rank0_writes_one_verified_file(tmp_path):
 def test_a_bad_rank_fails_every_rank_and_writes_nothing(tmp_path):
     dump = tmp_path / "dumps"
     results = _run(tmp_path, "bad_shape", dump)
-    assert all("error" in r for r in results)
+    assert [r["state"] for r in results] == ["failed", "failed"]
     assert "rank 1" in results[1]["error"] and "another rank" in results[0]["error"]
     assert not dump.exists() or not list(dump.iterdir())
 
@@ -67,4 +75,19 @@ def test_a_failed_write_on_rank0_is_an_error_everywhere(tmp_path):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("x")
     results = _run(tmp_path, "ok", blocker / "sub")
-    assert all("error" in r and "rank 0" in r["error"] for r in results)
+    assert all(r["state"] == "failed" and "rank 0" in r["error"] for r in results)
+
+
+def test_a_rank_that_never_joins_fails_the_export_at_the_deadline(tmp_path):
+    dump = tmp_path / "dumps"
+    results = _run(tmp_path, "absent", dump)
+    assert len(results) == 1 and results[0]["state"] == "failed"
+    assert DEADLINE_S - 0.5 <= results[0]["waited_s"] <= DEADLINE_S + 5  # an error at the deadline, not a hang
+    assert not dump.exists() or not list(dump.iterdir())
+
+
+def test_a_rank_that_joins_after_the_deadline_fails_too_and_nothing_is_written(tmp_path):
+    dump = tmp_path / "dumps"
+    results = _run(tmp_path, "late", dump)
+    assert [r["state"] for r in results] == ["failed", "failed"]
+    assert not dump.exists() or not list(dump.iterdir())

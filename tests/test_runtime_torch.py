@@ -8,7 +8,7 @@ from vllm_scene_eplb.dispatch import dynamic_tables, static_table
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.layout import Geometry, Layout
 from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.replica_map import layer_maps
+from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps
 
 
 def test_observer_counts_passes_once_and_skips_padding_and_dummies():
@@ -78,6 +78,20 @@ def test_static_map_follows_the_core_table_by_row_split():
     # rows 0-2 come from rank 0, rows 3-5 from rank 1
     assert phys == [table[1, 0, 0]] * 3 + [table[1, 1, 1]] * 3
     assert phys[3:] == [6, 6, 6]  # expert 1 has a replica on rank 1 (slot 6): rank 1's rows use it
+
+
+def test_static_map_under_dp_uses_the_ranks_own_row_of_the_table():
+    """DP attention (DP2 x TP1): each rank routes only its own tokens, so all its rows take its own
+    row of the static table; with DP2 x TP2 the rows split over the DP rank's two TP ranks."""
+    layout = _layout()
+    table = static_table(layout.physical_to_logical_map, layout.geometry)
+    ids = torch.tensor([[1]] * 4)
+    for rank in (0, 1):
+        phys = layer_maps(layout, "static", source=SourceRanks(rank, 1))[1](ids).flatten().tolist()
+        assert phys == [table[1, rank, 1]] * 4
+    assert table[1, 0, 1] != table[1, 1, 1]  # the two ranks really choose different replicas here
+    with pytest.raises(ValueError, match="do not fit ep_size"):
+        layer_maps(layout, "static", source=SourceRanks(1, 2))
 
 
 def test_dynamic_map_spreads_rows_evenly():

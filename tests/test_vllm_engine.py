@@ -43,11 +43,8 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(workdir):
-    out = workdir / "tiny-qwen3-moe"
-    subprocess.run([sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(out), "--experts", str(EXPERTS),
-                    "--top-k", str(TOP_K), "--layers", str(LAYERS)], check=True, capture_output=True)
-    return out
+def tiny_model(tiny_moe):
+    return tiny_moe
 
 
 @pytest.fixture(scope="module")

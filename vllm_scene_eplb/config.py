@@ -1,7 +1,7 @@
 """The plugin's settings: the ``scene_eplb`` object in vLLM's ``--additional-config``, validated.
 
-    --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512,
-                          "dump_dir": "/data/eplb", "layout": "layout.json", "dispatch": "static"}}'
+    --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512, "dump_dir": "/data/eplb",
+                          "export_timeout_s": 30, "layout": "layout.json", "dispatch": "static"}}'
 
 Absent object = plugin off. Unknown keys and bad values fail at startup with a clear message.
 """
@@ -20,6 +20,8 @@ CONFIG_KEY = "scene_eplb"
 ROLES = ("prefill", "decode", "auto")
 DEFAULT_RING_ENTRIES = 512
 MAX_RING_ENTRIES = 1 << 16
+DEFAULT_EXPORT_TIMEOUT_S = 30.0
+MAX_EXPORT_TIMEOUT_S = 3600.0
 # Keys renamed since an earlier release: named in the error instead of "unknown key".
 RENAMED = {"buffer_slots": "ring_entries"}
 # kv_transfer_config.kv_role -> role, for role "auto".
@@ -33,6 +35,7 @@ class PluginConfig:
     role: str = "auto"
     ring_entries: int = DEFAULT_RING_ENTRIES  # forward passes the recorder's ring keeps
     dump_dir: str = os.path.join(tempfile.gettempdir(), "scene-eplb")
+    export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S  # every wait of one export, rendezvous included
     layout: str | None = None
     dispatch: str = "static"
 
@@ -68,7 +71,7 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         raw = {}
     if not isinstance(raw, dict):
         raise SceneEplbError(f"additional_config.{CONFIG_KEY} must be a JSON object (or true), got {type(raw).__name__}")
-    known = {"role", "ring_entries", "dump_dir", "layout", "dispatch"}
+    known = {"role", "ring_entries", "dump_dir", "export_timeout_s", "layout", "dispatch"}
     unknown = sorted(set(raw) - known)
     renamed = [k for k in unknown if k in RENAMED]
     if renamed:
@@ -81,6 +84,9 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     entries = raw.get("ring_entries", DEFAULT_RING_ENTRIES)
     if not isinstance(entries, int) or isinstance(entries, bool) or not 1 <= entries <= MAX_RING_ENTRIES:
         raise SceneEplbError(f"{CONFIG_KEY}.ring_entries must be an integer in [1, {MAX_RING_ENTRIES}], got {entries!r}")
+    timeout = raw.get("export_timeout_s", DEFAULT_EXPORT_TIMEOUT_S)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 1 <= timeout <= MAX_EXPORT_TIMEOUT_S:
+        raise SceneEplbError(f"{CONFIG_KEY}.export_timeout_s must be a number of seconds in [1, {MAX_EXPORT_TIMEOUT_S:g}], got {timeout!r}")
     dispatch = raw.get("dispatch", "static")
     if dispatch not in DISPATCH_ALGORITHMS:
         raise SceneEplbError(f"{CONFIG_KEY}.dispatch must be one of {', '.join(DISPATCH_ALGORITHMS)}, got {dispatch!r}")
@@ -90,4 +96,5 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     layout = raw.get("layout")
     if layout is not None and not os.path.isfile(layout):
         raise SceneEplbError(f"{CONFIG_KEY}.layout: no such file: {layout}")
-    return PluginConfig(role=role, ring_entries=entries, dump_dir=raw.get("dump_dir", PluginConfig.dump_dir), layout=layout, dispatch=dispatch)
+    return PluginConfig(role=role, ring_entries=entries, dump_dir=raw.get("dump_dir", PluginConfig.dump_dir),
+                        export_timeout_s=float(timeout), layout=layout, dispatch=dispatch)

@@ -29,9 +29,19 @@ ROUTES = (
 ROUTE_BY_ACTION = {r.action: r for r in ROUTES}
 ACTIONS = tuple(ROUTE_BY_ACTION)
 
-# What GET /scene_eplb/status answers (and each control action after it succeeds).
-STATUS_KEYS = ("plugin_version", "engine", "model", "role", "ep_size", "layout_hash", "layout_path", "redundant_slots",
-               "dispatch", "observer", "recording", "ring_entries", "entries_written", "passes_recorded", "moe_layers")
+# What each worker reports; GET /scene_eplb/status answers EP rank 0's, plus RANKS_KEY and AGREE_KEY.
+STATUS_KEYS = ("plugin_version", "engine", "model", "role", "ep_size", "ep_rank", "dp_rank", "tp_rank", "layout_hash",
+               "layout_path", "redundant_slots", "dispatch", "observer", "recording", "ring_entries", "entries_written",
+               "passes_recorded", "moe_layers")
+# Every rank's view, one entry per worker, under this key of the status answer.
+RANKS_KEY = "ranks"
+RANK_KEYS = ("ep_rank", "dp_rank", "tp_rank", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written",
+             "passes_recorded")
+# True when every rank agrees on these keys (what a run's audit relies on).
+AGREE_KEY = "ranks_agree"
+AGREEMENT_KEYS = ("layout_hash", "redundant_slots", "dispatch", "observer", "ring_entries", "ep_size")
+# The worker action the dump route polls an export with (not a route of its own).
+EXPORT_STATUS_ACTION = "export_status"
 # The status keys a dump file's metadata carries (besides what the export adds).
 DUMP_META_KEYS = ("model", "role", "moe_layers", "ep_size", "layout_hash", "dispatch", "passes_recorded", "engine",
                   "plugin_version")
@@ -58,3 +68,12 @@ def parse_startup_lines(text: str) -> list[dict]:
     """Every startup line in a log, as the status keys it carries (None for "none")."""
     return [{"role": m[0], "observer": m[1], "layout_hash": None if m[2] == "none" else m[2], "redundant_slots": int(m[3]),
              "dispatch": None if m[4] == "none" else m[4]} for m in _LINE_RE.findall(text)]
+
+
+def aggregate_status(statuses: list[dict]) -> dict:
+    """The status route's answer from every worker's status: EP rank 0's, every rank's view under
+    ``RANKS_KEY`` (in EP rank order) and whether they agree under ``AGREE_KEY``."""
+    ranked = sorted(statuses, key=lambda st: st.get("ep_rank", 0))
+    first = ranked[0]
+    return {**first, RANKS_KEY: [{k: st.get(k) for k in RANK_KEYS} for st in ranked],
+            AGREE_KEY: all(st.get(k) == first.get(k) for st in ranked for k in AGREEMENT_KEYS)}

@@ -3,7 +3,8 @@
 Reads the plugin's status route and, optionally, the server log's startup lines (one per worker;
 where the plugin has no routes, as on vLLM-Ascend, the log alone),
 and checks: the loaded layout hash equals the intended file's, the redundant slots and dispatch
-algorithm are as intended, and the recorder is off for a measurement run.
+algorithm are as intended, the recorder is off for a measurement run, and every rank (all DP
+engines' workers) agrees with EP rank 0 on them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from ..errors import SceneEplbError
 from ..formats import read_layout
-from ..protocol import AUDITED_KEYS, OBSERVER_RECORDING, parse_startup_lines
+from ..protocol import AGREE_KEY, AGREEMENT_KEYS, AUDITED_KEYS, OBSERVER_RECORDING, RANKS_KEY, parse_startup_lines
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,12 @@ def audit(status: dict, layout_path: str | None, dispatch: str | None, recorder:
         checks.append(_check("dispatch algorithm", dispatch if layout else None, status.get("dispatch")))
     if recorder:
         checks.append(_check("recorder", recorder, OBSERVER_RECORDING if status.get("recording") else status.get("observer")))
+    ranks = status.get(RANKS_KEY)
+    if ranks is not None:  # the status route: the checks above read EP rank 0; agreement extends them to every rank
+        differ = sorted({k for r in ranks for k in AGREEMENT_KEYS if k in r and r[k] != status.get(k)})
+        checks.append(Check("every rank agrees", bool(status.get(AGREE_KEY)),
+                            f"{len(ranks)} rank(s) (EP ranks {[r.get('ep_rank') for r in ranks]}) report the same "
+                            f"{', '.join(AGREEMENT_KEYS)}" if status.get(AGREE_KEY) else f"ranks differ in {', '.join(differ) or 'a key'}"))
     if log_path:
         records = log_records(log_path)
         if not records:

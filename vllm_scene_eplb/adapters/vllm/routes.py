@@ -1,25 +1,47 @@
 """The ``vllm.endpoint_plugins`` entry point: recorder control routes at SGLang's names, plus status
 (the paths are in ``protocol.ROUTES``).
 
-Each route calls ``scene_eplb_control`` on every worker (collective_rpc) and answers rank 0's
-result. Misuse answers 409 with ``{"error": ...}`` and the server keeps serving. The dump path is
-chosen by the workers inside the configured ``dump_dir``; a request cannot name one. The routes
-honour ``--api-key`` / ``VLLM_API_KEY`` (vLLM's own middleware guards only /v1-style paths).
+Each route calls ``scene_eplb_control`` on every worker of every DP engine (collective_rpc through
+each engine core) and answers for all of them: ``status`` is EP rank 0's status plus every rank's
+view and whether they agree (``protocol.aggregate_status``). A worker answers between its own
+steps and never waits for a peer, so no route can hold an engine inside a collective: ``dump``
+starts the export on every rank (each rank's part runs on a thread over its own Gloo group) and
+then polls the ranks until all are done or one failed, within the export deadline
+(``scene_eplb.export_timeout_s``) plus a margin. Every wait has a deadline; an engine that does
+not answer in time is a 504 naming the action, misuse a 409, a failed export a 500 with every
+rank's reason, and in every case the server keeps serving. The dump path is chosen by the workers
+inside the configured ``dump_dir``; a request cannot name one. The routes honour ``--api-key`` /
+``VLLM_API_KEY`` (vLLM's own middleware guards only /v1-style paths).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import secrets
+import time
 from argparse import Namespace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ...config import plugin_enabled
-from ...protocol import ROUTES
+from ...config import PluginConfig, parse_config
+from ...protocol import EXPORT_STATUS_ACTION, ROUTES, aggregate_status
 from .version import check_engine_version
 
-RPC_TIMEOUT_S = 300.0
+CONTROL = "scene_eplb_control"
+CALL_TIMEOUT_S = 60.0  # one control call: a worker answers between two steps
+DUMP_MARGIN_S = 15.0  # beyond the export deadline, for the ranks to report
+POLL_S = 0.2
+
+
+class RouteError(Exception):
+    """An answer other than 200: its HTTP status and message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
 
 
 class SceneEplbEndpoints:
@@ -31,18 +53,18 @@ class SceneEplbEndpoints:
     def __init__(self) -> None:
         self.engine_client = None
         self.verifier = None
+        self.config: PluginConfig | None = None
 
     def attach_router(self, app: FastAPI) -> None:
         for route in ROUTES:
             app.add_api_route(route.path, self._handler(route.action), methods=["GET", "POST"], name=f"scene_eplb_{route.action}")
 
     async def init_state(self, engine_client, state, args: Namespace) -> None:
-        import json
-
         raw = getattr(args, "additional_config", None)
         if isinstance(raw, str):
             raw = json.loads(raw) if raw else None
-        if plugin_enabled(raw):
+        self.config = parse_config(raw)
+        if self.config is not None:
             check_engine_version()  # refuse to serve with an adapter written for another vLLM
         self.engine_client = engine_client
         tokens = [k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k]
@@ -51,6 +73,68 @@ class SceneEplbEndpoints:
 
             self.verifier = AuthenticationMiddleware(None, tokens)
 
+    # ------------------------------------------------------------ calls to every worker
+
+    async def _workers(self, action: str, *args, timeout: float = CALL_TIMEOUT_S) -> list[dict]:
+        """Every worker's answer, across every DP engine (each engine core runs collective_rpc on its
+        own workers); RouteError when an engine does not answer within ``timeout``.
+
+        The deadline is kept here, by no longer waiting, never by the engine: a collective_rpc that
+        times out inside vLLM's multiprocess executor leaves the worker's late answer in its queue,
+        where the engine core then reads it as a step's output and dies."""
+        core = getattr(self.engine_client, "engine_core", None)
+        try:
+            if hasattr(core, "call_utility_all_async"):
+                call = core.call_utility_all_async("collective_rpc", CONTROL, None, (action, *args), None)
+                results = [r for engine in await asyncio.wait_for(call, timeout) for r in engine]
+            else:
+                call = self.engine_client.collective_rpc(CONTROL, args=(action, *args))
+                results = list(await asyncio.wait_for(call, timeout))
+        except asyncio.TimeoutError:
+            raise RouteError(504, f"{action}: not every engine answered within {timeout:.0f} s (an engine is stuck or "
+                                  "gone); the server keeps serving") from None
+        except Exception as exc:  # noqa: BLE001 - the engine answered with an error; keep serving
+            raise RouteError(500, f"{action} failed in the engine: {exc}") from None
+        if not results or not all(isinstance(r, dict) for r in results):
+            raise RouteError(500, f"unexpected worker answer {results!r}")
+        return results
+
+    async def _all_ok(self, action: str, *args, timeout: float = CALL_TIMEOUT_S) -> list[dict]:
+        """Every worker's answer when all succeeded; else the first refusal (the same on every rank)."""
+        results = await self._workers(action, *args, timeout=timeout)
+        refused = [r for r in results if not r.get("ok")]
+        if refused:
+            errors = sorted({r.get("error") for r in refused})
+            partial = f" ({len(results) - len(refused)} of {len(results)} ranks accepted it)" if len(refused) < len(results) else ""
+            raise RouteError(refused[0].get("http_status", 409), "; ".join(errors) + partial)
+        return [{k: v for k, v in r.items() if k != "ok"} for r in results]
+
+    async def _dump(self) -> dict:
+        """Start the export on every rank, then poll until every rank is done, one failed, or the deadline."""
+        export_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+        timeout = (self.config.export_timeout_s if self.config else PluginConfig.export_timeout_s) + DUMP_MARGIN_S
+        deadline = time.monotonic() + timeout
+        started = await self._all_ok("dump", export_id, timeout=min(CALL_TIMEOUT_S, timeout))
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RouteError(504, f"dump {export_id}: not every rank finished its export within {timeout:.0f} s; "
+                                      "no file is kept; the server keeps serving")
+            jobs = await self._all_ok(EXPORT_STATUS_ACTION, export_id, timeout=left)
+            failed = sorted({j["error"] for j in jobs if j["state"] == "failed"})
+            if failed:
+                raise RouteError(500, f"dump {export_id} failed: {'; '.join(failed)}; no file was written")
+            if all(j["state"] == "done" for j in jobs):
+                first = min(started, key=lambda r: r.get("ep_rank", 0))
+                return {**first, "state": "done", "ranks": len(jobs), "export_seconds": max(j["export_seconds"] for j in jobs),
+                        "local_total": sum(r["local_total"] for r in started)}
+            await asyncio.sleep(min(POLL_S, max(left, 0)))
+
+    async def _answer(self, action: str) -> dict:
+        if action == "dump":
+            return await self._dump()
+        return aggregate_status(await self._all_ok(action))
+
     def _handler(self, action: str):
         async def handle(request: Request) -> JSONResponse:
             if self.verifier is not None and not self.verifier.verify_token(request.headers):
@@ -58,15 +142,9 @@ class SceneEplbEndpoints:
             if self.engine_client is None:
                 return JSONResponse({"error": "no engine behind this server"}, status_code=503)
             try:
-                results = await self.engine_client.collective_rpc("scene_eplb_control", timeout=RPC_TIMEOUT_S, args=(action,))
-            except Exception as exc:  # noqa: BLE001 - the engine answered with an error; keep serving
-                return JSONResponse({"error": f"{action} failed in the engine: {exc}"}, status_code=500)
-            result = results[0] if isinstance(results, list) and results else results
-            if not isinstance(result, dict):
-                return JSONResponse({"error": f"unexpected worker answer {result!r}"}, status_code=500)
-            if not result.get("ok"):
-                return JSONResponse({"error": result.get("error")}, status_code=result.get("http_status", 409))
-            return JSONResponse({k: v for k, v in result.items() if k != "ok"})
+                return JSONResponse(await self._answer(action))
+            except RouteError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
         handle.__name__ = f"scene_eplb_{action}"
         return handle

