@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,3 +50,29 @@ def tiny_moe(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(out), "--experts", "8", "--top-k", "2",
                     "--layers", "2"], check=True, capture_output=True)
     return out
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    """`scene-eplb ARGS`, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)
+
+
+def plugin_flag(**cfg) -> list[str]:
+    """The plugin's flag with settings ``cfg``."""
+    return ["--additional-config", json.dumps({"scene_eplb": cfg})]
+
+
+def layout_for_another_ep_size_stops_startup(model, workdir, name: str, engine_args, experts: int, layers: int) -> str:
+    """Start a server with a layout made for EP=4 (the tests run EP=2); it must exit. Returns its log."""
+    from vllm_scene_eplb.formats import write_layout
+    from vllm_scene_eplb.harness.local_server import start_server
+    from vllm_scene_eplb.layout import Geometry, Layout, linear_map
+
+    g = Geometry(num_experts=experts, num_redundant=0, ep_size=4)
+    bad = write_layout(Layout(linear_map(g, layers), g), workdir / f"{name}-ep4.json")
+    srv = start_server(model, workdir, name, engine_args=engine_args, extra=plugin_flag(layout=str(bad)))
+    try:
+        assert srv.proc.wait(timeout=300) != 0
+    finally:
+        srv.stop()
+    return srv.log_text()

@@ -84,3 +84,25 @@ def test_cli_compare_json_and_checksum(tmp_path):
     paths[1].write_text(paths[1].read_text().replace('"completed": 4', '"completed": 5', 1))
     res = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "compare", *map(str, paths)], capture_output=True, text=True)
     assert res.returncode == 2 and "checksum mismatch" in res.stderr and "Traceback" not in res.stderr
+
+
+def _dp_status(dp: int, tp: int) -> dict:
+    ranks = [{"ep_rank": d * tp + t, "dp_rank": d, "tp_rank": t} for d in range(dp) for t in range(tp)]
+    return {"ep_size": dp * tp, "ranks": ranks}
+
+
+def test_cards_default_to_the_servers_ranks_in_dp_and_never_fall_below_them():
+    from vllm_scene_eplb.harness.bench import resolve_cards
+
+    open_scene = Scene("s", 4, 2, float("inf"), 100, 3)
+    scene, source = resolve_cards(open_scene, _dp_status(16, 1))
+    assert scene.cards == 16 and "DP16-TP1-EP16" in source  # the field P node: 16 cards, not 1
+    assert resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3, cards=32), _dp_status(16, 1)) == (
+        Scene("s", 4, 2, float("inf"), 100, 3, cards=32), "--cards")  # P + D cards given
+    with pytest.raises(SceneEplbError, match="fewer than the 4 ranks"):
+        resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3, cards=2), _dp_status(2, 2))
+    with pytest.raises(SceneEplbError, match="--cards is needed"):
+        resolve_cards(open_scene, {"model": NOT_OBSERVED})
+    raw = _raw()
+    assert summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=16))["output_throughput_per_card"] == pytest.approx(
+        summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=1))["output_throughput_per_card"] / 16)

@@ -14,12 +14,11 @@ import sys
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.formats import read_counts, read_layout, write_layout
-from vllm_scene_eplb.layout import Geometry, Layout, linear_map
+from vllm_scene_eplb.formats import read_counts, read_layout
 
-from vllm_scene_eplb.harness.local_server import http, start_server
+from vllm_scene_eplb.harness.local_server import ENGINE_ARGS, http, start_server
 
-from .conftest import require_vllm
+from .conftest import cli, layout_for_another_ep_size_stops_startup, plugin_flag, require_vllm
 
 pytestmark = pytest.mark.engine
 
@@ -33,7 +32,7 @@ API_KEY = "scene-secret"
 
 
 def _plugin_args(**cfg) -> list[str]:
-    return ["--enable-expert-parallel", "--additional-config", json.dumps({"scene_eplb": cfg})]
+    return ["--enable-expert-parallel", *plugin_flag(**cfg)]
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +49,8 @@ def tiny_model(tiny_moe):
 @pytest.fixture(scope="module")
 def baseline(tiny_model, workdir):
     """Greedy outputs of TP=2 with no plugin loaded at all (stock vLLM CPU cannot run EP: SPEC §5)."""
-    srv = start_server(tiny_model, workdir, "baseline", plugins=False)
-    try:
-        srv.wait_ready()
+    with start_server(tiny_model, workdir, "baseline", plugins=False) as srv:
         return srv.complete(PROMPTS, MAX_TOKENS)
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +74,7 @@ def recorded(tiny_model, workdir):
         obs["dump"] = call("/dump_expert_distribution_record", body={"path": "/tmp/elsewhere.npz"})
         obs["status"] = _cli(srv.url, "status")
         obs["after_misuse_outputs"] = srv.complete(PROMPTS[:1], MAX_TOKENS)
-        obs["bench_with_key"] = _scene_eplb("bench", "--url", srv.url, "--model", srv.model, "--scene", "keyed", "-n", 4,
+        obs["bench_with_key"] = cli("bench", "--url", srv.url, "--model", srv.model, "--scene", "keyed", "-n", 4,
                                             "-c", 2, "--input-len", 32, "--output-len", 2, "-o", workdir / "keyed.json",
                                             "--api-key", API_KEY, "--json", "-q")
         obs["log"] = srv.log_text()
@@ -106,10 +101,6 @@ def fitted_layout(recorded, workdir):
     return out
 
 
-def _scene_eplb(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)
-
-
 def _layout_server(tiny_model, workdir, layout, dispatch, role):
     srv = start_server(tiny_model, workdir, f"layout-{dispatch}",
                        extra=_plugin_args(role=role, layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")))
@@ -118,9 +109,9 @@ def _layout_server(tiny_model, workdir, layout, dispatch, role):
         outputs = srv.complete(PROMPTS, MAX_TOKENS)
         run = {"outputs": outputs, "status": http("GET", srv.url + "/scene_eplb/status")}
         if dispatch == "static":
-            run["audit_ok"] = _scene_eplb("audit", "--url", srv.url, "--layout", layout, "--dispatch", "static", "--log", srv.log)
-            run["audit_bad"] = _scene_eplb("audit", "--url", srv.url, "--layout", layout, "--dispatch", "dynamic", "--json")
-            run["bench"] = _scene_eplb("bench", "--url", srv.url, "--model", srv.model, "--scene", "smoke", "-n", 8, "-c", 4,
+            run["audit_ok"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "static", "--log", srv.log)
+            run["audit_bad"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "dynamic", "--json")
+            run["bench"] = cli("bench", "--url", srv.url, "--model", srv.model, "--scene", "smoke", "-n", 8, "-c", 4,
                                        "--input-len", 64, "--output-len", 4, "--cards", 2, "-o", workdir / "bench.json", "--json", "-q")
         run["start"] = http("POST", srv.url + "/start_expert_distribution_record")
         run["log"] = srv.log_text()
@@ -174,7 +165,7 @@ def test_bench_sends_the_api_key(recorded):
 
 
 def test_bench_against_no_server_is_one_clean_error(tmp_path):
-    res = _scene_eplb("bench", "--url", "http://127.0.0.1:9", "--model", "/nonexistent-model", "--scene", "s", "-n", 1, "-c", 1,
+    res = cli("bench", "--url", "http://127.0.0.1:9", "--model", "/nonexistent-model", "--scene", "s", "-n", 1, "-c", 1,
                       "--input-len", 8, "--output-len", 1, "-o", tmp_path / "r.json", "-q")
     assert res.returncode == 2 and "scene-eplb: error: vllm bench serve failed" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "r.json").exists()
@@ -242,12 +233,6 @@ def test_decode_role_has_no_recorder(dynamic_run):
 
 
 def test_layout_for_another_geometry_stops_startup(tiny_model, workdir):
-    g = Geometry(num_experts=EXPERTS, num_redundant=0, ep_size=4)
-    bad = write_layout(Layout(linear_map(g, LAYERS), g), workdir / "ep4.json")
-    srv = start_server(tiny_model, workdir, "bad-layout", extra=_plugin_args(layout=str(bad)))
-    try:
-        assert srv.proc.wait(timeout=300) != 0
-    finally:
-        srv.stop()
-    log = srv.log_text()
+    log = layout_for_another_ep_size_stops_startup(tiny_model, workdir, "bad-layout", ENGINE_ARGS + ("--enable-expert-parallel",),
+                                                   EXPERTS, LAYERS)
     assert "scene_eplb.layout does not fit this server" in log and "ep_size 4" in log

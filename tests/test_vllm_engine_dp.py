@@ -13,17 +13,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.formats import read_counts, read_layout, write_layout
+from vllm_scene_eplb.formats import read_counts, read_layout
 from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
-from vllm_scene_eplb.layout import Geometry, Layout, linear_map
+
+from .conftest import cli, layout_for_another_ep_size_stops_startup, plugin_flag
 
 pytestmark = pytest.mark.engine
 
@@ -37,14 +36,6 @@ EXPORT_TIMEOUT_S = 5
 DP2 = engine_args("dp2") + ("--enable-expert-parallel",)
 
 
-def _flag(**cfg) -> list[str]:
-    return ["--additional-config", json.dumps({"scene_eplb": cfg})]
-
-
-def _scene_eplb(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("engine-dp")
@@ -53,12 +44,8 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tiny_moe, workdir):
     """Greedy outputs of one worker without the plugin (TP=1): what every DP run must reproduce."""
-    srv = start_server(tiny_moe, workdir, "reference", plugins=False, engine_args=engine_args("tp1"))
-    try:
-        srv.wait_ready()
+    with start_server(tiny_moe, workdir, "reference", plugins=False, engine_args=engine_args("tp1")) as srv:
         return {"short": srv.complete(PROMPTS, MAX_TOKENS), "long": srv.complete(PROMPTS, LONG_TOKENS)}
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +53,7 @@ def recorded(tiny_moe, workdir):
     """One DP=2 recording server through the workflow, with a dump under load and a stuck peer."""
     dump_dir = workdir / "dumps"
     srv = start_server(tiny_moe, workdir, "dp-recording", engine_args=DP2,
-                       extra=_flag(role="prefill", ring_entries=64, dump_dir=str(dump_dir), export_timeout_s=EXPORT_TIMEOUT_S))
+                       extra=plugin_flag(role="prefill", ring_entries=64, dump_dir=str(dump_dir), export_timeout_s=EXPORT_TIMEOUT_S))
     post = lambda path: http("POST", srv.url + path)  # noqa: E731
     obs: dict = {"dump_dir": dump_dir}
     try:
@@ -167,18 +154,18 @@ def test_a_stuck_peer_is_an_error_not_a_hang_and_the_server_keeps_serving(refere
 @pytest.fixture(scope="module")
 def fitted_layout(recorded, workdir):
     out = workdir / "layout.json"
-    res = _scene_eplb("fit", recorded["dump"][1]["path"], "--ep-size", 2, "--redundant", 2, "-o", out, "-q")
+    res = cli("fit", recorded["dump"][1]["path"], "--ep-size", 2, "--redundant", 2, "-o", out, "-q")
     assert res.returncode == 0, res.stderr
     return out
 
 
 def _layout_run(tiny_moe, workdir, layout, dispatch):
     srv = start_server(tiny_moe, workdir, f"dp-layout-{dispatch}", engine_args=DP2,
-                       extra=_flag(role="prefill", layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")))
+                       extra=plugin_flag(role="prefill", layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")))
     try:
         srv.wait_ready()
         run = {"outputs": srv.complete(PROMPTS, MAX_TOKENS), "status": http("GET", srv.url + "/scene_eplb/status")[1]}
-        run["audit"] = _scene_eplb("audit", "--url", srv.url, "--layout", layout, "--dispatch", dispatch, "--log", srv.log, "--json")
+        run["audit"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", dispatch, "--log", srv.log, "--json")
         return run
     finally:
         srv.stop()
@@ -199,12 +186,5 @@ def test_every_dp_engine_loads_the_layout_and_outputs_are_unchanged(dispatch, ti
 
 
 def test_a_layout_for_another_ep_size_stops_a_dp_server(tiny_moe, workdir):
-    g = Geometry(num_experts=EXPERTS, num_redundant=0, ep_size=4)
-    bad = write_layout(Layout(linear_map(g, LAYERS), g), workdir / "ep4.json")
-    srv = start_server(tiny_moe, workdir, "dp-bad-layout", engine_args=DP2, extra=_flag(layout=str(bad)))
-    try:
-        assert srv.proc.wait(timeout=300) != 0
-    finally:
-        srv.stop()
-    log = srv.log_text()
+    log = layout_for_another_ep_size_stops_startup(tiny_moe, workdir, "dp-bad-layout", DP2, EXPERTS, LAYERS)
     assert "scene_eplb.layout does not fit this server" in log and "ep_size 4" in log

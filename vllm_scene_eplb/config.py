@@ -1,7 +1,9 @@
 """The plugin's settings: the ``scene_eplb`` object in vLLM's ``--additional-config``, validated.
 
     --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512, "dump_dir": "/data/eplb",
-                          "export_timeout_s": 30, "layout": "layout.json", "dispatch": "static"}}'
+                          "export_timeout_s": 30, "layout": "layout.json", "dispatch": "static",
+                          "live_window_s": 10, "drift_margin": 0.05, "drift_windows": 3,
+                          "live_per_layer_metrics": false}}'
 
 Absent object = plugin off. Unknown keys and bad values fail at startup with a clear message.
 """
@@ -22,6 +24,13 @@ DEFAULT_RING_ENTRIES = 512
 MAX_RING_ENTRIES = 1 << 16
 DEFAULT_EXPORT_TIMEOUT_S = 30.0
 MAX_EXPORT_TIMEOUT_S = 3600.0
+# Numeric settings: key -> (default, low, high, integer?)
+NUMBERS = {
+    "export_timeout_s": (DEFAULT_EXPORT_TIMEOUT_S, 1.0, MAX_EXPORT_TIMEOUT_S, False),
+    "live_window_s": (10.0, 1.0, 3600.0, False),  # seconds per live-fitness window
+    "drift_margin": (0.05, 0.001, 10.0, False),  # the alarm line: expected median x (1 + margin)
+    "drift_windows": (3, 1, 1000, True),  # consecutive windows over the line before the alarm
+}
 # Keys renamed since an earlier release: named in the error instead of "unknown key".
 RENAMED = {"buffer_slots": "ring_entries"}
 # kv_transfer_config.kv_role -> role, for role "auto".
@@ -36,6 +45,10 @@ class PluginConfig:
     ring_entries: int = DEFAULT_RING_ENTRIES  # forward passes the recorder's ring keeps
     dump_dir: str = os.path.join(tempfile.gettempdir(), "scene-eplb")
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S  # every wait of one export, rendezvous included
+    live_window_s: float = NUMBERS["live_window_s"][0]
+    drift_margin: float = NUMBERS["drift_margin"][0]
+    drift_windows: int = NUMBERS["drift_windows"][0]
+    live_per_layer_metrics: bool = False
     layout: str | None = None
     dispatch: str = "static"
 
@@ -71,7 +84,7 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         raw = {}
     if not isinstance(raw, dict):
         raise SceneEplbError(f"additional_config.{CONFIG_KEY} must be a JSON object (or true), got {type(raw).__name__}")
-    known = {"role", "ring_entries", "dump_dir", "export_timeout_s", "layout", "dispatch"}
+    known = {"role", "ring_entries", "dump_dir", "layout", "dispatch", "live_per_layer_metrics", *NUMBERS}
     unknown = sorted(set(raw) - known)
     renamed = [k for k in unknown if k in RENAMED]
     if renamed:
@@ -84,9 +97,17 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     entries = raw.get("ring_entries", DEFAULT_RING_ENTRIES)
     if not isinstance(entries, int) or isinstance(entries, bool) or not 1 <= entries <= MAX_RING_ENTRIES:
         raise SceneEplbError(f"{CONFIG_KEY}.ring_entries must be an integer in [1, {MAX_RING_ENTRIES}], got {entries!r}")
-    timeout = raw.get("export_timeout_s", DEFAULT_EXPORT_TIMEOUT_S)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 1 <= timeout <= MAX_EXPORT_TIMEOUT_S:
-        raise SceneEplbError(f"{CONFIG_KEY}.export_timeout_s must be a number of seconds in [1, {MAX_EXPORT_TIMEOUT_S:g}], got {timeout!r}")
+    numbers = {}
+    for key, (default, low, high, integer) in NUMBERS.items():
+        value = raw.get(key, default)
+        kinds = (int,) if integer else (int, float)
+        if not isinstance(value, kinds) or isinstance(value, bool) or not low <= value <= high:
+            raise SceneEplbError(f"{CONFIG_KEY}.{key} must be {'an integer' if integer else 'a number'} in [{low:g}, {high:g}], "
+                                 f"got {value!r}")
+        numbers[key] = value if integer else float(value)
+    per_layer = raw.get("live_per_layer_metrics", False)
+    if not isinstance(per_layer, bool):
+        raise SceneEplbError(f"{CONFIG_KEY}.live_per_layer_metrics must be true or false, got {per_layer!r}")
     dispatch = raw.get("dispatch", "static")
     if dispatch not in DISPATCH_ALGORITHMS:
         raise SceneEplbError(f"{CONFIG_KEY}.dispatch must be one of {', '.join(DISPATCH_ALGORITHMS)}, got {dispatch!r}")
@@ -97,4 +118,4 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     if layout is not None and not os.path.isfile(layout):
         raise SceneEplbError(f"{CONFIG_KEY}.layout: no such file: {layout}")
     return PluginConfig(role=role, ring_entries=entries, dump_dir=raw.get("dump_dir", PluginConfig.dump_dir),
-                        export_timeout_s=float(timeout), layout=layout, dispatch=dispatch)
+                        layout=layout, dispatch=dispatch, live_per_layer_metrics=per_layer, **numbers)

@@ -17,6 +17,7 @@ from .counts import Counts
 from .dispatch import DISPATCH_ALGORITHMS
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
+from .fitness import EXPECTED_KEY, expected_balancedness
 from .layout import Geometry, Layout, linear_map, replica_counts, same_rank_duplicates
 from .score import balance, ideal_score, per_pass_score, static_slot_loads
 
@@ -353,11 +354,13 @@ def fit(counts: Counts, options: FitOptions) -> Layout:
     p2l = fit_map(train, options)
     moe = counts.meta.get("moe_layers")
     moe_layers = tuple(moe) if moe is not None else tuple(int(i) for i in counts.active_layers())
+    layout = Layout(p2l, g, moe_layers=moe_layers)
     return Layout(
         p2l,
         g,
         moe_layers=moe_layers,
         meta={
+            EXPECTED_KEY: expected_balancedness(layout, counts.total(), options.dispatch),
             "fingerprint": fingerprint(counts.digest(), options),
             "fitter": FITTER_VERSION,
             "source_counts_sha256": counts.digest(),

@@ -40,8 +40,12 @@ RANK_KEYS = ("ep_rank", "dp_rank", "tp_rank", "observer", "layout_hash", "redund
 # True when every rank agrees on these keys (what a run's audit relies on).
 AGREE_KEY = "ranks_agree"
 AGREEMENT_KEYS = ("layout_hash", "redundant_slots", "dispatch", "observer", "ring_entries", "ep_size")
-# The worker action the dump route polls an export with (not a route of its own).
+# Worker actions behind the routes (not routes of their own): the dump route polls an export with
+# the first; the live-fitness poller reads every rank's cumulative counts with the second.
 EXPORT_STATUS_ACTION = "export_status"
+LIVE_ACTION = "live"
+# The status answer's live-fitness object (see ``fitness.LiveFitness.to_dict``).
+LIVE_KEY = "live"
 # The status keys a dump file's metadata carries (besides what the export adds).
 DUMP_META_KEYS = ("model", "role", "moe_layers", "ep_size", "layout_hash", "dispatch", "passes_recorded", "engine",
                   "plugin_version")

@@ -23,7 +23,8 @@ def add_arguments(p) -> None:
     p.add_argument("--input-len", type=int, required=True)
     p.add_argument("--output-len", type=int, required=True)
     p.add_argument("--prefix-share", type=float, default=0.0, help="share of each prompt that is a common prefix (cache scene)")
-    p.add_argument("--cards", type=int, default=1, help="all P + D cards: throughput per card divides by this")
+    p.add_argument("--cards", type=int, help="all P + D cards: throughput per card divides by this (default: the "
+                   "server's own DP x TP ranks, from its status route; never fewer than those)")
     p.add_argument("--repeats", type=int, default=1, help="runs; >= 2 gives a mean and a 95%% confidence interval")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", help="for the manifest (default NOT_OBSERVED)")

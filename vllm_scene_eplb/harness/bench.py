@@ -14,14 +14,14 @@ import io
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..client.record import call
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes, doc_checksum
 from ..protocol import STATUS_KEYS
-from .results import NOT_OBSERVED, RESULT_FORMAT, Scene, aggregate, summarise
+from .results import NOT_OBSERVED, RESULT_FORMAT, Scene, aggregate, server_geometry, summarise
 
 
 def serve_args(scene: Scene, url: str, model: str, result_dir: Path, tag: str) -> list[str]:
@@ -70,11 +70,30 @@ def server_status(url: str, api_key: str | None = None) -> dict:
         return {k: NOT_OBSERVED for k in STATUS_KEYS}
 
 
+def resolve_cards(scene: Scene, status: dict) -> tuple[Scene, str]:
+    """The scene with its card count settled, and where that count came from. Without ``--cards``
+    it is the server's own ranks (DP x TP workers, from the status route); a count below them
+    would inflate per-card throughput and is refused."""
+    geo = server_geometry(status)
+    if scene.cards is None:
+        if geo is None:
+            raise SceneEplbError("--cards is needed: the server has no scene_eplb status route to count its ranks")
+        return replace(scene, cards=geo["ranks"]), (f"the server's {geo['ranks']} rank(s), {geo['name']} (this server only: "
+                                                    "pass --cards with every P and D card of a disaggregated deployment)")
+    if geo is not None and scene.cards < geo["ranks"]:
+        raise SceneEplbError(f"--cards {scene.cards} is fewer than the {geo['ranks']} ranks this server runs on ({geo['name']}): "
+                             "per-card throughput would be inflated")
+    return scene, "--cards"
+
+
 def manifest(scene: Scene, status: dict, extra: dict) -> dict:
     """Everything that defines a run; `compare` refuses or warns from these fields."""
+    geo = server_geometry(status)
     return {"scene": asdict(scene), "model": extra.get("model") or status.get("model", NOT_OBSERVED),
             "quantization": extra.get("quantization") or NOT_OBSERVED, "role": status.get("role", NOT_OBSERVED),
-            "chunk_size": extra.get("chunk_size") or NOT_OBSERVED, "parallel": extra.get("parallel") or NOT_OBSERVED,
+            "chunk_size": extra.get("chunk_size") or NOT_OBSERVED,
+            "parallel": extra.get("parallel") or (geo["name"] if geo else NOT_OBSERVED),
+            "cards_source": extra.get("cards_source", NOT_OBSERVED),
             "ep_size": status.get("ep_size", NOT_OBSERVED), "redundant_slots": status.get("redundant_slots", NOT_OBSERVED),
             "layout_hash": status.get("layout_hash", NOT_OBSERVED), "dispatch": status.get("dispatch", NOT_OBSERVED),
             "recorder": status.get("observer", NOT_OBSERVED), "server_status": status,
@@ -85,6 +104,7 @@ def bench(url: str, model: str, scene: Scene, out: Path, repeats: int = 1, api_k
           extra: dict | None = None, progress=print) -> dict:
     """Run ``scene`` ``repeats`` times; write ``out`` (result JSON) atomically; return it."""
     status = server_status(url, api_key)
+    scene, cards_source = resolve_cards(scene, status)
     if status.get("recording") is True:
         progress("scene-eplb: warning: the server's recorder is ON: this is not a measurement run")
     work = out.parent / (out.stem + ".runs")
@@ -94,7 +114,7 @@ def bench(url: str, model: str, scene: Scene, out: Path, repeats: int = 1, api_k
         progress(f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})")
         raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log", api_key)
         runs.append(summarise(raw, scene))
-    doc = {"format": RESULT_FORMAT, "version": 1, "manifest": manifest(scene, status, {"model": model, **(extra or {})}),
+    doc = {"format": RESULT_FORMAT, "version": 1, "manifest": manifest(scene, status, {"model": model, "cards_source": cards_source, **(extra or {})}),
            "runs": runs, "aggregate": aggregate(runs)}
     doc = json.loads(json.dumps(doc, default=str))
     doc["checksum"] = doc_checksum(doc)

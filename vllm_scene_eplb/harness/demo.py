@@ -1,9 +1,10 @@
 """The end-to-end demo on CPU: record a scene on a real vLLM server, fit a layout, restart with it, A/B.
 
-    python -m vllm_scene_eplb.harness.demo --out out/demo [--skew 0.3] [--num-prompts 1400]
+    python -m vllm_scene_eplb.harness.demo --out out/demo [--geometry tp2|dp2] [--skew 0.3] [--num-prompts 1400]
 
 1. generate a tiny Qwen3-MoE (16 experts, 4 MoE layers, large experts) with a skewed router;
-2. start it with the plugin (TP=2, EP=2, P role), warm up, record the target load, dump;
+2. start it with the plugin (TP=2 x EP=2, or ``--geometry dp2``: the field geometry in miniature,
+   DP=2 x TP=1 x EP=2), P role, warm up, record the target load, dump;
 3. fit a layout (2 redundant slots, static dispatch) and write the report with heat maps;
 4. measure the target load on the linear layout (recorder off), restart with the fitted layout, same load;
 5. compare, and write ``report/summary.json`` with ``prefill_throughput_ratio`` (fitted / linear).
@@ -25,21 +26,23 @@ from ..layout import Geometry
 from ..report import write_report
 from .bench import bench
 from .compare import chart_png, compare, markdown
-from .local_server import ENGINE_ARGS, start_server
+from .local_server import GEOMETRIES, engine_args, start_server
 from .results import NOT_OBSERVED, Scene
 from .tiny_model import TinyMoeSpec, make_tiny_moe
 
 DEMO_SPEC = dict(num_experts=16, num_layers=4, hidden_size=256, moe_intermediate_size=1024)
 # Later flags win: 4096-token chunks and 2048-token contexts for the 512-token scene.
-ENGINE = ENGINE_ARGS + ("--max-num-batched-tokens", "4096", "--max-model-len", "2048", "--enable-expert-parallel")
+DEMO_ARGS = ("--max-num-batched-tokens", "4096", "--max-model-len", "2048", "--enable-expert-parallel")
+GEOMETRY_NAMES = {"tp2": "TP=2 x EP=2 (DP=1)", "dp2": "DP=2 x TP=1 x EP=2 (the field geometry in miniature)"}
 
 
 def say(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
 
 
-def _server(model: Path, out: Path, name: str, cfg: dict):
-    srv = start_server(model, out / "logs", name, extra=["--additional-config", json.dumps({"scene_eplb": cfg})], engine_args=ENGINE)
+def _server(model: Path, out: Path, name: str, cfg: dict, geometry: str):
+    srv = start_server(model, out / "logs", name, extra=["--additional-config", json.dumps({"scene_eplb": cfg})],
+                       engine_args=engine_args(geometry) + DEMO_ARGS)
     t0 = time.time()
     srv.wait_ready()
     say(f"{name} server ready in {time.time() - t0:.0f}s ({srv.url})")
@@ -49,15 +52,17 @@ def _server(model: Path, out: Path, name: str, cfg: dict):
 def _measure(srv, model: Path, scene: Scene, out: Path, name: str, repeats: int) -> dict:
     if call(srv.url, "status").get("recording"):
         raise SystemExit("demo: the recorder must be off for a measurement run")
-    doc = bench(srv.url, str(model), scene, out / f"{name}.json", repeats, extra={"parallel": "TP2-EP2", "chunk_size": 4096},
+    doc = bench(srv.url, str(model), scene, out / f"{name}.json", repeats, extra={"chunk_size": 4096},
                 progress=say)
     agg = doc["aggregate"]
     say(f"{name}: prefill {agg['prefill_throughput_per_card']['mean']:.0f} tok/s/card, window {agg['window_s']:.0f}s")
     return doc
 
 
-def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: int, redundant: int, repeats: int = 1) -> dict:
+def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: int, redundant: int, repeats: int = 1,
+        geometry: str = "tp2") -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    say(f"geometry {GEOMETRY_NAMES[geometry]}")
     (out / "logs").mkdir(exist_ok=True)
     model = make_tiny_moe(out / "model", TinyMoeSpec(**DEMO_SPEC, skew=skew))
     say(f"generated {model} (skew {skew})")
@@ -66,7 +71,7 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     record_load = Scene("record", 8 * concurrency, concurrency, float("inf"), input_len, 4, cards=2, seed=2)
     dumps = out / "dumps"
 
-    srv = _server(model, out, "linear", {"role": "prefill", "dump_dir": str(dumps)})
+    srv = _server(model, out, "linear", {"role": "prefill", "dump_dir": str(dumps)}, geometry)
     try:
         bench(srv.url, str(model), small, out / "warmup.json", progress=say)
         call(srv.url, "start")
@@ -86,7 +91,8 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     scores = ev.summary()
     say(f"fitted {layout}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}")
 
-    srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static"})
+    srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static"},
+                  geometry)
     try:
         bench(srv.url, str(model), small, out / "warmup-fitted.json", progress=say)
         b = _measure(srv, model, target, out, "fitted", repeats)
@@ -102,12 +108,13 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     if row["ratio"] == NOT_OBSERVED:
         row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
     summary = {"prefill_throughput_ratio": row["ratio"], "prefill_metric": row["metric"], "verdict": row["verdict"], "skew": skew,
+               "geometry": GEOMETRY_NAMES[geometry], "parallel": a["manifest"]["parallel"],
                "layout_hash": fitted.digest(), "counts": dump["path"], "comparison": c.to_dict(),
                "manifests": {"linear": a["manifest"], "fitted": b["manifest"]}}
     atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())
     print(text)
-    print(f"prefill throughput fitted / linear: {row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')}"
-          f" ({row['metric']}); report in {report}")
+    print(f"prefill throughput fitted / linear on {GEOMETRY_NAMES[geometry]}: "
+          f"{row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')} ({row['metric']}); report in {report}")
     return summary
 
 
@@ -120,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--redundant", type=int, default=2, help="redundant slots of the fitted layout")
     ap.add_argument("--repeats", type=int, default=1, help="measured runs per side (>= 2 gives confidence intervals)")
+    ap.add_argument("--geometry", choices=[g for g in GEOMETRIES if g in GEOMETRY_NAMES], default="tp2",
+                    help="tp2: TP=2 x EP=2 (default); dp2: DP=2 x TP=1 x EP=2, the field P node's DP x EP in miniature")
     a = ap.parse_args(argv)
-    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats)
+    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats, a.geometry)
     return 0
 
 

@@ -92,6 +92,18 @@ class Server:
             raise RuntimeError(f"completion failed: HTTP {status}: {out}")
         return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
 
+    def __enter__(self) -> "Server":
+        """``with start_server(...) as srv``: ready on entry, stopped on exit."""
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def worker_pid(self, name: str) -> int:
         """PID of the server's process whose title is ``VLLM::<name>`` (e.g. ``Worker_DP1_EP1``)."""
         import psutil
@@ -115,10 +127,12 @@ class Server:
 
 
 def start_server(model: Path, workdir: Path, name: str, extra: list[str] = (), plugins: bool = True,
-                 api_key: str | None = None, engine_args: tuple[str, ...] = ENGINE_ARGS) -> Server:
-    """Start a server on a free port, logging to ``workdir/name.log``; call ``wait_ready`` next."""
+                 api_key: str | None = None, engine_args: tuple[str, ...] = ENGINE_ARGS, cores: str = "0|1") -> Server:
+    """Start a server on a free port, logging to ``workdir/name.log``; call ``wait_ready`` next (or use
+    it in a ``with``). ``cores`` binds its workers' threads (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``: one
+    entry per worker, ``|``-separated)."""
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1",
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "VLLM_PLUGINS": "scene_eplb" if plugins else ""}
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port), *engine_args, *extra]
     if api_key:

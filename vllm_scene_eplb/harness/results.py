@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import SceneEplbError
 from ..fileio import doc_checksum
+from ..protocol import RANKS_KEY
 
 NOT_OBSERVED = "NOT_OBSERVED"
 STEADY_MIN_S = 60.0
@@ -43,11 +44,12 @@ class Scene:
     input_len: int
     output_len: int
     prefix_share: float = 0.0
-    cards: int = 1
+    cards: int | None = None  # all P + D cards; None: the server's own ranks (``bench`` resolves it)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.num_prompts < 1 or self.concurrency < 1 or self.input_len < 1 or self.output_len < 1 or self.cards < 1:
+        if (self.num_prompts < 1 or self.concurrency < 1 or self.input_len < 1 or self.output_len < 1
+                or (self.cards is not None and self.cards < 1)):
             raise SceneEplbError("scene: N, C, input/output lengths and cards must be >= 1")
         if not (self.request_rate > 0):
             raise SceneEplbError("scene: request rate must be > 0 (inf = all at once)")
@@ -57,6 +59,15 @@ class Scene:
     @property
     def prefix_len(self) -> int:
         return int(round(self.input_len * self.prefix_share))
+
+
+def server_geometry(status: dict) -> dict | None:
+    """The server's ranks, DP, TP and EP size from its status route's per-rank list (None without one)."""
+    ranks = status.get(RANKS_KEY)
+    if not isinstance(ranks, list) or not ranks:
+        return None
+    dp, tp = 1 + max(r.get("dp_rank") or 0 for r in ranks), 1 + max(r.get("tp_rank") or 0 for r in ranks)
+    return {"ranks": len(ranks), "dp": dp, "tp": tp, "ep": status.get("ep_size"), "name": f"DP{dp}-TP{tp}-EP{status.get('ep_size')}"}
 
 
 def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
@@ -80,6 +91,8 @@ def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
 
 def summarise(result: dict, scene: Scene) -> dict:
     """Per-card metrics of one vllm bench serve result; NOT_OBSERVED where it gave nothing."""
+    if scene.cards is None:
+        raise SceneEplbError("scene: the number of cards is not known (pass --cards)")
     dur = result.get("duration")
     out: dict = {"completed": result.get("completed", NOT_OBSERVED), "failed": result.get("failed", NOT_OBSERVED),
                  "duration_s": dur if dur else NOT_OBSERVED}

@@ -125,17 +125,18 @@ class Exporter:
         return job
 
     def _run(self, job: ExportJob, snapshot: torch.Tensor, meta: dict, shape) -> None:
+        state, error = "done", None
         try:
             group = self._make_group(job.export_id)
-            export_counts(snapshot, group, job.path, meta, shape)
-            job.state = "done"
+            try:
+                export_counts(snapshot, group, job.path, meta, shape)
+            finally:
+                del group  # its Gloo threads end here, before the job reports its end (a process may exit then)
         except Exception as exc:  # noqa: BLE001 - a Gloo timeout or a peer's failure: reported, never raised here
-            job.error = str(exc) if isinstance(exc, SceneEplbError) else f"{type(exc).__name__}: {exc}"
-            job.state = "failed"
-        finally:
-            job.seconds = round(time.monotonic() - job.started, 4)
-            with self._lock:
-                self._running = None
+            state, error = "failed", str(exc) if isinstance(exc, SceneEplbError) else f"{type(exc).__name__}: {exc}"
+        with self._lock:
+            job.error, job.seconds, job.state = error, round(time.monotonic() - job.started, 4), state
+            self._running = None
 
     def job(self, export_id: str) -> ExportJob:
         with self._lock:

@@ -12,28 +12,42 @@ not answer in time is a 504 naming the action, misuse a 409, a failed export a 5
 rank's reason, and in every case the server keeps serving. The dump path is chosen by the workers
 inside the configured ``dump_dir``; a request cannot name one. The routes honour ``--api-key`` /
 ``VLLM_API_KEY`` (vLLM's own middleware guards only /v1-style paths).
+
+Live fitness: with the flag on, a background task reads every rank's cumulative live counts each
+``live_window_s``, sums the ranks that count each token once, scores the window with the loaded
+layout and dispatch (``fitness.LiveFitness``), logs the drift alarm's changes, sets the gauges on
+``/metrics`` (``metrics``) and answers the status route's ``live`` object.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import time
 from argparse import Namespace
 
+import numpy as np
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ...config import PluginConfig, parse_config
-from ...protocol import EXPORT_STATUS_ACTION, ROUTES, aggregate_status
+from ...errors import SceneEplbError
+from ...fitness import LiveFitness
+from ...formats import GeometryHint, read_layout
+from ...protocol import EXPORT_STATUS_ACTION, LIVE_ACTION, LIVE_KEY, ROUTES, aggregate_status
+from . import metrics
 from .version import check_engine_version
+
+logger = logging.getLogger("vllm.scene_eplb")
 
 CONTROL = "scene_eplb_control"
 CALL_TIMEOUT_S = 60.0  # one control call: a worker answers between two steps
 DUMP_MARGIN_S = 15.0  # beyond the export deadline, for the ranks to report
-POLL_S = 0.2
+POLL_S = (0.1, 1.0)  # first and longest pause between polls of the ranks (doubling): each poll is a call to every worker
 
 
 class RouteError(Exception):
@@ -54,6 +68,8 @@ class SceneEplbEndpoints:
         self.engine_client = None
         self.verifier = None
         self.config: PluginConfig | None = None
+        self.live: LiveFitness | None = None
+        self._live_task: asyncio.Task | None = None
 
     def attach_router(self, app: FastAPI) -> None:
         for route in ROUTES:
@@ -67,6 +83,8 @@ class SceneEplbEndpoints:
         if self.config is not None:
             check_engine_version()  # refuse to serve with an adapter written for another vLLM
         self.engine_client = engine_client
+        if self.config is not None:
+            self._live_task = asyncio.get_running_loop().create_task(self._live_loop(), name="scene-eplb-live")
         tokens = [k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k]
         if tokens:
             from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
@@ -115,6 +133,7 @@ class SceneEplbEndpoints:
         timeout = (self.config.export_timeout_s if self.config else PluginConfig.export_timeout_s) + DUMP_MARGIN_S
         deadline = time.monotonic() + timeout
         started = await self._all_ok("dump", export_id, timeout=min(CALL_TIMEOUT_S, timeout))
+        pause = POLL_S[0]
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -128,12 +147,48 @@ class SceneEplbEndpoints:
                 first = min(started, key=lambda r: r.get("ep_rank", 0))
                 return {**first, "state": "done", "ranks": len(jobs), "export_seconds": max(j["export_seconds"] for j in jobs),
                         "local_total": sum(r["local_total"] for r in started)}
-            await asyncio.sleep(min(POLL_S, max(left, 0)))
+            await asyncio.sleep(min(pause, max(left, 0)))
+            pause = min(2 * pause, POLL_S[1])
 
     async def _answer(self, action: str) -> dict:
         if action == "dump":
             return await self._dump()
-        return aggregate_status(await self._all_ok(action))
+        answer = aggregate_status(await self._all_ok(action))
+        return {**answer, LIVE_KEY: self.live.to_dict() if self.live is not None else None}
+
+    # ------------------------------------------------------------ live fitness
+
+    async def _live_loop(self) -> None:
+        """Every window: read, score, alarm, publish. Never raises: a missed window is logged and skipped."""
+        window = self.config.live_window_s
+        while True:
+            await asyncio.sleep(window)
+            try:
+                await self._live_window(window)
+            except (RouteError, SceneEplbError) as exc:
+                logger.warning("scene-eplb: live fitness window skipped: %s", exc)
+            except Exception:  # noqa: BLE001 - the poller must outlive any one bad window
+                logger.exception("scene-eplb: live fitness window failed")
+
+    async def _live_window(self, window: float) -> None:
+        answers = await self._all_ok(LIVE_ACTION, timeout=window)
+        counting = [a for a in answers if a["contributes"]]
+        cumulative = np.sum([np.asarray(a["counts"], dtype=np.int64) for a in counting], axis=0)
+        if self.live is None:
+            self.live = await self._live_view(cumulative.shape[1])
+        line = self.live.observe(cumulative, sum(a["passes"] for a in counting), time.monotonic())
+        if line:
+            (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
+        metrics.publish(self.live.to_dict(), self.config.live_per_layer_metrics)
+
+    async def _live_view(self, num_experts: int) -> LiveFitness:
+        """The live view of what this server loaded (its layout, or the linear one), from rank 0's status."""
+        st = aggregate_status(await self._all_ok("status"))
+        layout = None
+        if st["layout_path"]:
+            layout = read_layout(st["layout_path"], GeometryHint(ep_size=st["ep_size"], num_experts=num_experts))
+        return LiveFitness.for_server(layout, num_experts, st["ep_size"], st["dispatch"], tuple(st["moe_layers"]),
+                                      self.config.drift_margin, self.config.drift_windows)
 
     def _handler(self, action: str):
         async def handle(request: Request) -> JSONResponse:

@@ -21,7 +21,7 @@ from ...config import PluginConfig, kv_role_of, parse_config
 from ...errors import SceneEplbError
 from ...layout import Layout
 from ...model_geometry import ModelGeometry, from_hf_config
-from ...protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, startup_line
+from ...protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION, startup_line
 from ...runtime.export import Exporter, export_group
 from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver, RoutingObserver
@@ -161,18 +161,19 @@ class WorkerRuntime:
                                          f"{None if emap is None else emap.numel()}; the layout needs slots {own[0]}-{own[-1]} "
                                          f"of {g.num_physical}")
                 r.router._scene_eplb_map = maps[int(r.layer_id)]
-        if self.role == "prefill":
-            self.observer = RoutingObserver(len(runners), self.model.num_experts, self.config.ring_entries, device)
-            padding = getattr(model_runner, "is_padding", None)
-            for idx, r in enumerate(runners):
-                r.router.set_capture_fn(functools.partial(self.observer.capture, idx, padding_rows=padding))
+        # Every role captures (live fitness); only the prefill role records (the ring, start/stop/dump).
+        self.observer = RoutingObserver(len(runners), self.model.num_experts, self.config.ring_entries, device,
+                                        records=self.role == "prefill", role=self.role)
+        padding = getattr(model_runner, "is_padding", None)
+        for idx, r in enumerate(runners):
+            r.router.set_capture_fn(functools.partial(self.observer.capture, idx, padding_rows=padding))
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
 
     # ------------------------------------------------------------ control (collective_rpc)
 
     def control(self, action: str, *args) -> dict:
-        """start | stop | dump EXPORT_ID | export_status EXPORT_ID | status. Returns between steps at
-        once, never waits for a peer and never raises: errors come back as ``{"ok": False, ...}``."""
+        """start | stop | dump EXPORT_ID | export_status EXPORT_ID | live | status. Returns between steps
+        at once, never waits for a peer and never raises: errors come back as ``{"ok": False, ...}``."""
         try:
             if action == "status":
                 return {"ok": True, **self.status()}
@@ -184,11 +185,22 @@ class WorkerRuntime:
                 return {"ok": True, **self._begin_dump(*args)}
             elif action == EXPORT_STATUS_ACTION:
                 return {"ok": True, **self.exporter.job(*args).to_dict()}
+            elif action == LIVE_ACTION:
+                return {"ok": True, **self._live()}
             else:
                 raise SceneEplbError(f"unknown action {action!r}")
             return {"ok": True, **self.status()}
         except (SceneEplbError, TypeError) as exc:
             return {"ok": False, "error": str(exc), "http_status": 409}
+
+    def _live(self) -> dict:
+        """This rank's cumulative live counts [L_moe, E] (MoE layers in order) and whether they count."""
+        live = self.observer.live_counts()
+        if live is None:
+            raise SceneEplbError("the model is not bound yet: no live counts")
+        counts, passes = live
+        return {"counts": counts.tolist(), "passes": passes, "contributes": self.contributes, "ep_rank": self.ep_rank,
+                "moe_layers": self.moe_layer_ids}
 
     def _begin_dump(self, export_id: str) -> dict:
         """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread."""

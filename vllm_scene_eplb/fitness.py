@@ -1,0 +1,137 @@
+"""Live layout fitness: how well the loaded layout balances the traffic a server serves now, against
+what it was fitted to expect, and a drift alarm (pure numpy; the adapters feed it live counts).
+
+- ``expected_balancedness``: what ``fit`` stores in a layout (``meta[EXPECTED_KEY]``): the median
+  and worst MoE layer of max/mean rank load on its own scene under its dispatch algorithm.
+- ``layer_balancedness``: the same per layer for any counts, with the loaded layout (or the linear
+  layout when none is loaded) and its dispatch algorithm.
+- ``DriftAlarm``: fires when the live median exceeds the expected median by more than ``margin``
+  for ``windows`` consecutive windows (never without an expectation, never during warm-up), clears
+  when a window comes back under it; each change is one log line that says what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .layout import Geometry, Layout, linear_map
+from .score import dispatch_score
+
+EXPECTED_KEY = "expected_balancedness"
+
+
+def layer_balancedness(layout: Layout | None, weights: np.ndarray, geometry: Geometry, dispatch: str) -> np.ndarray:
+    """Max/mean rank load per MoE layer for counts ``weights`` [L_moe, E] (MoE layers in order):
+    the layout's MoE rows, or the linear layout of ``geometry`` when ``layout`` is None."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if len(weights) == 0:
+        return np.zeros(0)
+    p2l = linear_map(geometry, len(weights)) if layout is None else layout.physical_to_logical_map[list(layout.moe_layers)]
+    return dispatch_score(p2l, weights, geometry, dispatch)
+
+
+def expected_balancedness(layout: Layout, total: np.ndarray, dispatch: str) -> dict:
+    """What ``layout`` scores on its own scene (``total`` [L, E] on the layout's layer axis); None
+    values when the scene routed nothing (no expectation, so no drift alarm)."""
+    per_layer = layer_balancedness(layout, np.asarray(total)[list(layout.moe_layers)], layout.geometry, dispatch)
+    if per_layer.size == 0:
+        return {"dispatch": dispatch, "median": None, "worst": None}
+    return {"dispatch": dispatch, "median": float(np.median(per_layer)), "worst": float(per_layer.max())}
+
+
+@dataclass
+class DriftAlarm:
+    """Consecutive-window drift detection against the layout's expected median balancedness."""
+
+    expected_median: float | None
+    margin: float = 0.05  # fires above expected * (1 + margin)
+    windows: int = 3  # consecutive windows over the line
+    warmup_windows: int = 1  # first windows with traffic that never count
+    drift: bool = False
+    over: int = 0
+    seen: int = 0
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def threshold(self) -> float | None:
+        return None if self.expected_median is None else self.expected_median * (1 + self.margin)
+
+    def update(self, live_median: float) -> str | None:
+        """Take one window's live median; returns the log line of a state change, else None."""
+        self.seen += 1
+        if self.threshold is None or self.seen <= self.warmup_windows:
+            return None
+        self.over = self.over + 1 if live_median > self.threshold else 0
+        if not self.drift and self.over >= self.windows:
+            self.drift = True
+            return (f"scene-eplb: DRIFT: live median balancedness {live_median:.4f} is above the layout's expected "
+                    f"{self.expected_median:.4f} by {100 * (live_median / self.expected_median - 1):.1f}% (margin "
+                    f"{100 * self.margin:.0f}%) for {self.over} windows: the traffic no longer matches the scene the "
+                    "layout was fitted to; record the new scene (scene-eplb record start/stop/dump on a P node) and refit")
+        if self.drift and self.over == 0:
+            self.drift = False
+            return (f"scene-eplb: drift cleared: live median balancedness {live_median:.4f} is back within "
+                    f"{100 * self.margin:.0f}% of the expected {self.expected_median:.4f}")
+        return None
+
+
+@dataclass
+class LiveFitness:
+    """The live view of one server: per window, the balancedness that the loaded layout (the linear
+    layout without one) and its dispatch algorithm give the counts routed since the last window.
+
+    ``observe`` takes the cumulative counts summed over the ranks that count each token once
+    ([L_moe, E], only ever growing) and works on the difference to the previous call, so several
+    pollers never steal each other's windows.
+    """
+
+    layout: Layout | None
+    geometry: Geometry
+    dispatch: str
+    moe_layers: tuple[int, ...]
+    alarm: DriftAlarm
+    expected_worst: float | None = None
+    window_seconds: float = 0.0
+    windows: int = 0
+    passes: int = 0
+    per_layer: np.ndarray | None = None
+    _last: np.ndarray | None = None
+    _last_passes: int = 0
+    _last_time: float | None = None
+
+    @classmethod
+    def for_server(cls, layout: Layout | None, num_experts: int, ep_size: int, dispatch: str | None,
+                   moe_layers: tuple[int, ...], margin: float, windows: int) -> "LiveFitness":
+        """The live view of a server running ``layout`` (None: the linear layout on ``ep_size`` ranks).
+        The layout's expectation counts only if it was fitted for the dispatch the server runs."""
+        expected = (layout.meta.get(EXPECTED_KEY) if layout is not None else None) or {}
+        if expected.get("dispatch") != (dispatch or "dynamic"):
+            expected = {}
+        geometry = layout.geometry if layout is not None else Geometry(num_experts, (-num_experts) % ep_size, ep_size)
+        return cls(layout, geometry, dispatch or "dynamic", tuple(moe_layers),
+                   DriftAlarm(expected.get("median"), margin, windows), expected.get("worst"))
+
+    def observe(self, cumulative: np.ndarray, passes: int, now: float) -> str | None:
+        """One window ending at ``now``; returns the alarm's log line when its state changes."""
+        cumulative = np.asarray(cumulative, dtype=np.int64)
+        last = self._last if self._last is not None else np.zeros_like(cumulative)
+        delta, new_passes = cumulative - last, passes - self._last_passes
+        self.window_seconds = 0.0 if self._last_time is None else now - self._last_time
+        self._last, self._last_passes, self._last_time = cumulative, passes, now
+        if delta.sum() <= 0:
+            return None  # no traffic in this window: nothing to judge
+        self.windows += 1
+        self.passes = int(new_passes)
+        self.per_layer = layer_balancedness(self.layout, delta, self.geometry, self.dispatch)
+        return self.alarm.update(float(np.median(self.per_layer)))
+
+    def to_dict(self) -> dict:
+        """The status route's ``live`` object."""
+        pl = self.per_layer
+        return {"median": None if pl is None else float(np.median(pl)), "worst": None if pl is None else float(pl.max()),
+                "expected_median": self.alarm.expected_median, "expected_worst": self.expected_worst,
+                "drift": self.alarm.drift, "passes": self.passes, "window_seconds": round(self.window_seconds, 3),
+                "windows": self.windows, "threshold": self.alarm.threshold, "dispatch": self.dispatch,
+                "layers": list(self.moe_layers), "per_layer": None if pl is None else [round(float(x), 5) for x in pl]}
