@@ -42,10 +42,11 @@ def _export_worker(rank: int, size: int, port: int, work: str) -> None:
     ring = torch.randint(0, 1000, FIELD_RING, dtype=torch.int32)  # the device ring, on CPU here
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark (Linux)
     before = _rss_kb("VmRSS")
-    exporter = Exporter(lambda export_id: export_group(export_id, rank, size, 600))
+    exporter = Exporter(lambda export_id, timeout_s: export_group(export_id, rank, size, timeout_s))
     t0 = time.perf_counter()
     snapshot = ring.to(torch.int64)  # what a worker hands the exporter: a CPU copy
-    exporter.begin("bench", snapshot, Path(work) / "counts-bench.npz", {"role": "prefill", "model": "bench"}, FIELD_RING)
+    exporter.begin("bench", snapshot, Path(work) / "counts-bench.npz", {"role": "prefill", "model": "bench"}, FIELD_RING,
+                   time.time() + 600)
     while exporter.job("bench").state == "running":
         time.sleep(0.01)
     job = exporter.job("bench")

@@ -27,16 +27,18 @@ def _worker(rank, port, dump_dir, scenario, out_dir):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        exporter = Exporter(lambda export_id: export_group(export_id, rank, 2, DEADLINE_S))
+        exporter = Exporter(lambda export_id, timeout_s: export_group(export_id, rank, 2, timeout_s))
         local = torch.full(SHAPE, rank + 1, dtype=torch.int32)
         if scenario == "bad_shape" and rank == 1:
             local = torch.zeros((4, 3, 9), dtype=torch.int32)
+        deadline = time.time() + DEADLINE_S
         if scenario in ("absent", "late") and rank == 1:
             time.sleep(DEADLINE_S + 2)  # rank 1 is stuck in a step (or dead) while rank 0 exports
             if scenario == "absent":
                 return
         t0 = time.monotonic()
-        job = exporter.begin("e1", local, os.path.join(dump_dir, "counts-e1.npz"), {"role": "prefill", "model": "tiny"}, SHAPE)
+        job = exporter.begin("e1", local, os.path.join(dump_dir, "counts-e1.npz"), {"role": "prefill", "model": "tiny"}, SHAPE,
+                             deadline)
         began_s = time.monotonic() - t0
         while exporter.job("e1").state == "running":
             time.sleep(0.05)

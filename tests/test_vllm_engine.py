@@ -165,10 +165,13 @@ def test_bench_sends_the_api_key(recorded):
 
 
 def test_bench_against_no_server_is_one_clean_error(tmp_path):
-    res = cli("bench", "--url", "http://127.0.0.1:9", "--model", "/nonexistent-model", "--scene", "s", "-n", 1, "-c", 1,
-                      "--input-len", 8, "--output-len", 1, "-o", tmp_path / "r.json", "-q")
+    args = ("bench", "--url", "http://127.0.0.1:9", "--model", "/nonexistent-model", "--scene", "s", "-n", 1, "-c", 1,
+            "--input-len", 8, "--output-len", 1, "-o", tmp_path / "r.json", "-q")
+    res = cli(*args, "--cards", 1)
     assert res.returncode == 2 and "scene-eplb: error: vllm bench serve failed" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "r.json").exists()
+    res = cli(*args)  # without --cards the server's ranks are the count, and there is no server to ask
+    assert res.returncode == 2 and "--cards is needed" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_status_and_startup_log_say_what_runs(recorded):

@@ -31,7 +31,7 @@ RNG = np.random.default_rng(11)
 PROMPTS = [RNG.integers(3, 500, n).tolist() for n in (6, 19, 31, 60)]
 MAX_TOKENS = 8
 RECORDED_TOKENS = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
-LONG_TOKENS = 160  # long enough that the dump below runs while these are being generated
+LONG_TOKENS = 400  # long enough that the dump below runs while these are being generated
 EXPORT_TIMEOUT_S = 5
 DP2 = engine_args("dp2") + ("--enable-expert-parallel",)
 
@@ -71,8 +71,11 @@ def recorded(tiny_moe, workdir):
         long_out: dict = {}
         gen = threading.Thread(target=lambda: long_out.update(out=srv.complete(PROMPTS, LONG_TOKENS)))
         gen.start()
-        time.sleep(2.0)
-        obs["in_flight_status"] = http("GET", srv.url + "/scene_eplb/status")[1]
+        for _ in range(100):  # until both engines are generating
+            obs["in_flight_status"] = http("GET", srv.url + "/scene_eplb/status")[1]
+            if all(r["passes_recorded"] > 0 for r in obs["in_flight_status"]["ranks"]):
+                break
+            time.sleep(0.1)
         post("/stop_expert_distribution_record")
         t0 = time.monotonic()
         obs["dump_under_load"] = post("/dump_expert_distribution_record")

@@ -48,11 +48,13 @@ def _all_ok(group, ok: bool) -> bool:
     return bool(flag.item())
 
 
-def export_counts(local: torch.Tensor, group, path: str | Path, meta: dict, expected_shape: tuple[int, int, int]) -> Path:
+def export_counts(local: torch.Tensor, group, path: str | Path, meta: dict, expected_shape: tuple[int, int, int],
+                  deadline: float | None = None) -> Path:
     """Sum every rank's [T, L, E] counts over ``group`` (Gloo) and have group rank 0 write ``path``.
 
-    ``local`` holds this rank's counts (a rank that must not double-count passes zeros). Returns
-    ``path`` on every rank; raises SceneEplbError on every rank if any rank failed.
+    ``local`` holds this rank's counts (a rank that must not double-count passes zeros). Rank 0
+    writes nothing after ``deadline`` (wall clock). Returns ``path`` on every rank; raises
+    SceneEplbError on every rank if any rank failed.
     """
     rank, size = group.rank(), group.size()
     error = None
@@ -68,6 +70,8 @@ def export_counts(local: torch.Tensor, group, path: str | Path, meta: dict, expe
     path = Path(path)
     if rank == 0:
         try:
+            if deadline is not None and time.time() >= deadline:
+                raise SceneEplbError("the export's deadline passed before the write: nothing written")
             write_counts(Counts(cpu.numpy(), {**meta, "ranks_summed": size}), path)
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             error = exc
@@ -101,8 +105,8 @@ class ExportJob:
 class Exporter:
     """Runs this rank's part of each export on a thread, one export at a time, off the step loop.
 
-    ``make_group(export_id)`` builds the export's group (``export_group`` with this rank's place);
-    ``begin`` returns at once, ``job`` tells how an export stands.
+    ``make_group(export_id, timeout_s)`` builds the export's group (``export_group`` with this rank's
+    place); ``begin`` returns at once, ``job`` tells how an export stands.
     """
 
     def __init__(self, make_group):
@@ -111,8 +115,10 @@ class Exporter:
         self._jobs: dict[str, ExportJob] = {}
         self._running: str | None = None
 
-    def begin(self, export_id: str, snapshot: torch.Tensor, path: Path, meta: dict, shape: tuple[int, int, int]) -> ExportJob:
-        """Start exporting ``snapshot`` (a CPU copy this exporter now owns) as export ``export_id``."""
+    def begin(self, export_id: str, snapshot: torch.Tensor, path: Path, meta: dict, shape: tuple[int, int, int],
+              deadline: float) -> ExportJob:
+        """Start exporting ``snapshot`` (a CPU copy this exporter now owns) as export ``export_id``,
+        to be finished by ``deadline`` (wall clock): every wait of it ends there."""
         with self._lock:
             if export_id in self._jobs:
                 raise SceneEplbError(f"export {export_id} was already started on this rank")
@@ -120,16 +126,16 @@ class Exporter:
                 raise SceneEplbError(f"export {self._running} is still running: wait for it before dumping again")
             job = self._jobs[export_id] = ExportJob(export_id, path, time.monotonic())
             self._running = export_id
-        threading.Thread(target=self._run, args=(job, snapshot, meta, shape), name=f"scene-eplb-export-{export_id}",
+        threading.Thread(target=self._run, args=(job, snapshot, meta, shape, deadline), name=f"scene-eplb-export-{export_id}",
                          daemon=True).start()
         return job
 
-    def _run(self, job: ExportJob, snapshot: torch.Tensor, meta: dict, shape) -> None:
+    def _run(self, job: ExportJob, snapshot: torch.Tensor, meta: dict, shape, deadline: float) -> None:
         state, error = "done", None
         try:
-            group = self._make_group(job.export_id)
+            group = self._make_group(job.export_id, max(0.1, deadline - time.time()))
             try:
-                export_counts(snapshot, group, job.path, meta, shape)
+                export_counts(snapshot, group, job.path, meta, shape, deadline)
             finally:
                 del group  # its Gloo threads end here, before the job reports its end (a process may exit then)
         except Exception as exc:  # noqa: BLE001 - a Gloo timeout or a peer's failure: reported, never raised here

@@ -130,15 +130,18 @@ class SceneEplbEndpoints:
     async def _dump(self) -> dict:
         """Start the export on every rank, then poll until every rank is done, one failed, or the deadline."""
         export_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
-        timeout = (self.config.export_timeout_s if self.config else PluginConfig.export_timeout_s) + DUMP_MARGIN_S
+        export_s = self.config.export_timeout_s if self.config else PluginConfig.export_timeout_s
+        timeout = export_s + DUMP_MARGIN_S
         deadline = time.monotonic() + timeout
-        started = await self._all_ok("dump", export_id, timeout=min(CALL_TIMEOUT_S, timeout))
+        # Every rank gets the export's wall-clock deadline: a rank that receives the request late (its
+        # engine was stuck) starts nothing, and no rank writes after it, so a 504 leaves no file behind.
+        started = await self._all_ok("dump", export_id, time.time() + export_s, timeout=min(CALL_TIMEOUT_S, timeout))
         pause = POLL_S[0]
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RouteError(504, f"dump {export_id}: not every rank finished its export within {timeout:.0f} s; "
-                                      "no file is kept; the server keeps serving")
+                                      "no rank writes after the export's deadline; the server keeps serving")
             jobs = await self._all_ok(EXPORT_STATUS_ACTION, export_id, timeout=left)
             failed = sorted({j["error"] for j in jobs if j["state"] == "failed"})
             if failed:

@@ -202,10 +202,13 @@ class WorkerRuntime:
         return {"counts": counts.tolist(), "passes": passes, "contributes": self.contributes, "ep_rank": self.ep_rank,
                 "moe_layers": self.moe_layer_ids}
 
-    def _begin_dump(self, export_id: str) -> dict:
-        """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread."""
+    def _begin_dump(self, export_id: str, deadline: float) -> dict:
+        """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread, which must
+        finish by ``deadline`` (wall clock); a request that arrives after it starts nothing."""
         import torch
 
+        if time.time() >= deadline:
+            raise SceneEplbError(f"dump {export_id} reached this rank after its deadline: nothing started")
         ring = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
         T, L, E = self.config.ring_entries, self.model.num_layers, self.model.num_experts
         local = torch.zeros((T, L, E), dtype=torch.int64)
@@ -215,12 +218,12 @@ class WorkerRuntime:
         meta = {k: st[k] for k in DUMP_META_KEYS}
         meta.update(ring_wrapped=st["passes_recorded"] > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
-        job = self.exporter.begin(export_id, local, path, meta, (T, L, E))
+        job = self.exporter.begin(export_id, local, path, meta, (T, L, E), deadline)
         return {**job.to_dict(), "ep_rank": self.ep_rank, "shape": [T, L, E], "entries_written": st["entries_written"],
                 "passes_recorded": st["passes_recorded"], "local_total": int(local.sum())}
 
 
-def _export_group(ep_rank: int, ep_size: int, timeout_s: float, export_id: str):
+def _export_group(ep_rank: int, ep_size: int, export_id: str, timeout_s: float):
     return export_group(export_id, ep_rank, ep_size, timeout_s)
 
 
@@ -258,7 +261,7 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
                        pc.data_parallel_size, tp_rank, source, contributes=tp_rank == 0 or seq_parallel,
                        observer=NullObserver(role, cfg.ring_entries))
     # The export sums over every rank of vLLM's EP group (DP x TP), which exists with or without EP.
-    rt.exporter = Exporter(functools.partial(_export_group, ep.rank_in_group, ep.world_size, cfg.export_timeout_s))
+    rt.exporter = Exporter(functools.partial(_export_group, ep.rank_in_group, ep.world_size))
     if cfg.layout:
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
     _current = rt
