@@ -354,16 +354,15 @@ def fit(counts: Counts, options: FitOptions) -> Layout:
     p2l = fit_map(train, options)
     moe = counts.meta.get("moe_layers")
     moe_layers = tuple(moe) if moe is not None else tuple(int(i) for i in counts.active_layers())
-    layout = Layout(p2l, g, moe_layers=moe_layers)
-    return Layout(
+    digest = counts.digest()
+    layout = Layout(
         p2l,
         g,
         moe_layers=moe_layers,
         meta={
-            EXPECTED_KEY: expected_balancedness(layout, counts.total(), options.dispatch),
-            "fingerprint": fingerprint(counts.digest(), options),
+            "fingerprint": fingerprint(digest, options),
             "fitter": FITTER_VERSION,
-            "source_counts_sha256": counts.digest(),
+            "source_counts_sha256": digest,
             "dispatch": options.dispatch,
             "robust": options.robust,
             "expert_groups": options.expert_groups,
@@ -371,3 +370,5 @@ def fit(counts: Counts, options: FitOptions) -> Layout:
             "role": counts.meta.get("role"),
         },
     )
+    layout.meta[EXPECTED_KEY] = expected_balancedness(layout, counts.total(), options.dispatch)
+    return layout
