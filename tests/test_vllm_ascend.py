@@ -115,7 +115,7 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
     """vLLM-Ascend's own init_eplb_config, with generate_log2phy_map replaced: every rank's log2phy
     is our static table row, and no rank routes off-rank when it holds a replica."""
     fresh = load_eplb_utils()  # a second instance: the fixture's keeps their formula for the other tests
-    install_static_dispatch(fresh)
+    install_static_dispatch(fresh, lambda: field_layout)
     n = len(field_layout.moe_layers)
     _, l2p, _ = _their_maps(fresh, exported, n, 16, 256, tp_size=2)
     np.testing.assert_array_equal(l2p, log2phy_static(field_layout))
@@ -202,9 +202,15 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
     """Real VllmConfig (vLLM 0.32, version faked to 0.23) with vLLM-Ascend's own eplb_utils and
     EplbConfig: the plugin writes the expert map, vLLM-Ascend parses it into our per-rank maps, and
     its log2phy is our static table while the config carries the layout, its formula otherwise.
-    A bare SGLang layout (no geometry in the file) works the same; each process logs the audit line."""
+    A bare SGLang layout (no geometry, no fitted table in the file) works the same with the
+    even-split table; each process logs the audit line."""
+    from vllm_scene_eplb.layout import Layout
+
     _, layout, native, root = ascend_model
+    assert layout.static_sources is not None  # fitted for static: the native file carries its table
     path = native if fmt == "native" else write_layout(layout, root / "layout.sglang.json", fmt="sglang")
+    if fmt != "native":
+        layout = Layout(layout.physical_to_logical_map, layout.geometry, layout.moe_layers)
     log = []
     out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}}, log)
     assert f"scene-eplb: role=prefill observer=off layout_hash={layout.digest()} redundant_slots=2 dispatch=static" in log[0]

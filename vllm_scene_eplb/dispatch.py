@@ -2,8 +2,9 @@
 
 Two algorithms (`ep_dispatch_algorithm`), both deterministic so every rank computes the same choice:
 - ``static``: a fixed table per source rank: a replica on the same rank if there is one, else one on
-  the same node, else any, with no replica serving more than ceil(ep / c) source ranks, so the
-  replicas of an expert split its load evenly whatever their placement.
+  the same node, else any. How many source ranks each replica serves is the layout's fitted
+  ``static_sources`` when it has them (the fitter sets them so rank loads balance), else as even as
+  can be: no replica serves more than ceil(ep / c) source ranks.
 - ``dynamic``: per token, replica ``row mod c`` of the expert's c replicas (an even split).
 """
 
@@ -33,21 +34,21 @@ def logical_to_physical(p2l: np.ndarray, num_experts: int) -> tuple[np.ndarray, 
     return l2p, replicas
 
 
-def static_table(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
+def static_table(p2l: np.ndarray, geometry: Geometry, sources: np.ndarray | None = None) -> np.ndarray:
     """Static dispatch table: physical slot chosen by each source rank for each expert, int [L, ep, E].
 
-    Each replica of an expert with c replicas serves at most ceil(ep / c) source ranks, so no
-    replica takes much more than an even share. Within that cap a source rank uses its own
-    replica, else its node's replicas (dealt round-robin in slot order), else the replicas with
-    spare capacity in slot order.
+    A source rank uses its own replica, else its node's replicas, else any replica with spare
+    capacity. Capacity: ``sources`` [L, P] (source ranks per slot, a fitted layout's
+    ``static_sources``), else ceil(ep / c) per replica of an expert with c replicas (dealt
+    round-robin within a node), so no replica takes much more than an even share.
     """
-    l2p, replicas, li, ei, chosen = replicated_static_choices(p2l, geometry)
+    l2p, replicas, li, ei, chosen = replicated_static_choices(p2l, geometry, sources)
     choice = np.repeat(l2p[:, :, :1], geometry.ep_size, axis=2)  # an expert with one replica: every rank uses it
     choice[li, ei] = chosen
     return np.ascontiguousarray(choice.transpose(0, 2, 1))
 
 
-def replicated_static_choices(p2l: np.ndarray, geometry: Geometry):
+def replicated_static_choices(p2l: np.ndarray, geometry: Geometry, sources: np.ndarray | None = None):
     """The static table's rows for replicated experts only (the rest is one slot for all ranks).
 
     Returns (l2p [L, E, W], replicas [L, E], layer [n], expert [n], slot chosen per source rank [n, ep])
@@ -55,8 +56,40 @@ def replicated_static_choices(p2l: np.ndarray, geometry: Geometry):
     """
     l2p, replicas = logical_to_physical(p2l, geometry.num_experts)
     li, ei = np.nonzero(replicas > 1)
-    chosen = _replicated_choices(l2p[li, ei], replicas[li, ei], geometry) if li.size else np.zeros((0, geometry.ep_size), dtype=np.int64)
-    return l2p, replicas, li, ei, chosen
+    if not li.size:
+        return l2p, replicas, li, ei, np.zeros((0, geometry.ep_size), dtype=np.int64)
+    reps = l2p[li, ei]
+    if sources is None:
+        return l2p, replicas, li, ei, _replicated_choices(reps, replicas[li, ei], geometry)
+    capacity = np.where(reps >= 0, np.take_along_axis(sources[li], np.maximum(reps, 0), axis=1), 0)
+    return l2p, replicas, li, ei, _choices_from_sources(reps, capacity, geometry)
+
+
+def _choices_from_sources(reps: np.ndarray, capacity: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """The static choice of every source rank for n replicated experts whose replicas serve
+    ``capacity`` [n, W] source ranks each (summing to ep): reps [n, W] -> slots [n, ep]. A rank
+    holding a replica uses it; the others fill spare capacity on their node, then anywhere, in
+    rank order and slot order."""
+    n, W = reps.shape
+    S, rpn = geometry.slots_per_rank, geometry.ranks_per_node
+    valid = reps >= 0
+    rows = np.arange(n)[:, None]
+    choice = np.full((n, geometry.ep_size), -1, dtype=np.int64)
+    choice[np.broadcast_to(rows, reps.shape)[valid], reps[valid] // S] = reps[valid]
+    spare = np.where(valid, capacity - 1, 0)
+    node_of_rank = geometry.node_of_rank()
+    replica_node = np.where(valid, reps // (S * rpn), -1)
+    passes = [(node_of_rank == node, replica_node == node) for node in range(geometry.num_nodes)] if geometry.num_nodes > 1 else []
+    for rank_mask, replica_mask in passes + [(np.ones(geometry.ep_size, dtype=bool), valid)]:
+        avail = np.where(replica_mask, spare, 0)
+        need = (choice < 0) & rank_mask
+        j = np.cumsum(need, axis=1) - 1  # each needing rank's place in the queue
+        idx = (np.cumsum(avail, axis=1)[:, None, :] <= j[:, :, None]).sum(axis=2)  # the replica with its place
+        take = need & (idx < W)
+        idx = np.minimum(idx, W - 1)
+        choice[take] = np.take_along_axis(reps, idx, axis=1)[take]
+        spare -= np.bincount((rows * W + idx)[take], minlength=n * W).reshape(n, W)
+    return choice
 
 
 def _replicated_choices(reps: np.ndarray, replicas: np.ndarray, geometry: Geometry) -> np.ndarray:

@@ -28,8 +28,11 @@ def layer_balancedness(layout: Layout | None, weights: np.ndarray, geometry: Geo
     weights = np.asarray(weights, dtype=np.float64)
     if len(weights) == 0:
         return np.zeros(0)
-    p2l = linear_map(geometry, len(weights)) if layout is None else layout.physical_to_logical_map[list(layout.moe_layers)]
-    return dispatch_score(p2l, weights, geometry, dispatch)
+    if layout is None:
+        return dispatch_score(linear_map(geometry, len(weights)), weights, geometry, dispatch)
+    rows = list(layout.moe_layers)
+    sources = None if layout.static_sources is None else layout.static_sources[rows]
+    return dispatch_score(layout.physical_to_logical_map[rows], weights, geometry, dispatch, sources)
 
 
 def expected_balancedness(layout: Layout, total: np.ndarray, dispatch: str) -> dict:

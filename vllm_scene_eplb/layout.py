@@ -98,6 +98,22 @@ def map_problems(p2l: np.ndarray, geometry: Geometry) -> list[str]:
     return problems
 
 
+def source_problems(p2l: np.ndarray, sources: np.ndarray, geometry: Geometry) -> list[str]:
+    """Every reason ``sources`` [L, P] is not a static table for ``p2l``: each slot serves at least
+    its own rank, and an expert's slots serve every source rank once (they sum to ep_size)."""
+    if sources.shape != p2l.shape:
+        return [f"static_sources must have the map's shape {list(p2l.shape)}, got {list(sources.shape)}"]
+    if (sources < 1).any():
+        layer, slot = (int(i) for i in np.argwhere(sources < 1)[0])
+        return [f"static_sources: layer {layer} slot {slot} serves {int(sources[layer, slot])} source ranks (a replica serves at least its own rank)"]
+    L, E = p2l.shape[0], geometry.num_experts
+    total = np.zeros((L, E), dtype=np.int64)
+    np.add.at(total, (np.repeat(np.arange(L), p2l.shape[1]), p2l.ravel()), sources.ravel())
+    bad = np.argwhere(total != geometry.ep_size)
+    return [f"static_sources: layer {int(l)} expert {int(e)}'s replicas serve {int(total[l, e])} source ranks, not ep_size {geometry.ep_size}"
+            for l, e in bad[:3]]
+
+
 def _duplicate_mask(p2l: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
     """Each rank's slots sorted [L, ep, S], and a mask [L, ep, S-1] of repeats within a rank."""
     per_rank = np.sort(p2l.reshape(p2l.shape[0], geometry.ep_size, geometry.slots_per_rank), axis=2)
@@ -133,12 +149,16 @@ class Layout:
 
     ``moe_layers`` lists the rows that are MoE layers (the rest are dense, kept only so the layer
     axis matches the counts and the model); ``meta`` carries fingerprint, source counts digest, etc.
+    ``static_sources`` [L, P], when the fitter chose it, is how many source ranks each slot serves
+    under ``static`` dispatch (``dispatch.static_table`` derives the table from it); without it the
+    static table is the even split.
     """
 
     physical_to_logical_map: np.ndarray
     geometry: Geometry
     moe_layers: tuple[int, ...] | None = None
     meta: dict = field(default_factory=dict)
+    static_sources: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         p2l = np.asarray(self.physical_to_logical_map)
@@ -149,6 +169,15 @@ class Layout:
         if problems:
             raise SceneEplbError("; ".join(problems))
         object.__setattr__(self, "physical_to_logical_map", p2l)
+        if self.static_sources is not None:
+            sources = np.asarray(self.static_sources)
+            if not np.issubdtype(sources.dtype, np.integer):
+                raise SceneEplbError(f"static_sources must hold integers, got dtype {sources.dtype}")
+            sources = np.ascontiguousarray(sources, dtype=np.int64)
+            problems = source_problems(p2l, sources, self.geometry)
+            if problems:
+                raise SceneEplbError("; ".join(problems))
+            object.__setattr__(self, "static_sources", sources)
         if self.moe_layers is None:
             object.__setattr__(self, "moe_layers", tuple(range(p2l.shape[0])))
         else:
@@ -165,8 +194,12 @@ class Layout:
         return replica_counts(self.physical_to_logical_map, self.geometry.num_experts)
 
     def digest(self) -> str:
-        """Content hash of the map and geometry: what a running server reports as its layout hash."""
-        return sha256_hex(canonical_json({"geometry": self.geometry.to_dict(), "map": self.physical_to_logical_map.tolist()}))[:16]
+        """Content hash of the map, geometry and static table (when fitted): what a running server
+        reports as its layout hash."""
+        doc = {"geometry": self.geometry.to_dict(), "map": self.physical_to_logical_map.tolist()}
+        if self.static_sources is not None:
+            doc["static_sources"] = self.static_sources.tolist()
+        return sha256_hex(canonical_json(doc))[:16]
 
     def check_model(self, num_moe_layers: int, num_experts: int, ep_size: int,
                     model_moe_layers: tuple[int, ...] | None = None, model_num_layers: int | None = None) -> None:

@@ -65,17 +65,17 @@ def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path
     g = layout.geometry
     layers = list(layout.moe_layers)
     w = counts.total()[layers].astype(np.float64)
-    panels = [("old (linear) layout", linear_map(g, len(layers))), ("fitted layout", layout.physical_to_logical_map[layers])]
+    sources = None if layout.static_sources is None else layout.static_sources[layers]
+    panels = [("old (linear) layout", linear_map(g, len(layers)), None), ("fitted layout", layout.physical_to_logical_map[layers], sources)]
     dispatch = layout.meta.get("dispatch", "dynamic")
-    rank_loads = static_rank_loads if dispatch == "static" else ideal_rank_loads
     rel = []
-    for _, p2l in panels:
-        loads = rank_loads(p2l, w, g)
+    for _, p2l, src in panels:
+        loads = static_rank_loads(p2l, w, g, src) if dispatch == "static" else ideal_rank_loads(p2l, w, g)
         mean = loads.mean(axis=1, keepdims=True)
         rel.append(np.divide(loads, mean, out=np.ones_like(loads), where=mean > 0))
     vmax = max(1.05, float(max(r.max() for r in rel)))
     fig, axes = plt.subplots(1, 2, figsize=(10, max(3.0, 0.12 * len(layers) + 1.5)), sharey=True)
-    for ax, (name, _), r in zip(axes, panels, rel):
+    for ax, (name, _, _), r in zip(axes, panels, rel):
         im = ax.imshow(r, aspect="auto", cmap="magma", vmin=0.0, vmax=vmax, interpolation="nearest")
         ax.set_title(f"{name}\nmedian peak {np.median(r.max(axis=1)):.3f}, worst {r.max():.3f}")
         ax.set_xlabel(f"EP rank ({dispatch} dispatch)")

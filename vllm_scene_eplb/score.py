@@ -23,12 +23,15 @@ def ideal_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -
     return slot_load.reshape(slot_load.shape[:-1] + (geometry.ep_size, geometry.slots_per_rank)).sum(axis=-1)
 
 
-def static_slot_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+def static_slot_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, sources: np.ndarray | None = None) -> np.ndarray:
     """Load of every slot under the static table, each source rank holding 1/ep of every expert's
-    tokens: float [L, P]. A single replica takes its expert's whole load; only replicated experts
-    need the table."""
+    tokens: float [L, P]. With fitted ``sources`` [L, P] (source ranks per slot) that is the
+    expert's load times sources / ep; else a single replica takes its expert's whole load and
+    replicated experts follow the even-split table."""
     L, P, ep = p2l.shape[0], geometry.num_physical, geometry.ep_size
     weights = np.asarray(weights, dtype=np.float64)
+    if sources is not None:
+        return np.take_along_axis(weights, p2l, axis=1) * (sources / ep)
     _, replicas, li, ei, chosen = replicated_static_choices(p2l, geometry)
     single = np.take_along_axis(replicas, p2l, axis=1) == 1
     loads = np.where(single, np.take_along_axis(weights, p2l, axis=1), 0.0)
@@ -36,9 +39,9 @@ def static_slot_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) 
     return loads + shared.reshape(L, P)
 
 
-def static_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+def static_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, sources: np.ndarray | None = None) -> np.ndarray:
     """Per-rank load under the static table: float [L, ep]."""
-    return static_slot_loads(p2l, weights, geometry).reshape(len(p2l), geometry.ep_size, -1).sum(axis=2)
+    return static_slot_loads(p2l, weights, geometry, sources).reshape(len(p2l), geometry.ep_size, -1).sum(axis=2)
 
 
 def balance(loads: np.ndarray) -> np.ndarray:
@@ -53,14 +56,15 @@ def ideal_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.
     return balance(ideal_rank_loads(p2l, weights, geometry))
 
 
-def static_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
+def static_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, sources: np.ndarray | None = None) -> np.ndarray:
     """Static-dispatch score per layer: float [L]."""
-    return balance(static_rank_loads(p2l, weights, geometry))
+    return balance(static_rank_loads(p2l, weights, geometry, sources))
 
 
-def dispatch_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, dispatch: str) -> np.ndarray:
-    """Predicted score under a dispatch algorithm (``dynamic`` splits evenly, so it equals ideal)."""
-    return static_score(p2l, weights, geometry) if dispatch == "static" else ideal_score(p2l, weights, geometry)
+def dispatch_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, dispatch: str, sources: np.ndarray | None = None) -> np.ndarray:
+    """Predicted score under a dispatch algorithm (``dynamic`` splits evenly, so it equals ideal;
+    ``static`` follows the fitted ``sources`` when given)."""
+    return static_score(p2l, weights, geometry, sources) if dispatch == "static" else ideal_score(p2l, weights, geometry)
 
 
 def per_pass_score(p2l: np.ndarray, passes: np.ndarray, geometry: Geometry) -> np.ndarray:

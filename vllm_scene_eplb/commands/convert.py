@@ -33,6 +33,7 @@ def parse_layers(text: str) -> tuple[int, ...]:
 
 def run(args, console: Console) -> None:
     kind = file_kind(args.input)
+    dropped: list[str] = []
     if kind == "counts":
         if args.to not in COUNTS_FORMATS:
             raise SceneEplbError(f"counts convert to one of {', '.join(COUNTS_FORMATS)}, not {args.to!r}", args.input)
@@ -42,6 +43,11 @@ def run(args, console: Console) -> None:
     else:
         obj = read_layout(args.input, hint(args))
         if args.moe_layers is not None:
-            obj = Layout(obj.physical_to_logical_map, obj.geometry, parse_layers(args.moe_layers), obj.meta)
+            obj = Layout(obj.physical_to_logical_map, obj.geometry, parse_layers(args.moe_layers), obj.meta, obj.static_sources)
         out = write_layout(obj, args.output, args.to)
-    console.emit({"input": args.input, "kind": kind, "output": str(out), "format": args.to}, f"wrote {out} ({kind}, {args.to})")
+        if obj.static_sources is not None and args.to != "native":
+            dropped = ["static_sources"]
+    note = (f"\nnote: {args.to} files cannot hold the fitted static table (static_sources): an engine reading {out} alone "
+            "uses its own replica choice; the scene_eplb plugin, given the native layout, uses the fitted table") if dropped else ""
+    console.emit({"input": args.input, "kind": kind, "output": str(out), "format": args.to, "dropped": dropped},
+                 f"wrote {out} ({kind}, {args.to})" + note)

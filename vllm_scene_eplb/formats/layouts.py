@@ -1,7 +1,7 @@
 """Layout file formats.
 
-``native`` (.json): ``physical_to_logical_map`` with geometry, MoE layers, provenance and a
-checksum. ``sglang``: the bare ``{"physical_to_logical_map": ...}`` SGLang's
+``native`` (.json): ``physical_to_logical_map`` with geometry, MoE layers, provenance, the fitted
+static table (``static_sources``) and a checksum. ``sglang``: the bare ``{"physical_to_logical_map": ...}`` SGLang's
 ``--init-expert-location`` takes (it rejects extra keys). ``pt``: a torch dict with the same key.
 vLLM-Ascend's ``expert_map_path`` file is in ``vllm_ascend``. Bare formats carry no geometry:
 reading one needs ``GeometryHint.ep_size``.
@@ -20,6 +20,7 @@ from .base import FORMAT_VERSION, FileFormat, GeometryHint, Loaded, check_moe_la
 
 LAYOUT_FORMAT = "scene-eplb-layout"
 MAP_KEY = "physical_to_logical_map"
+SOURCES_KEY = "static_sources"  # native only: source ranks per slot under static dispatch (fitted table)
 
 
 def _geometry(E: int, R: int, ep: int, nodes: int, path: Path) -> Geometry:
@@ -29,9 +30,9 @@ def _geometry(E: int, R: int, ep: int, nodes: int, path: Path) -> Geometry:
         raise SceneEplbError(exc.problem, path) from None
 
 
-def _layout(p2l: np.ndarray, geometry: Geometry, moe_layers, meta: dict, path: Path) -> Layout:
+def _layout(p2l: np.ndarray, geometry: Geometry, moe_layers, meta: dict, path: Path, static_sources=None) -> Layout:
     try:
-        return Layout(p2l, geometry, moe_layers=moe_layers, meta=meta)
+        return Layout(p2l, geometry, moe_layers=moe_layers, meta=meta, static_sources=static_sources)
     except SceneEplbError as exc:
         raise SceneEplbError(exc.problem, path) from None
 
@@ -68,7 +69,12 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Layout:
     p2l = int_map(doc.get(MAP_KEY), MAP_KEY, path)
     moe_layers = doc.get("moe_layers")
     check_moe_layers(moe_layers, p2l.shape[0], path)
-    return _layout(p2l, geometry, moe_layers, dict(doc.get("meta") or {}), path)
+    sources = doc.get(SOURCES_KEY)
+    sources = None if sources is None else int_map(sources, SOURCES_KEY, path)
+    layout = _layout(p2l, geometry, moe_layers, dict(doc.get("meta") or {}), path, sources)
+    if doc.get("layout_hash") not in (None, layout.digest()):
+        raise SceneEplbError(f"layout_hash {doc.get('layout_hash')} does not match the content ({layout.digest()})", path)
+    return layout
 
 
 def native_doc(layout: Layout) -> dict:
@@ -82,6 +88,8 @@ def native_doc(layout: Layout) -> dict:
         "meta": layout.meta,
         MAP_KEY: layout.physical_to_logical_map.tolist(),
     }
+    if layout.static_sources is not None:
+        doc[SOURCES_KEY] = layout.static_sources.tolist()
     doc["checksum"] = doc_checksum(doc)
     return doc
 

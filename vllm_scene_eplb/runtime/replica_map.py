@@ -69,7 +69,7 @@ def layer_maps(layout: Layout, algorithm: str, device: torch.device | str = "cpu
         raise ValueError(f"source ranks {source} do not fit ep_size {g.ep_size}")
     maps: dict[int, LayerReplicaMap] = {}
     if algorithm == "static":
-        table = static_table(p2l, g)
+        table = static_table(p2l, g, layout.static_sources)
         for layer in layout.moe_layers:
             maps[layer] = LayerReplicaMap("static", source, static=_tensor(table[layer], device))
     else:

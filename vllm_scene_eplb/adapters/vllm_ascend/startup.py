@@ -76,24 +76,22 @@ def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, k
     return layout, path
 
 
-def _use_ours() -> bool:
-    """True when the config the model is being built with carries a scene_eplb layout."""
+def _layout_in_config() -> Layout | None:
+    """The scene_eplb layout of the config the model is being built with, or None."""
     from vllm.config import get_current_vllm_config
 
     vc = get_current_vllm_config()
     cfg = parse_config(vc.additional_config)
     if cfg is None or cfg.layout is None:
-        return False
-    _announce(vc, cfg.layout)
-    return True
+        return None
+    if cfg.layout not in _loaded:
+        _loaded[cfg.layout] = _announce(vc, cfg.layout)
+    return _loaded[cfg.layout]
 
 
-def _announce(vc, layout_path: str) -> None:
-    """Log this worker's startup line once (per process and layout), which ``scene-eplb audit --log``
-    reads. The layout is read with the server's geometry, as at config time, so bare formats (SGLang,
-    .pt) read here too."""
-    if layout_path in _announced:
-        return
+def _announce(vc, layout_path: str) -> Layout:
+    """Read the layout with the server's geometry, as at config time (so bare formats, SGLang and
+    .pt, read here too), and log this worker's startup line, which ``scene-eplb audit --log`` reads."""
     cfg = parse_config(vc.additional_config)
     layout = layout_for_server(layout_path, from_hf_config(vc.model_config.hf_config.to_dict()),
                                ep_size_of(vc.parallel_config), model_layer_axis=False)
@@ -101,10 +99,10 @@ def _announce(vc, layout_path: str) -> None:
               "redundant_slots": layout.geometry.num_redundant, "dispatch": "static", "ep_size": layout.geometry.ep_size}
     where = f"vLLM-Ascend, expert_map_path {(vc.additional_config.get('eplb_config') or {}).get('expert_map_path')}"
     logger.info("%s", startup_line(status, where))
-    _announced.add(layout_path)
+    return layout
 
 
-_announced: set[str] = set()
+_loaded: dict[str, Layout] = {}  # per process: layout path -> the layout read (and announced) once
 
 
 def _wrap_config(vllm_config_cls) -> None:
@@ -131,4 +129,4 @@ def register(ascend: str, vllm_version: str) -> None:
     from vllm_ascend.eplb.core import eplb_utils
 
     _wrap_config(VllmConfig)
-    install_static_dispatch(eplb_utils, when=_use_ours)
+    install_static_dispatch(eplb_utils, _layout_in_config)

@@ -9,8 +9,10 @@ table replaces its log2phy map entry for entry. The MTP layer (index == moe_laye
 row in the file: vLLM-Ascend gives it its default placement with the file's slot count.
 
 ``install_static_dispatch`` replaces ``generate_log2phy_map`` in vLLM-Ascend's ``eplb_utils`` with
-our static table (local replica first, then even spread), computed from the same per-rank maps it
-is given, so every layer vLLM-Ascend builds from an ``expert_map_path`` file dispatches our way.
+our static table (local replica first, then the layout's fitted source counts per replica), checked
+against the per-rank maps it is given, so every layer vLLM-Ascend builds from an ``expert_map_path``
+file dispatches exactly as the layout says (the file cannot carry the fitted table; the plugin
+reads it from the native layout).
 
 What has run: these tables and the replacement against vLLM-Ascend's own ``eplb_utils.py`` on CPU
 (tests); the startup wiring is in ``startup``. What has not: anything on Ascend
@@ -18,6 +20,9 @@ hardware; the observer on ``AscendFusedMoE`` and the export inside vLLM-Ascend a
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Callable
 
 import numpy as np
 
@@ -40,7 +45,7 @@ def rank_expert_maps(layout: Layout) -> np.ndarray:
 
 def log2phy_static(layout: Layout) -> np.ndarray:
     """Our ``static`` choice per MoE layer, source rank and expert: global slot id, int32 [L_moe, ep, E]."""
-    return static_table(layout.physical_to_logical_map, layout.geometry)[list(layout.moe_layers)].astype(np.int32)
+    return static_table(layout.physical_to_logical_map, layout.geometry, layout.static_sources)[list(layout.moe_layers)].astype(np.int32)
 
 
 def log2phy_dynamic(layout: Layout) -> tuple[np.ndarray, np.ndarray]:
@@ -59,9 +64,8 @@ def off_rank_with_local(choice: np.ndarray, layout: Layout) -> int:
     return int((held & (choice // S != ranks)).sum())
 
 
-def static_log2phy_from_rank_maps(global_expert_map: np.ndarray, ep_rank: int) -> np.ndarray:
-    """Our static choice for ``ep_rank`` from vLLM-Ascend's per-rank maps [ep, E] (local slot or -1):
-    global slot ids int32 [E]."""
+def _map_from_rank_maps(global_expert_map: np.ndarray) -> tuple[np.ndarray, Geometry]:
+    """Our one-layer map [1, P] and geometry from vLLM-Ascend's per-rank maps [ep, E] (local slot or -1)."""
     maps = np.asarray(global_expert_map)
     ep, E = maps.shape
     S = int((maps[0] >= 0).sum())
@@ -72,22 +76,50 @@ def static_log2phy_from_rank_maps(global_expert_map: np.ndarray, ep_rank: int) -
     p2l[r * S + maps[r, e]] = e
     if (p2l < 0).any():
         raise SceneEplbError("vLLM-Ascend expert maps leave a slot empty (a same-rank duplicate?)")
-    g = Geometry(num_experts=E, num_redundant=ep * S - E, ep_size=ep)
-    return static_table(p2l[None, :], g)[0, ep_rank].astype(np.int32)
+    return p2l[None, :], Geometry(num_experts=E, num_redundant=ep * S - E, ep_size=ep)
 
 
-def install_static_dispatch(eplb_utils, when=None) -> None:
-    """Replace ``eplb_utils.generate_log2phy_map`` (vLLM-Ascend's fixed replica formula) with ours;
-    with ``when`` (a callable), only while it returns True, else their formula runs."""
+def static_log2phy_from_rank_maps(global_expert_map: np.ndarray, ep_rank: int, layout: Layout | None = None,
+                                  moe_index: int | None = None) -> np.ndarray:
+    """Our static choice for ``ep_rank`` from vLLM-Ascend's per-rank maps [ep, E]: global slot ids
+    int32 [E]. Given the layout and the MoE layer's index, the layout's fitted table for that layer
+    (the maps must be that layer's); else (the MTP layer, a layout without one) the even split."""
+    p2l, g = _map_from_rank_maps(global_expert_map)
+    sources = None
+    if layout is not None and moe_index is not None and moe_index < len(layout.moe_layers):
+        row = layout.moe_layers[moe_index]
+        if not np.array_equal(layout.physical_to_logical_map[row], p2l[0]):
+            raise SceneEplbError(f"vLLM-Ascend's expert map for MoE layer {moe_index} differs from the layout's row {row}")
+        sources = None if layout.static_sources is None else layout.static_sources[row][None, :]
+    return static_table(p2l, g, sources)[0, ep_rank].astype(np.int32)
+
+
+def _moe_index_being_built() -> int | None:
+    """The MoE layer index (``layer_id``) of the vLLM-Ascend ``init_eplb_config`` call that is
+    asking for a log2phy map, read from its frame: the layer is not an argument of
+    ``generate_log2phy_map``, and ``init_eplb_config`` is bound by name in its fused-MoE modules,
+    so wrapping it would miss them."""
+    frame = sys._getframe(2)
+    if frame.f_code.co_name != "init_eplb_config":
+        return None
+    layer_id = frame.f_locals.get("layer_id")
+    return int(layer_id) if isinstance(layer_id, int) else None
+
+
+def install_static_dispatch(eplb_utils, layout_now: Callable[[], Layout | None]) -> None:
+    """Replace ``eplb_utils.generate_log2phy_map`` (vLLM-Ascend's fixed replica formula) with our
+    static table while ``layout_now()`` returns the layout in effect (its fitted table, per MoE
+    layer); when it returns None, their formula runs."""
     import torch
 
     theirs = eplb_utils.generate_log2phy_map
 
     def generate_log2phy_map(global_expert_map, ep_rank, tp_size=None):
-        if when is not None and not when():
+        layout = layout_now()
+        if layout is None:
             return theirs(global_expert_map, ep_rank, tp_size=tp_size)
         stacked = torch.stack(list(global_expert_map)) if isinstance(global_expert_map, (list, tuple)) else global_expert_map
-        return torch.from_numpy(static_log2phy_from_rank_maps(stacked.cpu().numpy(), int(ep_rank)))
+        return torch.from_numpy(static_log2phy_from_rank_maps(stacked.cpu().numpy(), int(ep_rank), layout, _moe_index_being_built()))
 
     generate_log2phy_map.__doc__ = install_static_dispatch.__doc__
     eplb_utils.generate_log2phy_map = generate_log2phy_map
