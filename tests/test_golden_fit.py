@@ -32,6 +32,9 @@ def _cases() -> dict:
         "synthetic-ep4-r4-dynamic-robust": (synthetic, FitOptions(Geometry(32, 4, 4), dispatch="dynamic", robust=True)),
         "deepseek-prefill4096-ep16-r16-static-groups8": (read_counts(DATA / "prefill_in4096.json"),
                                                          FitOptions(Geometry(256, 16, 16), dispatch="static", expert_groups=8)),
+        "deepseek-two-prefill-scenes-ep16-r16-dynamic-worst": (
+            [read_counts(DATA / "prefill_in4096.json"), read_counts(DATA / "prefill_in1024.json")],
+            FitOptions(Geometry(256, 16, 16), dispatch="dynamic", expert_groups=8, objective="worst")),
     }
 
 

@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from . import __version__
 from .counts import Counts
+from .scenes import check_scenes, mix_passes, normalise_weights, normalised_totals
 from .dispatch import DISPATCH_ALGORITHMS, logical_to_physical, static_table
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
 from .fitness import EXPECTED_KEY, expected_balancedness
 from .layout import Geometry, Layout, linear_map, replica_counts, same_rank_duplicates
-from .score import balance, ideal_score, per_pass_score, static_score, static_slot_loads
+from .score import balance, dispatch_score, ideal_score, per_pass_score, static_score, static_slot_loads
 
 FITTER_VERSION = f"{__version__}/fit-3"
+# How a fit on several scenes weighs them: ``mean`` balances the weighted mix (each scene normalised
+# per layer), ``worst`` also refits the layers whose worst scene scores highest toward that scene.
+OBJECTIVES = ("mean", "worst")
+# ``worst``: the share of layers (by worst-scene score) that get the second, reweighted fit.
+WORST_REFIT_SHARE = 0.25
 # Candidate risk weights for robust mode: weights = mean + kappa * std over the train passes.
 ROBUST_KAPPAS = (0.0, 0.5, 1.0, 2.0)
 
@@ -38,8 +44,11 @@ class FitOptions:
     group_hedge: float = 0.5  # placement weight of a rank's load from the expert's own blocks
     max_rounds: int = 256
     tolerance: float = 1e-4
+    objective: str = "mean"  # several scenes: balance their weighted mix, or each layer's worst scene
 
     def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise SceneEplbError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.expert_groups < 1 or self.geometry.num_experts % self.expert_groups:
             raise SceneEplbError(f"expert_groups must be >= 1 and divide {self.geometry.num_experts} experts, got {self.expert_groups}")
         if not (np.isfinite(self.group_hedge) and self.group_hedge >= 0):
@@ -321,12 +330,11 @@ def _fit_weights(weights: np.ndarray, options: FitOptions) -> tuple[Fitted, np.n
     weights = np.where(weights.sum(axis=1, keepdims=True) > 0, weights, 1.0).astype(np.float64)
     replicas = allocate_replicas(weights, g.num_redundant, g.ep_size)
     p2l = place(replicas, weights, g, spread_nodes=options.dispatch == "static", groups=options.expert_groups, hedge=options.group_hedge)
-    even = np.take_along_axis(weights / replicas, p2l, axis=1)
-    p2l, _ = refine(p2l, even, g, options.max_rounds, options.tolerance)
-    if options.dispatch == "static":
+    if options.dispatch == "static":  # refined with the loads its own table gives, not the even split's
         fitted = _fit_static_table(p2l, weights, options)
         score = static_score(fitted.map, weights, g, fitted.static_sources)
     else:
+        p2l, _ = refine(p2l, np.take_along_axis(weights / replicas, p2l, axis=1), g, options.max_rounds, options.tolerance)
         fitted, score = Fitted(p2l, None), ideal_score(p2l, weights, g)
     return _no_worse_than_linear(fitted, score, weights, options)
 
@@ -415,36 +423,84 @@ def pick_per_layer(a: Fitted, a_score: np.ndarray, b: Fitted, b_score: np.ndarra
     return Fitted(np.where(better[:, None], b.map, a.map), sources), np.where(better, b_score, a_score)
 
 
+def fit_scenes(trains: Sequence[np.ndarray], weights: np.ndarray, options: FitOptions) -> Fitted:
+    """Fit one map to several scenes' train passes (each [T_s, L, E]) with scene ``weights`` [K]
+    summing to 1. Each scene is normalised per layer first, so a long recording does not drown a
+    short one; ``options.objective`` says what is balanced (``OBJECTIVES``)."""
+    fitted = fit_map(mix_passes(trains, weights), options)
+    if options.objective == "mean" or len(trains) < 2:
+        return fitted
+    return _refit_worst_scenes(fitted, normalised_totals(trains), weights, options)
+
+
+def _refit_worst_scenes(fitted: Fitted, scenes: np.ndarray, weights: np.ndarray, options: FitOptions) -> Fitted:
+    """The ``worst`` objective: in the layers whose worst scene scores highest (``WORST_REFIT_SHARE``
+    of them), refit to a mix that weighs each scene by how far it is from balance, and keep per
+    layer whichever fit has the better worst scene. ``scenes`` [K, L, E] are normalised totals.
+    Why only those layers: they hold the worst-scene peaks, and a second fit of every layer would
+    double the fit time."""
+    g, dispatch = options.geometry, options.dispatch
+
+    def worst_scene(f: Fitted, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        src = None if f.static_sources is None else f.static_sources
+        per_scene = np.stack([dispatch_score(f.map, s[layers], g, dispatch, src) for s in scenes])
+        return per_scene, per_scene.max(axis=0)
+
+    all_layers = np.arange(scenes.shape[1])
+    per_scene, worst = worst_scene(fitted, all_layers)
+    chosen = np.flatnonzero((worst >= np.quantile(worst, 1.0 - WORST_REFIT_SHARE)) & (worst > 1.0 + options.tolerance))
+    if chosen.size == 0:
+        return fitted
+    pull = weights[:, None] * (per_scene[:, chosen] - 1.0 + 1e-3)  # [K, n]: the further from balance, the heavier
+    mix = (pull[:, :, None] * scenes[:, chosen]).sum(axis=0) / pull.sum(axis=0)[:, None]
+    refit = fit_map(mix[None], options)
+    subset = Fitted(fitted.map[chosen], None if fitted.static_sources is None else fitted.static_sources[chosen])
+    best, _ = pick_per_layer(subset, worst[chosen], refit, worst_scene(refit, chosen)[1])
+    p2l = fitted.map.copy()
+    p2l[chosen] = best.map
+    sources = None
+    if fitted.static_sources is not None:
+        sources = fitted.static_sources.copy()
+        sources[chosen] = best.static_sources
+    return Fitted(p2l, sources)
+
+
 def fingerprint(counts_digest: str, options: FitOptions) -> str:
     """Hash of fitter version, input counts and options: equal fingerprints mean equal layouts."""
     return sha256_hex(canonical_json({"fitter": FITTER_VERSION, "counts": counts_digest, "options": options.to_dict()}))[:16]
 
 
-def fit(counts: Counts, options: FitOptions) -> Layout:
-    """Fit a layout to the train half of ``counts`` (all written ring entries if fewer than two)."""
+def fit(counts: Counts | Sequence[Counts], options: FitOptions, scene_weights: Sequence[float] | None = None) -> Layout:
+    """Fit a layout to the train half of ``counts`` (all written ring entries if fewer than two),
+    or to several scenes' train halves with ``scene_weights`` (default equal; see ``fit_scenes``)."""
     g = options.geometry
-    if counts.num_experts != g.num_experts:
-        raise SceneEplbError(f"counts have {counts.num_experts} experts, geometry says {g.num_experts}")
-    train, _ = counts.split()
-    fitted = fit_map(train, options)
-    moe = counts.meta.get("moe_layers")
-    moe_layers = tuple(moe) if moe is not None else tuple(int(i) for i in counts.active_layers())
-    digest = counts.digest()
+    scenes = [counts] if isinstance(counts, Counts) else list(counts)
+    check_scenes(scenes, g.num_experts)
+    weights = normalise_weights(scene_weights, len(scenes))
+    fitted = fit_scenes([c.split()[0] for c in scenes], weights, options)
+    first = scenes[0]
+    moe = first.meta.get("moe_layers")
+    moe_layers = tuple(moe) if moe is not None else tuple(int(i) for i in np.flatnonzero(sum(c.total() for c in scenes).any(axis=1)))
+    digests = [c.digest() for c in scenes]
+    roles = {c.meta.get("role") for c in scenes}
     layout = Layout(
         fitted.map,
         g,
         static_sources=fitted.static_sources,
         moe_layers=moe_layers,
         meta={
-            "fingerprint": fingerprint(digest, options),
+            "fingerprint": fingerprint(digests[0] if len(scenes) == 1 else sha256_hex(canonical_json([digests, weights.tolist()])), options),
             "fitter": FITTER_VERSION,
-            "source_counts_sha256": digest,
+            "source_counts_sha256": digests,
+            "scene_weights": weights.tolist(),
+            "objective": options.objective,
             "dispatch": options.dispatch,
             "robust": options.robust,
             "expert_groups": options.expert_groups,
-            "model": counts.meta.get("model"),
-            "role": counts.meta.get("role"),
+            "model": first.meta.get("model"),
+            "role": roles.pop() if len(roles) == 1 else "mixed",
         },
     )
-    layout.meta[EXPECTED_KEY] = expected_balancedness(layout, counts.total(), options.dispatch)
+    mix = (weights[:, None, None] * normalised_totals([c.data for c in scenes])).sum(axis=0)
+    layout.meta[EXPECTED_KEY] = expected_balancedness(layout, mix, options.dispatch)
     return layout

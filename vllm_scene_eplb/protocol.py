@@ -32,7 +32,7 @@ ACTIONS = tuple(ROUTE_BY_ACTION)
 # What each worker reports; GET /scene_eplb/status answers EP rank 0's, plus RANKS_KEY and AGREE_KEY.
 STATUS_KEYS = ("plugin_version", "engine", "model", "role", "ep_size", "ep_rank", "dp_rank", "tp_rank", "layout_hash",
                "layout_path", "redundant_slots", "dispatch", "observer", "recording", "ring_entries", "entries_written",
-               "passes_recorded", "moe_layers")
+               "passes_recorded", "moe_layers", "top_k", "expert_groups")
 # Every rank's view, one entry per worker, under this key of the status answer.
 RANKS_KEY = "ranks"
 RANK_KEYS = ("ep_rank", "dp_rank", "tp_rank", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written",
@@ -48,7 +48,7 @@ LIVE_ACTION = "live"
 LIVE_KEY = "live"
 # The status keys a dump file's metadata carries (besides what the export adds).
 DUMP_META_KEYS = ("model", "role", "moe_layers", "ep_size", "layout_hash", "dispatch", "passes_recorded", "engine",
-                  "plugin_version")
+                  "plugin_version", "top_k", "expert_groups")
 # The status keys an audit compares between the status route and every worker's startup line.
 AUDITED_KEYS = ("layout_hash", "redundant_slots", "dispatch")
 

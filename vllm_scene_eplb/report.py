@@ -20,20 +20,36 @@ def _fmt(x) -> str:
     return "NOT_OBSERVED" if x is None else f"{x:.4f}"
 
 
-def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", images: list[str] = ()) -> str:
+def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", images: list[str] = (),
+             memory: str | None = None) -> str:
     """A Markdown report: summary, then one row per MoE layer."""
+    return "\n".join(_header(layout, title, memory) + _scene_section(ev, images, level="##")) + "\n"
+
+
+def _header(layout: Layout, title: str, memory: str | None) -> list[str]:
     g = layout.geometry
-    s = ev.summary()
     lines = [
         f"# {title}",
         "",
         f"- geometry: {g.num_experts} experts, {g.num_redundant} redundant slots, ep_size {g.ep_size}, "
         f"{g.num_nodes} node(s), {g.slots_per_rank} slots per rank",
-        f"- layout hash: `{ev.layout_hash}`; fingerprint: `{ev.fingerprint or 'none'}`; "
-        f"dispatch fitted for: {layout.meta.get('dispatch', 'unknown')}",
-        f"- MoE layers scored: {s['layers']}; same-rank duplicates in the old (linear) layout: {s['old_same_rank_duplicates']}",
+        f"- layout hash: `{layout.digest()}`; fingerprint: `{layout.meta.get('fingerprint') or 'none'}`; "
+        f"dispatch fitted for: {layout.meta.get('dispatch', 'unknown')}"
+        + ("; static table: fitted (static_sources)" if layout.static_sources is not None else ""),
         "- scores are max/mean rank load (1.0 = perfect), a screening number, not a device speedup;",
         "  holdout = the second half of the written ring entries, an internal check, not a generalisation proof.",
+    ]
+    if memory:
+        lines += ["", f"**Memory.** {memory}"]
+    return lines + [""]
+
+
+def _scene_section(ev: Evaluation, images: list[str], level: str) -> list[str]:
+    s = ev.summary()
+    lines = [
+        f"{level} Scores",
+        "",
+        f"MoE layers scored: {s['layers']}; same-rank duplicates in the old (linear) layout: {s['old_same_rank_duplicates']}",
         "",
         "| score | median | worst layer |",
         "|---|---|---|",
@@ -49,6 +65,26 @@ def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", image
     for r in ev.rows():
         lines.append(f"| {r['layer']} | " + " | ".join(_fmt(r[score.key]) for score in SCORES)
                      + f" | {r['max_replicas']} | {r['replicated_experts']} |")
+    return lines + [""]
+
+
+def scenes_markdown(scenes: list[tuple[str, Evaluation, str]], layout: Layout, memory: str | None = None) -> str:
+    """A Markdown report over several scenes (name, evaluation, heat-map file): one table of every
+    scene's headline scores, then each scene's section."""
+    dispatch_key = "new_static_train" if layout.meta.get("dispatch") == "static" else "new_train"
+    lines = _header(layout, "Layout report: several scenes", memory) + [
+        "## Scenes",
+        "",
+        f"| scene | old layout (ideal) median / worst | new layout ({layout.meta.get('dispatch', 'ideal')} dispatch) median / worst |",
+        "|---|---|---|",
+    ]
+    for name, ev, _ in scenes:
+        s = ev.summary()
+        old, new = s["old_train"], s[dispatch_key]
+        lines.append(f"| {name} | {old['median']:.4f} / {old['worst']:.4f} | {new['median']:.4f} / {new['worst']:.4f} |")
+    lines.append("")
+    for name, ev, png in scenes:
+        lines += [f"## Scene {name}", ""] + _scene_section(ev, [png], level="###")
     return "\n".join(lines) + "\n"
 
 
@@ -89,14 +125,26 @@ def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def write_report(layout: Layout, counts: Counts, out_dir: str | os.PathLike) -> tuple[Evaluation, Path, Path]:
-    """Score ``layout`` on ``counts`` and write ``report.md``, ``rank_load_heatmap.png`` and
-    ``scores.json`` into ``out_dir``; returns the evaluation and the report and heat-map paths."""
+def write_report(layout: Layout, scenes: list[tuple[str, Counts]], out_dir: str | os.PathLike,
+                 memory: str | None = None) -> tuple[list[Evaluation], Path, list[Path]]:
+    """Score ``layout`` on each (name, counts) scene and write ``report.md``, a heat map per scene
+    (``rank_load_heatmap.png`` for one scene, ``rank_load_heatmap-NAME.png`` for several) and
+    ``scores.json`` into ``out_dir``; returns the evaluations, the report and the heat maps."""
     import json
 
-    ev = evaluate(layout, counts)
     out = Path(out_dir)
-    png = heatmap_png(layout, counts, out / "rank_load_heatmap.png")
-    md = atomic_write_bytes(out / "report.md", markdown(ev, layout, images=[png.name]).encode())
-    atomic_write_bytes(out / "scores.json", json.dumps({"summary": ev.summary(), "layers": ev.rows()}, indent=2).encode())
-    return ev, md, png
+    evals = [evaluate(layout, counts) for _, counts in scenes]
+    if len(scenes) == 1:
+        png = heatmap_png(layout, scenes[0][1], out / "rank_load_heatmap.png")
+        md = atomic_write_bytes(out / "report.md", markdown(evals[0], layout, images=[png.name], memory=memory).encode())
+        atomic_write_bytes(out / "scores.json", json.dumps({"summary": evals[0].summary(), "layers": evals[0].rows()}, indent=2).encode())
+        return evals, md, [png]
+    pngs = [heatmap_png(layout, counts, out / f"rank_load_heatmap-{_file_safe(name)}.png") for name, counts in scenes]
+    md = atomic_write_bytes(out / "report.md", scenes_markdown([(n, ev, p.name) for (n, _), ev, p in zip(scenes, evals, pngs)], layout, memory).encode())
+    atomic_write_bytes(out / "scores.json", json.dumps({"scenes": [{"name": n, "summary": ev.summary(), "layers": ev.rows()}
+                                                                   for (n, _), ev in zip(scenes, evals)]}, indent=2).encode())
+    return evals, md, pngs
+
+
+def _file_safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)

@@ -10,8 +10,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from pathlib import Path
+
+from ..errors import SceneEplbError
 from ..evaluation import SCORES, Evaluation
 from ..formats import GeometryHint
+from ..layout import Geometry
+from ..memory import KV_CACHE_DTYPES, cost_sentence, geometry_cost, read_model_memory, replica_cost
 
 
 @dataclass(frozen=True)
@@ -74,3 +79,91 @@ def summary_text(ev: Evaluation) -> str:
         st = s[score.key]
         out.append(f"  {score.key:22s} " + ("NOT_OBSERVED" if st is None else f"median {st['median']:.4f}  worst {st['worst']:.4f}"))
     return "\n".join(out)
+
+
+def model_args(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and how to price its memory."""
+    g = parser.add_argument_group("model (a Hugging Face model folder: config.json and its quantisation config)")
+    g.add_argument("--model", metavar="DIR", help="the served model's folder: routing groups and top-k come from it, and "
+                                                   "the output says what the redundant slots cost in memory and KV cache")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="the server's --kv-cache-dtype, to price a KV token (default auto: the model's dtype)")
+    g.add_argument("--expert-bytes", type=int, metavar="N", help="bytes of one routed expert in one layer, when the "
+                                                                   "checkpoint's quantisation is not one this tool prices")
+
+
+def memory_cost(args: argparse.Namespace, geometry: Geometry | None) -> dict | None:
+    """The ``memory`` object (``memory.replica_cost``, with its sentence) when ``--model`` was given:
+    for the geometry's redundant slots, or per redundant slot per rank without a geometry."""
+    if not getattr(args, "model", None):
+        return None
+    memory = read_model_memory(args.model, args.kv_cache_dtype, args.expert_bytes)
+    cost = geometry_cost(memory, geometry) if geometry else replica_cost(memory, 1.0)
+    return {**cost, "summary": cost_sentence(cost, geometry)}
+
+
+def scene_names(paths: list[str]) -> list[str]:
+    """A short, unique name per counts file (its stem; the path where stems repeat)."""
+    stems = [Path(p).stem for p in paths]
+    return [s if stems.count(s) == 1 else str(p) for s, p in zip(stems, paths)]
+
+
+def scenes_payload(paths: list[str], evals: list[Evaluation], weights: list[float] | None = None) -> dict:
+    """The scores in ``--json``: ``summary`` and ``layers`` for one counts file; a ``scenes`` list
+    (counts, name, weight, summary, layers) for several."""
+    if len(evals) == 1:
+        return {"summary": evals[0].summary(), "layers": evals[0].rows()}
+    weights = weights or [None] * len(evals)
+    return {"scenes": [{"counts": p, "name": n, "weight": w, "summary": ev.summary(), "layers": ev.rows()}
+                       for p, n, w, ev in zip(paths, scene_names(paths), weights, evals)]}
+
+
+def scenes_text(paths: list[str], evals: list[Evaluation]) -> str:
+    """The score summary of each scene, named when there are several."""
+    if len(evals) == 1:
+        return summary_text(evals[0])
+    return "\n".join(f"scene {n}:\n{summary_text(ev)}" for n, ev in zip(scene_names(paths), evals))
+
+
+def parse_weights(text: str | None) -> list[float] | None:
+    """'0.5,0.3,0.2' into floats, or a clear error."""
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise SceneEplbError(f"--scene-weights {text!r}: expected numbers separated by commas, e.g. 0.5,0.3,0.2") from None
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The model's routing groups and top-k as a command resolved them, and where they came from."""
+
+    expert_groups: int
+    top_k: int | None
+    source: str  # "--expert-groups", "--model", "counts metadata" or "default"
+
+
+def resolve_routing(args: argparse.Namespace, scenes: list) -> Routing:
+    """Routing groups: ``--expert-groups`` wins, else ``--model``'s config (n_group), else what the
+    recorder wrote into the counts (every scene must agree), else 1 (no groups)."""
+    from ..model_geometry import read_model_geometry
+
+    top_k = None
+    if getattr(args, "model", None):
+        model = read_model_geometry(args.model)
+        if model.num_experts != scenes[0].num_experts:
+            raise SceneEplbError(f"--model has {model.num_experts} experts, the counts {scenes[0].num_experts}", args.model)
+        if args.expert_groups is None:
+            return Routing(model.expert_groups, model.top_k, "--model")
+        top_k = model.top_k
+    recorded = {(c.meta.get("expert_groups"), c.meta.get("top_k")) for c in scenes}
+    if len(recorded) > 1:
+        raise SceneEplbError(f"the counts files record different routing (expert_groups, top_k): {sorted(recorded, key=str)}")
+    groups, recorded_top_k = recorded.pop()
+    top_k = top_k or recorded_top_k
+    if args.expert_groups is not None:
+        return Routing(args.expert_groups, top_k, "--expert-groups")
+    if isinstance(groups, int) and groups >= 1:
+        return Routing(groups, top_k, "counts metadata")
+    return Routing(1, top_k, "default")

@@ -1,44 +1,71 @@
-"""`scene-eplb fit COUNTS`: fit a static layout and print its train/holdout scores."""
+"""`scene-eplb fit COUNTS [COUNTS ...]`: fit a static layout to one or several scenes and print their scores."""
 
 from __future__ import annotations
 
 from ..dispatch import DISPATCH_ALGORITHMS
 from ..evaluation import evaluate
-from ..fit import FitOptions, fit
+from ..fit import OBJECTIVES, FitOptions, fit
 from ..formats import LAYOUT_FORMATS, read_counts, write_layout
 from ..layout import Geometry
-from .common import Console, summary_text
+from .common import Console, memory_cost, model_args, parse_weights, resolve_routing, scene_names, scenes_payload, scenes_text
 
-HELP = "fit a layout to counts"
-DESCRIPTION = ("Fit a static layout: replica counts in the redundant-slot budget, placement, bounded swaps, validation; "
-               "prints train/holdout scores.")
+HELP = "fit a layout to counts (one scene or several)"
+DESCRIPTION = ("Fit a static layout: replica counts in the redundant-slot budget, placement, bounded swaps, the static "
+               "table, validation; prints train/holdout scores per scene. Several counts files (scenes) give one layout "
+               "for their mix, each normalised per layer.")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("counts")
+    p.add_argument("counts", nargs="+", help="counts files, one per scene (native .npz, SGLang-style .json, recorder .pt)")
     p.add_argument("--ep-size", type=int, required=True, help="expert-parallel ranks (EP size of the P node)")
     p.add_argument("--redundant", type=int, required=True, help="redundant physical slots R (E + R divisible by ep-size)")
     p.add_argument("--nodes", type=int, default=1, help="nodes the EP ranks span (default 1)")
     p.add_argument("--dispatch", choices=DISPATCH_ALGORITHMS, default="static",
-                   help="ep_dispatch_algorithm the layout will run under; the fitter balances its real replica shares (default static)")
+                   help="ep_dispatch_algorithm the layout will run under; the fitter balances its real replica shares "
+                        "(static: it also fits how many source ranks each replica serves) (default static)")
     p.add_argument("--robust", action="store_true",
                    help="per layer, pick risk-weighted counts that minimise the expected per-pass peak on the train passes")
-    p.add_argument("--expert-groups", type=int, default=1, metavar="N",
+    p.add_argument("--scene-weights", metavar="W1,W2,...",
+                   help="one weight per counts file, e.g. 0.5,0.3,0.2 (the share of traffic each scene stands for; "
+                        "default equal)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="mean",
+                   help="with several scenes: balance their weighted mix (mean), or also refit the layers whose worst "
+                        "scene is furthest from balance toward it (worst) (default mean)")
+    p.add_argument("--expert-groups", type=int, default=None, metavar="N",
                    help="the model's routing groups (config.json n_group; DeepSeek-V3/R1: 8). Placement then spreads every "
                         "group and its halvings of neighbouring ids evenly over ranks, which held up better on other scenes "
-                        "of real DeepSeek-V3 counts (benchmarks/bench_fit_vs_vllm.py). Default 1: no groups")
+                        "of real DeepSeek-V3 counts (benchmarks/bench_fit_vs_vllm.py). Default: from --model, else from "
+                        "the counts' metadata (the recorder writes it), else 1 (no groups)")
+    model_args(p)
     p.add_argument("-o", "--output", required=True, help="layout file to write")
     p.add_argument("--format", choices=LAYOUT_FORMATS, default="native", help="layout file format (default native)")
 
 
 def run(args, console: Console) -> None:
-    with console.progress(f"reading {args.counts}"):
-        counts = read_counts(args.counts)
-    geometry = Geometry(counts.num_experts, args.redundant, args.ep_size, args.nodes)
-    options = FitOptions(geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=args.expert_groups)
-    with console.progress(f"fitting {counts.num_layers} layers"):
-        layout = fit(counts, options)
-        ev = evaluate(layout, counts)
+    scenes = []
+    for path in args.counts:
+        with console.progress(f"reading {path}"):
+            scenes.append(read_counts(path))
+    weights = parse_weights(args.scene_weights)
+    routing = resolve_routing(args, scenes)
+    geometry = Geometry(scenes[0].num_experts, args.redundant, args.ep_size, args.nodes)
+    options = FitOptions(geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups,
+                         objective=args.objective)
+    memory = memory_cost(args, geometry)
+    with console.progress(f"fitting {scenes[0].num_layers} layers to {len(scenes)} scene(s)"):
+        layout = fit(scenes, options, weights)
+    layout.meta["top_k"] = routing.top_k
     out = write_layout(layout, args.output, args.format)
-    console.emit({"output": str(out), "format": args.format, "summary": ev.summary(), "layers": ev.rows()},
-                 summary_text(ev) + f"\nwrote {out} ({args.format})")
+    names = scene_names(args.counts)
+    evals = [evaluate(layout, c) for c in scenes]
+    lines = [f"routing groups: {routing.expert_groups} (from {routing.source})"]
+    if len(scenes) > 1:
+        lines.append("scene weights: " + ", ".join(f"{n} {w:.3g}" for n, w in zip(names, layout.meta["scene_weights"]))
+                     + f"; objective {args.objective}")
+    lines.append(scenes_text(args.counts, evals))
+    if memory:
+        lines.append(memory["summary"])
+    lines.append(f"wrote {out} ({args.format})")
+    payload = {"output": str(out), "format": args.format, "expert_groups": routing.expert_groups, "expert_groups_from": routing.source,
+               "memory": memory, **scenes_payload(args.counts, evals, layout.meta["scene_weights"])}
+    console.emit(payload, "\n".join(line for line in lines if line))

@@ -1,17 +1,19 @@
-"""`scene-eplb inspect COUNTS`: shape, written ring entries, routed layers and skew of a counts file."""
+"""`scene-eplb inspect COUNTS [--model DIR]`: shape, written ring entries, routed layers and skew of a counts
+file; with a model, what one redundant slot per rank costs in memory and KV cache."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..formats import read_counts
-from .common import Console
+from .common import Console, memory_cost, model_args
 
 HELP = "summarise and validate a counts file"
 
 
 def add_arguments(p) -> None:
     p.add_argument("counts", help="counts: native .npz, SGLang-style .json or recorder .pt")
+    model_args(p)
 
 
 def run(args, console: Console) -> None:
@@ -31,6 +33,7 @@ def run(args, console: Console) -> None:
         "expert_skew_max_over_mean": {"median": float(np.median(skew)) if skew else None, "worst": max(skew) if skew else None},
         "meta": c.meta,
         "counts_sha256": c.digest(),
+        "memory": memory_cost(args, None),
     }
     zero = payload["all_zero_layers"]
     text = (
@@ -40,5 +43,6 @@ def run(args, console: Console) -> None:
         f"  assignments per routed layer: {payload['assignments_per_layer']['min']}..{payload['assignments_per_layer']['max']}\n"
         + (f"  expert load max/mean: median {np.median(skew):.2f}, worst {max(skew):.2f}\n" if skew else "")
         + f"  sha256 {c.digest()}"
+        + (f"\n  {payload['memory']['summary']}" if payload["memory"] else "")
     )
     console.emit(payload, text)

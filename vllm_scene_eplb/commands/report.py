@@ -1,25 +1,31 @@
-"""`scene-eplb report LAYOUT COUNTS -o DIR`: report.md, per-rank load heat maps and scores.json."""
+"""`scene-eplb report LAYOUT COUNTS [COUNTS ...] -o DIR`: report.md, per-rank load heat maps and scores.json."""
 
 from __future__ import annotations
 
 from ..formats import read_counts, read_layout
 from ..report import write_report
-from .common import Console, geometry_args, hint, summary_text
+from .common import Console, geometry_args, hint, memory_cost, model_args, scene_names, scenes_payload, scenes_text
 
-HELP = "Markdown report plus PNG heat maps of per-rank load before/after"
+HELP = "Markdown report plus PNG heat maps of per-rank load before/after, one or several scenes"
 
 
 def add_arguments(p) -> None:
     p.add_argument("layout")
-    p.add_argument("counts")
+    p.add_argument("counts", nargs="+", help="counts files, one per scene: each gets its scores and heat map")
     p.add_argument("-o", "--output", required=True, help="report directory")
     geometry_args(p)
+    model_args(p)
 
 
 def run(args, console: Console) -> None:
     layout = read_layout(args.layout, hint(args))
-    with console.progress(f"reading {args.counts}"):
-        counts = read_counts(args.counts)
+    scenes = []
+    for name, path in zip(scene_names(args.counts), args.counts):
+        with console.progress(f"reading {path}"):
+            scenes.append((name, read_counts(path)))
+    memory = memory_cost(args, layout.geometry)
     with console.progress("scoring and drawing heat maps"):
-        ev, md, png = write_report(layout, counts, args.output)
-    console.emit({"report": str(md), "heatmap": str(png), "summary": ev.summary()}, summary_text(ev) + f"\nwrote {md} and {png}")
+        evals, md, pngs = write_report(layout, scenes, args.output, memory and memory["summary"])
+    text = scenes_text(args.counts, evals) + (f"\n{memory['summary']}" if memory else "")
+    console.emit({"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, **scenes_payload(args.counts, evals)},
+                 text + f"\nwrote {md} and {len(pngs)} heat map(s)")

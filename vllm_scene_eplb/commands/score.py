@@ -1,27 +1,29 @@
-"""`scene-eplb score LAYOUT COUNTS`: old vs new, train vs holdout, ideal and static."""
+"""`scene-eplb score LAYOUT COUNTS [COUNTS ...]`: old vs new, train vs holdout, ideal and static, per scene."""
 
 from __future__ import annotations
 
 from ..errors import SceneEplbError
 from ..evaluation import evaluate
 from ..formats import read_counts, read_layout
-from .common import Console, geometry_args, hint, summary_text
+from .common import Console, geometry_args, hint, scenes_payload, scenes_text
 
-HELP = "score a layout on counts (train/holdout, ideal and static dispatch)"
+HELP = "score a layout on counts (train/holdout, ideal and static dispatch), one or several scenes"
 
 
 def add_arguments(p) -> None:
     p.add_argument("layout")
-    p.add_argument("counts")
+    p.add_argument("counts", nargs="+", help="counts files, one per scene: each is scored on its own")
     geometry_args(p)
 
 
 def run(args, console: Console) -> None:
     layout = read_layout(args.layout, hint(args))
-    with console.progress(f"reading {args.counts}"):
-        counts = read_counts(args.counts)
-    try:
-        ev = evaluate(layout, counts)
-    except SceneEplbError as exc:
-        raise SceneEplbError(exc.problem, args.counts) from None
-    console.emit({"summary": ev.summary(), "layers": ev.rows()}, summary_text(ev))
+    evals = []
+    for path in args.counts:
+        with console.progress(f"reading {path}"):
+            counts = read_counts(path)
+        try:
+            evals.append(evaluate(layout, counts))
+        except SceneEplbError as exc:
+            raise SceneEplbError(exc.problem, path) from None
+    console.emit(scenes_payload(args.counts, evals), scenes_text(args.counts, evals))

@@ -87,7 +87,7 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     fitted = fit(counts, FitOptions(Geometry(counts.num_experts, redundant, ep_size=2), dispatch="static"))
     layout = write_layout(fitted, out / "layout.json")
     report = out / "report"
-    ev, _, _ = write_report(fitted, counts, report)
+    (ev,), _, _ = write_report(fitted, [("demo", counts)], report)
     scores = ev.summary()
     say(f"fitted {layout}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}")
 

@@ -105,6 +105,7 @@ class WorkerRuntime:
             "entries_written": obs.entries_written,
             "passes_recorded": obs.passes_recorded,
             "moe_layers": self.moe_layer_ids,
+            **self.model.routing(),
         }
 
     # ------------------------------------------------------------ hooks the patches call

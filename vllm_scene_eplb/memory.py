@@ -1,0 +1,172 @@
+"""What redundant expert slots cost in device memory, and how much KV cache that memory would hold.
+
+Every redundant slot holds a full copy of one routed expert's weights in every MoE layer, on the
+rank that gets it: memory that comes out of that rank's KV cache. From a Hugging Face model folder
+(``config.json``, its ``quantization_config``, or vLLM-Ascend's ModelSlim
+``quant_model_description.json``) this module prices one expert and one token of KV cache:
+
+- ``bytes_per_expert``: gate, up and down projections of one routed expert in one MoE layer
+  (3 x hidden x moe_intermediate weights), at the checkpoint's dtype or quantisation, scales included;
+- ``kv_bytes_per_token``: one token's KV cache over all layers on one rank with attention DP
+  (TP 1, as the P recipe runs): DeepSeek's MLA keeps one compressed latent (kv_lora_rank +
+  qk_rope_head_dim) per layer; other attention keeps K and V per KV head.
+
+Not counted: the MTP layer (``num_nextn_predict_layers``), which vLLM-Ascend places with the same
+slot count, and activation workspace. Pure numpy-free arithmetic, no engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+
+from .errors import SceneEplbError
+from .layout import Geometry
+from .model_geometry import from_hf_config, read_hf_config
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+KV_CACHE_DTYPES = ("auto",) + tuple(DTYPE_BYTES)
+MODELSLIM_FILE = "quant_model_description.json"  # vLLM-Ascend's ModelSlim quantisation description
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """One routed expert's and one KV token's bytes on a rank, and how they were priced."""
+
+    bytes_per_expert: int
+    expert_format: str  # e.g. "bfloat16", "fp8 with 128x128 block scales", "W8A8_DYNAMIC (ModelSlim)"
+    kv_bytes_per_token: int
+    kv_format: str  # e.g. "MLA latent 512 + rope 64 per layer, bfloat16"
+    num_moe_layers: int
+
+
+def _dtype_bytes(name: str, what: str) -> int:
+    if name not in DTYPE_BYTES:
+        raise SceneEplbError(f"{what} {name!r} is not one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+def _model_dtype(cfg: dict) -> str:
+    return str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+
+
+def _expert_shape(cfg: dict) -> tuple[int, int]:
+    """(hidden, moe_intermediate) of one routed expert."""
+    hidden = cfg.get("hidden_size")
+    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    if not isinstance(hidden, int) or not isinstance(inter, int):
+        raise SceneEplbError("config has no hidden_size and moe_intermediate_size (or intermediate_size)")
+    return hidden, inter
+
+
+def _blocks(rows: int, cols: int, block: tuple[int, int]) -> int:
+    return math.ceil(rows / block[0]) * math.ceil(cols / block[1])
+
+
+def expert_bytes(cfg: dict, modelslim: dict | None = None) -> tuple[int, str]:
+    """Bytes of one routed expert in one MoE layer, and how they were priced."""
+    hidden, inter = _expert_shape(cfg)
+    params = 3 * hidden * inter
+    dtype = _model_dtype(cfg)
+    if modelslim is not None:
+        kind = next((v for k, v in modelslim.items() if ".experts." in k and k.endswith(".weight")), "FLOAT")
+        if kind == "FLOAT":
+            return params * _dtype_bytes(dtype, "torch_dtype"), f"{dtype} (ModelSlim FLOAT)"
+        if kind in ("W8A8_DYNAMIC", "W8A8"):
+            # int8 weights plus a scale and an offset per output channel, in the model dtype
+            channels = 2 * inter + hidden
+            return params + 2 * channels * _dtype_bytes(dtype, "torch_dtype"), f"{kind} (ModelSlim: int8, per-channel scale and offset)"
+        raise SceneEplbError(f"ModelSlim expert quantisation {kind!r} is not priced here: pass --expert-bytes")
+    quant = cfg.get("quantization_config")
+    if not quant:
+        return params * _dtype_bytes(dtype, "torch_dtype"), dtype
+    method = quant.get("quant_method")
+    if method == "fp8":
+        block = quant.get("weight_block_size")
+        if block:  # one float32 scale per block of each projection (DeepSeek-V3's checkpoint: 128x128)
+            b = (int(block[0]), int(block[1]))
+            scales = 2 * _blocks(inter, hidden, b) + _blocks(hidden, inter, b)
+            return params + 4 * scales, f"fp8 with {b[0]}x{b[1]} block scales"
+        return params + 3 * 4, "fp8 with per-tensor scales"
+    raise SceneEplbError(f"quantization method {method!r} is not priced here: pass --expert-bytes")
+
+
+def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto") -> tuple[int, str]:
+    """One token's KV cache over all layers on one rank (attention TP 1), and its format."""
+    dtype = _model_dtype(cfg) if kv_cache_dtype == "auto" else kv_cache_dtype
+    size = _dtype_bytes(dtype, "kv cache dtype")
+    layers = cfg.get("num_hidden_layers")
+    if cfg.get("kv_lora_rank"):
+        per_layer = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
+        return layers * per_layer * size, f"MLA latent {cfg['kv_lora_rank']} + rope {cfg.get('qk_rope_head_dim') or 0} per layer, {dtype}"
+    heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return layers * 2 * heads * head_dim * size, f"K and V, {heads} KV heads x {head_dim} per layer, {dtype}"
+
+
+def read_model_memory(model_dir: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes_override: int | None = None) -> ModelMemory:
+    """Price a model folder's expert and KV token (see the module docstring)."""
+    raw, path = read_hf_config(model_dir)
+    cfg = raw.get("text_config", raw)
+    if "quantization_config" in raw and "quantization_config" not in cfg:
+        cfg = {**cfg, "quantization_config": raw["quantization_config"]}
+    modelslim = None
+    slim = path.parent / MODELSLIM_FILE
+    if slim.is_file():
+        try:
+            modelslim = json.loads(slim.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SceneEplbError(f"cannot read {MODELSLIM_FILE}: {exc}", slim) from None
+        if not isinstance(modelslim, dict):
+            raise SceneEplbError(f"{MODELSLIM_FILE} is not a JSON object", slim)
+    try:
+        if expert_bytes_override is not None:
+            if expert_bytes_override <= 0:
+                raise SceneEplbError(f"--expert-bytes must be positive, got {expert_bytes_override}")
+            per_expert, fmt = expert_bytes_override, "given (--expert-bytes)"
+        else:
+            per_expert, fmt = expert_bytes(cfg, modelslim)
+        kv, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype)
+    except SceneEplbError as exc:
+        raise SceneEplbError(exc.problem, path) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SceneEplbError(f"config lacks what pricing needs ({exc!r})", path) from None
+    return ModelMemory(per_expert, fmt, kv, kv_fmt, len(from_hf_config(raw, str(path)).moe_layers))
+
+
+def replica_cost(memory: ModelMemory, slots_per_rank: float) -> dict:
+    """What ``slots_per_rank`` redundant slots per rank in every MoE layer cost each rank (the
+    ``memory`` object of ``--json``): the model's prices, their bytes over all MoE layers, and the
+    KV tokens those bytes would have held."""
+    redundant = round(slots_per_rank * memory.num_moe_layers * memory.bytes_per_expert)
+    return {
+        **asdict(memory),
+        "redundant_slots_per_rank_per_layer": slots_per_rank,
+        "redundant_bytes_per_rank": redundant,
+        "kv_tokens_per_rank": redundant // memory.kv_bytes_per_token if memory.kv_bytes_per_token else None,
+    }
+
+
+def geometry_cost(memory: ModelMemory, geometry: Geometry) -> dict:
+    """``replica_cost`` of a geometry: R / ep_size redundant slots per rank (an average when ep_size
+    does not divide R)."""
+    return replica_cost(memory, geometry.num_redundant / geometry.ep_size)
+
+
+def cost_sentence(cost: dict, geometry: Geometry | None = None) -> str:
+    """The replica cost in one sentence a capacity planner can act on (``geometry`` names R and ep;
+    without it, the price of one redundant slot per rank)."""
+    slots = cost["redundant_slots_per_rank_per_layer"]
+    if slots == 0:
+        return "No redundant slots: the layout costs no memory beyond the model's own experts."
+    if geometry is None:
+        what = f"One redundant slot per rank in each of {cost['num_moe_layers']} MoE layers costs"
+    else:
+        what = (f"{geometry.num_redundant} redundant slots on {geometry.ep_size} ranks put {slots:g} extra expert"
+                f"{'' if slots == 1 else 's'} per rank in each of {cost['num_moe_layers']} MoE layers:")
+    return (f"{what} {cost['redundant_bytes_per_rank'] / GIB:.2f} GiB of expert weights per rank "
+            f"({cost['bytes_per_expert'] / 2**20:.1f} MiB per expert, {cost['expert_format']}), memory that would hold "
+            f"{cost['kv_tokens_per_rank']:,} tokens of KV cache per rank ({cost['kv_bytes_per_token']:,} B per token, {cost['kv_format']}).")
