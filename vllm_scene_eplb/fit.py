@@ -346,15 +346,28 @@ def table_sources(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
     return np.bincount((np.arange(L)[:, None, None] * P + table).ravel(), minlength=L * P).reshape(L, P)
 
 
-def _fit_static_table(p2l: np.ndarray, weights: np.ndarray, options: FitOptions, rounds: int = 4) -> Fitted:
-    """Fit the static table with the map: start from the even-split table, then alternate moving
+def even_sources(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Source ranks per slot as evenly as can be: an expert's c replicas serve ep // c each, the
+    first ep % c of them (in slot order) one more: int [L, P]."""
+    L, P = p2l.shape
+    l2p, replicas = logical_to_physical(p2l, geometry.num_experts)
+    li, ei, j = np.nonzero(l2p >= 0)
+    index = np.zeros((L, P), dtype=np.int64)
+    index[li, l2p[li, ei, j]] = j  # each slot's place among its expert's replicas
+    c = np.take_along_axis(replicas, p2l, axis=1)
+    return geometry.ep_size // c + (index < geometry.ep_size % c)
+
+
+def _fit_static_table(p2l: np.ndarray, weights: np.ndarray, options: FitOptions, sources: np.ndarray | None = None,
+                      rounds: int = 4) -> Fitted:
+    """Fit the static table with the map: start from ``sources`` (default even counts), then alternate moving
     source ranks between an expert's replicas (``move_sources``) and swapping replicas with the
     loads their sources give them (``refine``), keeping per layer whatever lowers the peak.
     Why: each source rank sends w_e / ep, so an even split of c replicas is off by up to one such
     step; fitted per replica, those steps balance rank loads (real DeepSeek-V3: worst layer 1.026
     -> 1.001 at EP16)."""
     g, steps, tol = options.geometry, options.max_rounds, options.tolerance
-    sources = move_sources(p2l, weights, table_sources(p2l, g), g, steps, tol)
+    sources = move_sources(p2l, weights, even_sources(p2l, g) if sources is None else sources, g, steps, tol)
     score = static_score(p2l, weights, g, sources)
     for _ in range(rounds):
         moved, origin = refine(p2l, static_slot_loads(p2l, weights, g, sources), g, steps, tol, pairs=2)
@@ -453,8 +466,8 @@ def _refit_worst_scenes(fitted: Fitted, scenes: np.ndarray, weights: np.ndarray,
         return fitted
     pull = weights[:, None] * (per_scene[:, chosen] - 1.0 + 1e-3)  # [K, n]: the further from balance, the heavier
     mix = (pull[:, :, None] * scenes[:, chosen]).sum(axis=0) / pull.sum(axis=0)[:, None]
-    refit = fit_map(mix[None], options)
     subset = Fitted(fitted.map[chosen], None if fitted.static_sources is None else fitted.static_sources[chosen])
+    refit = _warm_refit(subset, mix, options)
     best, _ = pick_per_layer(subset, worst[chosen], refit, worst_scene(refit, chosen)[1])
     p2l = fitted.map.copy()
     p2l[chosen] = best.map
@@ -463,6 +476,17 @@ def _refit_worst_scenes(fitted: Fitted, scenes: np.ndarray, weights: np.ndarray,
         sources = fitted.static_sources.copy()
         sources[chosen] = best.static_sources
     return Fitted(p2l, sources)
+
+
+def _warm_refit(fitted: Fitted, weights: np.ndarray, options: FitOptions) -> Fitted:
+    """Refit a fit [n, P] to new weights [n, E] from where it is (same replica counts): swaps, and
+    for ``static`` the table with them. Cheaper than a fit from scratch, which places every replica."""
+    g = options.geometry
+    if options.dispatch == "static":
+        return _fit_static_table(fitted.map, weights, options, fitted.static_sources)
+    replicas = replica_counts(fitted.map, g.num_experts)
+    moved, _ = refine(fitted.map, np.take_along_axis(weights / replicas, fitted.map, axis=1), g, options.max_rounds, options.tolerance)
+    return Fitted(moved, None)
 
 
 def fingerprint(counts_digest: str, options: FitOptions) -> str:
