@@ -160,3 +160,44 @@ def test_audit_from_the_log_alone_where_the_plugin_has_no_routes(tmp_path, count
     assert bad.returncode == 1 and "FAIL  startup log line 2" in bad.stdout
     none = run("audit", "--layout", tmp_path / "l.json", check=False)
     assert none.returncode == 2 and "needs --url" in none.stderr and "Traceback" not in none.stderr
+
+
+def test_several_scenes_fit_score_and_report(tmp_path, real_counts_paths):
+    """One layout for two real scenes, with weights and the worst objective; score and report show
+    every scene; --model names the routing groups and prices the redundant slots."""
+    model = real_counts_paths[0].parents[1] / "models" / "deepseek-v3"
+    a, b, c = real_counts_paths
+    fit = json.loads(run("fit", a, b, "--scene-weights", "0.7,0.3", "--objective", "worst", "--ep-size", 16, "--redundant", 16,
+                         "--model", model, "-o", tmp_path / "l.json", "--json", "-q").stdout)
+    assert fit["expert_groups"] == 8 and fit["expert_groups_from"] == "--model"
+    assert [s["weight"] for s in fit["scenes"]] == [0.7, 0.3] and "summary" not in fit
+    assert fit["memory"]["redundant_bytes_per_rank"] == 58 * fit["memory"]["bytes_per_expert"]
+    assert "tokens of KV cache per rank" in fit["memory"]["summary"]
+    sc = json.loads(run("score", tmp_path / "l.json", a, b, c, "--json", "-q").stdout)
+    assert [s["name"] for s in sc["scenes"]] == [a.stem, b.stem, c.stem]
+    assert all(s["summary"]["new_static_train"]["worst"] < s["summary"]["old_train"]["worst"] for s in sc["scenes"])
+    rep = json.loads(run("report", tmp_path / "l.json", a, c, "--model", model, "-o", tmp_path / "rep", "--json", "-q").stdout)
+    assert len(rep["heatmaps"]) == 2 and all((tmp_path / "rep" / f"rank_load_heatmap-{n.stem}.png").is_file() for n in (a, c))
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Scenes" in md and f"## Scene {c.stem}" in md and "**Memory.**" in md and "static table: fitted" in md
+    bad = run("fit", a, b, "--scene-weights", "1", "--ep-size", 16, "--redundant", 16, "-o", tmp_path / "x.json", check=False)
+    assert bad.returncode == 2 and "1 scene weight(s) given for 2 counts file(s)" in bad.stderr
+    assert not (tmp_path / "x.json").exists()
+    text = run("inspect", a, "--model", model).stdout
+    assert "One redundant slot per rank in each of 58 MoE layers costs 2.38 GiB" in text
+
+
+def test_routing_groups_come_from_the_recorder_unless_a_flag_says_otherwise(tmp_path):
+    data = skewed_counts(2, 2, 32, seed=9)
+    recorded = write_counts(Counts(data, {"expert_groups": 4, "top_k": 4}), tmp_path / "rec.npz")
+    args = ("--ep-size", 4, "--redundant", 4, "-o", tmp_path / "l.json", "--json", "-q")
+    fit = json.loads(run("fit", recorded, *args).stdout)
+    assert (fit["expert_groups"], fit["expert_groups_from"]) == (4, "counts metadata")
+    assert json.loads((tmp_path / "l.json").read_text())["meta"]["top_k"] == 4
+    fit = json.loads(run("fit", recorded, "--expert-groups", 2, *args).stdout)
+    assert (fit["expert_groups"], fit["expert_groups_from"]) == (2, "--expert-groups")
+    plain = write_counts(Counts(data), tmp_path / "plain.npz")
+    assert json.loads(run("fit", plain, *args).stdout)["expert_groups_from"] == "default"
+    other = write_counts(Counts(data, {"expert_groups": 8, "top_k": 4}), tmp_path / "other.npz")
+    bad = run("fit", recorded, other, *args, check=False)
+    assert bad.returncode == 2 and "record different routing" in bad.stderr

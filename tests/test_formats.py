@@ -111,3 +111,21 @@ def test_write_is_atomic_on_failure(tmp_path, counts, monkeypatch):
     with pytest.raises(OSError):
         write_counts(counts, target)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_native_layout_carries_the_fitted_static_table(tmp_path):
+    """The fitted table (static_sources) survives a round trip, is in the layout hash, and a file
+    whose table was changed (checksum recomputed) no longer matches its recorded hash."""
+    from vllm_scene_eplb.fileio import doc_checksum
+
+    layout = fit(Counts(skewed_counts(1, 2, 16, seed=8)), FitOptions(Geometry(16, 8, 8), dispatch="static"))
+    assert layout.static_sources is not None
+    path = write_layout(layout, tmp_path / "l.json")
+    back = read_layout(path)
+    assert (back.static_sources == layout.static_sources).all() and back.digest() == layout.digest()
+    doc = json.loads(path.read_text())
+    doc["static_sources"] = [[ep if s == ep else 1 for s in row] for row, ep in zip(doc["static_sources"], [8, 8])]
+    doc["checksum"] = doc_checksum(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SceneEplbError, match="static_sources|layout_hash"):
+        read_layout(path)

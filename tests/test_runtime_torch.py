@@ -108,3 +108,20 @@ def test_replica_map_is_traceable_with_dynamic_batch_size():
     for n in (3, 7, 16):
         ids = torch.randint(0, 6, (n, 2))
         assert torch.equal(compiled(ids), m(ids))
+
+
+def test_static_map_loads_the_layouts_fitted_table():
+    """A layout with fitted static_sources: each source rank's rows go where the fitted table says,
+    and the number of source ranks per replica is the fitted one, not the even split."""
+
+    g = Geometry(4, 4, 8)  # 8 ranks, 1 slot each; expert 0 on ranks 0-4 (5 replicas)
+    p2l = np.array([[0, 0, 0, 0, 0, 1, 2, 3]])
+    sources = np.array([[4, 1, 1, 1, 1, 8, 8, 8]])  # rank 0's replica serves itself and the 3 ranks without one
+    layout = Layout(p2l, g, static_sources=sources)
+    maps = layer_maps(layout, "static")[0]
+    chosen = [maps(torch.zeros((8, 1), dtype=torch.int64)).flatten().tolist()[r] for r in range(8)]  # row r from rank r
+    assert chosen == [0, 1, 2, 3, 4, 0, 0, 0]
+    even = layer_maps(Layout(p2l, g), "static")[0](torch.zeros((8, 1), dtype=torch.int64)).flatten().tolist()
+    assert np.bincount(even, minlength=8).max() == 2  # the even split: ceil(8 / 5)
+    with pytest.raises(SceneEplbError, match="serve 7 source ranks"):
+        Layout(p2l, g, static_sources=np.array([[3, 1, 1, 1, 1, 8, 8, 8]]))
