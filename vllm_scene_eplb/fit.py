@@ -330,12 +330,13 @@ def _fit_weights(weights: np.ndarray, options: FitOptions) -> tuple[Fitted, np.n
     weights = np.where(weights.sum(axis=1, keepdims=True) > 0, weights, 1.0).astype(np.float64)
     replicas = allocate_replicas(weights, g.num_redundant, g.ep_size)
     p2l = place(replicas, weights, g, spread_nodes=options.dispatch == "static", groups=options.expert_groups, hedge=options.group_hedge)
-    if options.dispatch == "static":  # refined with the loads its own table gives, not the even split's
+    if options.dispatch == "static" and g.num_redundant:  # refined with the loads its own table gives
         fitted = _fit_static_table(p2l, weights, options)
         score = static_score(fitted.map, weights, g, fitted.static_sources)
-    else:
+    else:  # (without redundant slots every rank serves every expert's one replica: static is the even split)
         p2l, _ = refine(p2l, np.take_along_axis(weights / replicas, p2l, axis=1), g, options.max_rounds, options.tolerance)
-        fitted, score = Fitted(p2l, None), ideal_score(p2l, weights, g)
+        sources = even_sources(p2l, g) if options.dispatch == "static" else None
+        fitted, score = Fitted(p2l, sources), ideal_score(p2l, weights, g)
     return _no_worse_than_linear(fitted, score, weights, options)
 
 
