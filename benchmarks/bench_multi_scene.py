@@ -20,14 +20,12 @@ ratio to vLLM's policy on the same input, measured in the same run. Both sides g
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from bench_fit_vs_vllm import DEEPSEEK_V3_GROUPS, best_time, stats, vllm_policy
+from bench_fit_vs_vllm import DEEPSEEK_V3_GROUPS, best_time, finish, print_checks, stats, vllm_policy
 from sample_data import DEFAULT
 from vllm_scene_eplb.fit import FitOptions, Fitted, fit_map, fit_scenes
 from vllm_scene_eplb.formats import read_counts
@@ -111,19 +109,13 @@ def main() -> int:
                     in_sample["multi_worst"]["worst"] <= in_sample["multi_mean"]["worst"] + 1e-9,
                 **{f"fit time <= 2x vLLM ({k})": v <= 2.0 for k, v in times.items()},
             }
-            for name, ok in checks.items():
-                print(f"  [{'PASS' if ok else 'MISS'}] {name}")
-                if not ok:
-                    failures.append(f"{gname} {dispatch}: {name}")
+            print_checks(checks, f"{gname} {dispatch}", failures)
             # reported, not gating: the one fold the issue names, where two similar prefill scenes
             # must carry the fit to decode
             ok = folds[decode]["multi_mean"]["median"] < folds[decode]["single"]["median"]
             print(f"  ({'pass' if ok else 'miss'}, not a target) fit on both prefill scenes beats each alone on decode, median")
         results[gname] = out
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    print("\nall targets met" if not failures else "\nmissed: " + "; ".join(failures))
-    return 1 if failures else 0
+    return finish(results, args.json, failures)
 
 
 if __name__ == "__main__":
