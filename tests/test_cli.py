@@ -183,6 +183,8 @@ def test_several_scenes_fit_score_and_report(tmp_path, real_counts_paths):
     bad = run("fit", a, b, "--scene-weights", "1", "--ep-size", 16, "--redundant", 16, "-o", tmp_path / "x.json", check=False)
     assert bad.returncode == 2 and "1 scene weight(s) given for 2 counts file(s)" in bad.stderr
     assert not (tmp_path / "x.json").exists()
+    conv = json.loads(run("convert", tmp_path / "l.json", "--to", "sglang", "-o", tmp_path / "s.json", "--json", "-q").stdout)
+    assert conv["dropped"] == ["static_sources"]  # said, not silently lost
     text = run("inspect", a, "--model", model).stdout
     assert "One redundant slot per rank in each of 58 MoE layers costs 2.38 GiB" in text
 

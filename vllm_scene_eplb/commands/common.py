@@ -102,6 +102,16 @@ def memory_cost(args: argparse.Namespace, geometry: Geometry | None) -> dict | N
     return {**cost, "summary": cost_sentence(cost, geometry)}
 
 
+def dropped_table(layout, fmt: str, out) -> tuple[list[str], str]:
+    """What a layout file of format ``fmt`` cannot hold of ``layout`` (the fitted static table in a
+    bare format), for ``--json``'s ``dropped``, and the note that says so (empty when nothing is lost)."""
+    if layout.static_sources is None or fmt == "native":
+        return [], ""
+    return ["static_sources"], (f"\nnote: {fmt} files cannot hold the fitted static table (static_sources): an engine "
+                                f"reading {out} alone uses its own replica choice; the scene_eplb plugin, given the "
+                                "native layout, uses the fitted table")
+
+
 def scene_names(paths: list[str]) -> list[str]:
     """A short, unique name per counts file (its stem; the path where stems repeat)."""
     stems = [Path(p).stem for p in paths]

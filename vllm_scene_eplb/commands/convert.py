@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import SceneEplbError
 from ..formats import COUNTS_FORMATS, LAYOUT_FORMATS, file_kind, read_counts, read_layout, write_counts, write_layout
 from ..layout import Layout
-from .common import Console, geometry_args, hint
+from .common import Console, dropped_table, geometry_args, hint
 
 HELP = "convert counts or a layout between formats"
 DESCRIPTION = f"Counts formats: {', '.join(COUNTS_FORMATS)}. Layout formats: {', '.join(LAYOUT_FORMATS)}."
@@ -33,7 +33,7 @@ def parse_layers(text: str) -> tuple[int, ...]:
 
 def run(args, console: Console) -> None:
     kind = file_kind(args.input)
-    dropped: list[str] = []
+    dropped, note = [], ""
     if kind == "counts":
         if args.to not in COUNTS_FORMATS:
             raise SceneEplbError(f"counts convert to one of {', '.join(COUNTS_FORMATS)}, not {args.to!r}", args.input)
@@ -45,9 +45,6 @@ def run(args, console: Console) -> None:
         if args.moe_layers is not None:
             obj = Layout(obj.physical_to_logical_map, obj.geometry, parse_layers(args.moe_layers), obj.meta, obj.static_sources)
         out = write_layout(obj, args.output, args.to)
-        if obj.static_sources is not None and args.to != "native":
-            dropped = ["static_sources"]
-    note = (f"\nnote: {args.to} files cannot hold the fitted static table (static_sources): an engine reading {out} alone "
-            "uses its own replica choice; the scene_eplb plugin, given the native layout, uses the fitted table") if dropped else ""
+        dropped, note = dropped_table(obj, args.to, out)
     console.emit({"input": args.input, "kind": kind, "output": str(out), "format": args.to, "dropped": dropped},
                  f"wrote {out} ({kind}, {args.to})" + note)

@@ -7,7 +7,7 @@ from ..evaluation import evaluate
 from ..fit import OBJECTIVES, FitOptions, fit
 from ..formats import LAYOUT_FORMATS, read_counts, write_layout
 from ..layout import Geometry
-from .common import Console, memory_cost, model_args, parse_weights, resolve_routing, scene_names, scenes_payload, scenes_text
+from .common import Console, dropped_table, memory_cost, model_args, parse_weights, resolve_routing, scene_names, scenes_payload, scenes_text
 
 HELP = "fit a layout to counts (one scene or several)"
 DESCRIPTION = ("Fit a static layout: replica counts in the redundant-slot budget, placement, bounded swaps, the static "
@@ -65,7 +65,8 @@ def run(args, console: Console) -> None:
     lines.append(scenes_text(args.counts, evals))
     if memory:
         lines.append(memory["summary"])
-    lines.append(f"wrote {out} ({args.format})")
-    payload = {"output": str(out), "format": args.format, "expert_groups": routing.expert_groups, "expert_groups_from": routing.source,
+    dropped, note = dropped_table(layout, args.format, out)
+    lines.append(f"wrote {out} ({args.format}){note}")
+    payload = {"output": str(out), "format": args.format, "dropped": dropped, "expert_groups": routing.expert_groups, "expert_groups_from": routing.source,
                "memory": memory, **scenes_payload(args.counts, evals, layout.meta["scene_weights"])}
     console.emit(payload, "\n".join(line for line in lines if line))
