@@ -38,6 +38,8 @@ def test_p_server_dry_run_has_the_plugin_flag_and_field_geometry():
     assert "scene_eplb" in out and "kv_producer" in out and "/data/se/dumps" in out
     out = _dry("p_server.sh", "layout", "/data/se/layout.json")
     assert '\\"layout\\":\\ \\"/data/se/layout.json\\"' in out and "dispatch" in out and "expert_map_path" not in out
+    assert '\\"dispatch\\":\\ \\"static\\"' in out
+    assert '\\"dispatch\\":\\ \\"dynamic\\"' in _dry("p_server.sh", "layout", "/data/se/layout.json", DISPATCH="dynamic")
     out = _dry("p_server.sh", "layout", "/data/se/layout.json", SCENE_EPLB_PLUGIN="0")
     assert "expert_map_path" in out and "/data/se/layout.expert_map.json" in out and "scene_eplb" not in out
 

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from vllm_scene_eplb.adapters.vllm_ascend import check_versions
-from vllm_scene_eplb.adapters.vllm_ascend.tables import (install_static_dispatch, log2phy_dynamic, log2phy_static,
+from vllm_scene_eplb.adapters.vllm_ascend.tables import (AscendDispatch, install_dispatch, log2phy_dynamic, log2phy_static,
                                                          off_rank_with_local, rank_expert_maps)
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_layout
 from vllm_scene_eplb.layout import Geometry
 
-from .ascend_sdist import load_eplb_utils
+from .ascend_env import load_eplb_utils
 from .conftest import DATA, require_vllm
 
 pytestmark = pytest.mark.engine
@@ -115,7 +115,7 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
     """vLLM-Ascend's own init_eplb_config, with generate_log2phy_map replaced: every rank's log2phy
     is our static table row, and no rank routes off-rank when it holds a replica."""
     fresh = load_eplb_utils()  # a second instance: the fixture's keeps their formula for the other tests
-    install_static_dispatch(fresh, lambda: field_layout)
+    install_dispatch(fresh, lambda: AscendDispatch(field_layout, "static"))
     n = len(field_layout.moe_layers)
     _, l2p, _ = _their_maps(fresh, exported, n, 16, 256, tp_size=2)
     np.testing.assert_array_equal(l2p, log2phy_static(field_layout))
@@ -125,18 +125,15 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
 # ---------------------------------------------------------------- startup wiring (adapters/vllm_ascend/startup)
 
 STARTUP = """
-import json, logging, sys
+import json, logging
 logging.basicConfig(level=logging.INFO)  # a server configures this; a bare script must, to see the startup line
 from types import SimpleNamespace
 import torch
-sys.path.insert(0, {root!r})  # vLLM-Ascend's own files from the sdist, importable by their own names
 from vllm_ascend.eplb.core import eplb_utils as eu
 from vllm_ascend.ascend_config import EplbConfig
 theirs = eu.generate_log2phy_map
 import vllm_scene_eplb.adapters.entry as entry
-entry.vllm_version = lambda: "0.23.0"        # faked: this machine has vLLM 0.32 and no vllm-ascend
-entry.ascend_version = lambda: "0.23.0.post1"
-entry.register()
+entry.register()                              # real vLLM 0.23 and vLLM-Ascend 0.23.0.post1: the Ascend adapter
 from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
 torch.Tensor.npu = lambda self: self         # no NPU here: their code moves log2phy to it
 mc = ModelConfig(model={model!r})
@@ -184,13 +181,11 @@ def _startup(ascend_model, scene: dict, log: list | None = None) -> dict:
     import subprocess
     import sys
 
-    from .ascend_sdist import fetch
+    from .ascend_env import env
 
-    require_vllm()
     model, layout, _, _ = ascend_model
-    script = STARTUP.format(root=str(fetch()), model=str(model), extra=repr(scene), n_moe=len(layout.moe_layers),
-                            E=layout.geometry.num_experts)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    script = STARTUP.format(model=str(model), extra=repr(scene), n_moe=len(layout.moe_layers), E=layout.geometry.num_experts)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env())
     assert res.returncode == 0, res.stderr[-3000:]
     if log is not None:
         log.append(res.stdout + res.stderr)
@@ -199,7 +194,7 @@ def _startup(ascend_model, scene: dict, log: list | None = None) -> dict:
 
 @pytest.mark.parametrize("fmt", ["native", "sglang"])
 def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_model, fmt):
-    """Real VllmConfig (vLLM 0.32, version faked to 0.23) with vLLM-Ascend's own eplb_utils and
+    """Real VllmConfig of vLLM 0.23 with vLLM-Ascend 0.23.0.post1's platform, eplb_utils and
     EplbConfig: the plugin writes the expert map, vLLM-Ascend parses it into our per-rank maps, and
     its log2phy is our static table while the config carries the layout, its formula otherwise.
     A bare SGLang layout (no geometry, no fitted table in the file) works the same with the
@@ -224,7 +219,6 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
 
 
 @pytest.mark.parametrize("scene, message", [
-    ({"dispatch": "dynamic"}, 'dispatch "dynamic" is not available on vLLM-Ascend'),
     ({"layout": None}, "runs the layout run only"),
 ])
 def test_startup_refuses_what_is_not_built_on_ascend(ascend_model, scene, message):
@@ -272,3 +266,31 @@ def test_prepare_needs_an_explicit_role_with_kv_both(ascend_model):
     additional["scene_eplb"]["role"] = "prefill"
     _, written = prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2, kv_role="kv_both")
     assert written.is_file() and additional["eplb_config"]["expert_map_path"] == str(written)
+
+
+def test_startup_with_dynamic_dispatch_builds_virtual_id_maps(ascend_model):
+    """dispatch "dynamic" on vLLM-Ascend: the startup line says so and, inside their own
+    init_eplb_config, every rank's log2phy is the virtual-id map (replica j of expert e at e + E*j)
+    that the select_experts hook pairs with (tests/test_vllm_ascend_moe.py runs the two together)."""
+    from vllm_scene_eplb.adapters.vllm_ascend.tables import dynamic_virtual_log2phy
+
+    _, layout, native, root = ascend_model
+    log = []
+    out = _startup(ascend_model, {"scene_eplb": {"layout": str(native), "dump_dir": str(root / "dump-dyn"), "dispatch": "dynamic"}}, log)
+    assert f"layout_hash={layout.digest()} redundant_slots=2 dispatch=dynamic" in log[0]
+    maps = rank_expert_maps(layout)
+    want = [dynamic_virtual_log2phy(maps[k]).tolist() for k in range(len(layout.moe_layers)) for _ in range(2)]
+    assert out["ours"] == want
+    assert all(len(row) > layout.geometry.num_experts for row in out["ours"])
+    assert out["theirs"] == out["theirs_formula"]
+
+
+def test_dynamic_dispatch_refuses_returning_routed_experts(ascend_model):
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-routed"), "dispatch": "dynamic"}}
+    with pytest.raises(SceneEplbError, match="enable_return_routed_experts"):
+        prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2, returns_routed_experts=True)
+    assert not (root / "d-routed").exists()

@@ -20,8 +20,10 @@ case "$MODE" in
     if [ "${SCENE_EPLB_PLUGIN:-1}" = 1 ]; then
       # The plugin checks the layout against the model, writes vLLM-Ascend's expert_map_path JSON
       # from it (vLLM-Ascend then loads weights and maps) and replaces its fixed replica formula
-      # with our static table (local replica first); each worker logs the line `scene-eplb audit` reads.
-      EPLB='"scene_eplb": {"role": "prefill", "layout": "'"$LAYOUT"'", "dispatch": "static", "dump_dir": "'"$SCENE_EPLB_DIR"'/dumps"}'
+      # with our dispatch: DISPATCH=static (default: the layout's fitted table, local replica first)
+      # or DISPATCH=dynamic (each expert's rows split evenly over its replicas); each worker logs
+      # the line `scene-eplb audit` reads.
+      EPLB='"scene_eplb": {"role": "prefill", "layout": "'"$LAYOUT"'", "dispatch": "'"${DISPATCH:-static}"'", "dump_dir": "'"$SCENE_EPLB_DIR"'/dumps"}'
     else
       # Without the plugin: vLLM-Ascend's own static-map path with its fixed generate_log2phy_map formula.
       EPLB='"eplb_config": {"expert_map_path": "'"${LAYOUT%.json}"'.expert_map.json"}'

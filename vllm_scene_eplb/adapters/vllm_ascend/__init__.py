@@ -2,7 +2,9 @@
 
 - ``version``: the releases it was written for, and the refusal of any other;
 - ``tables``: our layout and dispatch tables in vLLM-Ascend's terms (per-rank expert maps, log2phy);
-- ``startup``: the layout run's wiring (expert map file, dispatch swap, startup line).
+- ``startup``: the layout run's wiring (expert map file, dispatch swap, startup line);
+- ``moe_hooks``: the MoE layer being run and its ``select_experts`` ids (rebound in every module);
+- ``dynamic``: the per-row replica choice of ``dispatch: dynamic`` on those ids.
 The file format vLLM-Ascend reads (``expert_map_path``) is ``vllm_scene_eplb.formats.vllm_ascend``.
 """
 

@@ -6,14 +6,15 @@
   layout hash, in ``dump_dir``) and point ``additional_config.eplb_config.expert_map_path`` at it.
   vLLM-Ascend then builds every rank's expert map and loads the weights from it.
 - In every process: vLLM-Ascend's ``generate_log2phy_map`` uses our ``static`` table (local replica
-  first) when the current config carries a scene_eplb layout, its own formula otherwise; the first
-  use logs the line ``scene-eplb audit`` reads.
+  first, the layout's fitted source counts) or, for ``dispatch: dynamic``, the virtual-id map that
+  ``moe_hooks`` and ``dynamic`` turn into an even per-row split, when the current config carries a
+  scene_eplb layout; its own formula otherwise. The first use logs the line ``scene-eplb audit`` reads.
 
 Refused with a message, because not built on Ascend: a run without a layout (the observer on
-``AscendFusedMoE`` and the export are not built, so a collection run would record nothing),
-``dispatch: dynamic`` (vLLM-Ascend MRv1 routes each source rank to one fixed replica; a per-token
-split needs a hook in its MoE comm methods), and settings that would fight the layout: vLLM-Ascend's
-own dynamic EPLB, a hand-set ``expert_map_path``, ``mix_placement``, PP > 1, no expert parallelism.
+``AscendFusedMoE`` and the export are not built, so a collection run would record nothing); and
+settings that would fight the layout: vLLM-Ascend's own dynamic EPLB, a hand-set ``expert_map_path``,
+``mix_placement``, PP > 1, no expert parallelism, and with ``dynamic`` returning routed experts to
+clients (they would see virtual ids).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from ...layout import Layout
 from ...model_geometry import from_hf_config
 from ...protocol import OBSERVER_OFF, startup_line
 from ...runtime.layout_check import layout_for_server
-from .tables import install_static_dispatch
+from . import moe_hooks
+from .dynamic import ids_hook_for
+from .tables import AscendDispatch, install_dispatch
 from .version import check_versions
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -45,7 +48,8 @@ def ep_size_of(parallel_config) -> int:
     return parallel_config.tensor_parallel_size * parallel_config.data_parallel_size * pcp
 
 
-def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, kv_role: str | None = None) -> tuple[Layout, Path]:
+def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, kv_role: str | None = None,
+                       returns_routed_experts: bool = False) -> tuple[Layout, Path]:
     """Check the settings and the layout, write the expert map file and set ``eplb_config`` to it.
 
     Returns (layout, expert_map_path); changes ``additional_config`` only when everything holds.
@@ -57,9 +61,9 @@ def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, k
     if cfg.layout is None:
         raise SceneEplbError("scene_eplb on vLLM-Ascend runs the layout run only: set scene_eplb.layout (recording "
                              "on AscendFusedMoE and the export are not built for vLLM-Ascend yet)")
-    if cfg.dispatch != "static":
-        raise SceneEplbError('scene_eplb.dispatch "dynamic" is not available on vLLM-Ascend 0.23 (its log2phy map is one '
-                             'fixed replica per source rank): use "static"')
+    if cfg.dispatch == "dynamic" and returns_routed_experts:
+        raise SceneEplbError('scene_eplb.dispatch "dynamic" on vLLM-Ascend rewrites top-k ids to virtual replica ids, which '
+                             'enable_return_routed_experts would hand to clients: turn one of them off')
     eplb = additional_config.get("eplb_config") or {}
     if not isinstance(eplb, dict):
         raise SceneEplbError("additional_config.eplb_config must be a JSON object")
@@ -76,8 +80,8 @@ def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, k
     return layout, path
 
 
-def _layout_in_config() -> Layout | None:
-    """The scene_eplb layout of the config the model is being built with, or None."""
+def _dispatch_in_config() -> AscendDispatch | None:
+    """The scene_eplb layout and dispatch of the config the model is being built with, or None."""
     from vllm.config import get_current_vllm_config
 
     vc = get_current_vllm_config()
@@ -86,7 +90,7 @@ def _layout_in_config() -> Layout | None:
         return None
     if cfg.layout not in _loaded:
         _loaded[cfg.layout] = _announce(vc, cfg.layout)
-    return _loaded[cfg.layout]
+    return AscendDispatch(_loaded[cfg.layout], cfg.dispatch)
 
 
 def _announce(vc, layout_path: str) -> Layout:
@@ -96,7 +100,7 @@ def _announce(vc, layout_path: str) -> Layout:
     layout = layout_for_server(layout_path, from_hf_config(vc.model_config.hf_config.to_dict()),
                                ep_size_of(vc.parallel_config), model_layer_axis=False)
     status = {"role": cfg.resolve_role(kv_role_of(vc)), "observer": OBSERVER_OFF, "layout_hash": layout.digest(),
-              "redundant_slots": layout.geometry.num_redundant, "dispatch": "static", "ep_size": layout.geometry.ep_size}
+              "redundant_slots": layout.geometry.num_redundant, "dispatch": cfg.dispatch, "ep_size": layout.geometry.ep_size}
     where = f"vLLM-Ascend, expert_map_path {(vc.additional_config.get('eplb_config') or {}).get('expert_map_path')}"
     logger.info("%s", startup_line(status, where))
     return layout
@@ -113,20 +117,22 @@ def _wrap_config(vllm_config_cls) -> None:
     def __post_init__(self, *args, **kwargs):
         if plugin_enabled(self.additional_config):
             layout, path = prepare_layout_run(self.additional_config, self.model_config.hf_config.to_dict(),
-                                              ep_size_of(self.parallel_config), kv_role_of(self))
-            logger.info("scene-eplb: layout %s (%d redundant slots, static dispatch) -> vLLM-Ascend expert_map_path %s",
-                        layout.digest(), layout.geometry.num_redundant, path)
+                                              ep_size_of(self.parallel_config), kv_role_of(self),
+                                              bool(getattr(self.model_config, "enable_return_routed_experts", False)))
+            logger.info("scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
+                        layout.digest(), layout.geometry.num_redundant, parse_config(self.additional_config).dispatch, path)
         orig(self, *args, **kwargs)
 
     vllm_config_cls.__post_init__ = __post_init__
 
 
 def register(ascend: str, vllm_version: str) -> None:
-    """The plugin on vLLM-Ascend: version check, config hook, dispatch replacement."""
+    """The plugin on vLLM-Ascend: version check, config hook, dispatch replacement, MoE hooks."""
     from vllm.config import VllmConfig
 
     check_versions(ascend, vllm_version)
     from vllm_ascend.eplb.core import eplb_utils
 
     _wrap_config(VllmConfig)
-    install_static_dispatch(eplb_utils, _layout_in_config)
+    install_dispatch(eplb_utils, _dispatch_in_config)
+    moe_hooks.install(ids_hook_for)

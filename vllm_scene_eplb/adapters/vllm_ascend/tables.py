@@ -8,20 +8,22 @@ rank itself. Physical ids there are ``local + rank * S``, the same as our slot i
 table replaces its log2phy map entry for entry. The MTP layer (index == moe_layer_count) has no
 row in the file: vLLM-Ascend gives it its default placement with the file's slot count.
 
-``install_static_dispatch`` replaces ``generate_log2phy_map`` in vLLM-Ascend's ``eplb_utils`` with
+``install_dispatch`` replaces ``generate_log2phy_map`` in vLLM-Ascend's ``eplb_utils`` with
 our static table (local replica first, then the layout's fitted source counts per replica), checked
 against the per-rank maps it is given, so every layer vLLM-Ascend builds from an ``expert_map_path``
 file dispatches exactly as the layout says (the file cannot carry the fitted table; the plugin
-reads it from the native layout).
+reads it from the native layout). For ``dynamic`` it returns a map over virtual ids instead
+(``dynamic_virtual_log2phy``; ``dynamic`` rewrites the ids to match).
 
-What has run: these tables and the replacement against vLLM-Ascend's own ``eplb_utils.py`` on CPU
-(tests); the startup wiring is in ``startup``. What has not: anything on Ascend
-hardware; the observer on ``AscendFusedMoE`` and the export inside vLLM-Ascend are not built yet.
+What has run: these tables and the replacement against vLLM-Ascend's own code on CPU (tests); the
+startup wiring is in ``startup``. What has not: anything on Ascend hardware; the observer on
+``AscendFusedMoE`` and the export inside vLLM-Ascend are not built yet.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -106,20 +108,50 @@ def _moe_index_being_built() -> int | None:
     return int(layer_id) if isinstance(layer_id, int) else None
 
 
-def install_static_dispatch(eplb_utils, layout_now: Callable[[], Layout | None]) -> None:
-    """Replace ``eplb_utils.generate_log2phy_map`` (vLLM-Ascend's fixed replica formula) with our
-    static table while ``layout_now()`` returns the layout in effect (its fitted table, per MoE
-    layer); when it returns None, their formula runs."""
+def dynamic_virtual_log2phy(global_expert_map: np.ndarray) -> np.ndarray:
+    """``dynamic`` dispatch in vLLM-Ascend's terms, from its per-rank maps [ep, E]: a log2phy map
+    over virtual ids, int32 [W * E], where virtual id ``e + E * j`` is replica ``j`` of expert ``e``
+    (``j`` taken modulo its replica count, so every entry is a slot holding ``e``). ``VirtualIds``
+    turns a token row's logical id into the virtual id of replica ``row mod c``; vLLM-Ascend's own
+    ``log2phy[topk_ids]`` then yields the physical slot. The same on every rank."""
+    p2l, g = _map_from_rank_maps(global_expert_map)
+    l2p, replicas = dynamic_tables(p2l, g.num_experts)
+    l2p, replicas = l2p[0], replicas[0]  # [E, W], [E]
+    j = np.arange(l2p.shape[1])[None, :] % replicas[:, None]
+    return np.take_along_axis(l2p, j, axis=1).T.reshape(-1).astype(np.int32)
+
+
+def replicas_from_rank_maps(global_expert_map: np.ndarray) -> np.ndarray:
+    """Replicas per logical expert from vLLM-Ascend's per-rank maps [ep, E]: int64 [E]."""
+    return (np.asarray(global_expert_map) >= 0).sum(axis=0).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class AscendDispatch:
+    """What the config the model is being built with asks of vLLM-Ascend's log2phy maps."""
+
+    layout: Layout
+    algorithm: str  # static | dynamic
+
+
+def install_dispatch(eplb_utils, dispatch_now: Callable[[], AscendDispatch | None]) -> None:
+    """Replace ``eplb_utils.generate_log2phy_map`` (vLLM-Ascend's fixed replica formula) with ours
+    while ``dispatch_now()`` returns a dispatch: ``static``, the layout's static table (its fitted
+    one, per MoE layer); ``dynamic``, the virtual-id map of ``dynamic_virtual_log2phy`` (the
+    ``moe_hooks`` wrapper makes the ids virtual). When it returns None, their formula runs."""
     import torch
 
     theirs = eplb_utils.generate_log2phy_map
 
     def generate_log2phy_map(global_expert_map, ep_rank, tp_size=None):
-        layout = layout_now()
-        if layout is None:
+        plan = dispatch_now()
+        if plan is None:
             return theirs(global_expert_map, ep_rank, tp_size=tp_size)
         stacked = torch.stack(list(global_expert_map)) if isinstance(global_expert_map, (list, tuple)) else global_expert_map
-        return torch.from_numpy(static_log2phy_from_rank_maps(stacked.cpu().numpy(), int(ep_rank), layout, _moe_index_being_built()))
+        maps = stacked.cpu().numpy()
+        if plan.algorithm == "dynamic":
+            return torch.from_numpy(dynamic_virtual_log2phy(maps))
+        return torch.from_numpy(static_log2phy_from_rank_maps(maps, int(ep_rank), plan.layout, _moe_index_being_built()))
 
-    generate_log2phy_map.__doc__ = install_static_dispatch.__doc__
+    generate_log2phy_map.__doc__ = install_dispatch.__doc__
     eplb_utils.generate_log2phy_map = generate_log2phy_map
