@@ -105,7 +105,7 @@ def evaluate(layout: Layout, counts: Counts) -> Evaluation:
         "new_train": ideal_score(new, w_train, g),
         "old_holdout": None if w_hold is None else ideal_score(old, w_hold, g),
         "new_holdout": None if w_hold is None else ideal_score(new, w_hold, g),
-        "new_static_train": static_score(new, w_train, g, None if layout.static_sources is None else layout.static_sources[layers]),
+        "new_static_train": static_score(new, w_train, g, layout.static_sources_at(layers)),
         "new_per_pass_holdout": None if holdout is None else per_pass_score(new, holdout[:, layers], g),
     }
     assert tuple(scores) == tuple(s.key for s in SCORES)

@@ -456,8 +456,7 @@ def _refit_worst_scenes(fitted: Fitted, scenes: np.ndarray, weights: np.ndarray,
     g, dispatch = options.geometry, options.dispatch
 
     def worst_scene(f: Fitted, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        src = None if f.static_sources is None else f.static_sources
-        per_scene = np.stack([dispatch_score(f.map, s[layers], g, dispatch, src) for s in scenes])
+        per_scene = np.stack([dispatch_score(f.map, s[layers], g, dispatch, f.static_sources) for s in scenes])
         return per_scene, per_scene.max(axis=0)
 
     all_layers = np.arange(scenes.shape[1])

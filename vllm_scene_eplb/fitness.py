@@ -31,8 +31,7 @@ def layer_balancedness(layout: Layout | None, weights: np.ndarray, geometry: Geo
     if layout is None:
         return dispatch_score(linear_map(geometry, len(weights)), weights, geometry, dispatch)
     rows = list(layout.moe_layers)
-    sources = None if layout.static_sources is None else layout.static_sources[rows]
-    return dispatch_score(layout.physical_to_logical_map[rows], weights, geometry, dispatch, sources)
+    return dispatch_score(layout.physical_to_logical_map[rows], weights, geometry, dispatch, layout.static_sources_at(rows))
 
 
 def expected_balancedness(layout: Layout, total: np.ndarray, dispatch: str) -> dict:

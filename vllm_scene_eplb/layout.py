@@ -193,6 +193,10 @@ class Layout:
     def replica_counts(self) -> np.ndarray:
         return replica_counts(self.physical_to_logical_map, self.geometry.num_experts)
 
+    def static_sources_at(self, rows) -> np.ndarray | None:
+        """The fitted static table's ``rows`` [n, P] (source ranks per slot), or None without one."""
+        return None if self.static_sources is None else self.static_sources[rows]
+
     def digest(self) -> str:
         """Content hash of the map, geometry and static table (when fitted): what a running server
         reports as its layout hash."""

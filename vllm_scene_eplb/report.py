@@ -101,7 +101,7 @@ def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path
     g = layout.geometry
     layers = list(layout.moe_layers)
     w = counts.total()[layers].astype(np.float64)
-    sources = None if layout.static_sources is None else layout.static_sources[layers]
+    sources = layout.static_sources_at(layers)
     panels = [("old (linear) layout", linear_map(g, len(layers)), None), ("fitted layout", layout.physical_to_logical_map[layers], sources)]
     dispatch = layout.meta.get("dispatch", "dynamic")
     rel = []

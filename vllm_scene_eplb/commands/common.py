@@ -9,7 +9,6 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-
 from pathlib import Path
 
 from ..errors import SceneEplbError

@@ -30,7 +30,7 @@ import numpy as np
 
 from ...dispatch import dynamic_tables, static_table
 from ...errors import SceneEplbError
-from ...layout import Geometry, Layout
+from ...layout import Geometry, Layout, replica_counts
 
 
 def rank_expert_maps(layout: Layout) -> np.ndarray:
@@ -92,7 +92,7 @@ def static_log2phy_from_rank_maps(global_expert_map: np.ndarray, ep_rank: int, l
         row = layout.moe_layers[moe_index]
         if not np.array_equal(layout.physical_to_logical_map[row], p2l[0]):
             raise SceneEplbError(f"vLLM-Ascend's expert map for MoE layer {moe_index} differs from the layout's row {row}")
-        sources = None if layout.static_sources is None else layout.static_sources[row][None, :]
+        sources = layout.static_sources_at([row])
     return static_table(p2l, g, sources)[0, ep_rank].astype(np.int32)
 
 
@@ -123,7 +123,8 @@ def dynamic_virtual_log2phy(global_expert_map: np.ndarray) -> np.ndarray:
 
 def replicas_from_rank_maps(global_expert_map: np.ndarray) -> np.ndarray:
     """Replicas per logical expert from vLLM-Ascend's per-rank maps [ep, E]: int64 [E]."""
-    return (np.asarray(global_expert_map) >= 0).sum(axis=0).astype(np.int64)
+    p2l, g = _map_from_rank_maps(global_expert_map)
+    return replica_counts(p2l, g.num_experts)[0]
 
 
 @dataclass(frozen=True)
