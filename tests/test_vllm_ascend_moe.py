@@ -46,7 +46,7 @@ def test_every_module_that_binds_select_experts_is_rebound():
     out = run("""
 import json, sys
 from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
-from vllm_scene_eplb.adapters.vllm_ascend.dynamic import ids_hook_for
+from vllm_scene_eplb.adapters.vllm_ascend.runtime import ids_hook_for
 rebound = moe_hooks.install(ids_hook_for)
 import vllm_ascend.ops.fused_moe.experts_selector as source
 original = source.select_experts.__scene_eplb_original__

@@ -36,6 +36,12 @@ def export_group(export_id: str, rank: int, size: int, timeout_s: float, store=N
                                  timedelta(seconds=timeout_s))
 
 
+def group_maker(rank: int, size: int):
+    """``Exporter``'s group maker for a worker at ``rank`` of the ``size`` EP ranks: ``export_group``
+    over the world's store."""
+    return lambda export_id, timeout_s: export_group(export_id, rank, size, timeout_s)
+
+
 def _allreduce(group, tensor: torch.Tensor, op) -> None:
     opts = dist.AllreduceOptions()
     opts.reduceOp = op

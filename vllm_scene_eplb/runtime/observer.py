@@ -40,8 +40,8 @@ class ObserverStatus:
 class RoutingObserver:
     """Counts (token, top-k) assignments per MoE layer and logical expert, one ring entry per pass.
 
-    ``padding_rows`` (optional) is the engine's bool padding mask of at least the batch size, True
-    for padded rows, which are not counted. Dummy passes are dropped by ``end_step(is_dummy=True)``.
+    ``padding_rows`` (optional) is a bool mask of at least the batch size, True for rows not to
+    count (graph padding, another rank's tokens). Dummy passes are dropped by ``end_step(is_dummy=True)``.
     """
 
     def __init__(self, num_moe_layers: int, num_experts: int, entries: int, device: torch.device | str = "cpu",
@@ -58,13 +58,14 @@ class RoutingObserver:
         self.has_record = False
 
     def capture(self, moe_idx: int, topk_ids: torch.Tensor, padding_rows: torch.Tensor | None = None) -> None:
-        """Add one pass's logical top-k ids [M, k] of MoE layer ``moe_idx``; traceable."""
+        """Add one pass's logical top-k ids [M, k] of MoE layer ``moe_idx``; traceable. Ids outside
+        [0, E) (zero experts, shared-expert pseudo ids) are not routed experts and are not counted."""
         ids = topk_ids.reshape(topk_ids.shape[0], -1).to(torch.int64)
-        if padding_rows is None:
-            ones = torch.ones_like(ids, dtype=torch.int32)
-        else:
-            ones = (~padding_rows[: ids.shape[0]]).to(torch.int32).unsqueeze(1).expand_as(ids)
-        self.pass_counts[moe_idx].scatter_add_(0, ids.flatten(), ones.flatten())
+        counted = (ids >= 0) & (ids < self.num_experts)
+        if padding_rows is not None:
+            counted &= ~padding_rows[: ids.shape[0]].unsqueeze(1)
+        self.pass_counts[moe_idx].scatter_add_(0, ids.clamp(0, self.num_experts - 1).flatten(),
+                                               counted.to(torch.int32).flatten())
 
     def end_step(self, is_dummy: bool = False) -> None:
         """Close one forward pass: add it to the live counts and, while recording, commit it to the

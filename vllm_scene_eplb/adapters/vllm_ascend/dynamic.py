@@ -19,10 +19,6 @@ import torch
 from ...errors import SceneEplbError
 from .tables import replicas_from_rank_maps
 
-HOOK_ATTR = "_scene_eplb_ids_hook"
-_UNSET = object()
-
-
 class VirtualIds:
     """One layer's id rewrite: logical ids [M, k] -> virtual ids of replica ``row mod c`` (fixed
     shape, no host sync, so graph capture records it)."""
@@ -39,17 +35,9 @@ class VirtualIds:
         return torch.where(valid, ids + E * torch.remainder(rows, c), ids).to(topk_ids.dtype)
 
 
-def ids_hook_for(layer) -> VirtualIds | None:
+def virtual_ids_for(layer) -> VirtualIds | None:
     """The layer's id rewrite when its ``log2phy`` is a virtual-id map (built for ``dynamic``), else
-    None; worked out once per layer from the per-rank maps vLLM-Ascend built for it."""
-    hook = layer.__dict__.get(HOOK_ATTR, _UNSET)
-    if hook is _UNSET:
-        hook = _build(layer)
-        layer.__dict__[HOOK_ATTR] = hook
-    return hook
-
-
-def _build(layer) -> VirtualIds | None:
+    None; worked out from the per-rank maps vLLM-Ascend built for it (``runtime`` keeps it per layer)."""
     log2phy, maps = getattr(layer, "log2phy", None), getattr(layer, "global_expert_map", None)
     if log2phy is None or maps is None:
         return None

@@ -1,19 +1,20 @@
-"""vLLM-Ascend startup wiring for the layout run (vLLM 0.23 with vllm-ascend 0.23.0.post1).
+"""vLLM-Ascend startup wiring (vLLM 0.23 with vllm-ascend 0.23.0.post1).
 
 - In the process that builds the engine config (``VllmConfig.__post_init__``, before vLLM-Ascend
-  reads its ``eplb_config``): check the scene_eplb settings and the layout against the model and
-  the EP size, write the layout as vLLM-Ascend's ``expert_map_path`` JSON (atomically, named by the
-  layout hash, in ``dump_dir``) and point ``additional_config.eplb_config.expert_map_path`` at it.
-  vLLM-Ascend then builds every rank's expert map and loads the weights from it.
+  reads its ``eplb_config``): check the scene_eplb settings. For a layout run, check the layout
+  against the model and the EP size, write it as vLLM-Ascend's ``expert_map_path`` JSON
+  (atomically, named by the layout hash, in ``dump_dir``) and point
+  ``additional_config.eplb_config.expert_map_path`` at it; vLLM-Ascend then builds every rank's
+  expert map and loads the weights from it. A collection run (no layout) needs nothing here.
 - In every process: vLLM-Ascend's ``generate_log2phy_map`` uses our ``static`` table (local replica
   first, the layout's fitted source counts) or, for ``dispatch: dynamic``, the virtual-id map that
   ``moe_hooks`` and ``dynamic`` turn into an even per-row split, when the current config carries a
-  scene_eplb layout; its own formula otherwise. The first use logs the line ``scene-eplb audit`` reads.
+  scene_eplb layout; its own formula otherwise. The recorder, its step boundary, the control RPC and
+  the routes are ``patches``; each worker logs the line ``scene-eplb audit`` reads when it binds.
 
-Refused with a message, because not built on Ascend: a run without a layout (the observer on
-``AscendFusedMoE`` and the export are not built, so a collection run would record nothing); and
-settings that would fight the layout: vLLM-Ascend's own dynamic EPLB, a hand-set ``expert_map_path``,
-``mix_placement``, PP > 1, no expert parallelism, and with ``dynamic`` returning routed experts to
+Refused with a message: settings that would fight a layout (vLLM-Ascend's own dynamic EPLB, a
+hand-set ``expert_map_path``, ``mix_placement``), PP > 1, vLLM's V2 model runner (its step is not
+wired), a layout without expert parallelism, and with ``dynamic`` returning routed experts to
 clients (they would see virtual ids).
 """
 
@@ -28,10 +29,9 @@ from ...errors import SceneEplbError
 from ...formats import write_layout
 from ...layout import Layout
 from ...model_geometry import from_hf_config
-from ...protocol import OBSERVER_OFF, startup_line
 from ...runtime.layout_check import layout_for_server
-from . import moe_hooks
-from .dynamic import ids_hook_for
+from . import moe_hooks, patches
+from .runtime import ids_hook_for
 from .tables import AscendDispatch, install_dispatch
 from .version import check_versions
 
@@ -42,8 +42,6 @@ def ep_size_of(parallel_config) -> int:
     """EP ranks of an Ascend server: DP x TP (x PCP) when expert parallelism is on."""
     if not parallel_config.enable_expert_parallel:
         raise SceneEplbError("scene_eplb.layout needs --enable-expert-parallel (a layout places experts on EP ranks)")
-    if parallel_config.pipeline_parallel_size > 1:
-        raise SceneEplbError("scene_eplb supports pipeline_parallel_size 1 only (vLLM-Ascend numbers MoE layers per PP stage)")
     pcp = getattr(parallel_config, "prefill_context_parallel_size", 1) or 1
     return parallel_config.tensor_parallel_size * parallel_config.data_parallel_size * pcp
 
@@ -59,8 +57,7 @@ def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, k
         raise SceneEplbError("scene_eplb is not enabled in additional_config")
     cfg.resolve_role(kv_role)  # kv_both needs an explicit role: fail here, not in a worker
     if cfg.layout is None:
-        raise SceneEplbError("scene_eplb on vLLM-Ascend runs the layout run only: set scene_eplb.layout (recording "
-                             "on AscendFusedMoE and the export are not built for vLLM-Ascend yet)")
+        raise SceneEplbError("scene_eplb.layout is not set: a collection run has no layout to prepare")
     if cfg.dispatch == "dynamic" and returns_routed_experts:
         raise SceneEplbError('scene_eplb.dispatch "dynamic" on vLLM-Ascend rewrites top-k ids to virtual replica ids, which '
                              'enable_return_routed_experts would hand to clients: turn one of them off')
@@ -88,46 +85,51 @@ def _dispatch_in_config() -> AscendDispatch | None:
     cfg = parse_config(vc.additional_config)
     if cfg is None or cfg.layout is None:
         return None
-    if cfg.layout not in _loaded:
-        _loaded[cfg.layout] = _announce(vc, cfg.layout)
+    if cfg.layout not in _loaded:  # with the server's geometry, as at config time (bare formats read too)
+        _loaded[cfg.layout] = layout_for_server(cfg.layout, from_hf_config(vc.model_config.hf_config.to_dict()),
+                                                ep_size_of(vc.parallel_config), model_layer_axis=False)
     return AscendDispatch(_loaded[cfg.layout], cfg.dispatch)
 
 
-def _announce(vc, layout_path: str) -> Layout:
-    """Read the layout with the server's geometry, as at config time (so bare formats, SGLang and
-    .pt, read here too), and log this worker's startup line, which ``scene-eplb audit --log`` reads."""
-    cfg = parse_config(vc.additional_config)
-    layout = layout_for_server(layout_path, from_hf_config(vc.model_config.hf_config.to_dict()),
-                               ep_size_of(vc.parallel_config), model_layer_axis=False)
-    status = {"role": cfg.resolve_role(kv_role_of(vc)), "observer": OBSERVER_OFF, "layout_hash": layout.digest(),
-              "redundant_slots": layout.geometry.num_redundant, "dispatch": cfg.dispatch, "ep_size": layout.geometry.ep_size}
-    where = f"vLLM-Ascend, expert_map_path {(vc.additional_config.get('eplb_config') or {}).get('expert_map_path')}"
-    logger.info("%s", startup_line(status, where))
-    return layout
+_loaded: dict[str, Layout] = {}  # per process: layout path -> the layout read once
 
 
-_loaded: dict[str, Layout] = {}  # per process: layout path -> the layout read (and announced) once
+def check_run(vllm_config) -> None:
+    """What any run with the flag needs, and for a layout run the expert map file (``prepare_layout_run``)."""
+    import vllm.envs as envs
+
+    cfg = parse_config(vllm_config.additional_config)
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        raise SceneEplbError("scene_eplb supports vLLM-Ascend's V1 model runner only: set VLLM_USE_V2_MODEL_RUNNER=0")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        raise SceneEplbError("scene_eplb supports pipeline_parallel_size 1 only (vLLM-Ascend numbers MoE layers per PP stage)")
+    role = cfg.resolve_role(kv_role_of(vllm_config))  # kv_both needs an explicit role: fail here, not in a worker
+    if cfg.layout is None:
+        logger.info("scene-eplb: collection run (role %s, %d ring entries, dumps in %s)", role, cfg.ring_entries, cfg.dump_dir)
+        return
+    layout, path = prepare_layout_run(vllm_config.additional_config, vllm_config.model_config.hf_config.to_dict(),
+                                      ep_size_of(vllm_config.parallel_config), kv_role_of(vllm_config),
+                                      bool(getattr(vllm_config.model_config, "enable_return_routed_experts", False)))
+    logger.info("scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
+                layout.digest(), layout.geometry.num_redundant, cfg.dispatch, path)
 
 
 def _wrap_config(vllm_config_cls) -> None:
-    """Prepare the layout run before vLLM-Ascend's platform reads ``eplb_config``."""
+    """Check the run (and prepare a layout run) before vLLM-Ascend's platform reads ``eplb_config``."""
     orig = vllm_config_cls.__post_init__
 
     @functools.wraps(orig)
     def __post_init__(self, *args, **kwargs):
         if plugin_enabled(self.additional_config):
-            layout, path = prepare_layout_run(self.additional_config, self.model_config.hf_config.to_dict(),
-                                              ep_size_of(self.parallel_config), kv_role_of(self),
-                                              bool(getattr(self.model_config, "enable_return_routed_experts", False)))
-            logger.info("scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
-                        layout.digest(), layout.geometry.num_redundant, parse_config(self.additional_config).dispatch, path)
+            check_run(self)
         orig(self, *args, **kwargs)
 
     vllm_config_cls.__post_init__ = __post_init__
 
 
 def register(ascend: str, vllm_version: str) -> None:
-    """The plugin on vLLM-Ascend: version check, config hook, dispatch replacement, MoE hooks."""
+    """The plugin on vLLM-Ascend: version check, config hook, dispatch replacement, MoE hooks,
+    recorder wiring."""
     from vllm.config import VllmConfig
 
     check_versions(ascend, vllm_version)
@@ -136,3 +138,4 @@ def register(ascend: str, vllm_version: str) -> None:
     _wrap_config(VllmConfig)
     install_dispatch(eplb_utils, _dispatch_in_config)
     moe_hooks.install(ids_hook_for)
+    patches.install(ascend, vllm_version)

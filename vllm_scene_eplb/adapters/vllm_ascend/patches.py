@@ -1,0 +1,119 @@
+"""The vLLM-Ascend 0.23 / vLLM 0.23 functions the recorder wraps. Each wrapper asks
+``runtime.current()`` what to do, so with the flag off (the null runtime) every one passes through:
+
+- ``NPUModelRunner.load_model``: configure before the model loads, bind after;
+- ``NPUModelRunner.execute_model``: the step boundary, where the observer commits a real pass;
+- ``NPUModelRunner._dummy_run``: profile, capture, warm-up and idle-DP passes, dropped;
+- ``WorkerBase.scene_eplb_control``: the worker side of the routes (reached by collective_rpc);
+- the API server's ``build_app`` / ``init_app_state``: the routes (``routes``), since vLLM 0.23
+  has no endpoint plugins.
+
+The model runner module drags in NPU-only code, so it is wrapped when it is first imported (in the
+worker processes), never imported here: ``when_imported``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import sys
+from typing import Callable
+
+from . import runtime
+
+MODEL_RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def wrap_model_runner(runner_cls, engine: str) -> None:
+    """Configure/bind around ``load_model``, commit after ``execute_model``, drop ``_dummy_run`` passes."""
+    load, execute, dummy = runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run
+
+    @functools.wraps(load)
+    def load_model(self, *args, **kwargs):
+        rt = runtime.configure(self.vllm_config, engine)
+        out = load(self, *args, **kwargs)
+        rt.bind(self)
+        return out
+
+    @functools.wraps(execute)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        out = execute(self, scheduler_output, *args, **kwargs)
+        runtime.current().end_step(is_dummy=scheduler_output.total_num_scheduled_tokens == 0)
+        return out
+
+    @functools.wraps(dummy)
+    def _dummy_run(self, *args, **kwargs):
+        try:
+            return dummy(self, *args, **kwargs)
+        finally:
+            runtime.current().end_step(is_dummy=True)
+
+    runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run = load_model, execute_model, _dummy_run
+
+
+def control(worker, action: str, *args) -> dict:
+    """Worker side of the HTTP routes (``WorkerBase.scene_eplb_control``, reached by collective_rpc)."""
+    return runtime.current().control(action, *args)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Runs ``patch(module)`` right after module ``name`` is first executed."""
+
+    def __init__(self, name: str, patch: Callable):
+        self.name, self.patch, self._spec = name, patch, None
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name or self._spec is not None:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        self._spec = spec
+        return importlib.util.spec_from_loader(fullname, self, origin=spec.origin, is_package=spec.submodule_search_locations is not None)
+
+    def create_module(self, spec):
+        return self._spec.loader.create_module(self._spec)
+
+    def exec_module(self, module):
+        module.__spec__, module.__loader__ = self._spec, self._spec.loader
+        if self._spec.origin:
+            module.__file__ = self._spec.origin
+        self._spec.loader.exec_module(module)
+        sys.meta_path.remove(self)
+        self.patch(module)
+
+
+def when_imported(name: str, patch: Callable) -> None:
+    """``patch(module)`` now if ``name`` is loaded, else right after its first import."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, patch))
+
+
+def _api_servers() -> list:
+    """The API server module, also when it runs as ``python -m`` (then it is ``__main__``)."""
+    found = [sys.modules[API_SERVER_MODULE]] if API_SERVER_MODULE in sys.modules else []
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == API_SERVER_MODULE:
+        found.append(main)
+    return found
+
+
+def install(ascend_version: str, vllm_version: str) -> None:
+    """Wrap the functions above (idle until a worker's config sets the flag)."""
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    from .routes import attach_to_api_server
+
+    engine = f"vllm-ascend {ascend_version} (vllm {vllm_version})"
+    when_imported(MODEL_RUNNER_MODULE, lambda mod: wrap_model_runner(mod.NPUModelRunner, engine))
+    WorkerBase.scene_eplb_control = control
+    for module in _api_servers():
+        attach_to_api_server(module, (ascend_version, vllm_version))

@@ -1,0 +1,151 @@
+"""This vLLM-Ascend worker's plugin state: the recorder on ``AscendFusedMoE``, and what each MoE
+layer's ``select_experts`` ids go through.
+
+``configure`` runs when the NPU model runner starts loading the model (settings, ranks), ``bind``
+after (the model's MoE layers found, the observer made, each main-model layer given its capture).
+The ids of every layer then pass ``LayerIds``: counted by the observer when the layer is one of the
+bound main-model layers (this rank's own real rows only, ``rows``), then rewritten to virtual ids
+when the layer's ``log2phy`` was built for ``dispatch: dynamic`` (``dynamic``). Layers of a drafter
+(the MTP layer) are never counted: a layout places the main model's MoE layers. With the flag off
+the runtime is ``NULL_RUNTIME`` and no layer has a capture.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from ...config import kv_role_of, parse_config
+from ...errors import SceneEplbError
+from ...model_geometry import from_hf_config
+from ...protocol import startup_line
+from ...runtime.export import Exporter, group_maker
+from ...runtime.layout_check import layout_for_server
+from ...runtime.observer import NullObserver
+from ...runtime.worker import RecorderRuntime, refuse_control
+from .dynamic import virtual_ids_for
+from .moe_hooks import FUSED_MOE_MODULE
+from .rows import OwnRows, skip_from_context, unsupported_settings
+
+logger = logging.getLogger("vllm.scene_eplb")
+CAPTURE_ATTR = "_scene_eplb_capture"  # on a bound main-model layer: (ids) -> None
+HOOK_ATTR = "_scene_eplb_ids_hook"  # on any layer, once worked out: its LayerIds or None
+_UNSET = object()
+
+
+class NullRuntime:
+    """The plugin off on this worker: no step work, control refused."""
+
+    def end_step(self, is_dummy: bool) -> None:
+        pass
+
+    def bind(self, model_runner) -> None:
+        pass
+
+    def control(self, action: str, *args) -> dict:
+        return refuse_control()
+
+
+NULL_RUNTIME = NullRuntime()
+
+
+@dataclass(kw_only=True)
+class AscendRuntime(RecorderRuntime):
+    """A vLLM-Ascend worker's recorder state (``RecorderRuntime``) and its binding to the model."""
+
+    own_rows: OwnRows  # where this rank's own real rows are in what it routes
+
+    def bind(self, model_runner) -> None:
+        """Find the main model's MoE layers, make the observer and give each layer its capture."""
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        layers = moe_layers(model_runner.model)
+        self.check_moe_layers([extract_layer_index(layer.layer_name) for layer in layers])
+        refused = unsupported_settings(model_runner.vllm_config)
+        if refused and self.layout is None:
+            raise SceneEplbError(f"the scene_eplb recorder on vLLM-Ascend cannot tell its own tokens under {', '.join(refused)}: "
+                                 "turn it off for the collection run")
+        if refused:  # a layout run: the layout still loads; live fitness has nothing to read
+            logger.warning("scene-eplb: no routing counts on this server (live fitness off) under %s", ", ".join(refused))
+            self.observer = NullObserver(self.role, self.config.ring_entries)
+        else:
+            observer = self.make_observer(model_runner.device)
+            for idx, layer in enumerate(layers):
+                layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, observer, self.own_rows, idx)
+        logger.info("%s", startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, "
+                                                      f"tp_rank {self.tp_rank}"))
+
+
+def _capture(observer, own: OwnRows, moe_idx: int, ids) -> None:
+    observer.capture(moe_idx, ids, padding_rows=skip_from_context(own, ids))
+
+
+class LayerIds:
+    """One layer's ids hook: count them (main-model layers), then rewrite them (``dynamic``)."""
+
+    def __init__(self, capture: Callable | None, rewrite: Callable | None):
+        self.capture, self.rewrite = capture, rewrite
+
+    def __call__(self, layer, topk_ids):
+        if self.capture is not None:
+            self.capture(topk_ids)
+        return topk_ids if self.rewrite is None else self.rewrite(layer, topk_ids)
+
+
+def ids_hook_for(layer) -> LayerIds | None:
+    """The layer's ids hook (worked out at its first forward, which comes after ``bind``), or None."""
+    hook = layer.__dict__.get(HOOK_ATTR, _UNSET)
+    if hook is _UNSET:
+        capture, rewrite = layer.__dict__.get(CAPTURE_ATTR), virtual_ids_for(layer)
+        hook = None if capture is None and rewrite is None else LayerIds(capture, rewrite)
+        layer.__dict__[HOOK_ATTR] = hook
+    return hook
+
+
+def moe_layers(model) -> list:
+    """The model's ``AscendFusedMoE`` layers in layer order."""
+    import importlib
+
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    cls = importlib.import_module(FUSED_MOE_MODULE).AscendFusedMoE
+    return sorted((m for m in model.modules() if isinstance(m, cls)), key=lambda m: extract_layer_index(m.layer_name))
+
+
+_current: NullRuntime | AscendRuntime = NULL_RUNTIME
+
+
+def current() -> NullRuntime | AscendRuntime:
+    """This worker's runtime: an AscendRuntime when the flag is on, else the null runtime."""
+    return _current
+
+
+def configure(vllm_config, engine: str) -> NullRuntime | AscendRuntime:
+    """Read the plugin settings and this worker's ranks, before the model loads."""
+    global _current
+    cfg = parse_config(vllm_config.additional_config)
+    if cfg is None:
+        _current = NULL_RUNTIME
+        return _current
+    from vllm.distributed import get_ep_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    from .startup import ep_size_of
+
+    pc = vllm_config.parallel_config
+    role = cfg.resolve_role(kv_role_of(vllm_config))
+    model = from_hf_config(vllm_config.model_config.hf_config.to_dict(), vllm_config.model_config.model)
+    ep = get_ep_group()
+    layout = None
+    if cfg.layout:  # as the config hook checked it; MoE rows only, as vLLM-Ascend's expert map holds them
+        layout = layout_for_server(cfg.layout, model, ep_size_of(pc), model_layer_axis=False)
+    tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    rt = AscendRuntime(config=cfg, role=role, engine=engine, model=model, model_name=str(vllm_config.model_config.model),
+                       ep_size=ep.world_size, ep_rank=ep.rank_in_group, dp_rank=pc.data_parallel_rank, tp_rank=tp_rank,
+                       contributes=True,  # every rank counts only its own rows (OwnRows): the sum counts each token once
+                       observer=NullObserver(role, cfg.ring_entries), layout=layout, layout_path=cfg.layout,
+                       exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
+                       own_rows=OwnRows(tp_rank, tp_size, pc.data_parallel_rank, pc.data_parallel_size))
+    _current = rt
+    return rt

@@ -1,0 +1,144 @@
+"""One worker's recorder state and its control actions, the same on every engine.
+
+An engine adapter subclasses ``RecorderRuntime`` with what only it knows (how its MoE layers are
+found and hooked, where its step boundary is), builds one per worker when the flag is on, and
+routes the control RPC of its HTTP routes to ``control``. Control returns between steps at once,
+never waits for a peer and never raises: the export of a dump runs on the ``Exporter``'s thread.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import __version__
+from ..config import PluginConfig
+from ..errors import SceneEplbError
+from ..layout import Layout
+from ..model_geometry import ModelGeometry
+from ..protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION
+from .export import Exporter
+from .observer import NullObserver, RoutingObserver
+
+NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_eplb in --additional-config)"
+
+
+def refuse_control() -> dict:
+    """A worker's answer to every control action while the flag is off."""
+    return {"ok": False, "error": NOT_ENABLED, "http_status": 404}
+
+
+@dataclass(kw_only=True)
+class RecorderRuntime:
+    """This worker's plugin state: settings, the loaded layout, the observer and where it counts."""
+
+    config: PluginConfig
+    role: str
+    engine: str  # "vllm 0.32.0", "vllm-ascend 0.23.0.post1 (vllm 0.23.0)": what status reports
+    model: ModelGeometry
+    model_name: str
+    ep_size: int
+    ep_rank: int  # this worker's place in the engine's EP group (DP x TP, DP-major)
+    dp_rank: int
+    tp_rank: int
+    contributes: bool  # False on ranks whose tokens another rank already counts
+    observer: RoutingObserver | NullObserver
+    exporter: Exporter
+    layout: Layout | None = None
+    layout_path: str | None = None
+    moe_layer_ids: list[int] = field(default_factory=list)
+
+    def status(self) -> dict:
+        """What the status route and the startup log line report (``protocol.STATUS_KEYS``)."""
+        obs = self.observer.status()
+        return {
+            "plugin_version": __version__,
+            "engine": self.engine,
+            "model": self.model_name,
+            "role": self.role,
+            "ep_size": self.ep_size,
+            "ep_rank": self.ep_rank,
+            "dp_rank": self.dp_rank,
+            "tp_rank": self.tp_rank,
+            "layout_hash": self.layout.digest() if self.layout else None,
+            "layout_path": self.layout_path,
+            "redundant_slots": self.layout.geometry.num_redundant if self.layout else 0,
+            "dispatch": self.config.dispatch if self.layout else None,
+            "observer": obs.state,
+            "recording": obs.recording,
+            "ring_entries": obs.ring_entries,
+            "entries_written": obs.entries_written,
+            "passes_recorded": obs.passes_recorded,
+            "moe_layers": self.moe_layer_ids,
+            **self.model.routing(),
+        }
+
+    def end_step(self, is_dummy: bool) -> None:
+        """The engine's step boundary: commit (or, for a dummy pass, drop) the pass just run."""
+        self.observer.end_step(is_dummy)
+
+    def check_moe_layers(self, found: list[int]) -> None:
+        """Keep the MoE layer ids the engine built, refusing a model that disagrees with its config."""
+        if tuple(found) != tuple(self.model.moe_layers):
+            raise SceneEplbError(f"model built MoE layers {found}, its config says {list(self.model.moe_layers)}")
+        self.moe_layer_ids = list(found)
+
+    def make_observer(self, device) -> RoutingObserver:
+        """The observer of the bound model: every role captures (live fitness), only prefill records."""
+        self.observer = RoutingObserver(len(self.moe_layer_ids), self.model.num_experts, self.config.ring_entries, device,
+                                        records=self.role == "prefill", role=self.role)
+        return self.observer
+
+    # ------------------------------------------------------------ control (the engine's worker RPC)
+
+    def control(self, action: str, *args) -> dict:
+        """start | stop | dump EXPORT_ID DEADLINE | export_status EXPORT_ID | live | status. Errors come
+        back as ``{"ok": False, ...}``."""
+        try:
+            if action == "status":
+                return {"ok": True, **self.status()}
+            if action == "start":
+                self.observer.start()
+            elif action == "stop":
+                self.observer.stop()
+            elif action == "dump":
+                return {"ok": True, **self._begin_dump(*args)}
+            elif action == EXPORT_STATUS_ACTION:
+                return {"ok": True, **self.exporter.job(*args).to_dict()}
+            elif action == LIVE_ACTION:
+                return {"ok": True, **self._live()}
+            else:
+                raise SceneEplbError(f"unknown action {action!r}")
+            return {"ok": True, **self.status()}
+        except (SceneEplbError, TypeError) as exc:
+            return {"ok": False, "error": str(exc), "http_status": 409}
+
+    def _live(self) -> dict:
+        """This rank's cumulative live counts [L_moe, E] (MoE layers in order) and whether they count."""
+        live = self.observer.live_counts()
+        if live is None:
+            raise SceneEplbError("the model is not bound yet: no live counts")
+        counts, passes = live
+        return {"counts": counts.tolist(), "passes": passes, "contributes": self.contributes, "ep_rank": self.ep_rank,
+                "moe_layers": self.moe_layer_ids}
+
+    def _begin_dump(self, export_id: str, deadline: float) -> dict:
+        """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread, which must
+        finish by ``deadline`` (wall clock); a request that arrives after it starts nothing."""
+        import torch
+
+        if time.time() >= deadline:
+            raise SceneEplbError(f"dump {export_id} reached this rank after its deadline: nothing started")
+        ring = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
+        T, L, E = self.config.ring_entries, self.model.num_layers, self.model.num_experts
+        local = torch.zeros((T, L, E), dtype=torch.int64)
+        if self.contributes:
+            local[:, self.moe_layer_ids] = ring.to("cpu", torch.int64)
+        st = self.status()
+        meta = {k: st[k] for k in DUMP_META_KEYS}
+        meta.update(ring_wrapped=st["passes_recorded"] > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
+        job = self.exporter.begin(export_id, local, path, meta, (T, L, E), deadline)
+        return {**job.to_dict(), "ep_rank": self.ep_rank, "shape": [T, L, E], "entries_written": st["entries_written"],
+                "passes_recorded": st["passes_recorded"], "local_total": int(local.sum())}
