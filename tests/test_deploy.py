@@ -65,3 +65,15 @@ def test_collect_dry_run_follows_the_workflow_in_order():
     cache = subprocess.run(["bash", str(DEPLOY / "collect.sh")], capture_output=True, text=True,
                            env={**os.environ, "DRY_RUN": "1", "PREFIX_SHARE": "0.9", "SCENE_EPLB_DIR": "/data/se"}).stdout
     assert cache.find("--scene seed") < cache.find("prefix_cache") < cache.find("record start")
+
+
+def test_verify_dry_run_checks_in_order_and_restarts_for_the_baseline():
+    out = _dry("verify.sh")
+    steps = ["audit --url http://127.0.0.1:8100 --recorder idle", "--scene warm-up", "metrics-before.txt", "record start",
+             "--scene record", "record stop", "metrics-after.txt", "record dump", "verify totals", "--scene idle",
+             "p_server.sh plain", "--scene plain", "verify throughput"]
+    positions = [out.find(s) for s in steps]
+    assert -1 not in positions, [s for s, p in zip(steps, positions) if p < 0]
+    assert positions == sorted(positions)
+    assert "--output-len 1" in out and "dry run, nothing checked" in out
+    assert "--additional-config \\{\\}" in _dry("p_server.sh", "plain")

@@ -137,3 +137,157 @@ def test_recorded_counts_equal_the_real_select_experts_ids_of_real_tokens(record
         assert sum(row["want"]) > 0 and row["padding_rows"] > 0
     # W8A8 with mix_placement handed pseudo ids on to fused_experts; none reached the counts
     assert all(row["pseudo_ids_seen"] > 0 for row in rows if row["kind"] == "w8a8_dynamic")
+
+
+class RunnerStandIn:
+    """A stand-in for vLLM-Ascend's ``NPUModelRunner`` (its module needs NPU-only imports): the three
+    methods the plugin wraps, each running one forward pass that routes ``ids`` through the observer."""
+
+    ids = None
+
+    def __init__(self):
+        self.vllm_config = None
+
+    def load_model(self):
+        self.loaded = True
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        self._forward()
+        return "output"
+
+    def _dummy_run(self, num_tokens, is_profile=False):
+        self._forward()
+        return "hidden", "hidden"
+
+    def _forward(self):
+        from vllm_scene_eplb.adapters.vllm_ascend import runtime
+
+        runtime.current().observer.capture(0, self.ids)
+
+
+def test_a_real_step_commits_once_and_dummy_passes_never(monkeypatch):
+    """execute_model commits its pass into one ring entry; _dummy_run (profile, capture, idle DP) and a
+    step with no scheduled tokens commit nothing; load_model configures before and binds after."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_scene_eplb.adapters.vllm_ascend import patches, runtime
+    from vllm_scene_eplb.runtime.observer import RoutingObserver
+
+    observer = RoutingObserver(1, 4, 8)
+    rt = SimpleNamespace(observer=observer, end_step=observer.end_step, calls=[])
+    rt.bind = lambda runner: rt.calls.append(("bind", runner.loaded))
+    monkeypatch.setattr(runtime, "configure", lambda vc, engine: rt.calls.append(("configure", engine)) or rt)
+    monkeypatch.setattr(runtime, "current", lambda: rt)
+
+    class Runner(RunnerStandIn):
+        pass
+
+    patches.wrap_model_runner(Runner, "vllm-ascend x")
+    runner = Runner()
+    runner.load_model()
+    assert rt.calls == [("configure", "vllm-ascend x"), ("bind", True)]
+    observer.start()
+    runner.ids = torch.tensor([[0, 1], [1, 2]])
+    assert runner._dummy_run(8, is_profile=True) == ("hidden", "hidden")
+    assert runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=2)) == "output"
+    runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=0))
+    runner._dummy_run(1)
+    observer.stop()
+    assert observer.status().passes_recorded == 1
+    assert observer.snapshot()[0, 0].tolist() == [1, 2, 1, 0] and int(observer.snapshot().sum()) == 4
+
+
+def test_when_imported_patches_a_module_at_its_first_import(tmp_path, monkeypatch):
+    import sys
+
+    from vllm_scene_eplb.adapters.vllm_ascend.patches import when_imported
+
+    (tmp_path / "late_mod_for_scene_eplb.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported("late_mod_for_scene_eplb", lambda mod: seen.append(mod.VALUE))
+    assert seen == []
+    import late_mod_for_scene_eplb  # noqa: F401
+
+    assert seen == [1] and sys.modules["late_mod_for_scene_eplb"].__file__.endswith("late_mod_for_scene_eplb.py")
+    when_imported("late_mod_for_scene_eplb", lambda mod: seen.append(2))  # already loaded: at once
+    assert seen == [1, 2]
+    del sys.modules["late_mod_for_scene_eplb"]
+
+
+ROUTES = r"""
+import asyncio, json
+from types import SimpleNamespace
+import httpx
+import torch
+import vllm.entrypoints.openai.api_server as api
+import vllm_scene_eplb.adapters.entry as entry
+entry.register()                                   # the Ascend adapter, as in vLLM 0.23's API server process
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm_scene_eplb.adapters.vllm_ascend.routes import AscendEndpoints
+from vllm_scene_eplb.adapters.vllm_ascend.runtime import AscendRuntime
+from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
+from vllm_scene_eplb.config import parse_config
+from vllm_scene_eplb.model_geometry import from_hf_config
+from vllm_scene_eplb.runtime.export import Exporter
+from vllm_scene_eplb.runtime.observer import NullObserver
+from transformers import AutoConfig
+
+extra = {{"scene_eplb": {{"role": "prefill", "ring_entries": 4}}}}
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", {model!r}, "--additional-config", json.dumps(extra)])
+app = api.build_app(args, ("generate",))          # the wrapped build_app: our routes join vLLM's app
+paths = sorted(r.path for r in app.routes if "expert_distribution" in r.path or "scene_eplb" in r.path)
+cfg, model = parse_config(extra), from_hf_config(AutoConfig.from_pretrained({model!r}).to_dict())
+workers = []                                       # two DP engines of one worker each, bound to their observers
+for d in range(2):
+    rt = AscendRuntime(config=cfg, role="prefill", engine="vllm-ascend test", model=model, model_name="m", ep_size=2, ep_rank=d,
+                       dp_rank=d, tp_rank=0, contributes=True, observer=NullObserver("prefill", 4), exporter=Exporter(None),
+                       own_rows=OwnRows(0, 1, d, 2))
+    rt.check_moe_layers(list(model.moe_layers))
+    rt.make_observer("cpu")
+    workers.append(rt)
+
+class EngineCoreStandIn:                           # vLLM's engine-core client: one utility call per engine
+    core_engines = [b"\x00\x00", b"\x01\x00"]
+    async def _call_utility_async(self, method, rpc, timeout, rpc_args, kwargs, engine):
+        assert (method, rpc, timeout) == ("collective_rpc", "scene_eplb_control", None)
+        return [workers[self.core_engines.index(engine)].control(*rpc_args)]
+
+async def main():
+    client = SimpleNamespace(engine_core=EngineCoreStandIn())
+    ours = AscendEndpoints(("0.23.0.post1", "0.23.0"))
+    await ours.init_state(client, SimpleNamespace(), args)
+    ours.attach_router(app2 := __import__("fastapi").FastAPI())
+    out = {{"paths": paths}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app2), base_url="http://t") as http:
+        out["status"] = (await http.get("/scene_eplb/status")).json()
+        out["start"] = (await http.post("/start_expert_distribution_record")).status_code
+        for rt in workers:
+            rt.observer.capture(0, torch.tensor([[0, 1]]))
+            rt.end_step(False)
+        out["again"] = (await http.post("/start_expert_distribution_record")).json()
+        out["stop"] = (await http.post("/stop_expert_distribution_record")).json()
+    out["recorded"] = [int(rt.observer.snapshot().sum()) for rt in workers]
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+def test_routes_on_vllm_0_23_api_server_reach_every_dp_engine(tmp_path):
+    """vLLM 0.23 has no endpoint plugins: the wrapped build_app serves the routes, and each route
+    reaches every DP engine's workers (one collective_rpc utility call per engine core)."""
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+
+    model = make_tiny_moe(tmp_path / "model", TinyMoeSpec())
+    out = run(ROUTES.format(model=str(model)))
+    assert out["paths"] == ["/dump_expert_distribution_record", "/scene_eplb/status", "/start_expert_distribution_record",
+                            "/stop_expert_distribution_record"]
+    st = out["status"]
+    assert st["observer"] == "idle" and st["ranks_agree"] and [r["dp_rank"] for r in st["ranks"]] == [0, 1]
+    assert out["start"] == 200 and "already on" in out["again"]["error"]
+    assert out["stop"]["observer"] == "idle" and out["stop"]["passes_recorded"] == 1
+    assert out["recorded"] == [2, 2]

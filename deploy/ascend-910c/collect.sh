@@ -54,8 +54,8 @@ run scene-eplb report "$OUT/layout.json" "$COUNTS" -o "$OUT/report" -q
 run scene-eplb bench --url "$PROXY" --scene target -n "$N" -c "$C" -r "$RATE" "${SCENE[@]}" -o "$OUT/A-linear.json"
 echo "restart P now:  bash $HERE/p_server.sh layout $OUT/layout.json 2>&1 | tee $P_LOG   then press Enter"
 if [ "${DRY_RUN:-0}" != 1 ]; then read -r; fi
-# 7. acceptance from every P worker's startup line (the plugin serves no routes on vLLM-Ascend):
-#    the loaded layout is the intended one, static dispatch, recorder off
-run scene-eplb audit --log "$P_LOG" --layout "$OUT/layout.json" --dispatch static --recorder off
+# 7. acceptance from the status route (every rank) and every P worker's startup line:
+#    the loaded layout is the intended one, static dispatch, recorder armed and idle
+run scene-eplb audit --url "$P_URL" --log "$P_LOG" --layout "$OUT/layout.json" --dispatch static --recorder idle
 run scene-eplb bench --url "$PROXY" --scene target -n "$N" -c "$C" -r "$RATE" "${SCENE[@]}" -o "$OUT/B-fitted.json"
 run scene-eplb compare "$OUT/A-linear.json" "$OUT/B-fitted.json" --name-a linear --name-b fitted -o "$OUT/compare"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The P (prefill) server: 8 cards = 16 dies, DP16 with EP16, chunked prefill 8192, kv_producer.
-#   bash p_server.sh collect            # collection run: plugin armed (role prefill), linear layout.
-#                                       # NOT BUILT on vLLM-Ascend yet: the plugin stops startup with a message
+#   bash p_server.sh collect            # collection run: plugin armed (role prefill, recorder idle), linear
+#                                       # layout; the recorder routes are on this server's port
 #   bash p_server.sh layout LAYOUT.json # layout run: the fitted layout (256 experts + 16 redundant slots);
 #                                       # SCENE_EPLB_PLUGIN=0 loads it through vLLM-Ascend alone (its formula)
+#   bash p_server.sh plain              # no plugin at all (verify.sh's throughput baseline)
 # DRY_RUN=1 prints the exact command instead of running it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
-MODE=${1:?usage: p_server.sh collect|layout [LAYOUT]}
+MODE=${1:?usage: p_server.sh collect|layout [LAYOUT]|plain}
 MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 PORT=${P_PORT:-8100}
 CHUNK=${CHUNK:-8192}
@@ -28,7 +29,8 @@ case "$MODE" in
       # Without the plugin: vLLM-Ascend's own static-map path with its fixed generate_log2phy_map formula.
       EPLB='"eplb_config": {"expert_map_path": "'"${LAYOUT%.json}"'.expert_map.json"}'
     fi ;;
-  *) echo "p_server.sh: unknown mode $MODE (collect or layout)" >&2; exit 2 ;;
+  plain) EPLB='' ;;
+  *) echo "p_server.sh: unknown mode $MODE (collect, layout or plain)" >&2; exit 2 ;;
 esac
 CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "$PORT"
   --data-parallel-size 16 --tensor-parallel-size 1 --enable-expert-parallel

@@ -1,0 +1,51 @@
+"""The acceptance checks behind deploy/ascend-910c/verify.sh (``client.verify``), on files like a server's."""
+
+import numpy as np
+import pytest
+
+from vllm_scene_eplb.client.verify import main, prompt_tokens
+from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.formats import write_counts
+
+METRICS = """# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{engine="0",model_name="m"}} {a}
+vllm:prompt_tokens_total{{engine="1",model_name="m"}} {b}
+vllm:generation_tokens_total{{engine="0",model_name="m"}} 999.0
+"""
+
+
+def _files(tmp_path, tokens_per_layer, top_k=2):
+    data = np.zeros((3, 4, 8), dtype=np.int64)
+    for layer, total in tokens_per_layer.items():
+        data[0, layer, 0] = total - total // 2
+        data[2, layer, 5] = total // 2
+    counts = write_counts(Counts(data, {"top_k": top_k, "moe_layers": sorted(tokens_per_layer)}), tmp_path / "c.npz")
+    (tmp_path / "before.txt").write_text(METRICS.format(a=100.0, b=50.0))
+    (tmp_path / "after.txt").write_text(METRICS.format(a=160.0, b=90.0))  # 100 prompt tokens while recording
+    return [str(counts), str(tmp_path / "before.txt"), str(tmp_path / "after.txt")]
+
+
+def test_prompt_tokens_sum_every_engine():
+    assert prompt_tokens(METRICS.format(a=3.0, b=4.0)) == 7
+    with pytest.raises(SceneEplbError, match="no vllm:prompt_tokens_total"):
+        prompt_tokens("vllm:generation_tokens_total 3\n")
+
+
+def test_totals_pass_when_every_layer_counted_tokens_times_top_k(tmp_path, capsys):
+    assert main(["totals", *_files(tmp_path, {1: 200, 2: 200, 3: 200})]) == 0
+    assert capsys.readouterr().out.startswith("PASS per-layer totals")
+
+
+def test_totals_fail_names_the_layer_that_is_off(tmp_path, capsys):
+    assert main(["totals", *_files(tmp_path, {1: 200, 2: 201, 3: 200})]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL") and "(2, 201)" in out
+
+
+def test_totals_fail_cleanly_on_a_file_that_is_not_a_dump(tmp_path, capsys):
+    files = _files(tmp_path, {1: 200})
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["totals", str(tmp_path / "bad.json"), *files[1:]]) == 1
+    assert capsys.readouterr().out.startswith("FAIL totals:")

@@ -1,0 +1,97 @@
+"""The acceptance checks of ``deploy/ascend-910c/verify.sh``, one PASS/FAIL line each.
+
+    python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER
+    python -m vllm_scene_eplb.client.verify throughput PLAIN.json IDLE.json [--min-ratio 0.98]
+
+``totals``: every MoE layer of a dump counted exactly the prompt tokens the engine itself processed
+while recording (``vllm:prompt_tokens_total`` on ``/metrics``, summed over DP engines, after minus
+before) times top-k. Holds when nothing but the recorded load ran, prefix caching is off and each
+request generates one token (no decode passes). ``throughput``: prefill throughput with the plugin
+on and the recorder idle over the same load with the flag off. Exit status 1 if a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SceneEplbError
+from ..formats import read_counts
+from ..harness.results import NOT_OBSERVED, read_result
+
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+_SAMPLE = re.compile(r"^" + re.escape(PROMPT_TOKENS) + r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'PASS' if self.ok else 'FAIL'} {self.name}: {self.detail}"
+
+
+def prompt_tokens(metrics_text: str) -> int:
+    """``vllm:prompt_tokens_total`` summed over every series (one per DP engine) of a /metrics page."""
+    values = _SAMPLE.findall(metrics_text)
+    if not values:
+        raise SceneEplbError(f"no {PROMPT_TOKENS} on this /metrics page")
+    return int(round(sum(float(v) for v in values)))
+
+
+def totals(counts_path: str, before: str, after: str) -> Verdict:
+    """Every MoE layer's recorded total equals the engine's prompt tokens x top-k."""
+    counts = read_counts(counts_path)
+    top_k = counts.meta.get("top_k")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise SceneEplbError("the dump carries no top_k: not a dump of this plugin's recorder", counts_path)
+    tokens = prompt_tokens(Path(after).read_text()) - prompt_tokens(Path(before).read_text())
+    layers = [int(x) for x in counts.meta.get("moe_layers") or np.flatnonzero(counts.data.sum(axis=(0, 2)))]
+    per_layer = counts.data.sum(axis=(0, 2))[layers]
+    wrong = [(layer, int(t)) for layer, t in zip(layers, per_layer) if t != tokens * top_k]
+    detail = (f"{len(layers)} MoE layers x {tokens} prompt tokens x top-k {top_k} = {tokens * top_k} each"
+              + (f"; off: {wrong[:5]}{' ...' if len(wrong) > 5 else ''}" if wrong else ""))
+    return Verdict("per-layer totals = prompt tokens x top-k", bool(layers) and tokens > 0 and not wrong, detail)
+
+
+def throughput(plain: str, idle: str, min_ratio: float) -> Verdict:
+    """Prefill throughput with the recorder idle over the flag off, on the same load."""
+    means = []
+    for path in (plain, idle):
+        mean = read_result(path)["aggregate"]["prefill_throughput_per_card"]["mean"]
+        if mean == NOT_OBSERVED:
+            raise SceneEplbError("no prefill throughput in this result", path)
+        means.append(mean)
+    ratio = means[1] / means[0]
+    return Verdict("recorder idle vs flag off, prefill throughput", ratio >= min_ratio,
+                   f"{ratio:.4f} (idle {means[1]:.1f} / off {means[0]:.1f} tok/s per card; pass at >= {min_ratio})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.client.verify", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="check", required=True)
+    t = sub.add_parser("totals", help="per-layer totals of a dump against the engine's prompt-token counter")
+    t.add_argument("counts"), t.add_argument("metrics_before"), t.add_argument("metrics_after")
+    p = sub.add_parser("throughput", help="recorder idle vs flag off (two scene-eplb bench results)")
+    p.add_argument("plain"), p.add_argument("idle")
+    p.add_argument("--min-ratio", type=float, default=0.98, help="lowest idle/off prefill throughput that passes (default 0.98)")
+    args = parser.parse_args(argv)
+    try:
+        verdict = (totals(args.counts, args.metrics_before, args.metrics_after) if args.check == "totals"
+                   else throughput(args.plain, args.idle, args.min_ratio))
+    except SceneEplbError as exc:
+        verdict = Verdict(args.check, False, str(exc))
+    print(verdict.line())
+    return 0 if verdict.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
