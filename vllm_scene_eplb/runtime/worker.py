@@ -24,9 +24,17 @@ from .observer import NullObserver, RoutingObserver
 NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_eplb in --additional-config)"
 
 
-def refuse_control() -> dict:
-    """A worker's answer to every control action while the flag is off."""
-    return {"ok": False, "error": NOT_ENABLED, "http_status": 404}
+class NullRecorderRuntime:
+    """The plugin off on this worker: no step work, nothing bound, every control action refused."""
+
+    def end_step(self, is_dummy: bool) -> None:
+        pass
+
+    def bind(self, model_runner) -> None:
+        pass
+
+    def control(self, action: str, *args) -> dict:
+        return {"ok": False, "error": NOT_ENABLED, "http_status": 404}
 
 
 @dataclass(kw_only=True)

@@ -23,13 +23,13 @@ from ...runtime.export import Exporter, group_maker
 from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
 from ...runtime.replica_map import SourceRanks
-from ...runtime.worker import RecorderRuntime, refuse_control
+from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
 from .version import check_engine_version, engine_version
 
 logger = logging.getLogger("vllm.scene_eplb")
 
 
-class NullRuntime:
+class NullRuntime(NullRecorderRuntime):
     """The plugin off on this worker: no extra slots, no layout rows, no step work, control refused."""
 
     layout = None
@@ -45,15 +45,6 @@ class NullRuntime:
 
     def opaque_moe_forward(self) -> bool:
         return False
-
-    def end_step(self, is_dummy: bool) -> None:
-        pass
-
-    def bind(self, model_runner) -> None:
-        pass
-
-    def control(self, action: str, *args) -> dict:
-        return refuse_control()
 
 
 NULL_RUNTIME = NullRuntime()

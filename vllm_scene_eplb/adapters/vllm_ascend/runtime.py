@@ -24,7 +24,7 @@ from ...protocol import startup_line
 from ...runtime.export import Exporter, group_maker
 from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
-from ...runtime.worker import RecorderRuntime, refuse_control
+from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
 from .dynamic import virtual_ids_for
 from .moe_hooks import FUSED_MOE_MODULE
 from .rows import OwnRows, skip_from_context, unsupported_settings
@@ -35,20 +35,7 @@ HOOK_ATTR = "_scene_eplb_ids_hook"  # on any layer, once worked out: its LayerId
 _UNSET = object()
 
 
-class NullRuntime:
-    """The plugin off on this worker: no step work, control refused."""
-
-    def end_step(self, is_dummy: bool) -> None:
-        pass
-
-    def bind(self, model_runner) -> None:
-        pass
-
-    def control(self, action: str, *args) -> dict:
-        return refuse_control()
-
-
-NULL_RUNTIME = NullRuntime()
+NULL_RUNTIME = NullRecorderRuntime()
 
 
 @dataclass(kw_only=True)
@@ -114,15 +101,15 @@ def moe_layers(model) -> list:
     return sorted((m for m in model.modules() if isinstance(m, cls)), key=lambda m: extract_layer_index(m.layer_name))
 
 
-_current: NullRuntime | AscendRuntime = NULL_RUNTIME
+_current: NullRecorderRuntime | AscendRuntime = NULL_RUNTIME
 
 
-def current() -> NullRuntime | AscendRuntime:
+def current() -> NullRecorderRuntime | AscendRuntime:
     """This worker's runtime: an AscendRuntime when the flag is on, else the null runtime."""
     return _current
 
 
-def configure(vllm_config, engine: str) -> NullRuntime | AscendRuntime:
+def configure(vllm_config, engine: str) -> NullRecorderRuntime | AscendRuntime:
     """Read the plugin settings and this worker's ranks, before the model loads."""
     global _current
     cfg = parse_config(vllm_config.additional_config)
