@@ -70,7 +70,7 @@ def test_collect_dry_run_follows_the_workflow_in_order():
 def test_verify_dry_run_checks_in_order_and_restarts_for_the_baseline():
     out = _dry("verify.sh")
     steps = ["audit --url http://127.0.0.1:8100 --recorder idle", "--scene warm-up", "metrics-before.txt", "record start",
-             "--scene record", "record stop", "metrics-after.txt", "record dump", "verify totals", "--scene idle",
+             "--scene record", "record stop", "metrics-after.txt", "record dump", "verify totals", "record native_load", "verify native", "--scene idle",
              "p_server.sh plain", "--scene plain", "verify throughput"]
     positions = [out.find(s) for s in steps]
     assert -1 not in positions, [s for s, p in zip(steps, positions) if p < 0]

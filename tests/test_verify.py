@@ -49,3 +49,37 @@ def test_totals_fail_cleanly_on_a_file_that_is_not_a_dump(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert main(["totals", str(tmp_path / "bad.json"), *files[1:]]) == 1
     assert capsys.readouterr().out.startswith("FAIL totals:")
+
+
+def _native(tmp_path, counts, available=True):
+    import json
+
+    path = tmp_path / "native.json"
+    doc = {"available": True, "moe_layers": [1, 2], "counts": counts} if available else \
+        {"available": False, "reason": "vLLM-Ascend keeps no moe_load counters on this server"}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _dump(tmp_path):
+    data = np.zeros((2, 3, 4), dtype=np.int64)
+    data[0, 1] = [10, 20, 30, 40]
+    data[1, 2] = [25, 25, 25, 25]
+    return str(write_counts(Counts(data, {"top_k": 1, "moe_layers": [1, 2]}), tmp_path / "d.npz"))
+
+
+def test_native_passes_when_the_engine_counted_the_same_and_a_little_padding(tmp_path, capsys):
+    assert main(["native", _dump(tmp_path), _native(tmp_path, [[10, 20, 30, 41], [25, 25, 25, 25]])]) == 0
+    assert capsys.readouterr().out.startswith("PASS dump vs vLLM-Ascend's moe_load")
+
+
+def test_native_fails_when_we_count_more_than_the_engine_or_shares_differ(tmp_path, capsys):
+    assert main(["native", _dump(tmp_path), _native(tmp_path, [[10, 20, 30, 39], [25, 25, 25, 25]])]) == 1
+    assert "above theirs: 1" in capsys.readouterr().out
+    assert main(["native", _dump(tmp_path), _native(tmp_path, [[10, 20, 30, 40], [25, 25, 25, 90]])]) == 1
+    assert "worst share distance" in capsys.readouterr().out
+
+
+def test_native_skips_where_the_engine_has_no_counters(tmp_path, capsys):
+    assert main(["native", _dump(tmp_path), _native(tmp_path, None, available=False)]) == 0
+    assert capsys.readouterr().out.startswith("SKIP dump vs vLLM-Ascend's moe_load: vLLM-Ascend keeps no moe_load")

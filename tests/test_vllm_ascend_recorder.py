@@ -270,6 +270,7 @@ async def main():
             rt.end_step(False)
         out["again"] = (await http.post("/start_expert_distribution_record")).json()
         out["stop"] = (await http.post("/stop_expert_distribution_record")).json()
+        out["native"] = (await http.get("/scene_eplb/native_load")).json()
     out["recorded"] = [int(rt.observer.snapshot().sum()) for rt in workers]
     print(json.dumps(out))
 
@@ -284,10 +285,47 @@ def test_routes_on_vllm_0_23_api_server_reach_every_dp_engine(tmp_path):
 
     model = make_tiny_moe(tmp_path / "model", TinyMoeSpec())
     out = run(ROUTES.format(model=str(model)))
-    assert out["paths"] == ["/dump_expert_distribution_record", "/scene_eplb/status", "/start_expert_distribution_record",
-                            "/stop_expert_distribution_record"]
+    assert out["paths"] == ["/dump_expert_distribution_record", "/scene_eplb/native_load", "/scene_eplb/status",
+                            "/start_expert_distribution_record", "/stop_expert_distribution_record"]
     st = out["status"]
     assert st["observer"] == "idle" and st["ranks_agree"] and [r["dp_rank"] for r in st["ranks"]] == [0, 1]
     assert out["start"] == 200 and "already on" in out["again"]["error"]
     assert out["stop"]["observer"] == "idle" and out["stop"]["passes_recorded"] == 1
     assert out["recorded"] == [2, 2]
+    # not bound to a model with vLLM-Ascend's counters: the route says why, for all ranks
+    assert out["native"]["available"] is False and out["native"]["ranks"] == 2 and "dynamic EPLB" in out["native"]["reason"]
+
+
+def test_native_window_maps_vllm_ascend_slot_counters_to_logical_experts():
+    """vLLM-Ascend's moe_load (tokens per local slot) over a record, through its _expert_map
+    (logical -> local slot, -1 elsewhere; a shared-expert slot beyond E dropped); void when its
+    EPLB moved experts or cleared the counters in between; unavailable without the counters."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_scene_eplb.adapters.vllm_ascend.native_load import UNAVAILABLE, NativeWindow
+
+    def layer(load, emap):
+        return SimpleNamespace(moe_load=torch.tensor(load), _expert_map=torch.tensor(emap))
+
+    a = layer([5, 7, 1], [-1, 0, -1, 1, 2])  # E = 4: experts 1 and 3 here, slot 2 is shared expert 4
+    b = layer([[1, 0, 0], [2, 3, 0]], [2, -1, 0, 1, -1])  # the multi-stage policy: [stages, E_local]
+    window = NativeWindow(4)
+    window.mark("start", [a, b])
+    a.moe_load += torch.tensor([3, 4, 9])
+    b.moe_load[1] += torch.tensor([1, 2, 3])
+    window.mark("stop", [a, b])
+    assert window.result == {"available": True, "counts": [[0, 3, 0, 4], [3, 0, 1, 2]]}
+    window.mark("start", [a, b])
+    a._expert_map = torch.tensor([0, -1, -1, 1, 2])
+    window.mark("stop", [a, b])
+    assert "moved experts" in window.result["reason"]
+    window.mark("start", [a, b])
+    b.moe_load.zero_()
+    window.mark("stop", [a, b])
+    assert "cleared its moe_load" in window.result["reason"]
+    plain = SimpleNamespace(moe_load=None, _expert_map=torch.tensor([0, 1]))
+    window.mark("start", [plain])
+    window.mark("stop", [plain])
+    assert window.result == {"available": False, "reason": UNAVAILABLE}

@@ -19,12 +19,14 @@ class Route:
     path: str
 
 
-# SGLang's route names for the recorder, plus our status route.
+# SGLang's route names for the recorder, plus our status and native-load routes.
 ROUTES = (
     Route("start", "POST", "/start_expert_distribution_record"),
     Route("stop", "POST", "/stop_expert_distribution_record"),
     Route("dump", "POST", "/dump_expert_distribution_record"),
     Route("status", "GET", "/scene_eplb/status"),
+    # The engine's own expert-load counters over the last record, in logical ids (vLLM-Ascend with dynamic EPLB).
+    Route("native_load", "GET", "/scene_eplb/native_load"),
 )
 ROUTE_BY_ACTION = {r.action: r for r in ROUTES}
 ACTIONS = tuple(ROUTE_BY_ACTION)
@@ -44,6 +46,8 @@ AGREEMENT_KEYS = ("layout_hash", "redundant_slots", "dispatch", "observer", "rin
 # the first; the live-fitness poller reads every rank's cumulative counts with the second.
 EXPORT_STATUS_ACTION = "export_status"
 LIVE_ACTION = "live"
+# The native_load route's action: each worker's logical counts from the engine's own counters.
+NATIVE_ACTION = "native_load"
 # The status answer's live-fitness object (see ``fitness.LiveFitness.to_dict``).
 LIVE_KEY = "live"
 # The status keys a dump file's metadata carries (besides what the export adds).

@@ -5,17 +5,19 @@
 #      dump it (Gloo SUM over the EP ranks, rank 0 writes one checksummed file)
 #   3. every MoE layer's total = the prompt tokens the engine itself counted (vllm:prompt_tokens_total
 #      on /metrics, before and after) x top-k: each real token counted once, no padding, no dummy pass
-#   4. throughput: the same load with the recorder idle, then (after a restart with the flag off)
+#   4. with vLLM-Ascend's dynamic EPLB on (its moe_load counters exist), the dump against those counters
+#      over the same record: never above them, expert shares per layer within TOLERANCE (they also count
+#      padding and idle-DP dummy rows); SKIP without dynamic EPLB
+#   5. throughput: the same load with the recorder idle, then (after a restart with the flag off)
 #      without the plugin; PASS when idle / off >= MIN_RATIO
 # Start P first:  bash p_server.sh collect      (step 4 asks you to restart it:  bash p_server.sh plain)
-# Not checked here: vLLM-Ascend's own moe_load counters (see README.md in this folder).
 # DRY_RUN=1 prints every command without running it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
 MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 P_URL=${P_URL:-http://127.0.0.1:8100}
-N=${N:-64}; C=${C:-16}; IN_LEN=${IN_LEN:-4096}; CARDS=${CARDS:-8}; MIN_RATIO=${MIN_RATIO:-0.98}
+N=${N:-64}; C=${C:-16}; IN_LEN=${IN_LEN:-4096}; CARDS=${CARDS:-8}; MIN_RATIO=${MIN_RATIO:-0.98}; TOLERANCE=${TOLERANCE:-0.02}
 OUT=${SCENE_EPLB_DIR}/verify-$(date +%Y%m%d-%H%M%S)
 LOAD=(--url "$P_URL" -n "$N" -c "$C" --model "$MODEL" --input-len "$IN_LEN" --output-len 1 --cards "$CARDS"
       --chunk-size 8192 --parallel P-DP16-EP16 -q)
@@ -50,7 +52,11 @@ fi
 # 3. every layer counted each prompt token top-k times
 check scene-eplb inspect "$COUNTS" -q
 check python -m vllm_scene_eplb.client.verify totals "$COUNTS" "$OUT/metrics-before.txt" "$OUT/metrics-after.txt"
-# 4. throughput, recorder idle vs flag off (same load, same seed)
+# 4. against vLLM-Ascend's own counters over the same record (SKIP without its dynamic EPLB)
+printf '+ '; printf '%q ' scene-eplb record native_load --url "$P_URL" --json -q; echo
+if [ "${DRY_RUN:-0}" != 1 ]; then scene-eplb record native_load --url "$P_URL" --json -q > "$OUT/native_load.json"; fi
+check python -m vllm_scene_eplb.client.verify native "$COUNTS" "$OUT/native_load.json" --tolerance "$TOLERANCE"
+# 5. throughput, recorder idle vs flag off (same load, same seed)
 run scene-eplb bench --scene idle "${LOAD[@]}" --seed 3 -o "$OUT/idle.json"
 echo "restart P without the plugin now:  bash $HERE/p_server.sh plain   then press Enter"
 if [ "${DRY_RUN:-0}" != 1 ]; then read -r; fi

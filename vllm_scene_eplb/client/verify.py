@@ -1,13 +1,18 @@
 """The acceptance checks of ``deploy/ascend-910c/verify.sh``, one PASS/FAIL line each.
 
     python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER
+    python -m vllm_scene_eplb.client.verify native COUNTS NATIVE.json [--tolerance 0.02]
     python -m vllm_scene_eplb.client.verify throughput PLAIN.json IDLE.json [--min-ratio 0.98]
 
 ``totals``: every MoE layer of a dump counted exactly the prompt tokens the engine itself processed
 while recording (``vllm:prompt_tokens_total`` on ``/metrics``, summed over DP engines, after minus
 before) times top-k. Holds when nothing but the recorded load ran, prefix caching is off and each
-request generates one token (no decode passes). ``throughput``: prefill throughput with the plugin
-on and the recorder idle over the same load with the flag off. Exit status 1 if a check fails.
+request generates one token (no decode passes). ``native``: the dump against vLLM-Ascend's own
+``moe_load`` counters over the same record (``scene-eplb record native_load --json``): never above
+them for any (layer, expert), and each layer's expert shares within ``tolerance`` (half the L1
+distance); vLLM-Ascend also counts padding and idle-DP dummy rows, so they are not equal. Skipped
+(a SKIP line, exit 0) where those counters do not exist. ``throughput``: prefill throughput with the
+plugin on and the recorder idle over the same load with the flag off. Exit status 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ class Verdict:
     name: str
     ok: bool
     detail: str
+    skipped: bool = False
 
     def line(self) -> str:
-        return f"{'PASS' if self.ok else 'FAIL'} {self.name}: {self.detail}"
+        return f"{'SKIP' if self.skipped else 'PASS' if self.ok else 'FAIL'} {self.name}: {self.detail}"
 
 
 def prompt_tokens(metrics_text: str) -> int:
@@ -61,6 +67,31 @@ def totals(counts_path: str, before: str, after: str) -> Verdict:
     return Verdict("per-layer totals = prompt tokens x top-k", bool(layers) and tokens > 0 and not wrong, detail)
 
 
+def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
+    """The dump against vLLM-Ascend's own counters over the same record (see the module docstring)."""
+    import json
+
+    name = "dump vs vLLM-Ascend's moe_load"
+    try:
+        answer = json.loads(Path(native_path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SceneEplbError(f"cannot read the native_load answer: {exc}", native_path) from None
+    if not answer.get("available"):
+        return Verdict(name, True, str(answer.get("reason")), skipped=True)
+    counts = read_counts(counts_path)
+    layers = [int(x) for x in answer["moe_layers"]]
+    ours = counts.data.sum(axis=0)[layers].astype(np.int64)
+    theirs = np.asarray(answer["counts"], dtype=np.int64)
+    if theirs.shape != ours.shape:
+        raise SceneEplbError(f"native counts have shape {list(theirs.shape)}, the dump's MoE layers {list(ours.shape)}", native_path)
+    above = int((ours > theirs).sum())
+    shares = [0.5 * np.abs(o / max(o.sum(), 1) - t / max(t.sum(), 1)).sum() for o, t in zip(ours, theirs)]
+    worst = int(np.argmax(shares))
+    detail = (f"ours / theirs {ours.sum() / max(theirs.sum(), 1):.4f} over {len(layers)} MoE layers; (layer, expert) pairs "
+              f"above theirs: {above}; worst share distance {shares[worst]:.4f} (layer {layers[worst]}; pass at <= {tolerance})")
+    return Verdict(name, above == 0 and shares[worst] <= tolerance, detail)
+
+
 def throughput(plain: str, idle: str, min_ratio: float) -> Verdict:
     """Prefill throughput with the recorder idle over the flag off, on the same load."""
     means = []
@@ -80,13 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="check", required=True)
     t = sub.add_parser("totals", help="per-layer totals of a dump against the engine's prompt-token counter")
     t.add_argument("counts"), t.add_argument("metrics_before"), t.add_argument("metrics_after")
+    n = sub.add_parser("native", help="a dump against vLLM-Ascend's own moe_load counters over the same record")
+    n.add_argument("counts"), n.add_argument("native")
+    n.add_argument("--tolerance", type=float, default=0.02, help="largest per-layer expert-share distance that passes (default 0.02)")
     p = sub.add_parser("throughput", help="recorder idle vs flag off (two scene-eplb bench results)")
     p.add_argument("plain"), p.add_argument("idle")
     p.add_argument("--min-ratio", type=float, default=0.98, help="lowest idle/off prefill throughput that passes (default 0.98)")
     args = parser.parse_args(argv)
     try:
-        verdict = (totals(args.counts, args.metrics_before, args.metrics_after) if args.check == "totals"
-                   else throughput(args.plain, args.idle, args.min_ratio))
+        if args.check == "totals":
+            verdict = totals(args.counts, args.metrics_before, args.metrics_after)
+        elif args.check == "native":
+            verdict = native(args.counts, args.native, args.tolerance)
+        else:
+            verdict = throughput(args.plain, args.idle, args.min_ratio)
     except SceneEplbError as exc:
         verdict = Verdict(args.check, False, str(exc))
     print(verdict.line())

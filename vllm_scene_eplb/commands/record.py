@@ -1,4 +1,4 @@
-"""`scene-eplb record start|stop|dump|status --url URL`: drive a running server's recorder."""
+"""`scene-eplb record start|stop|dump|status|native_load --url URL`: drive a running server's recorder."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from ..client.record import call
 from ..protocol import ACTIONS
 from .common import Console, server_args
 
-HELP = "control a running server's recorder: start | stop | dump | status"
+HELP = "control a running server's recorder: start | stop | dump | status | native_load"
 DESCRIPTION = ("Drive the plugin's routes on a vLLM server started with scene_eplb in --additional-config and "
-               "VLLM_PLUGINS=scene_eplb. dump answers the path of the counts file the server wrote inside its dump_dir.")
+               "VLLM_PLUGINS=scene_eplb. dump answers the path of the counts file the server wrote inside its dump_dir. "
+               "native_load answers the engine's own expert-load counters over the last record in logical ids "
+               "(vLLM-Ascend with dynamic EPLB), to cross-check a dump.")
 SHOWN = ("role", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written", "passes_recorded")
 
 
@@ -22,6 +24,9 @@ def run(args, console: Console) -> None:
     result = call(args.url, args.action, args.api_key, args.timeout)
     if args.action == "dump":
         text = f"wrote {result.get('path')}  shape {result.get('shape')}  ring entries written {result.get('entries_written')}"
+    elif args.action == "native_load":
+        text = (f"engine counters over the last record: {sum(map(sum, result['counts']))} assignments in "
+                f"{len(result['counts'])} MoE layers" if result.get("available") else f"not available: {result.get('reason')}")
     else:
         text = "  ".join(f"{k}={result[k]}" for k in SHOWN if k in result)
     console.emit(result, text)

@@ -39,7 +39,7 @@ from ..config import PluginConfig, parse_config
 from ..errors import SceneEplbError
 from ..fitness import LiveFitness
 from ..formats import GeometryHint, read_layout
-from ..protocol import EXPORT_STATUS_ACTION, LIVE_ACTION, LIVE_KEY, ROUTES, aggregate_status
+from ..protocol import EXPORT_STATUS_ACTION, LIVE_ACTION, LIVE_KEY, NATIVE_ACTION, ROUTES, aggregate_status
 from . import metrics
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -161,9 +161,20 @@ class SceneEplbEndpoints:
             await asyncio.sleep(min(pause, max(left, 0)))
             pause = min(2 * pause, POLL_S[1])
 
+    async def _native(self) -> dict:
+        """Every rank's logical counts from the engine's own counters, summed; the first reason if a rank has none."""
+        answers = sorted(await self._all_ok(NATIVE_ACTION), key=lambda a: a["ep_rank"])
+        missing = [a["reason"] for a in answers if not a["available"]]
+        if missing:
+            return {"available": False, "reason": missing[0], "ranks": len(answers)}
+        total = np.sum([np.asarray(a["counts"], dtype=np.int64) for a in answers], axis=0)
+        return {"available": True, "moe_layers": answers[0]["moe_layers"], "counts": total.tolist(), "ranks": len(answers)}
+
     async def _answer(self, action: str) -> dict:
         if action == "dump":
             return await self._dump()
+        if action == NATIVE_ACTION:
+            return await self._native()
         answer = aggregate_status(await self._all_ok(action))
         return {**answer, LIVE_KEY: self.live.to_dict() if self.live is not None else None}
 

@@ -17,7 +17,7 @@ from ..config import PluginConfig
 from ..errors import SceneEplbError
 from ..layout import Layout
 from ..model_geometry import ModelGeometry
-from ..protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION
+from ..protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION, NATIVE_ACTION
 from .export import Exporter
 from .observer import NullObserver, RoutingObserver
 
@@ -101,8 +101,8 @@ class RecorderRuntime:
     # ------------------------------------------------------------ control (the engine's worker RPC)
 
     def control(self, action: str, *args) -> dict:
-        """start | stop | dump EXPORT_ID DEADLINE | export_status EXPORT_ID | live | status. Errors come
-        back as ``{"ok": False, ...}``."""
+        """start | stop | dump EXPORT_ID DEADLINE | export_status EXPORT_ID | live | native_load | status.
+        Errors come back as ``{"ok": False, ...}``."""
         try:
             if action == "status":
                 return {"ok": True, **self.status()}
@@ -116,11 +116,19 @@ class RecorderRuntime:
                 return {"ok": True, **self.exporter.job(*args).to_dict()}
             elif action == LIVE_ACTION:
                 return {"ok": True, **self._live()}
+            elif action == NATIVE_ACTION:
+                return {"ok": True, "ep_rank": self.ep_rank, "moe_layers": self.moe_layer_ids, **self.native_load()}
             else:
                 raise SceneEplbError(f"unknown action {action!r}")
             return {"ok": True, **self.status()}
         except (SceneEplbError, TypeError) as exc:
             return {"ok": False, "error": str(exc), "http_status": 409}
+
+    def native_load(self) -> dict:
+        """The engine's own expert-load counters over the last record, in logical ids (``available``,
+        ``counts`` [L_moe, E] or ``reason``); engines whose counters the plugin does not read say so."""
+        return {"available": False, "reason": f"{self.engine}: the plugin reads the engine's own load counters on "
+                                              "vLLM-Ascend with dynamic EPLB only"}
 
     def _live(self) -> dict:
         """This rank's cumulative live counts [L_moe, E] (MoE layers in order) and whether they count."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ...config import kv_role_of, parse_config
@@ -27,6 +27,7 @@ from ...runtime.observer import NullObserver
 from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
 from .dynamic import virtual_ids_for
 from .moe_hooks import FUSED_MOE_MODULE
+from .native_load import NativeWindow
 from .rows import OwnRows, skip_from_context, unsupported_settings
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -43,6 +44,18 @@ class AscendRuntime(RecorderRuntime):
     """A vLLM-Ascend worker's recorder state (``RecorderRuntime``) and its binding to the model."""
 
     own_rows: OwnRows  # where this rank's own real rows are in what it routes
+    layers: list = field(default_factory=list)  # the bound main-model MoE layers, in order
+    native: NativeWindow | None = None  # vLLM-Ascend's own counters over the last record
+
+    def control(self, action: str, *args) -> dict:
+        """``RecorderRuntime.control``; a record's start and stop also read vLLM-Ascend's own counters."""
+        answer = super().control(action, *args)
+        if answer.get("ok") and action in ("start", "stop") and self.native is not None:
+            self.native.mark(action, self.layers)
+        return answer
+
+    def native_load(self) -> dict:
+        return self.native.result if self.native is not None else super().native_load()
 
     def bind(self, model_runner) -> None:
         """Find the main model's MoE layers, make the observer and give each layer its capture."""
@@ -50,6 +63,7 @@ class AscendRuntime(RecorderRuntime):
 
         layers = moe_layers(model_runner.model)
         self.check_moe_layers([extract_layer_index(layer.layer_name) for layer in layers])
+        self.layers, self.native = layers, NativeWindow(self.model.num_experts)
         refused = unsupported_settings(model_runner.vllm_config)
         if refused and self.layout is None:
             raise SceneEplbError(f"the scene_eplb recorder on vLLM-Ascend cannot tell its own tokens under {', '.join(refused)}: "
