@@ -8,7 +8,8 @@ run. The layer is not an argument of ``select_experts``; ``AscendFusedMoE.forwar
 which every call happens (the quantisation methods' ``apply`` and the multistream gate path alike),
 is wrapped to say which layer that is.
 
-The hook today is ``dynamic`` dispatch (``dynamic.VirtualIds``): the ids leave ``select_experts`` as
+The hook (``runtime.LayerIds``) counts the ids of the main model's layers (the recorder, this
+rank's own real rows only) and, for ``dynamic`` dispatch (``dynamic.VirtualIds``), hands them on as
 virtual ids that pick replica ``row mod c`` of each expert, which vLLM-Ascend's own
 ``log2phy[topk_ids]`` step (``MoECommMethod.fused_experts``) turns into physical slots. The ops are
 fixed-shape and sync-free, so they are recorded into ACL / torchair graphs like the rest of the layer.
