@@ -329,3 +329,29 @@ def test_native_window_maps_vllm_ascend_slot_counters_to_logical_experts():
     window.mark("start", [plain])
     window.mark("stop", [plain])
     assert window.result == {"available": False, "reason": UNAVAILABLE}
+
+
+SETTINGS = """
+import json
+import vllm_scene_eplb.adapters.entry as entry
+entry.register()
+from vllm.config import ModelConfig, ParallelConfig, VllmConfig
+from vllm_scene_eplb.adapters.vllm_ascend.rows import unsupported_settings
+out = {{}}
+for name, extra in [("plain", {{}}), ("gate", {{"multistream_overlap_gate": True}}), ("flashcomm1", {{"enable_flashcomm1": True}})]:
+    vc = VllmConfig(model_config=ModelConfig(model={model!r}), additional_config={{**extra, "refresh": True}},
+                    parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True))
+    out[name] = unsupported_settings(vc)          # what AscendRuntime.bind reads once vLLM-Ascend set up its config
+print(json.dumps(out))
+"""
+
+
+def test_settings_that_reshape_the_routed_rows_are_found_in_vllm_ascends_own_config(tmp_path):
+    """Read back from vLLM-Ascend's real ascend config and enable_sp(): the settings under which the
+    own-row rules do not hold (a collection run refuses them when the recorder binds)."""
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+
+    out = run(SETTINGS.format(model=str(make_tiny_moe(tmp_path / "model", TinyMoeSpec()))))
+    assert out["plain"] == []
+    assert out["gate"] == ["multistream_overlap_gate (routing runs before prepare)"]
+    assert out["flashcomm1"] == ["sequence parallelism / flashcomm1 (its EP all-gather drops padding rows)"]
