@@ -83,3 +83,23 @@ def test_native_fails_when_we_count_more_than_the_engine_or_shares_differ(tmp_pa
 def test_native_skips_where_the_engine_has_no_counters(tmp_path, capsys):
     assert main(["native", _dump(tmp_path), _native(tmp_path, None, available=False)]) == 0
     assert capsys.readouterr().out.startswith("SKIP dump vs vLLM-Ascend's moe_load: vLLM-Ascend keeps no moe_load")
+
+
+def _result(tmp_path, name, prefill):
+    import json
+
+    from vllm_scene_eplb.fileio import doc_checksum
+    from vllm_scene_eplb.harness.results import RESULT_FORMAT
+
+    doc = {"format": RESULT_FORMAT, "manifest": {"scene": name}, "runs": [],
+           "aggregate": {"prefill_throughput_per_card": {"mean": prefill, "ci95": None, "n": 1}}}
+    doc["checksum"] = doc_checksum(doc)
+    (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    return str(tmp_path / f"{name}.json")
+
+
+def test_throughput_passes_at_the_ratio_and_fails_below(tmp_path, capsys):
+    plain, idle = _result(tmp_path, "plain", 1000.0), _result(tmp_path, "idle", 985.0)
+    assert main(["throughput", plain, idle]) == 0 and "0.9850" in capsys.readouterr().out
+    assert main(["throughput", plain, idle, "--min-ratio", "0.99"]) == 1
+    assert capsys.readouterr().out.startswith("FAIL recorder idle vs flag off")
