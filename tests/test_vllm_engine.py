@@ -73,6 +73,7 @@ def recorded(tiny_model, workdir):
         obs["stop"] = _cli(srv.url, "stop")
         obs["dump"] = call("/dump_expert_distribution_record", body={"path": "/tmp/elsewhere.npz"})
         obs["status"] = _cli(srv.url, "status")
+        obs["native"] = _cli(srv.url, "native_load")
         obs["after_misuse_outputs"] = srv.complete(PROMPTS[:1], MAX_TOKENS)
         obs["bench_with_key"] = cli("bench", "--url", srv.url, "--model", srv.model, "--scene", "keyed", "-n", 4,
                                             "-c", 2, "--input-len", 32, "--output-len", 2, "-o", workdir / "keyed.json",
@@ -146,6 +147,12 @@ def test_dump_path_is_chosen_by_the_server(recorded):
     path = recorded["dump"][1]["path"]
     assert path.startswith(str(recorded["dump_dir"]))
     assert [p.name for p in recorded["dump_dir"].iterdir()] == [path.rsplit("/", 1)[1]]  # one file, no temporaries
+
+
+def test_native_load_says_vllm_keeps_no_counters_the_plugin_reads(recorded):
+    """The native_load route is vLLM-Ascend's cross-check; on vLLM it answers, for every rank, why not."""
+    native = recorded["native"]
+    assert native["available"] is False and native["ranks"] == 2 and "vLLM-Ascend with dynamic EPLB only" in native["reason"]
 
 
 def test_misuse_gets_clear_errors(recorded):
