@@ -18,6 +18,7 @@ plugin on and the recorder idle over the same load with the flag off. Exit statu
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -69,8 +70,6 @@ def totals(counts_path: str, before: str, after: str) -> Verdict:
 
 def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
     """The dump against vLLM-Ascend's own counters over the same record (see the module docstring)."""
-    import json
-
     name = "dump vs vLLM-Ascend's moe_load"
     try:
         answer = json.loads(Path(native_path).read_text())

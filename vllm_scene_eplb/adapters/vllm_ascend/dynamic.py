@@ -19,6 +19,7 @@ import torch
 from ...errors import SceneEplbError
 from .tables import replicas_from_rank_maps
 
+
 class VirtualIds:
     """One layer's id rewrite: logical ids [M, k] -> virtual ids of replica ``row mod c`` (fixed
     shape, no host sync, so graph capture records it)."""

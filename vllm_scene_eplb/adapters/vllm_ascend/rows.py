@@ -28,6 +28,7 @@ import torch
 
 logger = logging.getLogger("vllm.scene_eplb")
 
+
 @dataclass(frozen=True)
 class OwnRows:
     """This rank's place in the MoE layer's groups: enough to find its own real rows."""
@@ -42,9 +43,9 @@ class OwnRows:
         ``real`` the forward context's ``mc2_mask`` (True for this DP rank's real tokens, from row 0),
         ``num_tokens`` this DP rank's (padded) batch, ``max_tokens_across_dp`` the DP block size."""
         if comm in ("MC2", "FUSED_MC2"):
-            mine = self._tp_slice(real, real.shape[0])
+            mine = self._tp_slice(real)
         elif comm == "ALLTOALL":
-            mine = self._tp_slice(_extend(real, max(num_tokens, self.tp_size)), max(num_tokens, self.tp_size))
+            mine = self._tp_slice(_extend(real, max(num_tokens, self.tp_size)))
         elif comm == "ALLGATHER":
             block = max_tokens_across_dp if self.dp_size > 1 else num_tokens
             mine = torch.zeros(block * self.dp_size, dtype=torch.bool, device=real.device)
@@ -58,8 +59,9 @@ class OwnRows:
                              f"{max_tokens_across_dp})")
         return ~mine
 
-    def _tp_slice(self, rows: torch.Tensor, total: int) -> torch.Tensor:
-        return torch.tensor_split(rows[:total], self.tp_size)[self.tp_rank] if self.tp_size > 1 else rows[:total]
+    def _tp_slice(self, rows: torch.Tensor) -> torch.Tensor:
+        """This TP rank's part of ``rows``, split as ``prepare`` splits the batch."""
+        return torch.tensor_split(rows, self.tp_size)[self.tp_rank] if self.tp_size > 1 else rows
 
 
 def _extend(mask: torch.Tensor, n: int) -> torch.Tensor:

@@ -22,7 +22,6 @@ from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
 from ...protocol import startup_line
 from ...runtime.export import Exporter, group_maker
-from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
 from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
 from .dynamic import virtual_ids_for
@@ -133,15 +132,13 @@ def configure(vllm_config, engine: str) -> NullRecorderRuntime | AscendRuntime:
         return _current
     from vllm.distributed import get_ep_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
-    from .startup import ep_size_of
+    from .startup import layout_of
 
     pc = vllm_config.parallel_config
     role = cfg.resolve_role(kv_role_of(vllm_config))
     model = from_hf_config(vllm_config.model_config.hf_config.to_dict(), vllm_config.model_config.model)
     ep = get_ep_group()
-    layout = None
-    if cfg.layout:  # as the config hook checked it; MoE rows only, as vLLM-Ascend's expert map holds them
-        layout = layout_for_server(cfg.layout, model, ep_size_of(pc), model_layer_axis=False)
+    layout = layout_of(vllm_config) if cfg.layout else None  # the one vLLM-Ascend's log2phy maps are built from
     tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
     rt = AscendRuntime(config=cfg, role=role, engine=engine, model=model, model_name=str(vllm_config.model_config.model),
                        ep_size=ep.world_size, ep_rank=ep.rank_in_group, dp_rank=pc.data_parallel_rank, tp_rank=tp_rank,

@@ -85,10 +85,17 @@ def _dispatch_in_config() -> AscendDispatch | None:
     cfg = parse_config(vc.additional_config)
     if cfg is None or cfg.layout is None:
         return None
-    if cfg.layout not in _loaded:  # with the server's geometry, as at config time (bare formats read too)
-        _loaded[cfg.layout] = layout_for_server(cfg.layout, from_hf_config(vc.model_config.hf_config.to_dict()),
-                                                ep_size_of(vc.parallel_config), model_layer_axis=False)
-    return AscendDispatch(_loaded[cfg.layout], cfg.dispatch)
+    return AscendDispatch(layout_of(vc), cfg.dispatch)
+
+
+def layout_of(vllm_config) -> Layout:
+    """The config's ``scene_eplb.layout``, read with the server's geometry as at config time (so bare
+    formats read too; MoE rows only, as vLLM-Ascend's expert map holds them), once per process."""
+    path = parse_config(vllm_config.additional_config).layout
+    if path not in _loaded:
+        _loaded[path] = layout_for_server(path, from_hf_config(vllm_config.model_config.hf_config.to_dict()),
+                                          ep_size_of(vllm_config.parallel_config), model_layer_axis=False)
+    return _loaded[path]
 
 
 _loaded: dict[str, Layout] = {}  # per process: layout path -> the layout read once
@@ -110,6 +117,7 @@ def check_run(vllm_config) -> None:
     layout, path = prepare_layout_run(vllm_config.additional_config, vllm_config.model_config.hf_config.to_dict(),
                                       ep_size_of(vllm_config.parallel_config), kv_role_of(vllm_config),
                                       bool(getattr(vllm_config.model_config, "enable_return_routed_experts", False)))
+    _loaded[cfg.layout] = layout  # read as layout_of reads it: a worker in this process reads it no more
     logger.info("scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
                 layout.digest(), layout.geometry.num_redundant, cfg.dispatch, path)
 

@@ -16,8 +16,7 @@ reads it from the native layout). For ``dynamic`` it returns a map over virtual 
 (``dynamic_virtual_log2phy``; ``dynamic`` rewrites the ids to match).
 
 What has run: these tables and the replacement against vLLM-Ascend's own code on CPU (tests); the
-startup wiring is in ``startup``. What has not: anything on Ascend hardware; the observer on
-``AscendFusedMoE`` and the export inside vLLM-Ascend are not built yet.
+startup wiring is in ``startup``. What has not: anything on Ascend hardware.
 """
 
 from __future__ import annotations
