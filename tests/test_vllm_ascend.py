@@ -126,7 +126,7 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
 
 STARTUP = """
 import json, logging
-logging.basicConfig(level=logging.INFO)  # a server configures this; a bare script must, to see the startup line
+logging.basicConfig(level=logging.INFO)  # a server configures this; a bare script must, to see the config hook's line
 from types import SimpleNamespace
 import torch
 from vllm_ascend.eplb.core import eplb_utils as eu
@@ -280,7 +280,7 @@ def test_prepare_needs_an_explicit_role_with_kv_both(ascend_model):
 
 
 def test_startup_with_dynamic_dispatch_builds_virtual_id_maps(ascend_model):
-    """dispatch "dynamic" on vLLM-Ascend: the startup line says so and, inside their own
+    """dispatch "dynamic" on vLLM-Ascend: the config hook's line says so and, inside their own
     init_eplb_config, every rank's log2phy is the virtual-id map (replica j of expert e at e + E*j)
     that the select_experts hook pairs with (tests/test_vllm_ascend_moe.py runs the two together)."""
     from vllm_scene_eplb.adapters.vllm_ascend.tables import dynamic_virtual_log2phy
