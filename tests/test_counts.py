@@ -13,12 +13,14 @@ from .conftest import skewed_counts
         ([[1, 2], [3]], "rectangular"),
         (np.zeros((2, 2, 2, 2)), "must be [T, L, E] or [L, E]"),
         (np.zeros((0, 3)), "empty"),
-        ([[1.5, 2.0]], "fractional value (counts are integers) 1.5"),
+        ([[1.5, 2.0]], "fractional value (expected integers) 1.5"),
         ([[1.0, float("nan")]], "non-finite"),
         ([[1, -3]], "negative value -3 "),
-        ([[True, False]], "must hold integers"),
-        ([["a", "b"]], "must hold integers"),
-        ([[1, 2**60]], "implausibly large"),
+        ([[True, False]], "true/false values"),
+        (np.array([[True, False]]), "must hold integers"),
+        ([["a", "b"]], "str values"),
+        ([[1, 2**60]], "above 9007199254740992, out of range"),
+        ([[2**53, 2**53]], "sums to"),
     ],
 )
 def test_bad_counts_are_rejected_with_the_problem_named(raw, message):

@@ -108,7 +108,7 @@ def test_write_is_atomic_on_failure(tmp_path, counts, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(np, "savez_compressed", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(SceneEplbError, match="c.npz: cannot write: disk full"):
         write_counts(counts, target)
     assert list(tmp_path.iterdir()) == []
 

@@ -2,27 +2,41 @@
 
 Offline commands (inspect, fit, validate, score, convert, report) run on CPU with no engine; record,
 audit, bench and compare talk to a running server or read its results.
+
+Every failure ends with one line on stderr and a non-zero exit: bad input or options
+``scene-eplb: error: FILE: problem`` (exit 2); an exception nobody expected is a bug and says so
+(exit 3), with its traceback only under ``--debug``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 from . import __version__
 from .commands import COMMANDS
 from .commands.common import Console, output_args
 from .errors import SceneEplbError
 
+REPORT_BUGS = "the vllm-scene-eplb issue tracker"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error, the same shape as every other error of the CLI."""
+
+    def error(self, message: str):
+        self.exit(2, f"scene-eplb: error: {message} (see '{self.prog} --help')\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="scene-eplb",
         description="Scene-specific static EPLB: fit an expert layout from recorded routing counts, "
         "check it, score it and convert it for vLLM, SGLang and vLLM-Ascend. Runs on CPU, no engine needed.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, module in COMMANDS.items():
         sp = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP))
         module.add_arguments(sp)
@@ -43,6 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed early (e.g. piped into head)
         sys.stderr.close()
         return 141
+    except MemoryError:
+        print("scene-eplb: error: out of memory (an input larger than this machine can hold?)", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - anything else is a bug: one line, the traceback on request
+        if args.debug:
+            traceback.print_exc()
+        where = "" if args.debug else "; rerun with --debug for the traceback"
+        print(f"scene-eplb: internal error (a bug, please report it with the command line to {REPORT_BUGS}): "
+              f"{type(exc).__name__}: {exc}{where}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -13,45 +13,30 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import integer_array
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
 
-# Counts above this cannot come from a real recorder and would overflow sums in int64.
+# Every count, and the sum of all counts in a file, is at most 2**53: then every sum the tools take
+# (over passes, layers, experts, ranks) is exact in int64 and in float64, and cannot overflow.
 MAX_COUNT = 2**53
+MAX_TOTAL = 2**53
+COUNT_AXES = {3: "[T, L, E]", 2: "[L, E]"}
 
 
 def validate_count_array(raw: Any, path: str | None = None) -> np.ndarray:
     """Check a [T, L, E] or [L, E] array of counts and return it as int64 [T, L, E].
 
     Rejects ragged or empty input, non-numeric or boolean values, NaN/inf, fractional values,
-    negatives and absurdly large values, each with a message naming the first bad position.
+    negatives and values or totals above what sums can hold exactly, each with a message naming
+    the first bad position.
     """
-    try:
-        arr = np.asarray(raw)
-    except ValueError as exc:  # ragged nested lists
-        raise SceneEplbError(f"logical_count is not a rectangular array ({exc})", path) from None
-    if arr.dtype == object:
-        raise SceneEplbError("logical_count is not a rectangular array of numbers (ragged rows?)", path)
-    if arr.ndim == 2:
-        arr = arr[None]
-    if arr.ndim != 3:
-        raise SceneEplbError(
-            f"logical_count must be [T, L, E] or [L, E], got {arr.ndim} dimension(s) {list(arr.shape)}",
-            path,
-        )
-    if 0 in arr.shape:
-        raise SceneEplbError(f"logical_count is empty: shape {list(arr.shape)}", path)
-    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise SceneEplbError(f"logical_count must hold integers, got dtype {arr.dtype}", path)
-    checks = [(arr < 0, "a negative value"), (arr > MAX_COUNT, "an implausibly large value")]
-    if np.issubdtype(arr.dtype, np.floating):
-        finite = np.isfinite(arr)
-        checks = [(~finite, "a non-finite value"), (finite & (arr != np.floor(arr)), "a fractional value (counts are integers)")] + checks
-    for mask, what in checks:
-        if mask.any():
-            pos = tuple(int(i) for i in np.argwhere(mask)[0])
-            raise SceneEplbError(f"logical_count has {what} {arr[pos].item()!r} at [t, layer, expert] = {list(pos)}", path)
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    arr = integer_array(raw, "logical_count", path, 0, MAX_COUNT, COUNT_AXES)
+    total = float(arr.sum(dtype=np.float64))
+    if total > MAX_TOTAL:
+        raise SceneEplbError(f"logical_count sums to {total:.3g} assignments, above the {MAX_TOTAL:.3g} (2**53) that "
+                             "sums of counts hold exactly: not a recording", path)
+    return arr if arr.ndim == 3 else arr[None]
 
 
 def counts_digest(data: np.ndarray) -> str:

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, IO
 
+from .errors import SceneEplbError
+
 
 def sha256_hex(data: bytes) -> str:
     """Hex SHA-256 of ``data``."""
@@ -28,24 +30,58 @@ def doc_checksum(doc: dict) -> str:
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
     """Write a file through ``write(fh)`` into a temporary sibling, fsync, then rename over ``path``.
 
-    Readers never see a half-written file, and a failure leaves no file behind.
+    Readers never see a half-written file, and a failure leaves no file behind (an existing ``path``
+    is untouched). A failure of the file system (full disk, read-only, a path under a file) is a
+    SceneEplbError naming ``path`` and the reason.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        _discard(tmp)
+        raise SceneEplbError(f"cannot write: {exc.strerror or exc}", path) from None
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _discard(tmp)
         raise
     return path
+
+
+def atomic_write_files(folder: str | os.PathLike, files: dict[str, bytes]) -> dict[str, Path]:
+    """Write several files into ``folder`` all or nothing: every one goes to a temporary sibling
+    first (fsynced); only when all are down are they renamed into place, so a full disk or any
+    other failure leaves the folder as it was."""
+    folder = Path(folder)
+    temps: dict[str, str] = {}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            fd, temps[name] = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        for name, tmp in temps.items():
+            os.replace(tmp, folder / name)
+    except OSError as exc:
+        for tmp in temps.values():
+            _discard(tmp)
+        raise SceneEplbError(f"cannot write: {exc.strerror or exc}", folder) from None
+    return {name: folder / name for name in files}
+
+
+def _discard(tmp: str | None) -> None:
+    if tmp is not None:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -14,6 +14,9 @@ from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
 
 
+MAX_SIZE = 1 << 16  # experts, redundant slots, ranks or nodes: far beyond any model or cluster, and small enough to allocate
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Expert-parallel geometry: E logical experts, R redundant slots, ep_size ranks on num_nodes nodes."""
@@ -26,8 +29,8 @@ class Geometry:
     def __post_init__(self) -> None:
         E, R, ep, nodes = self.num_experts, self.num_redundant, self.ep_size, self.num_nodes
         for name, value, low in (("num_experts", E, 1), ("num_redundant", R, 0), ("ep_size", ep, 1), ("nodes", nodes, 1)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-                raise SceneEplbError(f"{name} must be an integer >= {low}, got {value!r}")
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not low <= value <= MAX_SIZE:
+                raise SceneEplbError(f"{name} must be an integer in [{low}, {MAX_SIZE}], got {value!r}")
         if (E + R) % ep:
             raise SceneEplbError(
                 f"experts + redundant slots ({E} + {R} = {E + R}) is not divisible by ep_size {ep}"

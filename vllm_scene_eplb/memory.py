@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import SceneEplbError
 from .layout import Geometry
-from .model_geometry import from_hf_config, read_hf_config
+from .model_geometry import ConfigFields, from_hf_config, read_hf_config, text_config
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 KV_CACHE_DTYPES = ("auto",) + tuple(DTYPE_BYTES)
@@ -49,28 +49,28 @@ def _dtype_bytes(name: str, what: str) -> int:
     return DTYPE_BYTES[name]
 
 
-def _model_dtype(cfg: dict) -> str:
-    return str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+def _model_dtype(f: ConfigFields) -> str:
+    return f.text("torch_dtype", "") or f.text("dtype", "bfloat16")
 
 
-def _expert_shape(cfg: dict) -> tuple[int, int]:
+def _expert_shape(f: ConfigFields) -> tuple[int, int]:
     """(hidden, moe_intermediate) of one routed expert."""
-    hidden = cfg.get("hidden_size")
-    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
-    if not isinstance(hidden, int) or not isinstance(inter, int):
-        raise SceneEplbError("config has no hidden_size and moe_intermediate_size (or intermediate_size)")
-    return hidden, inter
+    if not f.has("hidden_size") or not (f.has("moe_intermediate_size") or f.has("intermediate_size")):
+        raise SceneEplbError("config has no hidden_size and moe_intermediate_size (or intermediate_size)", f.path)
+    inter_key = "moe_intermediate_size" if f.has("moe_intermediate_size") else "intermediate_size"
+    return f.int("hidden_size", 1), f.int(inter_key, 1)
 
 
 def _blocks(rows: int, cols: int, block: tuple[int, int]) -> int:
     return math.ceil(rows / block[0]) * math.ceil(cols / block[1])
 
 
-def expert_bytes(cfg: dict, modelslim: dict | None = None) -> tuple[int, str]:
+def expert_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = None) -> tuple[int, str]:
     """Bytes of one routed expert in one MoE layer, and how they were priced."""
-    hidden, inter = _expert_shape(cfg)
+    f = ConfigFields(cfg, path)
+    hidden, inter = _expert_shape(f)
     params = 3 * hidden * inter
-    dtype = _model_dtype(cfg)
+    dtype = _model_dtype(f)
     if modelslim is not None:
         kind = next((v for k, v in modelslim.items() if ".experts." in k and k.endswith(".weight")), "FLOAT")
         if kind == "FLOAT":
@@ -80,37 +80,45 @@ def expert_bytes(cfg: dict, modelslim: dict | None = None) -> tuple[int, str]:
             channels = 2 * inter + hidden
             return params + 2 * channels * _dtype_bytes(dtype, "torch_dtype"), f"{kind} (ModelSlim: int8, per-channel scale and offset)"
         raise SceneEplbError(f"ModelSlim expert quantisation {kind!r} is not priced here: pass --expert-bytes")
-    quant = cfg.get("quantization_config")
+    quant = f.obj("quantization_config")
     if not quant:
         return params * _dtype_bytes(dtype, "torch_dtype"), dtype
-    method = quant.get("quant_method")
+    q = ConfigFields(quant, path)
+    method = q.text("quant_method", "")
     if method == "fp8":
         block = quant.get("weight_block_size")
         if block:  # one float32 scale per block of each projection (DeepSeek-V3's checkpoint: 128x128)
-            b = (int(block[0]), int(block[1]))
+            if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b >= 1 for b in block)):
+                raise SceneEplbError(f"config quantization_config.weight_block_size must be two integers >= 1, got {block!r}", path)
+            b = (block[0], block[1])
             scales = 2 * _blocks(inter, hidden, b) + _blocks(hidden, inter, b)
             return params + 4 * scales, f"fp8 with {b[0]}x{b[1]} block scales"
         return params + 3 * 4, "fp8 with per-tensor scales"
     raise SceneEplbError(f"quantization method {method!r} is not priced here: pass --expert-bytes")
 
 
-def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto") -> tuple[int, str]:
+def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None = None) -> tuple[int, str]:
     """One token's KV cache over all layers on one rank (attention TP 1), and its format."""
-    dtype = _model_dtype(cfg) if kv_cache_dtype == "auto" else kv_cache_dtype
+    f = ConfigFields(cfg, path)
+    dtype = _model_dtype(f) if kv_cache_dtype == "auto" else kv_cache_dtype
     size = _dtype_bytes(dtype, "kv cache dtype")
-    layers = cfg.get("num_hidden_layers")
-    if cfg.get("kv_lora_rank"):
-        per_layer = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
-        return layers * per_layer * size, f"MLA latent {cfg['kv_lora_rank']} + rope {cfg.get('qk_rope_head_dim') or 0} per layer, {dtype}"
-    heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return layers * 2 * heads * head_dim * size, f"K and V, {heads} KV heads x {head_dim} per layer, {dtype}"
+    layers = f.int("num_hidden_layers", 1)
+    if f.has("kv_lora_rank"):
+        rank, rope = f.int("kv_lora_rank", 1), f.int("qk_rope_head_dim", 0, default=0)
+        return layers * (rank + rope) * size, f"MLA latent {rank} + rope {rope} per layer, {dtype}"
+    heads = f.int("num_attention_heads", 1)
+    kv_heads = f.int("num_key_value_heads", 1, default=heads)
+    head_dim = f.int("head_dim", 1, default=None) or f.int("hidden_size", 1) // heads
+    if head_dim < 1:
+        raise SceneEplbError(f"config hidden_size {f.cfg['hidden_size']} is smaller than num_attention_heads {heads}", path)
+    return layers * 2 * kv_heads * head_dim * size, f"K and V, {kv_heads} KV heads x {head_dim} per layer, {dtype}"
 
 
 def read_model_memory(model_dir: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes_override: int | None = None) -> ModelMemory:
     """Price a model folder's expert and KV token (see the module docstring)."""
     raw, path = read_hf_config(model_dir)
-    cfg = raw.get("text_config", raw)
+    geometry = from_hf_config(raw, str(path))  # the config's MoE fields checked first
+    cfg = text_config(raw, str(path))
     if "quantization_config" in raw and "quantization_config" not in cfg:
         cfg = {**cfg, "quantization_config": raw["quantization_config"]}
     modelslim = None
@@ -118,7 +126,7 @@ def read_model_memory(model_dir: str | os.PathLike, kv_cache_dtype: str = "auto"
     if slim.is_file():
         try:
             modelslim = json.loads(slim.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise SceneEplbError(f"cannot read {MODELSLIM_FILE}: {exc}", slim) from None
         if not isinstance(modelslim, dict):
             raise SceneEplbError(f"{MODELSLIM_FILE} is not a JSON object", slim)
@@ -128,13 +136,11 @@ def read_model_memory(model_dir: str | os.PathLike, kv_cache_dtype: str = "auto"
                 raise SceneEplbError(f"--expert-bytes must be positive, got {expert_bytes_override}")
             per_expert, fmt = expert_bytes_override, "given (--expert-bytes)"
         else:
-            per_expert, fmt = expert_bytes(cfg, modelslim)
-        kv, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype)
+            per_expert, fmt = expert_bytes(cfg, modelslim, str(path))
+        kv, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype, str(path))
     except SceneEplbError as exc:
         raise SceneEplbError(exc.problem, path) from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SceneEplbError(f"config lacks what pricing needs ({exc!r})", path) from None
-    return ModelMemory(per_expert, fmt, kv, kv_fmt, len(from_hf_config(raw, str(path)).moe_layers))
+    return ModelMemory(per_expert, fmt, kv, kv_fmt, len(geometry.moe_layers))
 
 
 def replica_cost(memory: ModelMemory, slots_per_rank: float) -> dict:

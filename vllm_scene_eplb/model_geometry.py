@@ -28,28 +28,91 @@ class ModelGeometry:
         return {"top_k": self.top_k, "expert_groups": self.expert_groups}
 
 
-def _moe_layers(cfg: dict, num_layers: int) -> tuple[int, ...]:
-    if "first_k_dense_replace" in cfg:  # DeepSeek-V2/V3 family
-        freq = int(cfg.get("moe_layer_freq", 1) or 1)
-        k = int(cfg["first_k_dense_replace"])
+_MISSING = object()
+MAX_CONFIG_INT = 1 << 40  # any size in a model config stays far below this
+
+
+class ConfigFields:
+    """Typed reads of a model config's fields: each names the field and the file when it is missing
+    or has the wrong type or range (a JSON null counts as absent)."""
+
+    def __init__(self, cfg: dict, path: str | None):
+        self.cfg, self.path = cfg, path
+
+    def _fail(self, key: str, want: str) -> SceneEplbError:
+        return SceneEplbError(f"config {key} must be {want}, got {self.cfg.get(key)!r}", self.path)
+
+    def has(self, key: str) -> bool:
+        return self.cfg.get(key) is not None
+
+    def int(self, key: str, low: int, default=_MISSING, high: int = MAX_CONFIG_INT):
+        """An integer in [low, high]; ``default`` when absent (required without one)."""
+        value = self.cfg.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise SceneEplbError(f"config has no {key}", self.path)
+            return default
+        if type(value) is not int or not low <= value <= high:
+            raise self._fail(key, f"an integer in [{low}, {high}]")
+        return value
+
+    def int_list(self, key: str, low: int = 0) -> list[int]:
+        """A list of integers >= low (empty when absent)."""
+        value = self.cfg.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(type(v) is int and v >= low for v in value):
+            raise self._fail(key, f"a list of integers >= {low}")
+        return value
+
+    def text(self, key: str, default: str) -> str:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._fail(key, "a string")
+        return value
+
+    def obj(self, key: str) -> dict | None:
+        """A JSON object, or None when absent."""
+        value = self.cfg.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise self._fail(key, "a JSON object")
+        return value
+
+
+def text_config(cfg: dict, path: str | None) -> dict:
+    """The language model's part of a config: ``text_config`` when there is one (multimodal models)."""
+    inner = ConfigFields(cfg, path).obj("text_config")
+    return cfg if inner is None else inner
+
+
+def _moe_layers(f: ConfigFields, num_layers: int) -> tuple[int, ...]:
+    if f.has("first_k_dense_replace"):  # DeepSeek-V2/V3 family
+        freq = f.int("moe_layer_freq", 1, default=1)
+        k = f.int("first_k_dense_replace", 0)
         return tuple(i for i in range(num_layers) if i >= k and i % freq == 0)
-    step = int(cfg.get("decoder_sparse_step", 1) or 1)  # Qwen2/3-MoE family
-    dense = set(cfg.get("mlp_only_layers") or [])
+    step = f.int("decoder_sparse_step", 1, default=1)  # Qwen2/3-MoE family
+    dense = set(f.int_list("mlp_only_layers"))
     return tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
 
 
 def from_hf_config(cfg: dict, path: str | None = None) -> ModelGeometry:
     """Read the MoE geometry from a config dict (a model directory's config.json)."""
-    cfg = cfg.get("text_config", cfg)
-    experts = next((cfg[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if cfg.get(k)), None)
-    if not isinstance(experts, int) or not isinstance(cfg.get("num_hidden_layers"), int):
-        raise SceneEplbError("config has no MoE expert count (n_routed_experts / num_experts) or num_hidden_layers", path)
-    L = cfg["num_hidden_layers"]
-    top_k = cfg.get("num_experts_per_tok")
-    groups = cfg.get("n_group") or 1
-    if not isinstance(groups, int) or groups < 1 or experts % groups:
-        raise SceneEplbError(f"config n_group {groups!r} does not divide {experts} experts", path)
-    return ModelGeometry(L, _moe_layers(cfg, L), experts, top_k if isinstance(top_k, int) else None, groups)
+    f = ConfigFields(text_config(cfg, path), path)
+    key = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts") if f.has(k)), None)
+    if key is None:
+        raise SceneEplbError("config has no MoE expert count (n_routed_experts / num_experts / num_local_experts)", path)
+    experts = f.int(key, 1, high=1 << 16)
+    layers = f.int("num_hidden_layers", 1, high=1 << 16)
+    top_k = f.int("num_experts_per_tok", 1, default=None, high=experts)
+    groups = f.int("n_group", 1, default=1, high=experts)
+    if experts % groups:
+        raise SceneEplbError(f"config n_group {groups} does not divide {experts} experts", path)
+    moe_layers = _moe_layers(f, layers)
+    if not moe_layers:
+        raise SceneEplbError(f"config describes no MoE layer among its {layers} layers", path)
+    return ModelGeometry(layers, moe_layers, experts, top_k, groups)
 
 
 def read_hf_config(path: str | os.PathLike) -> tuple[dict, Path]:
@@ -59,7 +122,7 @@ def read_hf_config(path: str | os.PathLike) -> tuple[dict, Path]:
         path = path / "config.json"
     try:
         cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise SceneEplbError(f"cannot read model config: {exc}", path) from None
     if not isinstance(cfg, dict):
         raise SceneEplbError("model config is not a JSON object", path)

@@ -11,7 +11,7 @@ import numpy as np
 from .counts import Counts
 from .errors import SceneEplbError
 from .evaluation import SCORES, Evaluation, evaluate
-from .fileio import atomic_write_bytes
+from .fileio import atomic_write_files
 from .layout import Layout, linear_map
 from .score import ideal_rank_loads, static_rank_loads
 
@@ -88,7 +88,7 @@ def scenes_markdown(scenes: list[tuple[str, Evaluation, str]], layout: Layout, m
     return "\n".join(lines) + "\n"
 
 
-def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path:
+def heatmap_png(layout: Layout, counts: Counts) -> bytes:
     """PNG: per-rank load / mean for every MoE layer, old (linear) layout beside the new one, under
     the dispatch the layout was fitted for (static table, or the even split of dynamic)."""
     try:
@@ -122,28 +122,32 @@ def heatmap_png(layout: Layout, counts: Counts, path: str | os.PathLike) -> Path
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
 
 
 def write_report(layout: Layout, scenes: list[tuple[str, Counts]], out_dir: str | os.PathLike,
                  memory: str | None = None) -> tuple[list[Evaluation], Path, list[Path]]:
     """Score ``layout`` on each (name, counts) scene and write ``report.md``, a heat map per scene
     (``rank_load_heatmap.png`` for one scene, ``rank_load_heatmap-NAME.png`` for several) and
-    ``scores.json`` into ``out_dir``; returns the evaluations, the report and the heat maps."""
+    ``scores.json`` into ``out_dir``; returns the evaluations, the report and the heat maps. Every
+    file is rendered before the first is written, so a failure leaves the folder as it was."""
     import json
 
     out = Path(out_dir)
     evals = [evaluate(layout, counts) for _, counts in scenes]
     if len(scenes) == 1:
-        png = heatmap_png(layout, scenes[0][1], out / "rank_load_heatmap.png")
-        md = atomic_write_bytes(out / "report.md", markdown(evals[0], layout, images=[png.name], memory=memory).encode())
-        atomic_write_bytes(out / "scores.json", json.dumps({"summary": evals[0].summary(), "layers": evals[0].rows()}, indent=2).encode())
-        return evals, md, [png]
-    pngs = [heatmap_png(layout, counts, out / f"rank_load_heatmap-{_file_safe(name)}.png") for name, counts in scenes]
-    md = atomic_write_bytes(out / "report.md", scenes_markdown([(n, ev, p.name) for (n, _), ev, p in zip(scenes, evals, pngs)], layout, memory).encode())
-    atomic_write_bytes(out / "scores.json", json.dumps({"scenes": [{"name": n, "summary": ev.summary(), "layers": ev.rows()}
-                                                                   for (n, _), ev in zip(scenes, evals)]}, indent=2).encode())
-    return evals, md, pngs
+        png_names = ["rank_load_heatmap.png"]
+        md = markdown(evals[0], layout, images=png_names, memory=memory)
+        scores = {"summary": evals[0].summary(), "layers": evals[0].rows()}
+    else:
+        png_names = [f"rank_load_heatmap-{_file_safe(name)}.png" for name, _ in scenes]
+        md = scenes_markdown([(n, ev, p) for (n, _), ev, p in zip(scenes, evals, png_names)], layout, memory)
+        scores = {"scenes": [{"name": n, "summary": ev.summary(), "layers": ev.rows()} for (n, _), ev in zip(scenes, evals)]}
+    files = {name: heatmap_png(layout, counts) for name, (_, counts) in zip(png_names, scenes)}
+    files["scores.json"] = json.dumps(scores, indent=2).encode()
+    files["report.md"] = md.encode()
+    written = atomic_write_files(out, files)
+    return evals, written["report.md"], [written[n] for n in png_names]
 
 
 def _file_safe(name: str) -> str:

@@ -23,7 +23,11 @@ def normalise_weights(weights: Sequence[float] | None, n: int) -> np.ndarray:
     if w.shape != (n,):
         raise SceneEplbError(f"{w.size} scene weight(s) given for {n} counts file(s): give one weight per file")
     if not np.isfinite(w).all() or (w <= 0).any():
-        raise SceneEplbError(f"scene weights must be positive numbers, got {list(weights)}")
+        raise SceneEplbError(f"scene weights must be positive finite numbers, got {list(weights)}")
+    with np.errstate(over="ignore"):
+        overflows = not np.isfinite(w.sum())
+    if overflows:  # weights near the float maximum: scale them down before summing
+        w = w / w.max()
     return w / w.sum()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .common import Console, server_args
+from .options import check_output_file, integer, number
 
 HELP = "run a named scene against a server through vLLM's `vllm bench serve`"
 DESCRIPTION = ("Drive an OpenAI-compatible server with vLLM's own benchmark (random dataset, fixed lengths) and save "
@@ -17,18 +18,19 @@ def add_arguments(p) -> None:
     server_args(p)
     p.add_argument("--model", required=True, help="served model name (and tokenizer path)")
     p.add_argument("--scene", required=True, help="scene name, saved in the manifest")
-    p.add_argument("-n", "--num-prompts", type=int, required=True, help="request count N")
-    p.add_argument("-c", "--concurrency", type=int, required=True, help="max concurrent requests C")
-    p.add_argument("-r", "--request-rate", type=float, default=float("inf"), help="request rate r in req/s (default inf)")
-    p.add_argument("--input-len", type=int, required=True)
-    p.add_argument("--output-len", type=int, required=True)
-    p.add_argument("--prefix-share", type=float, default=0.0, help="share of each prompt that is a common prefix (cache scene)")
-    p.add_argument("--cards", type=int, help="all P + D cards: throughput per card divides by this (default: the "
+    p.add_argument("-n", "--num-prompts", type=integer(1), required=True, help="request count N")
+    p.add_argument("-c", "--concurrency", type=integer(1), required=True, help="max concurrent requests C")
+    p.add_argument("-r", "--request-rate", type=number(0, low_open=True, allow_inf=True), default=float("inf"),
+                   help="request rate r in req/s (default inf)")
+    p.add_argument("--input-len", type=integer(1), required=True)
+    p.add_argument("--output-len", type=integer(1), required=True)
+    p.add_argument("--prefix-share", type=number(0, 1, high_open=True), default=0.0, help="share of each prompt that is a common prefix (cache scene)")
+    p.add_argument("--cards", type=integer(1), help="all P + D cards: throughput per card divides by this (default: the "
                    "server's own DP x TP ranks, from its status route; never fewer than those)")
-    p.add_argument("--repeats", type=int, default=1, help="runs; >= 2 gives a mean and a 95%% confidence interval")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=integer(1, 1000), default=1, help="runs; >= 2 gives a mean and a 95%% confidence interval")
+    p.add_argument("--seed", type=integer(0, 2**31 - 1), default=0)
     p.add_argument("--quantization", help="for the manifest (default NOT_OBSERVED)")
-    p.add_argument("--chunk-size", type=int, help="the server's chunked-prefill size, for the manifest")
+    p.add_argument("--chunk-size", type=integer(1), help="the server's chunked-prefill size, for the manifest")
     p.add_argument("--parallel", help="the server's parallel geometry, e.g. TP2-EP2, for the manifest")
     p.add_argument("-o", "--output", required=True, help="result JSON to write")
 
@@ -37,6 +39,7 @@ def run(args, console: Console) -> None:
     from ..harness.bench import bench
     from ..harness.results import Scene
 
+    check_output_file(args.output)
     scene = Scene(args.scene, args.num_prompts, args.concurrency, args.request_rate, args.input_len, args.output_len,
                   args.prefix_share, args.cards, args.seed)
     extra = {"quantization": args.quantization, "chunk_size": args.chunk_size, "parallel": args.parallel}

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SceneEplbError
-from ..evaluation import SCORES, Evaluation
-from ..formats import GeometryHint
+from ..counts import Counts
+from ..evaluation import SCORES, Evaluation, check_compatible
+from ..formats import GeometryHint, read_counts
 from ..layout import Geometry
 from ..memory import KV_CACHE_DTYPES, cost_sentence, geometry_cost, read_model_memory, replica_cost
+from ..scenes import normalise_weights
+from .options import integer
 
 
 @dataclass(frozen=True)
@@ -43,17 +46,18 @@ class Console:
 
 
 def output_args(parser: argparse.ArgumentParser) -> None:
-    """``--json`` and ``-q``, which every command takes."""
+    """``--json``, ``-q`` and ``--debug``, which every command takes."""
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--debug", action="store_true", help="on an internal error, print its traceback")
 
 
 def geometry_args(parser: argparse.ArgumentParser) -> None:
     """The geometry a bare layout file (SGLang, vLLM-Ascend, .pt) cannot carry itself."""
     g = parser.add_argument_group("geometry of bare layout files (SGLang, vLLM-Ascend, .pt carry none or part of it)")
-    g.add_argument("--ep-size", type=int, help="expert-parallel ranks")
-    g.add_argument("--num-experts", type=int, help="logical experts (default: largest id + 1)")
-    g.add_argument("--nodes", type=int, help="nodes the EP ranks span (default 1)")
+    g.add_argument("--ep-size", type=integer(1), help="expert-parallel ranks")
+    g.add_argument("--num-experts", type=integer(1), help="logical experts (default: largest id + 1)")
+    g.add_argument("--nodes", type=integer(1), help="nodes the EP ranks span (default 1)")
 
 
 def hint(args: argparse.Namespace) -> GeometryHint:
@@ -68,6 +72,24 @@ def server_args(parser: argparse.ArgumentParser, url_default: str | None = "http
     else:
         parser.add_argument("--url", default=url_default, help=url_help or f"server base URL (default {url_default})")
     parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="the server's --api-key (default: $VLLM_API_KEY)")
+
+
+def read_scenes(paths: list[str], console: Console, layout=None) -> list[Counts]:
+    """Each counts file read and validated for fitting or scoring (some routing; given a layout, the
+    layout's model shape), errors naming the file."""
+    scenes = []
+    for path in paths:
+        with console.progress(f"reading {path}"):
+            counts = read_counts(path)
+        if not counts.data.any():
+            raise SceneEplbError("every count is zero: nothing was routed (an empty record?), nothing to fit or score", path)
+        if layout is not None:
+            try:
+                check_compatible(layout, counts)
+            except SceneEplbError as exc:
+                raise SceneEplbError(exc.problem, path) from None
+        scenes.append(counts)
+    return scenes
 
 
 def summary_text(ev: Evaluation) -> str:
@@ -87,7 +109,7 @@ def model_args(parser: argparse.ArgumentParser) -> None:
                                                    "the output says what the redundant slots cost in memory and KV cache")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="the server's --kv-cache-dtype, to price a KV token (default auto: the model's dtype)")
-    g.add_argument("--expert-bytes", type=int, metavar="N", help="bytes of one routed expert in one layer, when the "
+    g.add_argument("--expert-bytes", type=integer(1, 1 << 50), metavar="N", help="bytes of one routed expert in one layer, when the "
                                                                    "checkpoint's quantisation is not one this tool prices")
 
 
@@ -95,6 +117,8 @@ def memory_cost(args: argparse.Namespace, geometry: Geometry | None) -> dict | N
     """The ``memory`` object (``memory.replica_cost``, with its sentence) when ``--model`` was given:
     for the geometry's redundant slots, or per redundant slot per rank without a geometry."""
     if not getattr(args, "model", None):
+        if getattr(args, "expert_bytes", None) is not None:
+            raise SceneEplbError("--expert-bytes prices the experts of --model: give --model DIR too")
         return None
     memory = read_model_memory(args.model, args.kv_cache_dtype, args.expert_bytes)
     cost = geometry_cost(memory, geometry) if geometry else replica_cost(memory, 1.0)
@@ -134,14 +158,19 @@ def scenes_text(paths: list[str], evals: list[Evaluation]) -> str:
     return "\n".join(f"scene {n}:\n{summary_text(ev)}" for n, ev in zip(scene_names(paths), evals))
 
 
-def parse_weights(text: str | None) -> list[float] | None:
-    """'0.5,0.3,0.2' into floats, or a clear error."""
+def parse_weights(text: str | None, scenes: int) -> list[float] | None:
+    """'0.5,0.3,0.2' into one positive finite weight per scene, or a clear error."""
     if text is None:
         return None
     try:
-        return [float(x) for x in text.split(",")]
+        weights = [float(x) for x in text.split(",")]
     except ValueError:
         raise SceneEplbError(f"--scene-weights {text!r}: expected numbers separated by commas, e.g. 0.5,0.3,0.2") from None
+    try:
+        normalise_weights(weights, scenes)  # checked now, before any counts file is read
+    except SceneEplbError as exc:
+        raise SceneEplbError(f"--scene-weights {text!r}: {exc.problem}") from None
+    return weights
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from ..fileio import atomic_write_bytes
 from ..harness.compare import chart_png, compare, markdown
 from ..harness.results import read_result
 from .common import Console
+from .options import check_output_dir
 
 HELP = "deltas between two bench results (refuses different N/C/r)"
 
@@ -22,6 +23,8 @@ def add_arguments(p) -> None:
 
 
 def run(args, console: Console) -> None:
+    if args.output:
+        check_output_dir(args.output)
     a, b = read_result(args.a), read_result(args.b)
     names = (args.name_a, args.name_b)
     c = compare(a, b, names)

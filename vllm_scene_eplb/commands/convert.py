@@ -6,6 +6,7 @@ from ..errors import SceneEplbError
 from ..formats import COUNTS_FORMATS, LAYOUT_FORMATS, file_kind, read_counts, read_layout, write_counts, write_layout
 from ..layout import Layout
 from .common import Console, dropped_table, geometry_args, hint
+from .options import check_output_file
 
 HELP = "convert counts or a layout between formats"
 DESCRIPTION = f"Counts formats: {', '.join(COUNTS_FORMATS)}. Layout formats: {', '.join(LAYOUT_FORMATS)}."
@@ -20,30 +21,44 @@ def add_arguments(p) -> None:
 
 
 def parse_layers(text: str) -> tuple[int, ...]:
-    """'3-60' or '3,5,7' or '3-10,12' into row indices."""
-    out = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise SceneEplbError(f"--moe-layers {text!r}: expected ranges like 3-60 or 3,5,7") from None
+    """'3-60' or '3,5,7' or '3-10,12' into row indices: non-negative, each range ascending, none twice."""
+    out: list[int] = []
+    usage = f"--moe-layers {text!r}: expected ascending ranges of layer rows like 3-60 or 3,5,7"
+    for part in text.split(","):
+        lo_text, dash, hi_text = part.strip().partition("-")
+        if not lo_text.isdigit() or (dash and not hi_text.isdigit()):
+            raise SceneEplbError(usage)
+        lo, hi = int(lo_text), int(hi_text) if dash else int(lo_text)
+        if hi < lo:
+            raise SceneEplbError(f"{usage} (range {lo}-{hi} runs backwards)")
+        if hi - lo > 1 << 20:
+            raise SceneEplbError(f"{usage} (range {lo}-{hi} is larger than any model)")
+        out.extend(range(lo, hi + 1))
+    if len(set(out)) != len(out):
+        raise SceneEplbError(f"{usage} (a row is named twice)")
     return tuple(out)
 
 
 def run(args, console: Console) -> None:
+    check_output_file(args.output, [args.input])
+    layers = None if args.moe_layers is None else parse_layers(args.moe_layers)
     kind = file_kind(args.input)
     dropped, note = [], ""
     if kind == "counts":
         if args.to not in COUNTS_FORMATS:
             raise SceneEplbError(f"counts convert to one of {', '.join(COUNTS_FORMATS)}, not {args.to!r}", args.input)
+        if layers is not None:
+            raise SceneEplbError("--moe-layers applies to layouts; counts keep every layer row", args.input)
         with console.progress(f"reading {args.input}"):
             obj = read_counts(args.input)
         out = write_counts(obj, args.output, args.to)
     else:
         obj = read_layout(args.input, hint(args))
-        if args.moe_layers is not None:
-            obj = Layout(obj.physical_to_logical_map, obj.geometry, parse_layers(args.moe_layers), obj.meta, obj.static_sources)
+        if layers is not None:
+            try:
+                obj = Layout(obj.physical_to_logical_map, obj.geometry, layers, obj.meta, obj.static_sources)
+            except SceneEplbError as exc:
+                raise SceneEplbError(f"--moe-layers: {exc.problem}", args.input) from None
         out = write_layout(obj, args.output, args.to)
         dropped, note = dropped_table(obj, args.to, out)
     console.emit({"input": args.input, "kind": kind, "output": str(out), "format": args.to, "dropped": dropped},

@@ -5,9 +5,11 @@ from __future__ import annotations
 from ..dispatch import DISPATCH_ALGORITHMS
 from ..evaluation import evaluate
 from ..fit import OBJECTIVES, FitOptions, fit
-from ..formats import LAYOUT_FORMATS, read_counts, write_layout
+from ..formats import LAYOUT_FORMATS, write_layout
 from ..layout import Geometry
-from .common import Console, dropped_table, memory_cost, model_args, parse_weights, resolve_routing, scene_names, scenes_payload, scenes_text
+from .common import (Console, dropped_table, memory_cost, model_args, parse_weights, read_scenes, resolve_routing, scene_names,
+                     scenes_payload, scenes_text)
+from .options import check_output_file, integer
 
 HELP = "fit a layout to counts (one scene or several)"
 DESCRIPTION = ("Fit a static layout: replica counts in the redundant-slot budget, placement, bounded swaps, the static "
@@ -17,9 +19,9 @@ DESCRIPTION = ("Fit a static layout: replica counts in the redundant-slot budget
 
 def add_arguments(p) -> None:
     p.add_argument("counts", nargs="+", help="counts files, one per scene (native .npz, SGLang-style .json, recorder .pt)")
-    p.add_argument("--ep-size", type=int, required=True, help="expert-parallel ranks (EP size of the P node)")
-    p.add_argument("--redundant", type=int, required=True, help="redundant physical slots R (E + R divisible by ep-size)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes the EP ranks span (default 1)")
+    p.add_argument("--ep-size", type=integer(1), required=True, help="expert-parallel ranks (EP size of the P node)")
+    p.add_argument("--redundant", type=integer(0), required=True, help="redundant physical slots R (E + R divisible by ep-size)")
+    p.add_argument("--nodes", type=integer(1), default=1, help="nodes the EP ranks span (default 1)")
     p.add_argument("--dispatch", choices=DISPATCH_ALGORITHMS, default="static",
                    help="ep_dispatch_algorithm the layout will run under; the fitter balances its real replica shares "
                         "(static: it also fits how many source ranks each replica serves) (default static)")
@@ -31,22 +33,21 @@ def add_arguments(p) -> None:
     p.add_argument("--objective", choices=OBJECTIVES, default="mean",
                    help="with several scenes: balance their weighted mix (mean), or also refit the layers whose worst "
                         "scene is furthest from balance toward it (worst) (default mean)")
-    p.add_argument("--expert-groups", type=int, default=None, metavar="N",
+    p.add_argument("--expert-groups", type=integer(1), default=None, metavar="N",
                    help="the model's routing groups (config.json n_group; DeepSeek-V3/R1: 8). Placement then spreads every "
                         "group and its halvings of neighbouring ids evenly over ranks, which held up better on other scenes "
                         "of real DeepSeek-V3 counts (benchmarks/bench_fit_vs_vllm.py). Default: from --model, else from "
                         "the counts' metadata (the recorder writes it), else 1 (no groups)")
     model_args(p)
-    p.add_argument("-o", "--output", required=True, help="layout file to write")
+    p.add_argument("-o", "--output", required=True, help="layout file to write (its folder must exist; replaced atomically, "
+                                                         "and only once the fit succeeded)")
     p.add_argument("--format", choices=LAYOUT_FORMATS, default="native", help="layout file format (default native)")
 
 
 def run(args, console: Console) -> None:
-    scenes = []
-    for path in args.counts:
-        with console.progress(f"reading {path}"):
-            scenes.append(read_counts(path))
-    weights = parse_weights(args.scene_weights)
+    check_output_file(args.output, args.counts)
+    weights = parse_weights(args.scene_weights, len(args.counts))
+    scenes = read_scenes(args.counts, console)
     routing = resolve_routing(args, scenes)
     geometry = Geometry(scenes[0].num_experts, args.redundant, args.ep_size, args.nodes)
     options = FitOptions(geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups,
@@ -55,9 +56,9 @@ def run(args, console: Console) -> None:
     with console.progress(f"fitting {scenes[0].num_layers} layers to {len(scenes)} scene(s)"):
         layout = fit(scenes, options, weights)
     layout.meta["top_k"] = routing.top_k
-    out = write_layout(layout, args.output, args.format)
     names = scene_names(args.counts)
     evals = [evaluate(layout, c) for c in scenes]
+    out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
     lines = [f"routing groups: {routing.expert_groups} (from {routing.source})"]
     if len(scenes) > 1:
         lines.append("scene weights: " + ", ".join(f"{n} {w:.3g}" for n, w in zip(names, layout.meta["scene_weights"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..client.record import call
 from ..protocol import ACTIONS
 from .common import Console, server_args
+from .options import number
 
 HELP = "control a running server's recorder: start | stop | dump | status | native_load"
 DESCRIPTION = ("Drive the plugin's routes on a vLLM server started with scene_eplb in --additional-config and "
@@ -17,7 +18,7 @@ SHOWN = ("role", "observer", "layout_hash", "redundant_slots", "dispatch", "entr
 def add_arguments(p) -> None:
     p.add_argument("action", choices=ACTIONS)
     server_args(p)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the server (default 300)")
+    p.add_argument("--timeout", type=number(0, 86400, low_open=True), default=300.0, help="seconds to wait for the server (default 300)")
 
 
 def run(args, console: Console) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..formats import read_counts, read_layout
+from ..formats import read_layout
 from ..report import write_report
-from .common import Console, geometry_args, hint, memory_cost, model_args, scene_names, scenes_payload, scenes_text
+from .common import Console, geometry_args, hint, memory_cost, model_args, read_scenes, scene_names, scenes_payload, scenes_text
+from .options import check_output_dir
 
 HELP = "Markdown report plus PNG heat maps of per-rank load before/after, one or several scenes"
 
@@ -12,17 +13,16 @@ HELP = "Markdown report plus PNG heat maps of per-rank load before/after, one or
 def add_arguments(p) -> None:
     p.add_argument("layout")
     p.add_argument("counts", nargs="+", help="counts files, one per scene: each gets its scores and heat map")
-    p.add_argument("-o", "--output", required=True, help="report directory")
+    p.add_argument("-o", "--output", required=True, help="report directory (made if missing; its files are replaced "
+                                                         "only once every part of the report is ready)")
     geometry_args(p)
     model_args(p)
 
 
 def run(args, console: Console) -> None:
+    check_output_dir(args.output)
     layout = read_layout(args.layout, hint(args))
-    scenes = []
-    for name, path in zip(scene_names(args.counts), args.counts):
-        with console.progress(f"reading {path}"):
-            scenes.append((name, read_counts(path)))
+    scenes = list(zip(scene_names(args.counts), read_scenes(args.counts, console, layout)))
     memory = memory_cost(args, layout.geometry)
     with console.progress("scoring and drawing heat maps"):
         evals, md, pngs = write_report(layout, scenes, args.output, memory and memory["summary"])

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import SceneEplbError
 from ..evaluation import evaluate
-from ..formats import read_counts, read_layout
-from .common import Console, geometry_args, hint, scenes_payload, scenes_text
+from ..formats import read_layout
+from .common import Console, geometry_args, hint, read_scenes, scenes_payload, scenes_text
 
 HELP = "score a layout on counts (train/holdout, ideal and static dispatch), one or several scenes"
 
@@ -18,12 +17,5 @@ def add_arguments(p) -> None:
 
 def run(args, console: Console) -> None:
     layout = read_layout(args.layout, hint(args))
-    evals = []
-    for path in args.counts:
-        with console.progress(f"reading {path}"):
-            counts = read_counts(path)
-        try:
-            evals.append(evaluate(layout, counts))
-        except SceneEplbError as exc:
-            raise SceneEplbError(exc.problem, path) from None
+    evals = [evaluate(layout, counts) for counts in read_scenes(args.counts, console, layout)]
     console.emit(scenes_payload(args.counts, evals), scenes_text(args.counts, evals))

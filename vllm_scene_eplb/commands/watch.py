@@ -15,6 +15,7 @@ from ..client.record import call
 from ..errors import SceneEplbError
 from ..protocol import LIVE_KEY
 from .common import Console, server_args
+from .options import integer, number
 
 HELP = "live layout fitness of a running server (balancedness per layer vs the layout's expectation; exit 1 on drift)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("\n", " ")
@@ -23,9 +24,9 @@ SHADES = " .:-=+*#%@"  # balancedness 1.0 ... >= 1 + 2 x (len - 1) / 100, one st
 
 def add_arguments(p) -> None:
     server_args(p)
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes (default 5)")
+    p.add_argument("--interval", type=number(0.1, 86400), default=5.0, help="seconds between refreshes (default 5)")
     p.add_argument("--once", action="store_true", help="print once and exit (with --json: the live object)")
-    p.add_argument("--count", type=int, default=0, help="refreshes before exiting (default 0: until Ctrl-C)")
+    p.add_argument("--count", type=integer(0), default=0, help="refreshes before exiting (default 0: until Ctrl-C)")
 
 
 def shade(value: float) -> str:

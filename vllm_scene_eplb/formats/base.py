@@ -13,10 +13,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..arrays import integer_array
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes
 
 FORMAT_VERSION = 1
+MAX_ID = 2**31 - 1  # expert ids and source counts in a layout: far beyond any model, safe in every int type
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,32 @@ def _torch(path: Path):
     return torch
 
 
+def available_memory() -> int:
+    """Bytes of memory this process can still take (Linux MemAvailable; else free physical pages)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits_memory(need: int, what: str, path: Path) -> None:
+    """Refuse before allocating when ``need`` bytes would not fit in the memory left."""
+    left = available_memory()
+    if need > left:
+        raise SceneEplbError(f"{what} needs about {need / 2**30:.1f} GiB, more than the {left / 2**30:.1f} GiB of memory "
+                             "available: refused before reading", path)
+
+
+JSON_BYTES_IN_MEMORY = 12  # a decoded JSON number list takes up to ~12x its text in Python objects and arrays
+
+
 def _load_json(path: Path) -> Any:
     try:
+        check_fits_memory(path.stat().st_size * JSON_BYTES_IN_MEMORY, "decoding this JSON file", path)
         text = path.read_bytes()
     except OSError as exc:
         raise SceneEplbError(f"cannot read file: {exc.strerror or exc}", path) from None
@@ -70,25 +96,38 @@ def _load_json(path: Path) -> Any:
         raise SceneEplbError("file is empty", path)
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, and integers too long to parse
         raise SceneEplbError(f"not valid JSON (truncated or corrupt?): {exc}", path) from None
+    except RecursionError:
+        raise SceneEplbError("not valid JSON for this tool: nested deeper than the parser allows", path) from None
 
 
 def _load_pt(path: Path) -> Any:
     torch = _torch(path)
+    check_fits_memory(path.stat().st_size * 3, "loading this torch file", path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for truncated or foreign files
         raise SceneEplbError(f"not a readable torch file (truncated or corrupt?): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", path) from None
-    return _tensors_to_numpy(obj)
+    return _tensors_to_numpy(obj, path)
 
 
-def _tensors_to_numpy(obj: Any) -> Any:
-    if hasattr(obj, "detach") and hasattr(obj, "numpy"):
-        return obj.detach().cpu().numpy()
+def _tensors_to_numpy(obj: Any, path: Path, key: str = "tensor") -> Any:
+    """Every tensor in ``obj`` (a dict, nested or not) as a numpy array; a tensor that cannot hold
+    exact integers densely (sparse, bfloat16/float16, complex, quantised) is refused by name."""
     if isinstance(obj, dict):
-        return {k: _tensors_to_numpy(v) for k, v in obj.items()}
-    return obj
+        return {k: _tensors_to_numpy(v, path, str(k)) for k, v in obj.items()}
+    if not (hasattr(obj, "detach") and hasattr(obj, "numpy")):
+        return obj
+    torch = _torch(path)
+    if obj.layout != torch.strided:
+        raise SceneEplbError(f"{key} is a {obj.layout} tensor: save a dense one (tensor.to_dense())", path)
+    if obj.dtype in (torch.bfloat16, torch.float16) or obj.is_complex() or obj.is_quantized:
+        raise SceneEplbError(f"{key} is a {obj.dtype} tensor, which cannot hold counts or ids exactly: save it as int64", path)
+    try:
+        return obj.detach().cpu().numpy()
+    except Exception as exc:  # noqa: BLE001 - meta, nested or foreign tensors
+        raise SceneEplbError(f"{key}: cannot read this tensor ({type(exc).__name__}: {exc})", path) from None
 
 
 def write_pt(path: Path, key: str, array: np.ndarray) -> Path:
@@ -139,24 +178,13 @@ def load(path: str | os.PathLike) -> Loaded:
 
 
 def int_map(raw: Any, what: str, path: Path) -> np.ndarray:
-    """A non-empty 2-D array of integers (integral floats accepted) as int64, or a clear error."""
-    try:
-        arr = np.asarray(raw)
-    except ValueError:
-        raise SceneEplbError(f"{what} is not a rectangular array (rows of different lengths?)", path) from None
-    if arr.dtype == object or arr.ndim != 2 or 0 in arr.shape:
-        raise SceneEplbError(f"{what} must be a non-empty [layers, slots] array of integers, got shape {list(arr.shape)}", path)
-    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise SceneEplbError(f"{what} must hold integers, got {arr.dtype}", path)
-    if np.issubdtype(arr.dtype, np.floating):
-        if not np.isfinite(arr).all() or (arr != np.floor(arr)).any():
-            raise SceneEplbError(f"{what} must hold integers (found a fractional or non-finite value)", path)
-    return arr.astype(np.int64)
+    """A non-empty 2-D [layers, slots] array of integers (integral floats accepted) as int64, or a clear error."""
+    return integer_array(raw, what, str(path), -MAX_ID, MAX_ID, {2: "[layer, slot]"})
 
 
 def check_moe_layers(moe_layers: Any, num_layers: int, path: Path) -> None:
     """``moe_layers`` metadata, when present, must list layer indices of the file's layer axis."""
     if moe_layers is None:
         return
-    if not isinstance(moe_layers, list) or not all(isinstance(i, int) and 0 <= i < num_layers for i in moe_layers):
+    if not isinstance(moe_layers, list) or not all(type(i) is int and 0 <= i < num_layers for i in moe_layers):
         raise SceneEplbError(f"moe_layers must be a list of layer indices in [0, {num_layers})", path)

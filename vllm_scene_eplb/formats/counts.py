@@ -16,7 +16,8 @@ import numpy as np
 from ..counts import Counts, counts_digest, validate_count_array
 from ..errors import SceneEplbError
 from ..fileio import atomic_write, canonical_json, sha256_hex
-from .base import FORMAT_VERSION, FileFormat, GeometryHint, Loaded, write_json, write_pt
+from .base import (FORMAT_VERSION, MAX_ID, FileFormat, GeometryHint, Loaded, check_fits_memory, check_moe_layers, write_json,
+                   write_pt)
 
 COUNTS_FORMAT = "scene-eplb-counts"
 
@@ -26,8 +27,38 @@ def _native_checksum(meta: dict, data: np.ndarray) -> str:
     return sha256_hex(canonical_json(body) + counts_digest(data).encode())
 
 
+MAX_META_BYTES = 1 << 24
+
+
+def _member_header(zf: zipfile.ZipFile, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype an archive member's .npy header claims, read without reading its data."""
+    with zf.open(name) as fh:
+        version = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(fh)
+    return tuple(shape), dtype
+
+
+def _check_headers(path: Path) -> None:
+    """Refuse an archive whose members claim a dtype or a size the counts cannot have, before
+    anything is allocated (a header can claim terabytes in a file of a few bytes)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            shape, dtype = _member_header(zf, "logical_count.npy")
+            meta_shape, meta_dtype = _member_header(zf, "meta.npy")
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
+        raise SceneEplbError(f"not a readable scene-eplb counts archive (truncated or corrupt?): {exc}", path) from None
+    if dtype.kind not in "iuf" or len(shape) not in (2, 3):
+        raise SceneEplbError(f"logical_count must be a [T, L, E] array of integers, the archive holds {dtype} {list(shape)}", path)
+    if meta_dtype != np.uint8 or len(meta_shape) != 1 or meta_shape[0] > MAX_META_BYTES:
+        raise SceneEplbError(f"counts metadata must be JSON bytes (at most {MAX_META_BYTES} B), the archive holds {meta_dtype} {list(meta_shape)}", path)
+    # the array as stored, its int64 copy and the checks' masks
+    check_fits_memory(3 * 8 * int(np.prod(shape, dtype=object)), f"logical_count {list(shape)}", path)
+
+
 def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
     path = loaded.path
+    _check_headers(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
             raw, meta_raw = npz["logical_count"], npz["meta"]
@@ -35,8 +66,8 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
         raise SceneEplbError(f"not a readable scene-eplb counts archive (truncated or corrupt?): {exc}", path) from None
     try:
         meta = json.loads(bytes(meta_raw).decode())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SceneEplbError(f"counts metadata is not valid JSON: {exc}", path) from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise SceneEplbError(f"counts metadata is not valid JSON: {exc!r}", path) from None
     if not isinstance(meta, dict) or meta.get("format") != COUNTS_FORMAT:
         raise SceneEplbError(f"metadata does not name format {COUNTS_FORMAT!r}", path)
     if meta.get("version") != FORMAT_VERSION:
@@ -44,14 +75,29 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
     data = validate_count_array(raw, str(path))
     if meta.get("checksum") != _native_checksum(meta, data):
         raise SceneEplbError("checksum mismatch: the counts or their metadata were altered or damaged", path)
+    _check_meta(meta, data.shape[1], path)
     return Counts(data, meta)
+
+
+def _check_meta(meta: dict, num_layers: int, path: Path) -> None:
+    """The metadata fields the tools read (model, role, MoE layers, the router's top_k and groups) have their types."""
+    check_moe_layers(meta.get("moe_layers"), num_layers, path)
+    for key in ("model", "role"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise SceneEplbError(f"counts metadata {key} must be a string, got {meta[key]!r}", path)
+    for key in ("top_k", "expert_groups"):
+        value = meta.get(key)
+        if value is not None and (type(value) is not int or not 1 <= value <= MAX_ID):
+            raise SceneEplbError(f"counts metadata {key} must be a positive integer, got {value!r}", path)
 
 
 def _read_dict(loaded: Loaded, hint: GeometryHint) -> Counts:
     """A JSON or torch dict with ``logical_count`` (SGLang's shapes); keeps its rank/model/role."""
     doc = loaded.doc
     data = validate_count_array(doc["logical_count"], str(loaded.path))
-    kept = {k: v for k, v in doc.items() if k in ("rank", "model", "role") and isinstance(v, (str, int, float, bool, type(None)))}
+    kept = {k: v for k, v in doc.items() if k in ("model", "role") and isinstance(v, str)}
+    if type(doc.get("rank")) is int:
+        kept["rank"] = doc["rank"]
     return Counts(data, {"imported_from": loaded.path.name, **kept})
 
 

@@ -9,12 +9,14 @@ reading one needs ``GeometryHint.ep_size``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SceneEplbError
 from ..fileio import doc_checksum
+from ..fitness import EXPECTED_KEY
 from ..layout import Geometry, Layout
 from .base import FORMAT_VERSION, FileFormat, GeometryHint, Loaded, check_moe_layers, int_map, write_json, write_pt
 
@@ -53,6 +55,26 @@ def _read_bare(loaded: Loaded, hint: GeometryHint) -> Layout:
     return bare_layout(int_map(loaded.doc[MAP_KEY], MAP_KEY, loaded.path), hint, loaded.path)
 
 
+def _meta(meta, path: Path) -> dict:
+    """A native layout's ``meta``: an object; the fields the tools read from it have their types."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise SceneEplbError(f"meta must be a JSON object, got {type(meta).__name__}", path)
+    for key in ("fingerprint", "dispatch", "model", "role"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise SceneEplbError(f"meta.{key} must be a string, got {meta[key]!r}", path)
+    expected = meta.get(EXPECTED_KEY)
+    if expected is not None:
+        numbers_ok = isinstance(expected, dict) and all(
+            expected.get(k) is None or (type(expected[k]) in (int, float) and math.isfinite(expected[k]) and expected[k] >= 1)
+            for k in ("median", "worst"))
+        if not numbers_ok or not isinstance(expected.get("dispatch"), str):
+            raise SceneEplbError(f"meta.{EXPECTED_KEY} must be an object with a dispatch and median/worst numbers >= 1 "
+                                 f"(or null), got {expected!r}", path)
+    return dict(meta)
+
+
 def _read_native(loaded: Loaded, hint: GeometryHint) -> Layout:
     doc, path = loaded.doc, loaded.path
     if doc.get("version") != FORMAT_VERSION:
@@ -71,7 +93,7 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Layout:
     check_moe_layers(moe_layers, p2l.shape[0], path)
     sources = doc.get(SOURCES_KEY)
     sources = None if sources is None else int_map(sources, SOURCES_KEY, path)
-    layout = _layout(p2l, geometry, moe_layers, dict(doc.get("meta") or {}), path, sources)
+    layout = _layout(p2l, geometry, moe_layers, _meta(doc.get("meta"), path), path, sources)
     if doc.get("layout_hash") not in (None, layout.digest()):
         raise SceneEplbError(f"layout_hash {doc.get('layout_hash')} does not match the content ({layout.digest()})", path)
     return layout

@@ -1,0 +1,99 @@
+"""What every option and output path must be, checked before a command reads or computes anything.
+
+Argument types (``integer``, ``number``) give argparse a range and finiteness check, so a bad option
+fails at parse time with one line. ``check_outputs`` refuses an output path that cannot be written
+(a directory, a missing parent, a read-only place, an input file) before any work starts; the write
+itself is atomic, so an existing output survives every later failure byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..errors import SceneEplbError
+
+MAX_OPTION_INT = 1 << 20  # any count an option takes (ranks, slots, groups, runs) stays far below this
+
+
+def integer(low: int, high: int = MAX_OPTION_INT) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {value}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+def number(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False,
+           allow_inf: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in the range (``allow_inf``: +inf too, e.g. a request rate)."""
+    lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        too_low = value <= low if low_open else value < low
+        too_high = value >= high if high_open else value > high
+        if (too_low or too_high) and not (allow_inf and math.isinf(value)):
+            raise argparse.ArgumentTypeError(f"must be in {lo}{low:g}, {high:g}{hi}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output_file(path: str, inputs: Iterable[str] = ()) -> Path:
+    """``path`` as a file a command may (atomically) replace, or the one-line reason it may not."""
+    if not path:
+        raise SceneEplbError("output path is empty")
+    out = Path(path)
+    if out.is_dir():
+        raise SceneEplbError("output is a directory, expected a file path", out)
+    parent = out.parent
+    if not parent.exists():
+        raise SceneEplbError(f"output folder {parent} does not exist", out)
+    if not parent.is_dir():
+        raise SceneEplbError(f"output folder {parent} is not a directory", out)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SceneEplbError(f"output folder {parent} is not writable", out)
+    for src in inputs:
+        if _same_file(out, Path(src)):
+            raise SceneEplbError("output would replace an input file; choose another path", out)
+    return out
+
+
+def check_output_dir(path: str) -> Path:
+    """``path`` as a folder a command may write files into (made when missing, its parent must exist)."""
+    if not path:
+        raise SceneEplbError("output path is empty")
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise SceneEplbError("output exists and is not a directory", out)
+    where = out if out.exists() else out.parent
+    if not where.is_dir():
+        raise SceneEplbError(f"output folder's parent {where} does not exist or is not a directory", out)
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise SceneEplbError(f"{where} is not writable", out)
+    return out
