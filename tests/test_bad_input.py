@@ -113,6 +113,8 @@ def bad_inputs(files) -> list[tuple[str, list, str]]:
 
     d, counts, layout = files["dir"], files["counts"], files["layout"]
     deep = 100_000
+    bench = {"format": "scene-eplb-bench", "manifest": 1, "runs": [], "aggregate": {}}
+    bench = _json(d, "bench.json", {**bench, "checksum": doc_checksum(bench)})
     zero = _json(d, "zero.json", {"logical_count": np.zeros((2, L, E), dtype=int).tolist()})
     big = 2**52
     cases = [
@@ -169,6 +171,12 @@ def bad_inputs(files) -> list[tuple[str, list, str]]:
         ("bench --prefix-share 1.5", ["bench", "--model", "m", "--scene", "s", "-n", "1", "-c", "1", "--input-len", "1", "--output-len", "1", "--prefix-share", "1.5"], "argument --prefix-share"),
         ("bench -n 0", ["bench", "--model", "m", "--scene", "s", "-n", "0", "-c", "1", "--input-len", "1", "--output-len", "1"], "argument -n"),
         ("unknown option", ["inspect", counts, "--frobnicate"], "unrecognized arguments"),
+        # servers, logs and bench results
+        ("a URL without a scheme", ["record", "status", "--url", "localhost:8000"], "expected a server base URL"),
+        ("a malformed URL", ["record", "status", "--url", "http://[::1"], "cannot reach the server"),
+        ("a missing server log", ["audit", "--log", d / "no.log"], "cannot read server log"),
+        ("a bench result of the wrong shape", ["compare", bench, bench], "bench result has no 'manifest' dict"),
+        ("a bench result that is a counts file", ["compare", counts, counts], "cannot read bench result"),
     ]
     return cases
 

@@ -91,7 +91,7 @@ def _result(tmp_path, name, prefill):
     from vllm_scene_eplb.fileio import doc_checksum
     from vllm_scene_eplb.harness.results import RESULT_FORMAT
 
-    doc = {"format": RESULT_FORMAT, "manifest": {"scene": name}, "runs": [],
+    doc = {"format": RESULT_FORMAT, "manifest": {"scene": {"name": name}}, "runs": [],
            "aggregate": {"prefill_throughput_per_card": {"mean": prefill, "ci95": None, "n": 1}}}
     doc["checksum"] = doc_checksum(doc)
     (tmp_path / f"{name}.json").write_text(json.dumps(doc))

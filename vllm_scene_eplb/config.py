@@ -117,5 +117,23 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     layout = raw.get("layout")
     if layout is not None and not os.path.isfile(layout):
         raise SceneEplbError(f"{CONFIG_KEY}.layout: no such file: {layout}")
-    return PluginConfig(role=role, ring_entries=entries, dump_dir=raw.get("dump_dir", PluginConfig.dump_dir),
+    dump_dir = raw.get("dump_dir", PluginConfig.dump_dir)
+    check_dump_dir(dump_dir)
+    return PluginConfig(role=role, ring_entries=entries, dump_dir=dump_dir,
                         layout=layout, dispatch=dispatch, live_per_layer_metrics=per_layer, **numbers)
+
+
+def check_dump_dir(path: str) -> None:
+    """Refuse at startup a ``dump_dir`` no dump could be written to: a file, a folder under a file,
+    or a place this process may not write (read-only file system, permissions). It is made at the
+    first dump when missing; a disk that fills up later fails that dump (HTTP 500), not startup."""
+    where = os.path.abspath(path)
+    while not os.path.exists(where):
+        where = os.path.dirname(where)
+    problem = None
+    if not os.path.isdir(where):
+        problem = f"{where} is not a directory"
+    elif not os.access(where, os.W_OK | os.X_OK):
+        problem = f"{where} is not writable (read-only file system or permissions)"
+    if problem:
+        raise SceneEplbError(f"{CONFIG_KEY}.dump_dir {path}: {problem}: no dump could be written there")

@@ -149,13 +149,24 @@ def read_result(path: str | Path) -> dict:
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SceneEplbError(f"cannot read bench result: {exc}", path) from None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise SceneEplbError(f"cannot read bench result: {exc!r}", path) from None
     if not isinstance(doc, dict) or doc.get("format") != RESULT_FORMAT:
         raise SceneEplbError(f"not a scene-eplb bench result (format {doc.get('format') if isinstance(doc, dict) else None!r})", path)
     if doc.get("checksum") != doc_checksum(doc):
         raise SceneEplbError("checksum mismatch: the result was changed or truncated", path)
-    for key in ("manifest", "runs", "aggregate"):
-        if key not in doc:
-            raise SceneEplbError(f"bench result has no {key!r}", path)
+    for key, kind in (("manifest", dict), ("runs", list), ("aggregate", dict)):
+        if not isinstance(doc.get(key), kind):
+            raise SceneEplbError(f"bench result has no {key!r} {kind.__name__}", path)
+    if not isinstance(doc["manifest"].get("scene"), dict):
+        raise SceneEplbError("bench result's manifest has no scene object", path)
+    for m in METRICS:
+        value = doc["aggregate"].get(m, {})
+        ok = isinstance(value, dict) and all(_number_or_unobserved(value.get(k)) for k in ("mean", "ci95"))
+        if not ok:
+            raise SceneEplbError(f"bench result's aggregate {m} must hold a mean and ci95 (numbers, null or {NOT_OBSERVED})", path)
     return doc
+
+
+def _number_or_unobserved(value) -> bool:
+    return value is None or value == NOT_OBSERVED or (type(value) in (int, float) and math.isfinite(value))

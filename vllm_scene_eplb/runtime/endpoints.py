@@ -71,6 +71,11 @@ class SceneEplbEndpoints:
         self.config: PluginConfig | None = None
         self.live: LiveFitness | None = None
         self._live_task: asyncio.Task | None = None
+        # Control requests reach every DP engine one after the other; two interleaved ones could land
+        # in different orders on different engines (start, stop on one; stop, start on another). So
+        # this server sends one control fan-out at a time, and runs one dump at a time.
+        self._control = asyncio.Lock()
+        self._dumping = False
 
     def attach_router(self, app: FastAPI) -> None:
         for route in ROUTES:
@@ -143,7 +148,8 @@ class SceneEplbEndpoints:
         deadline = time.monotonic() + timeout
         # Every rank gets the export's wall-clock deadline: a rank that receives the request late (its
         # engine was stuck) starts nothing, and no rank writes after it, so a 504 leaves no file behind.
-        started = await self._all_ok("dump", export_id, time.time() + export_s, timeout=min(CALL_TIMEOUT_S, timeout))
+        async with self._control:
+            started = await self._all_ok("dump", export_id, time.time() + export_s, timeout=min(CALL_TIMEOUT_S, timeout))
         pause = POLL_S[0]
         while True:
             left = deadline - time.monotonic()
@@ -172,10 +178,21 @@ class SceneEplbEndpoints:
 
     async def _answer(self, action: str) -> dict:
         if action == "dump":
-            return await self._dump()
+            if self._dumping:
+                raise RouteError(409, "a dump is already running on this server: wait for its answer before dumping again")
+            self._dumping = True
+            try:
+                return await self._dump()
+            finally:
+                self._dumping = False
         if action == NATIVE_ACTION:
             return await self._native()
-        answer = aggregate_status(await self._all_ok(action))
+        if action == "status":
+            answers = await self._all_ok(action)
+        else:
+            async with self._control:
+                answers = await self._all_ok(action)
+        answer = aggregate_status(answers)
         return {**answer, LIVE_KEY: self.live.to_dict() if self.live is not None else None}
 
     # ------------------------------------------------------------ live fitness

@@ -26,6 +26,7 @@ from ..errors import SceneEplbError
 from ..formats import write_counts
 
 EXPORT_PREFIX = "scene_eplb/export/"
+KEEP_JOBS = 32  # finished exports each rank can still report on
 
 
 def export_group(export_id: str, rank: int, size: int, timeout_s: float, store=None):
@@ -130,6 +131,8 @@ class Exporter:
                 raise SceneEplbError(f"export {export_id} was already started on this rank")
             if self._running is not None:
                 raise SceneEplbError(f"export {self._running} is still running: wait for it before dumping again")
+            while len(self._jobs) >= KEEP_JOBS:  # the oldest finished ones go: a long-lived server keeps a bounded log
+                del self._jobs[next(iter(self._jobs))]
             job = self._jobs[export_id] = ExportJob(export_id, path, time.monotonic())
             self._running = export_id
         threading.Thread(target=self._run, args=(job, snapshot, meta, shape, deadline), name=f"scene-eplb-export-{export_id}",
