@@ -12,6 +12,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -291,3 +292,42 @@ def test_an_unexpected_exception_is_one_line_that_says_bug_and_debug_shows_the_t
     assert "RuntimeError: something nobody planned for" in lines[0]
     code, _, err = run("inspect", files["counts"], "--debug")
     assert code == 3 and "Traceback" in err
+
+
+class _Payload:
+    """Unpickling this would run a command: a .pt file carrying it must be refused without running it."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_what_held_keeps_holding_code_never_runs_symlinks_are_replaced_concurrent_writes_leave_one_file(files, tmp_path):
+    import torch
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"logical_count": _Payload(marker)}, evil)
+    code, _, err = run("inspect", evil, "-q")
+    assert_one_line_error(code, err, "not a readable torch file", "pickle payload")
+    assert not marker.exists()
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, logical_count=np.array([[1, None]], dtype=object), meta=np.frombuffer(b"{}", dtype=np.uint8))
+    code, _, err = run("inspect", objects, "-q")
+    assert_one_line_error(code, err, "array of integers", "object array in .npz")
+    # an output symlink is replaced by the new file, never written through
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_bytes(SENTINEL)
+    link.symlink_to(target)
+    code, _, err = run("fit", files["counts"], *FIT, "-o", link, "-q")
+    assert code == 0, err
+    assert target.read_bytes() == SENTINEL and not link.is_symlink()
+    # concurrent fits to one path leave one whole, valid file and no temporary ones
+    out = tmp_path / "shared.json"
+    procs = [subprocess.Popen([sys.executable, "-m", "vllm_scene_eplb.cli", "fit", str(files["counts"]), *FIT, "-o", str(out), "-q"])
+             for _ in range(4)]
+    assert [p.wait(timeout=300) for p in procs] == [0] * 4
+    assert run("validate", out, "-q")[0] == 0
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
