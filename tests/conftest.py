@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -76,3 +77,17 @@ def layout_for_another_ep_size_stops_startup(model, workdir, name: str, engine_a
     finally:
         srv.stop()
     return srv.log_text()
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str):
+    """A tmpfs of ``size`` mounted at ``where`` (made if missing): a disk that fills up or is made
+    read-only. Mounting needs root, which CI has; elsewhere the test is skipped, and says so."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    where.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

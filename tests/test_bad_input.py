@@ -24,7 +24,7 @@ from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fileio import doc_checksum
 from vllm_scene_eplb.formats import write_counts
 
-from .conftest import skewed_counts
+from .conftest import skewed_counts, small_tmpfs
 
 SENTINEL = b"an output file that must survive every failure\n"
 E, L = 8, 3
@@ -227,16 +227,9 @@ def test_output_paths_are_checked_before_any_work(files):
 
 @pytest.fixture()
 def small_disk(tmp_path):
-    """A 64 KiB tmpfs (root only, as CI runs): a disk that fills up."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
-    try:
+    """A 64 KiB disk that fills up."""
+    with small_tmpfs(tmp_path / "small", "64k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_or_read_only_place_is_one_line_and_the_old_file_survives(files, small_disk):

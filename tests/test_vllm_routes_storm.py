@@ -6,7 +6,6 @@ the field geometry in miniature, started with an API key): a storm of concurrent
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import time
@@ -16,7 +15,7 @@ import pytest
 
 from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
 
-from .conftest import plugin_flag
+from .conftest import plugin_flag, small_tmpfs
 
 pytestmark = pytest.mark.engine
 
@@ -137,16 +136,9 @@ def test_a_hundred_record_dump_cycles_keep_every_process_memory_flat(server):
 
 @pytest.fixture()
 def mounted_dump_dir(server):
-    """A 256 KiB tmpfs mounted over the running server's dump_dir (root only, as CI runs)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs over dump_dir needs root (CI runs as root)")
-    d = srv_dump_dir(server)
-    d.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], check=True)
-    try:
+    """A 256 KiB tmpfs mounted over the running server's dump_dir."""
+    with small_tmpfs(srv_dump_dir(server), "256k") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
 
 
 def test_a_dump_into_a_full_or_read_only_dump_dir_is_a_500_and_the_server_keeps_serving(server, mounted_dump_dir):
