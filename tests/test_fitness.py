@@ -4,7 +4,7 @@ import numpy as np
 
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.fitness import EXPECTED_KEY, DriftAlarm, LiveFitness, layer_balancedness
+from vllm_scene_eplb.fitness import EXPECTED_KEY, DriftAlarm, LiveFitness, LiveSample, layer_balancedness
 from vllm_scene_eplb.layout import Geometry
 
 from .conftest import skewed_counts
@@ -47,19 +47,19 @@ def test_live_windows_use_counts_since_the_last_window_and_detect_a_new_scene():
     lines = []
     for t, window in enumerate([same, same, same, other, other, other]):
         total = total + window
-        lines.append(live.observe(total, passes=10 * (t + 1), now=float(t)))
+        lines.append(live.observe(LiveSample(total, passes=10 * (t + 1)), now=float(t)))
         if t == 2:
             assert not live.alarm.drift and abs(live.to_dict()["median"] / live.alarm.expected_median - 1) < 0.05
     d = live.to_dict()
     assert d["drift"] and d["median"] > d["threshold"] and d["passes"] == 10 and d["window_seconds"] == 1.0
     assert sum(line is not None for line in lines) == 1
-    assert live.observe(total, passes=60, now=7.0) is None and live.windows == 6  # an idle window is skipped
+    assert live.observe(LiveSample(total, passes=60), now=7.0) is None and live.windows == 6  # an idle window is skipped
 
 
 def test_linear_layout_when_none_is_loaded():
     counts = Counts(skewed_counts(1, 2, 8, seed=3))
     live = LiveFitness.for_server(None, 8, 2, None, (0, 1), margin=0.05, windows=3)
-    live.observe(counts.total(), passes=1, now=0.0)
+    live.observe(LiveSample(counts.total(), passes=1), now=0.0)
     d = live.to_dict()
     assert d["expected_median"] is None and not d["drift"] and d["median"] >= 1.0 and len(d["per_layer"]) == 2
 
@@ -70,7 +70,7 @@ def test_watch_renders_a_heat_strip_and_the_drift_state():
     counts, layout = _fitted()
     live = LiveFitness.for_server(layout, 16, 4, "dynamic", (0, 1, 2), margin=0.05, windows=1)
     assert "no live window" in render(live.to_dict(), "http://x")
-    live.observe(counts.total(), passes=3, now=0.0)
+    live.observe(LiveSample(counts.total(), passes=3), now=0.0)
     text = render(live.to_dict(), "http://x")
     assert "drift     no" in text and "layers    " in text and "worst     layer" in text
     assert shade(1.0) == " " and shade(1.05) == ":" and shade(3.0) == "@"

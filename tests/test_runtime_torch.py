@@ -21,7 +21,7 @@ def test_observer_counts_passes_once_and_skips_padding_and_dummies():
     obs.capture(0, torch.tensor([[0, 1]]))
     obs.end_step(is_dummy=True)  # a dummy pass is dropped
     obs.stop()
-    ring = obs.snapshot()
+    ring = obs.snapshot()[0]
     assert ring[0].tolist() == [[1, 2, 1, 0], [1, 0, 2, 1]]
     assert ring[1:].sum() == 0 and obs.status().passes_recorded == 1
 
@@ -35,7 +35,7 @@ def test_observer_idle_counts_nothing_and_ring_wraps():
         obs.capture(0, torch.tensor([[1, 1]]))
         obs.end_step()
     obs.stop()
-    assert obs.snapshot().sum(dim=(1, 2)).tolist() == [2, 2]
+    assert obs.snapshot()[0].sum(dim=(1, 2)).tolist() == [2, 2]
     st = obs.status()
     assert (st.passes_recorded, st.entries_written, st.state) == (5, 2, "idle")
 
@@ -43,14 +43,14 @@ def test_observer_idle_counts_nothing_and_ring_wraps():
 def test_observer_misuse_is_refused():
     obs = RoutingObserver(1, 2, entries=2)
     with pytest.raises(SceneEplbError, match="nothing recorded"):
-        obs.snapshot()
+        obs.snapshot()[0]
     with pytest.raises(SceneEplbError, match="not on"):
         obs.stop()
     obs.start()
     with pytest.raises(SceneEplbError, match="already on"):
         obs.start()
     with pytest.raises(SceneEplbError, match="stop it before dumping"):
-        obs.snapshot()
+        obs.snapshot()[0]
 
 
 def _layout() -> Layout:

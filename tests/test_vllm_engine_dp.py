@@ -125,6 +125,7 @@ def test_dump_counts_every_routed_token_once_across_dp_engines(recorded):
     assert code == 200, dump
     counts = read_counts(dump["path"])
     assert counts.data.sum(axis=(0, 2)).tolist() == [RECORDED_TOKENS * TOP_K] * LAYERS
+    assert counts.physical.sum(axis=(0, 2)).tolist() == [RECORDED_TOKENS * TOP_K] * LAYERS  # measured replica traffic
     assert counts.meta["ranks_summed"] == 2 and dump["ranks"] == 2
     # both engines served requests while recording (else the sum over DP ranks would prove nothing)
     assert all(r["passes_recorded"] > 0 for r in recorded["status_after"]["ranks"])
@@ -162,12 +163,23 @@ def fitted_layout(recorded, workdir):
     return out
 
 
+LIVE_WINDOW_S = 1.0
+
+
 def _layout_run(tiny_moe, workdir, layout, dispatch):
     srv = start_server(tiny_moe, workdir, f"dp-layout-{dispatch}", engine_args=DP2,
-                       extra=plugin_flag(role="prefill", layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")))
+                       extra=plugin_flag(role="prefill", layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2"),
+                                         live_window_s=LIVE_WINDOW_S))
     try:
         srv.wait_ready()
         run = {"outputs": srv.complete(PROMPTS, MAX_TOKENS), "status": http("GET", srv.url + "/scene_eplb/status")[1]}
+        # live windows of even traffic: the same prompt many times at once, spread over both engines,
+        # so every source rank routes the same tokens and the dispatch model must hold exactly
+        end = time.monotonic() + 4 * LIVE_WINDOW_S
+        while time.monotonic() < end:
+            srv.complete([PROMPTS[3]] * 8, 2)
+        time.sleep(LIVE_WINDOW_S * 1.5)
+        run["live"] = http("GET", srv.url + "/scene_eplb/status")[1]["live"]
         run["audit"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", dispatch, "--log", srv.log, "--json")
         return run
     finally:
@@ -186,6 +198,14 @@ def test_every_dp_engine_loads_the_layout_and_outputs_are_unchanged(dispatch, ti
     audit = json.loads(run["audit"].stdout)
     assert run["audit"].returncode == 0 and audit["ok"], audit
     assert {c["name"] for c in audit["checks"]} >= {"every rank agrees", "startup log line 2"}
+    live = run["live"]
+    print(f"\nDP=2 {dispatch}: fidelity error {live['fidelity']:.5f}; measured median/worst {live['measured']['median']:.4f}/"
+          f"{live['measured']['worst']:.4f}, modelled {live['median']:.4f}/{live['worst']:.4f}")
+    if dispatch == "static":  # deterministic: what each source rank's table row says, exactly
+        assert live["fidelity"] < 0.01, live
+        assert all(abs(live["measured"][stat] / live[stat] - 1) < 0.01 for stat in ("median", "worst")), live
+    else:  # row i of an expert's rows takes replica i mod c: even up to how rows fall
+        assert live["fidelity"] < 0.05, live
 
 
 def test_a_layout_for_another_ep_size_stops_a_dp_server(tiny_moe, workdir):

@@ -32,11 +32,15 @@ SPEC = TinyMoeSpec(num_experts=8, top_k=2, num_layers=2, skew=2.0)
 WINDOW_S, DRIFT_WINDOWS = 2.0, 2
 ENGINE = engine_args("tp2") + ("--enable-expert-parallel",)
 RNG = np.random.default_rng(5)
-PROMPTS = [RNG.integers(3, 500, 96).tolist() for _ in range(12)]
+# Six prompts, twice in the same order: the two halves of every batch's rows (the two TP ranks' source
+# rows under static dispatch) hold the same tokens, so the dispatch model's even split is exact and
+# the measured replica traffic must match it. 12 x 80 tokens fit one 1024-token step.
+PROMPTS = [RNG.integers(3, 500, 80).tolist() for _ in range(6)] * 2
 
 
 def _flag(**cfg) -> list[str]:
-    base = {"role": "prefill", "live_window_s": WINDOW_S, "drift_windows": DRIFT_WINDOWS, "live_per_layer_metrics": True}
+    base = {"role": "prefill", "live_window_s": WINDOW_S, "drift_windows": DRIFT_WINDOWS, "live_per_layer_metrics": True,
+            "time_moe": True}
     return plugin_flag(**{**base, **cfg})
 
 
@@ -109,11 +113,51 @@ def test_linear_server_reports_live_balancedness_without_an_alarm(recorded_count
     assert live["expected_median"] is None and live["drift"] is False
 
 
-def test_layout_fitted_on_the_served_traffic_reads_no_drift(work, recorded_counts):
+def test_the_dump_carries_measured_replica_traffic_that_adds_up(recorded_counts):
+    counts, live = recorded_counts
+    assert counts.physical is not None and counts.physical.shape == counts.data.shape  # linear: slot p holds expert p
+    layers = counts.meta["moe_layers"]
+    assert counts.physical.sum(axis=(0, 2))[layers].tolist() == counts.data.sum(axis=(0, 2))[layers].tolist()
+    assert np.array_equal(counts.physical, counts.data)  # no layout: every assignment goes to its expert's one slot
+    assert live["fidelity"] == 0.0 and live["measured"]["median"] == pytest.approx(live["median"])
+
+
+def test_moe_time_on_the_linear_layout_is_unbalanced_and_falls_under_the_fitted_one(work, recorded_counts, matched_run):
+    _, linear = recorded_counts
+    fitted = matched_run["live"]
+    for t in (linear["time"], fitted["time"]):
+        assert len(t["rank_ms"]) == 2 and len(t["rank_ms"][0]) == 2 and 0 < t["moe_share"] < 1, t
+    print(f"\nMoE time balancedness median/worst: linear {linear['time']['median']:.3f}/{linear['time']['worst']:.3f}, "
+          f"fitted {fitted['time']['median']:.3f}/{fitted['time']['worst']:.3f}; MoE share of step time "
+          f"{linear['time']['moe_share']:.3f} / {fitted['time']['moe_share']:.3f}")
+    assert linear["time"]["worst"] > 1.2, linear["time"]  # the hot experts' rank is the slow one
+    assert fitted["time"]["worst"] < linear["time"]["worst"] - 0.1, (linear["time"], fitted["time"])
+    assert _metric(matched_run["metrics"], 'scene_eplb_moe_time_balancedness{stat="worst"}') == pytest.approx(fitted["time"]["worst"])
+    assert "time      median" in matched_run["watch_text"].stdout
+
+
+@pytest.fixture(scope="module")
+def matched_run(work, recorded_counts):
     root, _ = work
     counts, _ = recorded_counts
     layout, path = _fit(counts, root, "matched")
-    run = _live_run(work, path, "live-matched")
+    return {"layout": layout, **_live_run(work, path, "live-matched")}
+
+
+def test_under_a_fitted_layout_with_static_dispatch_the_measured_traffic_is_what_the_layout_models(matched_run):
+    live = matched_run["live"]
+    print(f"\nTP=2 static: fidelity error {live['fidelity']:.5f}; measured median/worst {live['measured']['median']:.4f}/"
+          f"{live['measured']['worst']:.4f}, modelled {live['median']:.4f}/{live['worst']:.4f}")
+    assert live["fidelity"] < 0.01, live
+    for stat in ("median", "worst"):
+        assert abs(live["measured"][stat] / live[stat] - 1) < 0.01, live
+    assert _metric(matched_run["metrics"], 'scene_eplb_measured_balancedness{stat="median"}') == pytest.approx(live["measured"]["median"])
+    assert _metric(matched_run["metrics"], "scene_eplb_dispatch_fidelity_error") == pytest.approx(live["fidelity"])
+    assert "measured  median" in matched_run["watch_text"].stdout
+
+
+def test_layout_fitted_on_the_served_traffic_reads_no_drift(matched_run):
+    layout, run = matched_run["layout"], matched_run
     live = run["live"]
     assert live["windows"] >= DRIFT_WINDOWS + 1 and live["drift"] is False
     assert live["expected_median"] == pytest.approx(layout.meta[EXPECTED_KEY]["median"])

@@ -3,7 +3,7 @@
     --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512, "dump_dir": "/data/eplb",
                           "export_timeout_s": 30, "layout": "layout.json", "dispatch": "static",
                           "live_window_s": 10, "drift_margin": 0.05, "drift_windows": 3,
-                          "live_per_layer_metrics": false}}'
+                          "live_per_layer_metrics": false, "time_moe": false}}'
 
 Absent object = plugin off. Unknown keys and bad values fail at startup with a clear message.
 """
@@ -49,6 +49,7 @@ class PluginConfig:
     drift_margin: float = NUMBERS["drift_margin"][0]
     drift_windows: int = NUMBERS["drift_windows"][0]
     live_per_layer_metrics: bool = False
+    time_moe: bool = False  # time each rank's local expert computation per MoE layer (live fitness's time view)
     layout: str | None = None
     dispatch: str = "static"
 
@@ -84,7 +85,7 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         raw = {}
     if not isinstance(raw, dict):
         raise SceneEplbError(f"additional_config.{CONFIG_KEY} must be a JSON object (or true), got {type(raw).__name__}")
-    known = {"role", "ring_entries", "dump_dir", "layout", "dispatch", "live_per_layer_metrics", *NUMBERS}
+    known = {"role", "ring_entries", "dump_dir", "layout", "dispatch", "live_per_layer_metrics", "time_moe", *NUMBERS}
     unknown = sorted(set(raw) - known)
     renamed = [k for k in unknown if k in RENAMED]
     if renamed:
@@ -105,9 +106,11 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
             raise SceneEplbError(f"{CONFIG_KEY}.{key} must be {'an integer' if integer else 'a number'} in [{low:g}, {high:g}], "
                                  f"got {value!r}")
         numbers[key] = value if integer else float(value)
-    per_layer = raw.get("live_per_layer_metrics", False)
-    if not isinstance(per_layer, bool):
-        raise SceneEplbError(f"{CONFIG_KEY}.live_per_layer_metrics must be true or false, got {per_layer!r}")
+    flags = {}
+    for key in ("live_per_layer_metrics", "time_moe"):
+        flags[key] = raw.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise SceneEplbError(f"{CONFIG_KEY}.{key} must be true or false, got {flags[key]!r}")
     dispatch = raw.get("dispatch", "static")
     if dispatch not in DISPATCH_ALGORITHMS:
         raise SceneEplbError(f"{CONFIG_KEY}.dispatch must be one of {', '.join(DISPATCH_ALGORITHMS)}, got {dispatch!r}")
@@ -120,7 +123,7 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     dump_dir = raw.get("dump_dir", PluginConfig.dump_dir)
     check_dump_dir(dump_dir)
     return PluginConfig(role=role, ring_entries=entries, dump_dir=dump_dir,
-                        layout=layout, dispatch=dispatch, live_per_layer_metrics=per_layer, **numbers)
+                        layout=layout, dispatch=dispatch, **flags, **numbers)
 
 
 def check_dump_dir(path: str) -> None:

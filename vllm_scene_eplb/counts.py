@@ -45,15 +45,37 @@ def counts_digest(data: np.ndarray) -> str:
     return sha256_hex(canonical_json(list(arr.shape)) + arr.tobytes())
 
 
+def validate_physical(raw: Any, logical: np.ndarray, path: str | None = None) -> np.ndarray:
+    """Check measured replica traffic ``physical_count`` [T, L, P] (or [L, P]) against the logical
+    counts [T, L, E] it came with: the same ring entries and layers, and per entry and layer the
+    same number of assignments (every assignment went to exactly one slot)."""
+    arr = integer_array(raw, "physical_count", path, 0, MAX_COUNT, COUNT_AXES)
+    arr = arr if arr.ndim == 3 else arr[None]
+    if arr.shape[:2] != logical.shape[:2]:
+        raise SceneEplbError(f"physical_count {list(arr.shape)} does not match logical_count {list(logical.shape)} "
+                             "in ring entries and layers", path)
+    differ = arr.sum(axis=2) != logical.sum(axis=2)
+    if differ.any():
+        t, layer = (int(i) for i in np.argwhere(differ)[0])
+        raise SceneEplbError(f"physical_count holds {int(arr[t, layer].sum())} assignments at [T, L] = [{t}, {layer}], "
+                             f"logical_count {int(logical[t, layer].sum())}: every assignment goes to exactly one slot", path)
+    return arr
+
+
 @dataclass(frozen=True)
 class Counts:
-    """Validated routing counts plus free-form metadata (model, role, geometry, layer ids...)."""
+    """Validated routing counts plus free-form metadata (model, role, geometry, layer ids...), and
+    where the recorder saw them, the measured replica traffic ``physical`` [T, L, P]: assignments
+    per physical slot, the same entries and layers, the same totals."""
 
     data: np.ndarray
     meta: dict = field(default_factory=dict)
+    physical: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", validate_count_array(self.data))
+        if self.physical is not None:
+            object.__setattr__(self, "physical", validate_physical(self.physical, self.data))
 
     @property
     def num_entries(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .layout import Geometry, Layout, linear_map
+from .measured import RankTime, SourceTraffic, fidelity, measured_balancedness, modelled_slot_counts, time_view
 from .score import dispatch_score
 
 EXPECTED_KEY = "expected_balancedness"
@@ -79,14 +80,42 @@ class DriftAlarm:
         return None
 
 
+@dataclass(frozen=True)
+class LiveSample:
+    """What the poller read from every rank at one instant, cumulative since the ranks started:
+    ``logical`` [L_moe, E] summed over the ranks that count each token once, with their passes;
+    ``physical`` [L_moe, P] likewise (None where not captured); ``sources``: each counting rank's
+    logical counts with the EP ranks that route them (empty where unknown); ``times``: every rank's
+    MoE timing (empty without ``time_moe``)."""
+
+    logical: np.ndarray
+    passes: int
+    physical: np.ndarray | None = None
+    sources: tuple[SourceTraffic, ...] = ()
+    times: tuple[RankTime, ...] = ()
+
+
+def _window_sources(now: tuple[SourceTraffic, ...], last: tuple[SourceTraffic, ...]) -> list[SourceTraffic]:
+    if len(last) != len(now):
+        return list(now)
+    return [SourceTraffic(a.base, a.span, np.asarray(a.counts) - np.asarray(b.counts)) for a, b in zip(now, last)]
+
+
+def _window_times(now: tuple[RankTime, ...], last: tuple[RankTime, ...]) -> list[RankTime]:
+    if len(last) != len(now):
+        return list(now)
+    return [RankTime(np.asarray(a.moe_seconds) - np.asarray(b.moe_seconds), a.moe_passes - b.moe_passes,
+                     a.step_seconds - b.step_seconds, a.step_moe_seconds - b.step_moe_seconds) for a, b in zip(now, last)]
+
+
 @dataclass
 class LiveFitness:
     """The live view of one server: per window, the balancedness that the loaded layout (the linear
-    layout without one) and its dispatch algorithm give the counts routed since the last window.
+    layout without one) and its dispatch algorithm give the counts routed since the last window,
+    and what was measured beside it (``measured``: replica traffic and fidelity; time).
 
-    ``observe`` takes the cumulative counts summed over the ranks that count each token once
-    ([L_moe, E], only ever growing) and works on the difference to the previous call, so several
-    pollers never steal each other's windows.
+    ``observe`` takes cumulative samples (only ever growing) and works on the difference to the
+    previous call, so several pollers never steal each other's windows.
     """
 
     layout: Layout | None
@@ -99,8 +128,10 @@ class LiveFitness:
     windows: int = 0
     passes: int = 0
     per_layer: np.ndarray | None = None
-    _last: np.ndarray | None = None
-    _last_passes: int = 0
+    measured: np.ndarray | None = None
+    fidelity: float | None = None
+    time: dict | None = None
+    _last: LiveSample | None = None
     _last_time: float | None = None
 
     @classmethod
@@ -115,25 +146,51 @@ class LiveFitness:
         return cls(layout, geometry, dispatch or "dynamic", tuple(moe_layers),
                    DriftAlarm(expected.get("median"), margin, windows), expected.get("worst"))
 
-    def observe(self, cumulative: np.ndarray, passes: int, now: float) -> str | None:
+    def _rows(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The map rows [n, P] of the MoE layers (linear without a layout) and their fitted static table."""
+        if self.layout is None:
+            return linear_map(self.geometry, n), None
+        rows = list(self.layout.moe_layers)
+        return self.layout.physical_to_logical_map[rows], self.layout.static_sources_at(rows)
+
+    def observe(self, sample: LiveSample, now: float) -> str | None:
         """One window ending at ``now``; returns the alarm's log line when its state changes."""
-        cumulative = np.asarray(cumulative, dtype=np.int64)
-        last = self._last if self._last is not None else np.zeros_like(cumulative)
-        delta, new_passes = cumulative - last, passes - self._last_passes
+        last = self._last
+        delta = np.asarray(sample.logical, dtype=np.int64) - (np.asarray(last.logical) if last is not None else 0)
+        new_passes = sample.passes - (last.passes if last is not None else 0)
         self.window_seconds = 0.0 if self._last_time is None else now - self._last_time
-        self._last, self._last_passes, self._last_time = cumulative, passes, now
+        self._last, self._last_time = sample, now
         if delta.sum() <= 0:
             return None  # no traffic in this window: nothing to judge
         self.windows += 1
         self.passes = int(new_passes)
         self.per_layer = layer_balancedness(self.layout, delta, self.geometry, self.dispatch)
+        self._measure(sample, last)
         return self.alarm.update(float(np.median(self.per_layer)))
+
+    def _measure(self, sample: LiveSample, last: LiveSample | None) -> None:
+        """Measured balancedness, fidelity and time of this window, where the ranks reported them."""
+        self.measured = self.fidelity = self.time = None
+        if sample.physical is not None and (last is None or last.physical is not None):
+            physical = np.asarray(sample.physical, dtype=np.int64) - (np.asarray(last.physical) if last is not None else 0)
+            p2l, static_sources = self._rows(len(physical))
+            if physical.shape == p2l.shape:
+                self.measured = measured_balancedness(physical, self.geometry)
+                sources = _window_sources(sample.sources, last.sources if last is not None else ())
+                if sources:
+                    modelled = modelled_slot_counts(p2l, self.geometry, self.dispatch, sources, static_sources)
+                    self.fidelity = fidelity(physical, modelled, p2l, self.geometry.num_experts)
+        if sample.times:
+            self.time = time_view(_window_times(sample.times, last.times if last is not None else ()))
 
     def to_dict(self) -> dict:
         """The status route's ``live`` object."""
-        pl = self.per_layer
+        pl, m = self.per_layer, self.measured
         return {"median": None if pl is None else float(np.median(pl)), "worst": None if pl is None else float(pl.max()),
                 "expected_median": self.alarm.expected_median, "expected_worst": self.expected_worst,
                 "drift": self.alarm.drift, "passes": self.passes, "window_seconds": round(self.window_seconds, 3),
                 "windows": self.windows, "threshold": self.alarm.threshold, "dispatch": self.dispatch,
-                "layers": list(self.moe_layers), "per_layer": None if pl is None else [round(float(x), 5) for x in pl]}
+                "layers": list(self.moe_layers), "per_layer": None if pl is None else [round(float(x), 5) for x in pl],
+                "measured": None if m is None else {"median": float(np.median(m)), "worst": float(m.max()),
+                                                    "per_layer": [round(float(x), 5) for x in m]},
+                "fidelity": self.fidelity, "time": self.time}

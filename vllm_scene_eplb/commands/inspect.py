@@ -31,6 +31,7 @@ def run(args, console: Console) -> None:
         "all_zero_layers": [int(i) for i in np.flatnonzero(per_layer == 0)],
         "assignments_per_layer": {"min": int(per_layer[active].min()) if active.size else 0, "max": int(per_layer.max())},
         "expert_skew_max_over_mean": {"median": float(np.median(skew)) if skew else None, "worst": max(skew) if skew else None},
+        "physical_shape": None if c.physical is None else list(c.physical.shape),
         "meta": c.meta,
         "counts_sha256": c.digest(),
         "memory": memory_cost(args, None),
@@ -42,6 +43,7 @@ def run(args, console: Console) -> None:
         f"  routed layers: {active.size} (all-zero: {zero[:10]}{'...' if len(zero) > 10 else ''})\n"
         f"  assignments per routed layer: {payload['assignments_per_layer']['min']}..{payload['assignments_per_layer']['max']}\n"
         + (f"  expert load max/mean: median {np.median(skew):.2f}, worst {max(skew):.2f}\n" if skew else "")
+        + (f"  measured replica traffic: physical_count [T, L, P={c.physical.shape[2]}] (totals match)\n" if c.physical is not None else "")
         + f"  sha256 {c.digest()}"
         + (f"\n  {payload['memory']['summary']}" if payload["memory"] else "")
     )

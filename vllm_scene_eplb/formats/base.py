@@ -130,11 +130,11 @@ def _tensors_to_numpy(obj: Any, path: Path, key: str = "tensor") -> Any:
         raise SceneEplbError(f"{key}: cannot read this tensor ({type(exc).__name__}: {exc})", path) from None
 
 
-def write_pt(path: Path, key: str, array: np.ndarray) -> Path:
+def write_pt(path: Path, arrays: dict[str, np.ndarray]) -> Path:
     """Atomically write ``{key: int64 tensor}`` with torch.save (the dict SGLang loads)."""
     torch = _torch(path)
     buf = io.BytesIO()
-    torch.save({key: torch.from_numpy(np.array(array, dtype=np.int64))}, buf)
+    torch.save({key: torch.from_numpy(np.array(a, dtype=np.int64)) for key, a in arrays.items()}, buf)
     return atomic_write_bytes(path, buf.getvalue())
 
 

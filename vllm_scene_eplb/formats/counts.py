@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..counts import Counts, counts_digest, validate_count_array
+from ..counts import Counts, counts_digest, validate_count_array, validate_physical
 from ..errors import SceneEplbError
 from ..fileio import atomic_write, canonical_json, sha256_hex
 from .base import (FORMAT_VERSION, MAX_ID, FileFormat, GeometryHint, Loaded, check_fits_memory, check_moe_layers, write_json,
@@ -22,9 +22,13 @@ from .base import (FORMAT_VERSION, MAX_ID, FileFormat, GeometryHint, Loaded, che
 COUNTS_FORMAT = "scene-eplb-counts"
 
 
-def _native_checksum(meta: dict, data: np.ndarray) -> str:
+PHYSICAL_KEY = "physical_count"  # measured replica traffic [T, L, P], where the recorder saw it (optional)
+
+
+def _native_checksum(meta: dict, data: np.ndarray, physical: np.ndarray | None = None) -> str:
     body = {k: v for k, v in meta.items() if k != "checksum"}
-    return sha256_hex(canonical_json(body) + counts_digest(data).encode())
+    extra = b"" if physical is None else counts_digest(physical).encode()
+    return sha256_hex(canonical_json(body) + counts_digest(data).encode() + extra)
 
 
 MAX_META_BYTES = 1 << 24
@@ -44,16 +48,19 @@ def _check_headers(path: Path) -> None:
     anything is allocated (a header can claim terabytes in a file of a few bytes)."""
     try:
         with zipfile.ZipFile(path) as zf:
-            shape, dtype = _member_header(zf, "logical_count.npy")
+            arrays = {name: _member_header(zf, f"{name}.npy") for name in ("logical_count", PHYSICAL_KEY)
+                      if f"{name}.npy" in zf.namelist() or name == "logical_count"}
             meta_shape, meta_dtype = _member_header(zf, "meta.npy")
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
         raise SceneEplbError(f"not a readable scene-eplb counts archive (truncated or corrupt?): {exc}", path) from None
-    if dtype.kind not in "iuf" or len(shape) not in (2, 3):
-        raise SceneEplbError(f"logical_count must be a [T, L, E] array of integers, the archive holds {dtype} {list(shape)}", path)
+    for name, (shape, dtype) in arrays.items():
+        if dtype.kind not in "iuf" or len(shape) not in (2, 3):
+            raise SceneEplbError(f"{name} must be a [T, L, E] array of integers, the archive holds {dtype} {list(shape)}", path)
     if meta_dtype != np.uint8 or len(meta_shape) != 1 or meta_shape[0] > MAX_META_BYTES:
         raise SceneEplbError(f"counts metadata must be JSON bytes (at most {MAX_META_BYTES} B), the archive holds {meta_dtype} {list(meta_shape)}", path)
-    # the array as stored, its int64 copy and the checks' masks
-    check_fits_memory(3 * 8 * int(np.prod(shape, dtype=object)), f"logical_count {list(shape)}", path)
+    # the arrays as stored, their int64 copies and the checks' masks
+    elements = sum(int(np.prod(shape, dtype=object)) for shape, _ in arrays.values())
+    check_fits_memory(3 * 8 * elements, f"logical_count {list(arrays['logical_count'][0])}", path)
 
 
 def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
@@ -62,6 +69,7 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
     try:
         with np.load(path, allow_pickle=False) as npz:
             raw, meta_raw = npz["logical_count"], npz["meta"]
+            physical_raw = npz[PHYSICAL_KEY] if PHYSICAL_KEY in npz.files else None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
         raise SceneEplbError(f"not a readable scene-eplb counts archive (truncated or corrupt?): {exc}", path) from None
     try:
@@ -73,10 +81,11 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
     if meta.get("version") != FORMAT_VERSION:
         raise SceneEplbError(f"counts format version {meta.get('version')!r} is not supported (expected {FORMAT_VERSION})", path)
     data = validate_count_array(raw, str(path))
-    if meta.get("checksum") != _native_checksum(meta, data):
+    physical = None if physical_raw is None else validate_physical(physical_raw, data, str(path))
+    if meta.get("checksum") != _native_checksum(meta, data, physical):
         raise SceneEplbError("checksum mismatch: the counts or their metadata were altered or damaged", path)
     _check_meta(meta, data.shape[1], path)
-    return Counts(data, meta)
+    return Counts(data, meta, physical)
 
 
 def _check_meta(meta: dict, num_layers: int, path: Path) -> None:
@@ -95,10 +104,16 @@ def _read_dict(loaded: Loaded, hint: GeometryHint) -> Counts:
     """A JSON or torch dict with ``logical_count`` (SGLang's shapes); keeps its rank/model/role."""
     doc = loaded.doc
     data = validate_count_array(doc["logical_count"], str(loaded.path))
+    physical = None if doc.get(PHYSICAL_KEY) is None else validate_physical(doc[PHYSICAL_KEY], data, str(loaded.path))
     kept = {k: v for k, v in doc.items() if k in ("model", "role") and isinstance(v, str)}
     if type(doc.get("rank")) is int:
         kept["rank"] = doc["rank"]
-    return Counts(data, {"imported_from": loaded.path.name, **kept})
+    return Counts(data, {"imported_from": loaded.path.name, **kept}, physical)
+
+
+def _arrays(counts: Counts) -> dict[str, np.ndarray]:
+    """The arrays a counts file holds: ``logical_count``, and ``physical_count`` where measured."""
+    return {"logical_count": counts.data, **({} if counts.physical is None else {PHYSICAL_KEY: counts.physical})}
 
 
 def native_meta(counts: Counts) -> dict:
@@ -108,22 +123,23 @@ def native_meta(counts: Counts) -> dict:
         format=COUNTS_FORMAT,
         version=FORMAT_VERSION,
         shape=list(counts.data.shape),
+        physical_shape=None if counts.physical is None else list(counts.physical.shape),
         entries_written=int(counts.written_entries().size),
         counts_sha256=counts.digest(),
     )
-    meta["checksum"] = _native_checksum(meta, counts.data)
+    meta["checksum"] = _native_checksum(meta, counts.data, counts.physical)
     return meta
 
 
 def _write_native(counts: Counts, path: Path) -> Path:
     meta = np.frombuffer(json.dumps(native_meta(counts)).encode(), dtype=np.uint8)
-    return atomic_write(path, lambda fh: np.savez_compressed(fh, logical_count=counts.data, meta=meta))
+    return atomic_write(path, lambda fh: np.savez_compressed(fh, **_arrays(counts), meta=meta))
 
 
 FORMATS = (
     FileFormat("counts", "native", lambda f: f.container == "npz", _read_native, _write_native),
     FileFormat("counts", "sglang", lambda f: f.container == "json" and f.has_key("logical_count"), _read_dict,
-               lambda c, path: write_json(path, {"logical_count": c.data.tolist()})),
+               lambda c, path: write_json(path, {k: v.tolist() for k, v in _arrays(c).items()})),
     FileFormat("counts", "pt", lambda f: f.container == "pt" and f.has_key("logical_count"), _read_dict,
-               lambda c, path: write_pt(path, "logical_count", c.data)),
+               lambda c, path: write_pt(path, _arrays(c))),
 )

@@ -125,5 +125,5 @@ FORMATS = (
     FileFormat("layout", "sglang", lambda f: f.container == "json" and f.has_key(MAP_KEY) and not _is_native(f), _read_bare,
                lambda layout, path: write_json(path, {MAP_KEY: layout.physical_to_logical_map.tolist()})),
     FileFormat("layout", "pt", lambda f: f.container == "pt" and f.has_key(MAP_KEY), _read_bare,
-               lambda layout, path: write_pt(path, MAP_KEY, layout.physical_to_logical_map)),
+               lambda layout, path: write_pt(path, {MAP_KEY: layout.physical_to_logical_map})),
 )

@@ -37,7 +37,8 @@ from fastapi.responses import JSONResponse
 
 from ..config import PluginConfig, parse_config
 from ..errors import SceneEplbError
-from ..fitness import LiveFitness
+from ..fitness import LiveFitness, LiveSample
+from ..measured import RankTime, SourceTraffic
 from ..formats import GeometryHint, read_layout
 from ..protocol import EXPORT_STATUS_ACTION, LIVE_ACTION, LIVE_KEY, NATIVE_ACTION, ROUTES, aggregate_status
 from . import metrics
@@ -211,11 +212,10 @@ class SceneEplbEndpoints:
 
     async def _live_window(self, window: float) -> None:
         answers = await self._all_ok(LIVE_ACTION, timeout=window)
-        counting = [a for a in answers if a["contributes"]]
-        cumulative = np.sum([np.asarray(a["counts"], dtype=np.int64) for a in counting], axis=0)
+        sample = live_sample(answers)
         if self.live is None:
-            self.live = await self._live_view(cumulative.shape[1])
-        line = self.live.observe(cumulative, sum(a["passes"] for a in counting), time.monotonic())
+            self.live = await self._live_view(sample.logical.shape[1])
+        line = self.live.observe(sample, time.monotonic())
         if line:
             (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
         metrics.publish(self.live.to_dict(), self.config.live_per_layer_metrics)
@@ -243,3 +243,22 @@ class SceneEplbEndpoints:
         handle.__name__ = f"scene_eplb_{action}"
         return handle
 
+
+
+def live_sample(answers: list[dict]) -> LiveSample:
+    """One cumulative sample from every rank's live answer: counts of the ranks that count each token
+    once (logical, physical where every such rank has them, each one's sources), every rank's timing."""
+    counting = sorted((a for a in answers if a["contributes"]), key=lambda a: a["ep_rank"])
+    logical = np.sum([np.asarray(a["counts"], dtype=np.int64) for a in counting], axis=0)
+    physical = None
+    if all(a.get("physical") is not None for a in counting):
+        physical = np.sum([np.asarray(a["physical"], dtype=np.int64) for a in counting], axis=0)
+    sources = ()
+    if all(a.get("source") for a in counting):
+        sources = tuple(SourceTraffic(a["source"][0], a["source"][1], np.asarray(a["counts"], dtype=np.int64)) for a in counting)
+    ranked = sorted(answers, key=lambda a: a["ep_rank"])
+    times = ()
+    if all(a.get("moe_seconds") is not None for a in ranked):
+        times = tuple(RankTime(np.asarray(a["moe_seconds"], dtype=np.float64), a["moe_passes"], a["step_seconds"],
+                               a["step_moe_seconds"]) for a in ranked)
+    return LiveSample(logical, sum(a["passes"] for a in counting), physical, sources, times)

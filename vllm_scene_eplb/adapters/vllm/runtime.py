@@ -57,6 +57,9 @@ class WorkerRuntime(RecorderRuntime):
     dp_size: int
     source: SourceRanks  # the EP ranks that route this worker's batch (the static table's source rows)
 
+    def source_ranks(self) -> list[int]:
+        return [self.source.base, self.source.span]
+
     # ------------------------------------------------------------ hooks the patches call
 
     def extra_slots(self, num_experts: int) -> int:
@@ -106,10 +109,16 @@ class WorkerRuntime(RecorderRuntime):
                                          f"{None if emap is None else emap.numel()}; the layout needs slots {own[0]}-{own[-1]} "
                                          f"of {g.num_physical}")
                 r.router._scene_eplb_map = maps[int(r.layer_id)]
-        self.make_observer(device)
+        self.make_observer(device, self.layout.geometry.num_physical if self.layout else self.model.num_experts)
         padding = getattr(model_runner, "is_padding", None)
         for idx, r in enumerate(runners):
             r.router.set_capture_fn(functools.partial(self.observer.capture, idx, padding_rows=padding))
+            r.router._scene_eplb_physical = functools.partial(self.observer.capture_physical, idx, padding_rows=padding)
+            if self.config.time_moe:
+                experts = fused_experts_of(r)
+                if experts is None:
+                    raise SceneEplbError(f"layer {r.layer_id}: time_moe found no fused experts to time in this build")
+                experts._scene_eplb_timed_layer = idx
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
 
 
@@ -166,6 +175,12 @@ def load_layout_for(path: str, model: ModelGeometry, ep_size: int, pc) -> Layout
     if pc.expert_placement_strategy != "linear":
         raise SceneEplbError("scene_eplb.layout needs --expert-placement-strategy linear (rank r owns slots [r*S, (r+1)*S))")
     return layout_for_server(path, model, ep_size, model_layer_axis=True)  # slots are looked up by model layer index
+
+
+def fused_experts_of(moe_runner):
+    """The fused-experts object a MoE layer's kernel runs (whose ``apply`` the CPU path wraps), or None."""
+    kernel = getattr(moe_runner.routed_experts.quant_method, "moe_kernel", None)
+    return getattr(kernel, "fused_experts", None) or getattr(getattr(kernel, "impl", None), "fused_experts", None)
 
 
 def moe_runners(model) -> list:

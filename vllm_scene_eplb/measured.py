@@ -1,0 +1,109 @@
+"""What a server measured, beside what its layout models: replica traffic and each rank's MoE time.
+
+The count scores (``score``, ``fitness``) say what a layout should do if every replica gets its
+modelled share. These say what happened, per window of live traffic:
+
+- measured balancedness: per MoE layer, max/mean EP rank load of the physical slot counts the ranks
+  recorded (slot p lives on rank p // S): the load the dispatch really put on each rank;
+- fidelity: the largest difference, over slots and layers, between a slot's measured share of its
+  expert's assignments and the share the dispatch algorithm gives it. ``static``: each source rank's
+  tokens go to the slot its table row names, the sources' traffic taken from the logical counts of
+  the ranks that route it (a DP rank's own tokens; a batch seen by several TP ranks split evenly over
+  their rows, as the dispatch splits it); ``dynamic``: 1/c of the expert to each of its c replicas.
+  Near 0: the dispatch does what the layout expects; large: it does not;
+- time balancedness: per MoE layer, max/mean over EP ranks of the rank's local expert milliseconds
+  per pass; ``moe_share``: the MoE part of the ranks' step wall time.
+
+Pure numpy, no engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dispatch import dynamic_tables, static_table
+from .layout import Geometry
+from .score import balance
+
+
+@dataclass(frozen=True)
+class SourceTraffic:
+    """The logical counts [L, E] of a batch routed by ``span`` EP ranks from ``base`` (its static-table rows)."""
+
+    base: int
+    span: int
+    counts: np.ndarray
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One rank's MoE timing over a window: seconds per MoE layer [L] over ``moe_passes`` passes, and
+    over its real steps their wall seconds and the MoE seconds within them."""
+
+    moe_seconds: np.ndarray
+    moe_passes: int
+    step_seconds: float
+    step_moe_seconds: float
+
+
+def rank_loads(physical: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Per-rank load of slot counts [L, P]: float [L, ep]."""
+    return np.asarray(physical, dtype=np.float64).reshape(len(physical), geometry.ep_size, -1).sum(axis=2)
+
+
+def measured_balancedness(physical: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Max/mean EP rank load per layer of measured slot counts [L, P]: float [L]."""
+    return balance(rank_loads(physical, geometry))
+
+
+def modelled_slot_counts(p2l: np.ndarray, geometry: Geometry, dispatch: str, sources: list[SourceTraffic],
+                         static_sources: np.ndarray | None = None) -> np.ndarray:
+    """The slot counts [L, P] the dispatch algorithm gives the sources' logical counts, for map
+    rows ``p2l`` [L, P] (and, for ``static``, the layout's fitted table rows ``static_sources``)."""
+    L, P = p2l.shape
+    out = np.zeros((L, P), dtype=np.float64)
+    if dispatch == "static":
+        table = static_table(p2l, geometry, static_sources)  # [L, ep, E]: the slot source rank s uses for expert e
+        layers = np.repeat(np.arange(L), geometry.num_experts)
+        for src in sources:
+            share = np.asarray(src.counts, dtype=np.float64) / src.span
+            for s in range(src.base, src.base + src.span):
+                np.add.at(out, (layers, table[:, s, :].ravel()), share.ravel())
+        return out
+    total = sum(np.asarray(src.counts, dtype=np.float64) for src in sources)
+    l2p, replicas = dynamic_tables(p2l, geometry.num_experts)
+    per_replica = total / np.maximum(replicas, 1)
+    return np.take_along_axis(per_replica, p2l, axis=1)
+
+
+def fidelity(physical: np.ndarray, modelled: np.ndarray, p2l: np.ndarray, num_experts: int) -> float | None:
+    """Largest |measured - modelled| share of a slot in its expert's assignments [0, 1], over the
+    slots whose expert had traffic; None when no expert had any."""
+    physical = np.asarray(physical, dtype=np.float64)
+    L = len(p2l)
+    expert_total = np.zeros((L, num_experts))
+    np.add.at(expert_total, (np.repeat(np.arange(L), p2l.shape[1]), p2l.ravel()), physical.ravel())
+    per_slot = np.take_along_axis(expert_total, p2l, axis=1)
+    seen = per_slot > 0
+    if not seen.any():
+        return None
+    diff = np.abs(physical - modelled)[seen] / per_slot[seen]
+    return float(diff.max())
+
+
+def time_view(ranks: list[RankTime]) -> dict | None:
+    """The status ``live.time`` object from every rank's window: ``rank_ms`` [ranks][layers] mean
+    local expert ms per pass, ``median`` and ``worst`` over layers of max/mean rank time, and
+    ``moe_share`` (MoE seconds over step seconds, over the ranks' real steps); None without timing."""
+    timed = [r for r in ranks if r.moe_passes > 0]
+    if not timed or len(timed) != len(ranks):
+        return None
+    rank_ms = np.stack([1000.0 * np.asarray(r.moe_seconds, dtype=np.float64) / r.moe_passes for r in ranks])
+    per_layer = balance(rank_ms.T)  # [L]: max/mean over ranks
+    steps = sum(r.step_seconds for r in ranks)
+    return {"median": float(np.median(per_layer)), "worst": float(per_layer.max()),
+            "moe_share": None if steps <= 0 else float(sum(r.step_moe_seconds for r in ranks) / steps),
+            "rank_ms": [[round(float(x), 4) for x in row] for row in rank_ms],
+            "per_layer": [round(float(x), 5) for x in per_layer]}
