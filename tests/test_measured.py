@@ -83,12 +83,13 @@ def test_a_tp_batch_seen_by_all_ranks_is_split_over_their_rows(layout):
 
 
 def test_time_view_names_the_slow_rank_and_the_moe_share():
-    ranks = [RankTime(np.array([0.2, 0.1]), 10, 2.0, 0.3), RankTime(np.array([0.6, 0.1]), 10, 2.0, 0.7)]
-    t = time_view(ranks)
+    ranks = [RankTime(np.array([0.2, 0.1]), 10, 10, 2.0, 0.3), RankTime(np.array([0.6, 0.1]), 10, 10, 2.0, 0.7)]
+    t = time_view(ranks, np.array([[100.0, 300.0], [50.0, 50.0]]))
     assert t["rank_ms"] == [[20.0, 10.0], [60.0, 10.0]]
     assert t["per_layer"] == [1.5, 1.0] and t["worst"] == 1.5 and t["median"] == 1.25
-    assert t["moe_share"] == pytest.approx(0.25)
-    assert time_view([ranks[0], RankTime(np.zeros(2), 0, 0.0, 0.0)]) is None  # a rank without timing: no view
+    assert t["moe_share"] == pytest.approx(0.25) and t["step_ms"] == pytest.approx(200.0)
+    assert t["rank_assignments"] == [[10.0, 5.0], [30.0, 5.0]]  # per pass: the x of the count -> time model
+    assert time_view([ranks[0], RankTime(np.zeros(2), 0, 0, 0.0, 0.0)]) is None  # a rank without timing: no view
 
 
 def test_observer_times_moe_per_layer_and_steps():
@@ -101,7 +102,7 @@ def test_observer_times_moe_per_layer_and_steps():
     obs.end_step(is_dummy=True)
     live = obs.live_counts()
     assert live.moe_seconds == pytest.approx([0.03, 0.03]) and live.moe_passes == 2
-    assert live.step_moe_seconds == pytest.approx(0.04) and live.step_seconds >= 0
+    assert live.step_moe_seconds == pytest.approx(0.04) and live.step_seconds >= 0 and live.steps == 1
     assert RoutingObserver(2, 4, 2).live_counts().moe_seconds is None  # time_moe off: nothing timed
 
 
@@ -109,14 +110,14 @@ def test_live_window_reports_measured_fidelity_and_time(layout):
     sources, physical = _route(layout, "static", [SourceRanks(r, 1) for r in range(EP)], tokens=2000, seed=3)
     logical = sum(s.counts for s in sources)
     live = LiveFitness.for_server(layout, E, EP, "static", tuple(range(L)), margin=0.05, windows=3)
-    times = tuple(RankTime(np.full(L, 0.01 * (r + 1)), 5, 1.0, 0.1) for r in range(EP))
+    times = tuple(RankTime(np.full(L, 0.01 * (r + 1)), 5, 5, 1.0, 0.1) for r in range(EP))
     live.observe(LiveSample(logical, 5, physical, tuple(sources), times), now=0.0)
     d = live.to_dict()
     assert d["fidelity"] < 1e-9 and abs(d["measured"]["median"] / d["median"] - 1) < 0.02
     assert d["time"]["worst"] == pytest.approx(1.6) and d["time"]["moe_share"] == pytest.approx(0.1)
     # the next window works on differences: twice the same traffic reads the same
     live.observe(LiveSample(2 * logical, 10, 2 * physical, tuple(SourceTraffic(s.base, s.span, 2 * s.counts) for s in sources),
-                            tuple(RankTime(2 * t.moe_seconds, 10, 2.0, 0.2) for t in times)), now=1.0)
+                            tuple(RankTime(2 * t.moe_seconds, 10, 10, 2.0, 0.2) for t in times)), now=1.0)
     assert live.to_dict()["fidelity"] < 1e-9 and live.to_dict()["time"]["worst"] == pytest.approx(1.6)
 
 

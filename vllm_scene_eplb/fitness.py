@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .layout import Geometry, Layout, linear_map
-from .measured import RankTime, SourceTraffic, fidelity, measured_balancedness, modelled_slot_counts, time_view
-from .score import dispatch_score
+from .measured import RankTime, SourceTraffic, fidelity, modelled_slot_counts, rank_loads, time_view
+from .score import balance, dispatch_score
 
 EXPECTED_KEY = "expected_balancedness"
 
@@ -104,7 +104,7 @@ def _window_sources(now: tuple[SourceTraffic, ...], last: tuple[SourceTraffic, .
 def _window_times(now: tuple[RankTime, ...], last: tuple[RankTime, ...]) -> list[RankTime]:
     if len(last) != len(now):
         return list(now)
-    return [RankTime(np.asarray(a.moe_seconds) - np.asarray(b.moe_seconds), a.moe_passes - b.moe_passes,
+    return [RankTime(np.asarray(a.moe_seconds) - np.asarray(b.moe_seconds), a.moe_passes - b.moe_passes, a.steps - b.steps,
                      a.step_seconds - b.step_seconds, a.step_moe_seconds - b.step_moe_seconds) for a, b in zip(now, last)]
 
 
@@ -171,17 +171,19 @@ class LiveFitness:
     def _measure(self, sample: LiveSample, last: LiveSample | None) -> None:
         """Measured balancedness, fidelity and time of this window, where the ranks reported them."""
         self.measured = self.fidelity = self.time = None
+        loads = None
         if sample.physical is not None and (last is None or last.physical is not None):
             physical = np.asarray(sample.physical, dtype=np.int64) - (np.asarray(last.physical) if last is not None else 0)
             p2l, static_sources = self._rows(len(physical))
             if physical.shape == p2l.shape:
-                self.measured = measured_balancedness(physical, self.geometry)
+                loads = rank_loads(physical, self.geometry.ep_size)
+                self.measured = balance(loads)
                 sources = _window_sources(sample.sources, last.sources if last is not None else ())
                 if sources:
                     modelled = modelled_slot_counts(p2l, self.geometry, self.dispatch, sources, static_sources)
                     self.fidelity = fidelity(physical, modelled, p2l, self.geometry.num_experts)
         if sample.times:
-            self.time = time_view(_window_times(sample.times, last.times if last is not None else ()))
+            self.time = time_view(_window_times(sample.times, last.times if last is not None else ()), loads)
 
     def to_dict(self) -> dict:
         """The status route's ``live`` object."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .dispatch import dynamic_tables, static_table
+from .errors import SceneEplbError
 from .layout import Geometry
 from .score import balance
 
@@ -40,22 +41,26 @@ class SourceTraffic:
 @dataclass(frozen=True)
 class RankTime:
     """One rank's MoE timing over a window: seconds per MoE layer [L] over ``moe_passes`` passes, and
-    over its real steps their wall seconds and the MoE seconds within them."""
+    over its ``steps`` real steps their wall seconds and the MoE seconds within them."""
 
     moe_seconds: np.ndarray
     moe_passes: int
+    steps: int
     step_seconds: float
     step_moe_seconds: float
 
 
-def rank_loads(physical: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """Per-rank load of slot counts [L, P]: float [L, ep]."""
-    return np.asarray(physical, dtype=np.float64).reshape(len(physical), geometry.ep_size, -1).sum(axis=2)
+def rank_loads(physical: np.ndarray, ep_size: int) -> np.ndarray:
+    """Per-rank load of slot counts [L, P] on ``ep_size`` ranks (rank r holds slots [r*S, (r+1)*S)): float [L, ep]."""
+    physical = np.asarray(physical, dtype=np.float64)
+    if physical.shape[1] % ep_size:
+        raise SceneEplbError(f"{physical.shape[1]} physical slots do not split over {ep_size} ranks")
+    return physical.reshape(len(physical), ep_size, -1).sum(axis=2)
 
 
 def measured_balancedness(physical: np.ndarray, geometry: Geometry) -> np.ndarray:
     """Max/mean EP rank load per layer of measured slot counts [L, P]: float [L]."""
-    return balance(rank_loads(physical, geometry))
+    return balance(rank_loads(physical, geometry.ep_size))
 
 
 def modelled_slot_counts(p2l: np.ndarray, geometry: Geometry, dispatch: str, sources: list[SourceTraffic],
@@ -93,17 +98,24 @@ def fidelity(physical: np.ndarray, modelled: np.ndarray, p2l: np.ndarray, num_ex
     return float(diff.max())
 
 
-def time_view(ranks: list[RankTime]) -> dict | None:
+def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> dict | None:
     """The status ``live.time`` object from every rank's window: ``rank_ms`` [ranks][layers] mean
-    local expert ms per pass, ``median`` and ``worst`` over layers of max/mean rank time, and
-    ``moe_share`` (MoE seconds over step seconds, over the ranks' real steps); None without timing."""
+    local expert ms per pass, ``median`` and ``worst`` over layers of max/mean rank time,
+    ``moe_share`` (MoE seconds over step seconds, over the ranks' real steps) and ``step_ms`` (mean
+    wall ms of a real step); with the window's measured rank ``loads`` [L, ranks], also
+    ``rank_assignments`` [ranks][layers]: the assignments each rank computed per pass, the x of the
+    count -> time model (``advise``). None without timing."""
     timed = [r for r in ranks if r.moe_passes > 0]
     if not timed or len(timed) != len(ranks):
         return None
     rank_ms = np.stack([1000.0 * np.asarray(r.moe_seconds, dtype=np.float64) / r.moe_passes for r in ranks])
     per_layer = balance(rank_ms.T)  # [L]: max/mean over ranks
-    steps = sum(r.step_seconds for r in ranks)
-    return {"median": float(np.median(per_layer)), "worst": float(per_layer.max()),
-            "moe_share": None if steps <= 0 else float(sum(r.step_moe_seconds for r in ranks) / steps),
-            "rank_ms": [[round(float(x), 4) for x in row] for row in rank_ms],
-            "per_layer": [round(float(x), 5) for x in per_layer]}
+    seconds, steps = sum(r.step_seconds for r in ranks), sum(r.steps for r in ranks)
+    out = {"median": float(np.median(per_layer)), "worst": float(per_layer.max()),
+           "moe_share": None if seconds <= 0 else float(sum(r.step_moe_seconds for r in ranks) / seconds),
+           "step_ms": None if steps <= 0 else 1000.0 * seconds / steps,
+           "rank_ms": [[round(float(x), 4) for x in row] for row in rank_ms],
+           "per_layer": [round(float(x), 5) for x in per_layer], "rank_assignments": None}
+    if loads is not None and loads.shape == rank_ms.T.shape:
+        out["rank_assignments"] = [[round(float(x), 2) for x in loads[:, r] / ranks[r].moe_passes] for r in range(len(ranks))]
+    return out

@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from . import audit, bench, compare, convert, fit, inspect, record, report, score, validate, watch
+from . import advise, audit, bench, compare, convert, fit, inspect, record, report, score, validate, watch
 
 COMMANDS = {
     "inspect": inspect, "fit": fit, "validate": validate, "score": score, "convert": convert, "report": report,
-    "record": record, "audit": audit, "watch": watch, "bench": bench, "compare": compare,
+    "record": record, "audit": audit, "watch": watch, "advise": advise, "bench": bench, "compare": compare,
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_files
 from ..harness.compare import chart_png, compare, markdown
 from ..harness.results import read_result
 from .common import Console
@@ -30,8 +30,6 @@ def run(args, console: Console) -> None:
     c = compare(a, b, names)
     text = markdown(c, names)
     if args.output:
-        out = Path(args.output)
-        atomic_write_bytes(out / "compare.md", text.encode())
-        atomic_write_bytes(out / "compare.json", json.dumps(c.to_dict(), indent=1).encode())
-        chart_png(c, a, b, out / "compare.png", names)
+        atomic_write_files(Path(args.output), {"compare.md": text.encode(), "compare.json": json.dumps(c.to_dict(), indent=1).encode(),
+                                               "compare.png": chart_png(c, names)})
     console.emit(c.to_dict(), text)

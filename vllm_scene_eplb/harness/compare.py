@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import SceneEplbError
+from .charts import RatioBar, ratio_chart
 from .results import HIGHER_IS_BETTER, METRICS, NOT_OBSERVED
 
 LOAD_KEYS = ("num_prompts", "concurrency", "request_rate")
@@ -69,7 +70,8 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> Comparison
     for m in METRICS:
         ra, rb = a["aggregate"].get(m, {}), b["aggregate"].get(m, {})
         va, vb = ra.get("mean", NOT_OBSERVED), rb.get("mean", NOT_OBSERVED)
-        row = {"metric": m, names[0]: va, names[1]: vb, "ratio": NOT_OBSERVED, "delta_pct": NOT_OBSERVED, "verdict": NOT_OBSERVED}
+        row = {"metric": m, names[0]: va, names[1]: vb, "ratio": NOT_OBSERVED, "delta_pct": NOT_OBSERVED, "verdict": NOT_OBSERVED,
+               "ci95_" + names[0]: ra.get("ci95"), "ci95_" + names[1]: rb.get("ci95")}
         if NOT_OBSERVED in (va, vb) or not va:
             warnings.append(f"{m}: not observed on {'both sides' if va == vb == NOT_OBSERVED else 'one side'}")
         else:
@@ -102,22 +104,17 @@ def markdown(c: Comparison, names: tuple[str, str] = ("A", "B")) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart_png(c: Comparison, a: dict, b: dict, path, names: tuple[str, str] = ("A", "B")) -> None:
-    """Bars of the throughput metrics with their 95% CIs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ms = [m for m in METRICS if "throughput" in m and NOT_OBSERVED not in (a["aggregate"][m]["mean"], b["aggregate"][m]["mean"])]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    for i, (doc, name) in enumerate(zip((a, b), names)):
-        vals = [doc["aggregate"][m]["mean"] for m in ms]
-        errs = [doc["aggregate"][m]["ci95"] or 0 for m in ms]
-        ax.bar([j + 0.4 * i for j in range(len(ms))], vals, 0.4, yerr=errs, label=name)
-    ax.set_xticks([j + 0.2 for j in range(len(ms))], [m.replace("_per_card", "/card").replace("_", " ") for m in ms], fontsize=7)
-    ax.set_ylabel("tokens/s per card")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def chart_png(c: Comparison, names: tuple[str, str] = ("A", "B")) -> bytes:
+    """Each observed metric as B/A with an interval from both sides' 95% CIs (none for single runs),
+    a line at 1.0, throughputs and latencies on axes of their own."""
+    bars = []
+    for r in c.rows:
+        if r["ratio"] == NOT_OBSERVED:
+            continue
+        ra, rb = r[names[0]], r[names[1]]
+        ca, cb = r.get("ci95_" + names[0]), r.get("ci95_" + names[1])
+        lo = hi = None
+        if isinstance(ca, float) and isinstance(cb, float) and ra - ca > 0:
+            lo, hi = (rb - cb) / (ra + ca), (rb + cb) / (ra - ca)
+        bars.append(RatioBar(f"{names[1]}/{names[0]}", r["metric"], r["ratio"], lo, hi))
+    return ratio_chart(bars, f"{names[1]} / {names[0]}")

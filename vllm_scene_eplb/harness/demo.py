@@ -5,9 +5,16 @@
 1. generate a tiny Qwen3-MoE (16 experts, 4 MoE layers, large experts) with a skewed router;
 2. start it with the plugin (TP=2 x EP=2, or ``--geometry dp2``: the field geometry in miniature,
    DP=2 x TP=1 x EP=2), P role, warm up, record the target load, dump;
-3. fit a layout (2 redundant slots, static dispatch) and write the report with heat maps;
+3. fit a layout (2 redundant slots, static dispatch) and write the report with heat maps; ask
+   ``advise`` (the recording server times its experts) what throughput ratio the layout will give;
 4. measure the target load on the linear layout (recorder off), restart with the fitted layout, same load;
-5. compare, and write ``report/summary.json`` with ``prefill_throughput_ratio`` (fitted / linear).
+5. compare, and write ``report/summary.json`` with ``prefill_throughput_ratio`` (fitted / linear) beside
+   the ratio ``advise`` predicted (``predicted_vs_measured``).
+
+With ``--factorial --repeats R``, steps 4-5 become the factorial A/B (``factorial``): the linear layout
+with the same redundant slots (baseline) and the fitted one (candidate), each under static and
+dynamic dispatch, R interleaved rounds with a restart per run; ``report/summary.json`` then holds
+``arms`` and ``effects`` (``layout`` / ``dispatch`` / ``interaction``: ``ratio``, ``ci``, ``verdict``).
 """
 
 from __future__ import annotations
@@ -18,14 +25,19 @@ import sys
 import time
 from pathlib import Path
 
+from ..advise import advise
 from ..client.record import call
-from ..fileio import atomic_write_bytes
+from ..fileio import atomic_write_bytes, atomic_write_files
 from ..fit import FitOptions, fit
 from ..formats import read_counts, write_layout
-from ..layout import Geometry
+from ..errors import SceneEplbError
+from ..layout import Geometry, Layout, linear_map
 from ..report import write_report
 from .bench import bench
 from .compare import chart_png, compare, markdown
+from .factorial import ARMS, analyse
+from .factorial import chart_png as factorial_png
+from .factorial import markdown as markdown_effects
 from .local_server import GEOMETRIES, engine_args, start_server
 from .results import NOT_OBSERVED, Scene
 from .tiny_model import TinyMoeSpec, make_tiny_moe
@@ -33,6 +45,8 @@ from .tiny_model import TinyMoeSpec, make_tiny_moe
 DEMO_SPEC = dict(num_experts=16, num_layers=4, hidden_size=256, moe_intermediate_size=1024)
 # Later flags win: 4096-token chunks and 2048-token contexts for the 512-token scene.
 DEMO_ARGS = ("--max-num-batched-tokens", "4096", "--max-model-len", "2048", "--enable-expert-parallel")
+# Both sides time their experts (live.time): the linear server's window feeds advise, and the A/B stays like for like.
+TIMED = {"time_moe": True, "live_window_s": 5}
 GEOMETRY_NAMES = {"tp2": "TP=2 x EP=2 (DP=1)", "dp2": "DP=2 x TP=1 x EP=2 (the field geometry in miniature)"}
 
 
@@ -59,8 +73,33 @@ def _measure(srv, model: Path, scene: Scene, out: Path, name: str, repeats: int)
     return doc
 
 
+def _factorial(model: Path, out: Path, geometry: str, layouts: dict[str, Path], target: Scene, small: Scene,
+               repeats: int) -> dict:
+    """The four arms (baseline and candidate layout x static and dynamic dispatch), ``repeats`` rounds
+    of A B C D with a restart per run, then their effects (``factorial.analyse``)."""
+    results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    order = []
+    for rep in range(repeats):
+        for arm in ARMS:
+            layout, dispatch = arm.split("-")
+            name = f"{arm}-{rep + 1}"
+            srv = _server(model, out, name, {"role": "prefill", "dump_dir": str(out / "dumps"), "layout": str(layouts[layout]),
+                                             "dispatch": dispatch, **TIMED}, geometry)
+            try:
+                bench(srv.url, str(model), small, out / f"warmup-{name}.json", progress=say)
+                results[arm].append(_measure(srv, model, target, out, name, 1))
+            finally:
+                srv.stop()
+            order.append(name)
+    try:
+        summary = analyse(results, "prefill_throughput_per_card_steady")
+    except SceneEplbError:  # a steady window was not observed in every run: the whole-run throughput
+        summary = analyse(results, "prefill_throughput_per_card")
+    return {**summary, "order": order, "layouts": {k: str(v) for k, v in layouts.items()}}
+
+
 def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: int, redundant: int, repeats: int = 1,
-        geometry: str = "tp2") -> dict:
+        geometry: str = "tp2", factorial: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     say(f"geometry {GEOMETRY_NAMES[geometry]}")
     (out / "logs").mkdir(exist_ok=True)
@@ -71,15 +110,17 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     record_load = Scene("record", 8 * concurrency, concurrency, float("inf"), input_len, 4, cards=2, seed=2)
     dumps = out / "dumps"
 
-    srv = _server(model, out, "linear", {"role": "prefill", "dump_dir": str(dumps)}, geometry)
+    srv = _server(model, out, "linear", {"role": "prefill", "dump_dir": str(dumps), **TIMED}, geometry)
     try:
         bench(srv.url, str(model), small, out / "warmup.json", progress=say)
         call(srv.url, "start")
         bench(srv.url, str(model), record_load, out / "record-load.json", progress=say)
         call(srv.url, "stop")
+        status = call(srv.url, "status")  # the timing window of the recorded load: what advise needs
+        atomic_write_bytes(out / "timing.json", json.dumps(status, indent=1).encode())
         dump = call(srv.url, "dump")
         say(f"dumped {dump['path']} {dump['shape']}")
-        a = _measure(srv, model, target, out, "linear", repeats)
+        a = None if factorial else _measure(srv, model, target, out, "linear", repeats)
     finally:
         srv.stop()
 
@@ -90,32 +131,56 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     (ev,), _, _ = write_report(fitted, [("demo", counts)], report)
     scores = ev.summary()
     say(f"fitted {layout}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}")
+    advice = advise(counts, fitted, "static", (status.get("live") or {}).get("time"))
+    say(f"advise: {advice['verdict']}, predicted throughput ratio {advice['predicted_throughput_ratio']}")
+    if factorial:
+        g = fitted.geometry
+        baseline = write_layout(Layout(linear_map(g, fitted.num_layers), g, fitted.moe_layers), out / "baseline.json")
+        summary = _factorial(model, out, geometry, {"baseline": baseline, "candidate": layout}, target, small, repeats)
+        summary.update(skew=skew, geometry=GEOMETRY_NAMES[geometry], counts=dump["path"], advice=advice)
+        text = markdown_effects(summary)
+        atomic_write_files(report, {"factorial.md": text.encode(), "factorial.png": factorial_png(summary),
+                                    "summary.json": json.dumps(summary, indent=1, default=str).encode()})
+        print(text)
+        eff = summary["effects"]
+        print(f"factorial A/B on {GEOMETRY_NAMES[geometry]} ({summary['metric']}, {repeats} interleaved rounds): "
+              + ", ".join(f"{k} {v['ratio']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] {v['verdict']}" for k, v in eff.items())
+              + f"; report in {report}")
+        return summary
 
-    srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static"},
-                  geometry)
+    srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static",
+                                         **TIMED}, geometry)
     try:
         bench(srv.url, str(model), small, out / "warmup-fitted.json", progress=say)
         b = _measure(srv, model, target, out, "fitted", repeats)
+        fitted_live = call(srv.url, "status").get("live")
     finally:
         srv.stop()
 
     names = ("linear", "fitted")
     c = compare(a, b, names)
     text = markdown(c, names)
-    atomic_write_bytes(report / "compare.md", text.encode())
-    chart_png(c, a, b, report / "compare.png", names)
+    atomic_write_files(report, {"compare.md": text.encode(), "compare.png": chart_png(c, names)})
     row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card_steady")
     if row["ratio"] == NOT_OBSERVED:
         row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
     summary = {"prefill_throughput_ratio": row["ratio"], "prefill_metric": row["metric"], "verdict": row["verdict"], "skew": skew,
                "geometry": GEOMETRY_NAMES[geometry], "parallel": a["manifest"]["parallel"],
                "layout_hash": fitted.digest(), "counts": dump["path"], "comparison": c.to_dict(),
+               "advice": advice, "predicted_vs_measured": {"predicted": advice["predicted_throughput_ratio"],
+                                                           "measured": row["ratio"], "metric": row["metric"]},
+               "live": {"linear": status.get("live"), "fitted": fitted_live},
                "manifests": {"linear": a["manifest"], "fitted": b["manifest"]}}
     atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())
     print(text)
     print(f"prefill throughput fitted / linear on {GEOMETRY_NAMES[geometry]}: "
-          f"{row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')} ({row['metric']}); report in {report}")
+          f"{row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')} ({row['metric']}); "
+          f"advise predicted {_ratio_text(advice['predicted_throughput_ratio'])} ({advice['verdict']}); report in {report}")
     return summary
+
+
+def _ratio_text(ratio) -> str:
+    return "n/a" if ratio is None else f"{ratio:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,11 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--redundant", type=int, default=2, help="redundant slots of the fitted layout")
-    ap.add_argument("--repeats", type=int, default=1, help="measured runs per side (>= 2 gives confidence intervals)")
+    ap.add_argument("--repeats", type=int, default=1, help="measured runs per side (>= 2 gives confidence intervals); with "
+                                                           "--factorial, the interleaved rounds of all four arms (>= 2)")
+    ap.add_argument("--factorial", action="store_true",
+                    help="instead of linear vs fitted: the factorial A/B, layouts {baseline (linear, same redundant slots), "
+                         "fitted} x dispatch {static, dynamic}, arms interleaved with a restart per run; reports the layout "
+                         "effect, the dispatch effect and their interaction with bootstrap intervals (report/factorial.md)")
     ap.add_argument("--geometry", choices=[g for g in GEOMETRIES if g in GEOMETRY_NAMES], default="tp2",
                     help="tp2: TP=2 x EP=2 (default); dp2: DP=2 x TP=1 x EP=2, the field P node's DP x EP in miniature")
     a = ap.parse_args(argv)
-    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats, a.geometry)
+    if a.factorial and a.repeats < 2:
+        ap.error("--factorial needs --repeats 2 or more (an interval needs two runs per arm)")
+    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats, a.geometry, a.factorial)
     return 0
 
 

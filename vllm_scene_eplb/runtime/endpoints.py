@@ -259,6 +259,6 @@ def live_sample(answers: list[dict]) -> LiveSample:
     ranked = sorted(answers, key=lambda a: a["ep_rank"])
     times = ()
     if all(a.get("moe_seconds") is not None for a in ranked):
-        times = tuple(RankTime(np.asarray(a["moe_seconds"], dtype=np.float64), a["moe_passes"], a["step_seconds"],
+        times = tuple(RankTime(np.asarray(a["moe_seconds"], dtype=np.float64), a["moe_passes"], a["steps"], a["step_seconds"],
                                a["step_moe_seconds"]) for a in ranked)
     return LiveSample(logical, sum(a["passes"] for a in counting), physical, sources, times)

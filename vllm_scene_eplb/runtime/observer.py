@@ -52,14 +52,15 @@ class LiveCounts:
     """A rank's cumulative live counts, read between steps: logical [L, E], physical [L, P] (None
     where the adapter does not see physical ids) and passes. With ``time_moe``: the seconds of each
     layer's local expert computation [L] over the ``moe_passes`` passes that ran it (dummy passes
-    too: an idle DP engine's experts still compute its peers' tokens), and over the real steps,
-    their wall time and the MoE seconds within it."""
+    too: an idle DP engine's experts still compute its peers' tokens), and over the ``steps`` real
+    steps, their wall time and the MoE seconds within it."""
 
     logical: torch.Tensor
     physical: torch.Tensor | None
     passes: int
     moe_seconds: list[float] | None
     moe_passes: int
+    steps: int
     step_seconds: float
     step_moe_seconds: float
 
@@ -90,7 +91,7 @@ class RoutingObserver:
         self.passes_recorded = 0
         self.has_record = False
         self.moe_seconds = [0.0] * L  # cumulative, host
-        self.moe_passes = 0
+        self.moe_passes, self.steps = 0, 0
         self.step_seconds, self.step_moe_seconds = 0.0, 0.0
         self._pass_seconds = [0.0] * L
         self._step_started: float | None = None
@@ -137,6 +138,7 @@ class RoutingObserver:
             if self._step_started is not None and any(self._pass_seconds):
                 self.step_seconds += time.perf_counter() - self._step_started
                 self.step_moe_seconds += sum(self._pass_seconds)
+                self.steps += 1
         if any(self._pass_seconds):
             self.moe_seconds = [a + b for a, b in zip(self.moe_seconds, self._pass_seconds)]
             self.moe_passes += 1
@@ -148,8 +150,8 @@ class RoutingObserver:
     def live_counts(self) -> LiveCounts:
         """The cumulative counts (and times) of every real pass so far, on CPU (between steps only)."""
         return LiveCounts(self.live.to("cpu"), self.live_physical.to("cpu") if self.num_physical else None, self.live_passes,
-                          list(self.moe_seconds) if self.time_moe else None, self.moe_passes, self.step_seconds,
-                          self.step_moe_seconds)
+                          list(self.moe_seconds) if self.time_moe else None, self.moe_passes, self.steps,
+                          self.step_seconds, self.step_moe_seconds)
 
     def _recorder_off(self) -> None:
         if not self.records:

@@ -147,7 +147,7 @@ class RecorderRuntime:
             raise SceneEplbError("the model is not bound yet: no live counts")
         return {"counts": live.logical.tolist(), "physical": None if live.physical is None else live.physical.tolist(),
                 "passes": live.passes, "moe_seconds": live.moe_seconds, "moe_passes": live.moe_passes,
-                "step_seconds": live.step_seconds, "step_moe_seconds": live.step_moe_seconds,
+                "steps": live.steps, "step_seconds": live.step_seconds, "step_moe_seconds": live.step_moe_seconds,
                 "contributes": self.contributes, "ep_rank": self.ep_rank, "source": self.source_ranks(),
                 "moe_layers": self.moe_layer_ids}
 
