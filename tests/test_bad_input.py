@@ -236,12 +236,12 @@ def test_a_full_disk_or_read_only_place_is_one_line_and_the_old_file_survives(fi
     big = write_counts(Counts(np.random.default_rng(0).integers(0, 10**6, (512, L, E)), {}), files["dir"] / "big.npz")  # ~100 KB as JSON
     out = small_disk / "counts.json"
     out.write_bytes(SENTINEL)
-    (small_disk / "filler").write_bytes(os.urandom(16 * 1024))
+    (small_disk / "filler").write_bytes(bytes(16 * 1024))
     code, _, err = run("convert", big, "--to", "sglang", "-o", out, "-q")
     assert_one_line_error(code, err, "No space left on device", "full disk")
     assert out.read_bytes() == SENTINEL
     assert sorted(p.name for p in small_disk.iterdir()) == ["counts.json", "filler"]  # no temporary file left
-    (small_disk / "filler2").write_bytes(os.urandom(40 * 1024))  # room for some of a report's files, not all
+    (small_disk / "filler2").write_bytes(bytes(40 * 1024))  # room for some of a report's files, not all
     code, _, err = run("report", files["layout"], files["counts"], "-o", small_disk / "report", "-q")
     assert_one_line_error(code, err, "No space left on device", "report on a full disk")
     assert not list((small_disk / "report").iterdir())  # all or nothing

@@ -77,3 +77,14 @@ def test_verify_dry_run_checks_in_order_and_restarts_for_the_baseline():
     assert positions == sorted(positions)
     assert "--output-len 1" in out and "dry run, nothing checked" in out
     assert "--additional-config \\{\\}" in _dry("p_server.sh", "plain")
+
+
+def test_env_sources_cann_and_atb_where_they_exist_and_says_which(tmp_path):
+    toolkit = tmp_path / "ascend-toolkit"
+    toolkit.mkdir()
+    (toolkit / "set_env.sh").write_text("export SCENE_EPLB_TEST_CANN=sourced\n")
+    res = subprocess.run(["bash", "-c", f'source "{DEPLOY / "env.sh"}" && echo "$SCENE_EPLB_TEST_CANN"'], capture_output=True,
+                         text=True, env={**os.environ, "ASCEND_HOME": str(tmp_path)}, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "sourced", res.stderr
+    assert f"env.sh: sourced {toolkit / 'set_env.sh'}" in res.stderr
+    assert f"env.sh: not found: {tmp_path / 'nnal' / 'atb' / 'set_env.sh'}" in res.stderr

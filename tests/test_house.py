@@ -12,6 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "vllm_scene_eplb"
 PURE = ("cli", "commands", "fit", "formats", "report", "config", "protocol", "evaluation", "client.audit", "client.record",
+        "advise", "measured", "arrays", "fitness", "harness.factorial", "harness.charts",
         "harness.results", "harness.compare", "runtime.layout_check")
 
 

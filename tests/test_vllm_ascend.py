@@ -105,10 +105,14 @@ def test_their_fixed_formula_routes_off_rank_where_ours_stays_local(theirs, fiel
     assert our_off == 0 and their_off > 0
 
 
-def test_other_engine_versions_are_refused():
-    check_versions("0.23.0.post1", "0.23.0")
-    with pytest.raises(SceneEplbError, match="written for vllm-ascend 0.23.0.post1"):
-        check_versions("0.18.0", "0.18.0")
+def test_other_engine_versions_are_refused_and_builds_of_the_release_are_not():
+    for ok in ("0.23.0.post1", "0.23.0.post1+gabc123", "0.23.0.post1.dev4+g1234abc"):
+        check_versions(ok, "0.23.0")
+    check_versions("0.23.0.post1", "0.23.0+empty")
+    for ascend, vllm in (("0.18.0", "0.18.0"), ("0.24.0", "0.23.0"), ("0.23.0", "0.23.0"), ("0.23.0.post2", "0.23.0"),
+                         ("0.23.0.post1", "0.24.0"), ("garbage", "0.23.0")):
+        with pytest.raises(SceneEplbError, match="written for vllm-ascend 0.23.0.post1"):
+            check_versions(ascend, vllm)
 
 
 def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, exported, field_layout):

@@ -25,7 +25,7 @@ from .ascend_env import run
 pytestmark = pytest.mark.engine
 
 RECORD = r"""
-import itertools, json
+import itertools, json, zlib
 from functools import partial
 from types import SimpleNamespace
 import torch
@@ -67,7 +67,7 @@ def method(kind):
 
 results = []
 for comm, (dp, tp), kind in itertools.product(["MC2", "ALLTOALL", "ALLGATHER"], [(1, 1), (1, 2), (2, 1), (2, 2)], ["unquantized", "w8a8_dynamic"]):
-    g = torch.Generator().manual_seed(hash((comm, dp, tp, kind)) % 2**31)
+    g = torch.Generator().manual_seed(zlib.crc32(repr((comm, dp, tp, kind)).encode()))  # the same every process (hash() is salted)
     real, padded = [REAL[d][tp - 1] for d in range(dp)], [PADDED[d][tp - 1] for d in range(dp)]
     batches = [(torch.randn(n, H, generator=g), torch.randn(n, E, generator=g)) for n in padded]
     want = torch.zeros(E, dtype=torch.int64)       # the real tokens' ids, from the real select_experts
@@ -338,9 +338,12 @@ entry.register()
 from vllm.config import ModelConfig, ParallelConfig, VllmConfig
 from vllm_scene_eplb.adapters.vllm_ascend.rows import unsupported_settings
 out = {{}}
-for name, extra in [("plain", {{}}), ("gate", {{"multistream_overlap_gate": True}}), ("flashcomm1", {{"enable_flashcomm1": True}})]:
+CASES = [("plain", {{}}, {{}}), ("gate", {{"multistream_overlap_gate": True}}, {{}}), ("flashcomm1", {{"enable_flashcomm1": True}}, {{}}),
+         ("flashcomm2", {{"enable_flashcomm2_parallel_size": 1}}, {{}}), ("xlite", {{"xlite_graph_config": {{"enabled": True}}}}, {{}}),
+         ("sp_by_pass", {{}}, {{"compilation_config": {{"pass_config": {{"enable_sp": True}}}}}})]
+for name, extra, kwargs in CASES:
     vc = VllmConfig(model_config=ModelConfig(model={model!r}), additional_config={{**extra, "refresh": True}},
-                    parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True))
+                    parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True), **kwargs)
     out[name] = unsupported_settings(vc)          # what AscendRuntime.bind reads once vLLM-Ascend set up its config
 print(json.dumps(out))
 """
@@ -355,3 +358,6 @@ def test_settings_that_reshape_the_routed_rows_are_found_in_vllm_ascends_own_con
     assert out["plain"] == []
     assert out["gate"] == ["multistream_overlap_gate (routing runs before prepare)"]
     assert out["flashcomm1"] == ["sequence parallelism / flashcomm1 (its EP all-gather drops padding rows)"]
+    assert any(f.startswith("flashcomm2") for f in out["flashcomm2"]), out
+    assert any(f.startswith("xlite_graph_config.enabled") for f in out["xlite"]), out
+    assert any(f.startswith("enable_sp_by_pass") for f in out["sp_by_pass"]), out

@@ -3,8 +3,19 @@
 # Source it: `source deploy/ascend-910c/env.sh`. Every value can be overridden before sourcing.
 # Nothing here has run on Ascend hardware from this repository (see README.md in this folder).
 
-# CANN toolkit and ATB (set_env.sh paths of a default CANN install).
+# CANN toolkit and ATB (set_env.sh paths of a default CANN install): sourced where they exist, and
+# said on stderr either way (a missing one is why a server then fails to find its NPU libraries).
 export ASCEND_HOME=${ASCEND_HOME:-/usr/local/Ascend}
+for _scene_eplb_env in "$ASCEND_HOME/ascend-toolkit/set_env.sh" "$ASCEND_HOME/nnal/atb/set_env.sh"; do
+  if [ -f "$_scene_eplb_env" ]; then
+    # shellcheck source=/dev/null
+    source "$_scene_eplb_env"
+    echo "env.sh: sourced $_scene_eplb_env" >&2
+  else
+    echo "env.sh: not found: $_scene_eplb_env (CANN or ATB is not installed there; set ASCEND_HOME)" >&2
+  fi
+done
+unset _scene_eplb_env
 # HCCL buffer per communicator, in MB. MoE dispatch/combine (MC2) operators partition this buffer;
 # 200 is vLLM-Ascend's default for its groups. Larger costs 2x per communicator per NPU.
 export HCCL_BUFFSIZE=${HCCL_BUFFSIZE:-200}

@@ -115,6 +115,9 @@ class WorkerRuntime(RecorderRuntime):
             r.router.set_capture_fn(functools.partial(self.observer.capture, idx, padding_rows=padding))
             r.router._scene_eplb_physical = functools.partial(self.observer.capture_physical, idx, padding_rows=padding)
             if self.config.time_moe:
+                if str(device) != "cpu":
+                    raise SceneEplbError("scene_eplb.time_moe times the CPU expert path only; on CUDA it is not built yet "
+                                         "(device events in eager passes): remove it from --additional-config")
                 experts = fused_experts_of(r)
                 if experts is None:
                     raise SceneEplbError(f"layer {r.layer_id}: time_moe found no fused experts to time in this build")

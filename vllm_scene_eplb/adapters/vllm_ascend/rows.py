@@ -105,4 +105,10 @@ def unsupported_settings(vllm_config) -> list[str]:
         found.append("multistream_overlap_gate (routing runs before prepare)")
     if getattr(ascend, "enable_shared_expert_dp", False):
         found.append("enable_shared_expert_dp")
+    if getattr(ascend, "enable_sp_by_pass", False):
+        found.append("enable_sp_by_pass (sequence parallelism by graph pass: the rows are split before the MoE layer)")
+    if (getattr(ascend, "enable_flashcomm2_parallel_size", 0) or 0) > 0:
+        found.append("flashcomm2 (enable_flashcomm2_parallel_size > 0 reshapes the rows around attention output)")
+    if getattr(getattr(ascend, "xlite_graph_config", None), "enabled", False):
+        found.append("xlite_graph_config.enabled (xlite routes MoE in C++ and bypasses select_experts: nothing would be counted)")
     return found

@@ -134,6 +134,9 @@ def configure(vllm_config, engine: str) -> NullRecorderRuntime | AscendRuntime:
 
     from .startup import layout_of
 
+    if cfg.time_moe:
+        raise SceneEplbError("scene_eplb.time_moe is not built for vLLM-Ascend yet (NPU expert timing with device events "
+                             "in eager passes); remove it from --additional-config")
     pc = vllm_config.parallel_config
     role = cfg.resolve_role(kv_role_of(vllm_config))
     model = from_hf_config(vllm_config.model_config.hf_config.to_dict(), vllm_config.model_config.model)
