@@ -35,21 +35,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
     SceneEplbError naming ``path`` and the reason.
     """
     path = Path(path)
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        tmp = _temp_file(path.parent, path.name, write)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            _discard(tmp)
+            raise
     except OSError as exc:
-        _discard(tmp)
         raise SceneEplbError(f"cannot write: {exc.strerror or exc}", path) from None
-    except BaseException:
-        _discard(tmp)
-        raise
     return path
 
 
@@ -62,11 +57,7 @@ def atomic_write_files(folder: str | os.PathLike, files: dict[str, bytes]) -> di
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
-            fd, temps[name] = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            temps[name] = _temp_file(folder, name, lambda fh, data=data: fh.write(data))
         for name, tmp in temps.items():
             os.replace(tmp, folder / name)
     except OSError as exc:
@@ -76,12 +67,35 @@ def atomic_write_files(folder: str | os.PathLike, files: dict[str, bytes]) -> di
     return {name: folder / name for name in files}
 
 
-def _discard(tmp: str | None) -> None:
-    if tmp is not None:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+def _temp_file(folder: Path, name: str, write: Callable[[IO[bytes]], None]) -> str:
+    """A temporary sibling of ``folder / name`` written through ``write(fh)`` and fsynced; on any
+    failure it is removed and the error raised."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        _discard(tmp)
+        raise
+    return tmp
+
+
+def _discard(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+def load_json(path: str | os.PathLike, what: str) -> Any:
+    """A JSON file's document, or one SceneEplbError naming ``what`` and the file (unreadable, not
+    UTF-8, not JSON, integers too long to parse, nesting past the parser)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise SceneEplbError(f"cannot read {what}: {exc}", path) from None
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

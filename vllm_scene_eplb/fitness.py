@@ -94,18 +94,20 @@ class LiveSample:
     sources: tuple[SourceTraffic, ...] = ()
     times: tuple[RankTime, ...] = ()
 
-
-def _window_sources(now: tuple[SourceTraffic, ...], last: tuple[SourceTraffic, ...]) -> list[SourceTraffic]:
-    if len(last) != len(now):
-        return list(now)
-    return [SourceTraffic(a.base, a.span, np.asarray(a.counts) - np.asarray(b.counts)) for a, b in zip(now, last)]
-
-
-def _window_times(now: tuple[RankTime, ...], last: tuple[RankTime, ...]) -> list[RankTime]:
-    if len(last) != len(now):
-        return list(now)
-    return [RankTime(np.asarray(a.moe_seconds) - np.asarray(b.moe_seconds), a.moe_passes - b.moe_passes, a.steps - b.steps,
-                     a.step_seconds - b.step_seconds, a.step_moe_seconds - b.step_moe_seconds) for a, b in zip(now, last)]
+    def since(self, last: "LiveSample | None") -> "LiveSample":
+        """The window from ``last`` to this sample: every field's difference (this sample itself
+        without a ``last``; physical counts only when both have them; sources and times only when
+        both list the same ranks)."""
+        if last is None:
+            return self
+        physical = None if self.physical is None or last.physical is None else np.asarray(self.physical) - np.asarray(last.physical)
+        sources = tuple(SourceTraffic(a.base, a.span, np.asarray(a.counts) - np.asarray(b.counts))
+                        for a, b in zip(self.sources, last.sources)) if len(last.sources) == len(self.sources) else self.sources
+        times = tuple(RankTime(np.asarray(a.moe_seconds) - np.asarray(b.moe_seconds), a.moe_passes - b.moe_passes,
+                               a.steps - b.steps, a.step_seconds - b.step_seconds, a.step_moe_seconds - b.step_moe_seconds)
+                      for a, b in zip(self.times, last.times)) if len(last.times) == len(self.times) else self.times
+        return LiveSample(np.asarray(self.logical, dtype=np.int64) - np.asarray(last.logical), self.passes - last.passes,
+                          physical, sources, times)
 
 
 @dataclass
@@ -155,35 +157,32 @@ class LiveFitness:
 
     def observe(self, sample: LiveSample, now: float) -> str | None:
         """One window ending at ``now``; returns the alarm's log line when its state changes."""
-        last = self._last
-        delta = np.asarray(sample.logical, dtype=np.int64) - (np.asarray(last.logical) if last is not None else 0)
-        new_passes = sample.passes - (last.passes if last is not None else 0)
+        window = sample.since(self._last)
         self.window_seconds = 0.0 if self._last_time is None else now - self._last_time
         self._last, self._last_time = sample, now
-        if delta.sum() <= 0:
+        if window.logical.sum() <= 0:
             return None  # no traffic in this window: nothing to judge
         self.windows += 1
-        self.passes = int(new_passes)
-        self.per_layer = layer_balancedness(self.layout, delta, self.geometry, self.dispatch)
-        self._measure(sample, last)
+        self.passes = int(window.passes)
+        self.per_layer = layer_balancedness(self.layout, window.logical, self.geometry, self.dispatch)
+        self._measure(window)
         return self.alarm.update(float(np.median(self.per_layer)))
 
-    def _measure(self, sample: LiveSample, last: LiveSample | None) -> None:
+    def _measure(self, window: LiveSample) -> None:
         """Measured balancedness, fidelity and time of this window, where the ranks reported them."""
         self.measured = self.fidelity = self.time = None
         loads = None
-        if sample.physical is not None and (last is None or last.physical is not None):
-            physical = np.asarray(sample.physical, dtype=np.int64) - (np.asarray(last.physical) if last is not None else 0)
+        if window.physical is not None:
+            physical = np.asarray(window.physical, dtype=np.int64)
             p2l, static_sources = self._rows(len(physical))
             if physical.shape == p2l.shape:
                 loads = rank_loads(physical, self.geometry.ep_size)
                 self.measured = balance(loads)
-                sources = _window_sources(sample.sources, last.sources if last is not None else ())
-                if sources:
-                    modelled = modelled_slot_counts(p2l, self.geometry, self.dispatch, sources, static_sources)
+                if window.sources:
+                    modelled = modelled_slot_counts(p2l, self.geometry, self.dispatch, list(window.sources), static_sources)
                     self.fidelity = fidelity(physical, modelled, p2l, self.geometry.num_experts)
-        if sample.times:
-            self.time = time_view(_window_times(sample.times, last.times if last is not None else ()), loads)
+        if window.times:
+            self.time = time_view(list(window.times), loads)
 
     def to_dict(self) -> dict:
         """The status route's ``live`` object."""

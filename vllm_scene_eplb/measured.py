@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dispatch import dynamic_tables, static_table
+from .dispatch import static_table
 from .errors import SceneEplbError
-from .layout import Geometry
+from .layout import Geometry, replica_counts
 from .score import balance
 
 
@@ -78,8 +78,7 @@ def modelled_slot_counts(p2l: np.ndarray, geometry: Geometry, dispatch: str, sou
                 np.add.at(out, (layers, table[:, s, :].ravel()), share.ravel())
         return out
     total = sum(np.asarray(src.counts, dtype=np.float64) for src in sources)
-    l2p, replicas = dynamic_tables(p2l, geometry.num_experts)
-    per_replica = total / np.maximum(replicas, 1)
+    per_replica = total / np.maximum(replica_counts(p2l, geometry.num_experts), 1)
     return np.take_along_axis(per_replica, p2l, axis=1)
 
 

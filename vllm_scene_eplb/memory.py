@@ -17,12 +17,12 @@ slot count, and activation workspace. Pure numpy-free arithmetic, no engine.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
 
 from .errors import SceneEplbError
+from .fileio import load_json
 from .layout import Geometry
 from .model_geometry import ConfigFields, from_hf_config, read_hf_config, text_config
 
@@ -124,10 +124,7 @@ def read_model_memory(model_dir: str | os.PathLike, kv_cache_dtype: str = "auto"
     modelslim = None
     slim = path.parent / MODELSLIM_FILE
     if slim.is_file():
-        try:
-            modelslim = json.loads(slim.read_text())
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise SceneEplbError(f"cannot read {MODELSLIM_FILE}: {exc}", slim) from None
+        modelslim = load_json(slim, MODELSLIM_FILE)
         if not isinstance(modelslim, dict):
             raise SceneEplbError(f"{MODELSLIM_FILE} is not a JSON object", slim)
     try:

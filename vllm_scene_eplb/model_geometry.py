@@ -3,12 +3,12 @@ how they are routed (top-k, routing groups)."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SceneEplbError
+from .fileio import load_json
 
 
 @dataclass(frozen=True)
@@ -120,10 +120,7 @@ def read_hf_config(path: str | os.PathLike) -> tuple[dict, Path]:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise SceneEplbError(f"cannot read model config: {exc}", path) from None
+    cfg = load_json(path, "model config")
     if not isinstance(cfg, dict):
         raise SceneEplbError("model config is not a JSON object", path)
     return cfg, path

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from ..advise import advise
 from ..client.record import call
 from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
+from ..fileio import load_json
 from ..formats import read_counts, read_layout
 from ..protocol import LIVE_KEY
 from .common import Console, geometry_args, hint, memory_cost, model_args, server_args
@@ -40,10 +38,7 @@ def _timing(args) -> dict | None:
     if args.url:
         doc = call(args.url, "status", args.api_key, timeout=30)
     elif args.timing:
-        try:
-            doc = json.loads(Path(args.timing).read_text())
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise SceneEplbError(f"cannot read timing: {exc!r}", args.timing) from None
+        doc = load_json(args.timing, "timing")
     else:
         return None
     if not isinstance(doc, dict):

@@ -1,7 +1,7 @@
 """What every option and output path must be, checked before a command reads or computes anything.
 
 Argument types (``integer``, ``number``) give argparse a range and finiteness check, so a bad option
-fails at parse time with one line. ``check_outputs`` refuses an output path that cannot be written
+fails at parse time with one line. ``check_output_file`` and ``check_output_dir`` refuse an output path that cannot be written
 (a directory, a missing parent, a read-only place, an input file) before any work starts; the write
 itself is atomic, so an existing output survives every later failure byte for byte.
 """

@@ -48,8 +48,8 @@ def _check_headers(path: Path) -> None:
     anything is allocated (a header can claim terabytes in a file of a few bytes)."""
     try:
         with zipfile.ZipFile(path) as zf:
-            arrays = {name: _member_header(zf, f"{name}.npy") for name in ("logical_count", PHYSICAL_KEY)
-                      if f"{name}.npy" in zf.namelist() or name == "logical_count"}
+            names = ["logical_count"] + ([PHYSICAL_KEY] if f"{PHYSICAL_KEY}.npy" in zf.namelist() else [])
+            arrays = {name: _member_header(zf, f"{name}.npy") for name in names}
             meta_shape, meta_dtype = _member_header(zf, "meta.npy")
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
         raise SceneEplbError(f"not a readable scene-eplb counts archive (truncated or corrupt?): {exc}", path) from None

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from ..advise import advise
 from ..client.record import call
+from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes, atomic_write_files
 from ..fit import FitOptions, fit
 from ..formats import read_counts, write_layout
-from ..errors import SceneEplbError
 from ..layout import Geometry, Layout, linear_map
 from ..report import write_report
 from .bench import bench

@@ -10,7 +10,6 @@ NOT_OBSERVED, never estimated. Repeats give a mean and a 95% confidence interval
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SceneEplbError
-from ..fileio import doc_checksum
+from ..fileio import doc_checksum, load_json
 from ..protocol import RANKS_KEY
 
 NOT_OBSERVED = "NOT_OBSERVED"
@@ -147,10 +146,7 @@ def aggregate(runs: list[dict]) -> dict:
 def read_result(path: str | Path) -> dict:
     """A bench result file, its checksum verified."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise SceneEplbError(f"cannot read bench result: {exc!r}", path) from None
+    doc = load_json(path, "bench result")
     if not isinstance(doc, dict) or doc.get("format") != RESULT_FORMAT:
         raise SceneEplbError(f"not a scene-eplb bench result (format {doc.get('format') if isinstance(doc, dict) else None!r})", path)
     if doc.get("checksum") != doc_checksum(doc):

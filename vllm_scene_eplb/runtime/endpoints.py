@@ -244,7 +244,6 @@ class SceneEplbEndpoints:
         return handle
 
 
-
 def live_sample(answers: list[dict]) -> LiveSample:
     """One cumulative sample from every rank's live answer: counts of the ranks that count each token
     once (logical, physical where every such rank has them, each one's sources), every rank's timing."""

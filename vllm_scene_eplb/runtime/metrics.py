@@ -1,8 +1,9 @@
 """Live fitness on the server's own ``/metrics``: Prometheus gauges in the API server process.
 
 Low cardinality: two stats (median, worst MoE layer) of live, expected, measured (replica traffic)
-and time balancedness, the dispatch's fidelity error, the MoE share of step time and one drift flag; per-layer series only when ``scene_eplb.live_per_layer_metrics`` asks for them (never
-per expert). ``multiprocess_mode="mostrecent"`` keeps them right under vLLM's multi-process
+and time balancedness, the dispatch's fidelity error, the MoE share of step time and one drift
+flag; per-layer series only when ``scene_eplb.live_per_layer_metrics`` asks for them (never per
+expert). ``multiprocess_mode="mostrecent"`` keeps them right under vLLM's multi-process
 metrics (``--api-server-count`` > 1 sets PROMETHEUS_MULTIPROC_DIR): every API server process
 polls the same workers and the newest value wins. Created on first use, after vLLM has set up
 its metrics, so they land in the registry its ``/metrics`` serves.
@@ -32,17 +33,18 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()):
 def publish(live: dict, per_layer: bool) -> None:
     """Set the gauges from the status route's ``live`` object (NaN where there is no value yet)."""
     nan = float("nan")
-    g = _gauge(LIVE, "Max/mean EP rank load of the last live window under the loaded layout and dispatch", ("stat",))
-    e = _gauge(EXPECTED, "Max/mean EP rank load the loaded layout was fitted to expect on its own scene", ("stat",))
-    for stat in ("median", "worst"):
-        g.labels(stat=stat).set(nan if live.get(stat) is None else live[stat])
-        e.labels(stat=stat).set(nan if live.get(f"expected_{stat}") is None else live[f"expected_{stat}"])
-    m = _gauge(MEASURED, "Max/mean EP rank load of the physical slot counts the ranks measured in the last window", ("stat",))
-    t = _gauge(TIME, "Max/mean over EP ranks of local expert time per MoE layer in the last window (time_moe)", ("stat",))
     measured, timed = live.get("measured") or {}, live.get("time") or {}
-    for stat in ("median", "worst"):
-        m.labels(stat=stat).set(measured.get(stat, nan))
-        t.labels(stat=stat).set(timed.get(stat, nan))
+    stats = (  # gauge, its help, and where its median / worst come from
+        (LIVE, "Max/mean EP rank load of the last live window under the loaded layout and dispatch", live, "{}"),
+        (EXPECTED, "Max/mean EP rank load the loaded layout was fitted to expect on its own scene", live, "expected_{}"),
+        (MEASURED, "Max/mean EP rank load of the physical slot counts the ranks measured in the last window", measured, "{}"),
+        (TIME, "Max/mean over EP ranks of local expert time per MoE layer in the last window (time_moe)", timed, "{}"),
+    )
+    for name, doc, source, key in stats:
+        gauge = _gauge(name, doc, ("stat",))
+        for stat in ("median", "worst"):
+            value = source.get(key.format(stat))
+            gauge.labels(stat=stat).set(nan if value is None else value)
     _gauge(FIDELITY, "Largest difference between a slot's measured and modelled share of its expert in the last window"
            ).set(nan if live.get("fidelity") is None else live["fidelity"])
     _gauge(MOE_SHARE, "Local expert time over step wall time in the last window (time_moe)").set(

@@ -135,15 +135,20 @@ class RoutingObserver:
                     self.ring_physical[self.next_entry].copy_(self.pass_physical)
                 self.next_entry = (self.next_entry + 1) % self.entries
                 self.passes_recorded += 1
-            if self._step_started is not None and any(self._pass_seconds):
+        if self.time_moe:
+            self._end_timing(is_dummy)
+        self.pass_counts.zero_()
+        self.pass_physical.zero_()
+
+    def _end_timing(self, is_dummy: bool) -> None:
+        """Add this pass's MoE seconds (a dummy pass's too) and, for a real step with a start, its wall time."""
+        if any(self._pass_seconds):
+            if not is_dummy and self._step_started is not None:
                 self.step_seconds += time.perf_counter() - self._step_started
                 self.step_moe_seconds += sum(self._pass_seconds)
                 self.steps += 1
-        if any(self._pass_seconds):
             self.moe_seconds = [a + b for a, b in zip(self.moe_seconds, self._pass_seconds)]
             self.moe_passes += 1
-        self.pass_counts.zero_()
-        self.pass_physical.zero_()
         self._pass_seconds = [0.0] * self.num_moe_layers
         self._step_started = None
 
