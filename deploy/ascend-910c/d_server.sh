@@ -7,9 +7,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
 MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 PORT=${D_PORT:-8200}
-KV='{"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_consumer", "kv_port": "20002", "engine_id": "d0"}'
+KV=$(kv_transfer_config kv_consumer "${D_KV_PORT:-20002}" d0)
 CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "$PORT"
-  --data-parallel-size 16 --tensor-parallel-size 1 --enable-expert-parallel
+  --data-parallel-size "$D_DP" --tensor-parallel-size "$D_TP" --enable-expert-parallel
   --no-enable-prefix-caching --quantization ascend
   --kv-transfer-config "$KV")
 if [ "${SCENE_EPLB_PLUGIN:-0}" = 1 ]; then CMD+=(--additional-config '{"scene_eplb": {"role": "decode"}}'); fi

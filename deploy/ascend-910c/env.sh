@@ -32,5 +32,15 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
 # VLLM_PLUGINS is deliberately left unset: when set it is an allow-list for every plugin group, and
 # one that leaves out vLLM-Ascend's own plugins (the `ascend` platform plugin, its KV connector and
 # model plugins) breaks the server. Unset, vLLM loads every general plugin, scene_eplb included.
+# The P/D pair's parallel sizes, one place for both servers and for the KV connector's extra config
+# (vLLM-Ascend's MooncakeConnectorV1 asserts that `prefill` and `decode` each carry tp_size and dp_size,
+# and its platform refuses a server whose own size differs from its side's entry).
+export P_DP=${P_DP:-16} P_TP=${P_TP:-1} D_DP=${D_DP:-16} D_TP=${D_TP:-1}
+# kv_transfer_config ROLE PORT ENGINE_ID: the --kv-transfer-config JSON of one side of the pair.
+kv_transfer_config() {
+  printf '{"kv_connector": "MooncakeConnectorV1", "kv_role": "%s", "kv_port": "%s", "engine_id": "%s", ' "$1" "$2" "$3"
+  printf '"kv_connector_extra_config": {"prefill": {"dp_size": %d, "tp_size": %d}, "decode": {"dp_size": %d, "tp_size": %d}}}' \
+    "$P_DP" "$P_TP" "$D_DP" "$D_TP"
+}
 # Where the P server writes counts dumps, and where layouts and bench results go.
 export SCENE_EPLB_DIR=${SCENE_EPLB_DIR:-/data/scene-eplb}

@@ -13,7 +13,7 @@ MODE=${1:?usage: p_server.sh collect|layout [LAYOUT]|plain}
 MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 PORT=${P_PORT:-8100}
 CHUNK=${CHUNK:-8192}
-KV='{"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": "20001", "engine_id": "p0"}'
+KV=$(kv_transfer_config kv_producer "${P_KV_PORT:-20001}" p0)
 case "$MODE" in
   collect) EPLB='"scene_eplb": {"role": "prefill", "ring_entries": 512, "dump_dir": "'"$SCENE_EPLB_DIR"'/dumps"}' ;;
   layout)
@@ -33,7 +33,7 @@ case "$MODE" in
   *) echo "p_server.sh: unknown mode $MODE (collect, layout or plain)" >&2; exit 2 ;;
 esac
 CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "$PORT"
-  --data-parallel-size 16 --tensor-parallel-size 1 --enable-expert-parallel
+  --data-parallel-size "$P_DP" --tensor-parallel-size "$P_TP" --enable-expert-parallel
   --max-num-batched-tokens "$CHUNK" --enable-chunked-prefill --max-num-seqs 1
   --no-enable-prefix-caching --quantization ascend
   --kv-transfer-config "$KV"
