@@ -33,7 +33,7 @@ from .ascend_env import env as ascend_env
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "ascend-910c"
 
 CHECK = r"""
-import json, logging, sys, traceback
+import json, logging, os, sys, traceback
 logging.basicConfig(level=logging.INFO)  # a server configures this; a bare script must, to see the config hook's line
 from types import SimpleNamespace
 import vllm_scene_eplb.adapters.entry as entry
@@ -46,6 +46,7 @@ register_connector()
 recipes, model = json.loads(sys.argv[1]), sys.argv[2]
 out = {}
 for name, r in recipes.items():
+    os.environ.update(r.get("env", {}))
     try:
         kv = KVTransferConfig(**r["kv"])
         connector = KVConnectorFactory.get_connector_class(kv)
@@ -56,7 +57,10 @@ for name, r in recipes.items():
         pc = ParallelConfig(data_parallel_size=r["dp"], tensor_parallel_size=r["tp"], enable_expert_parallel=True)
         vc = VllmConfig(model_config=ModelConfig(model=model), parallel_config=pc, kv_transfer_config=kv,
                         additional_config=r["extra"])
+        from vllm_ascend.ascend_config import get_ascend_config
+        ascend = get_ascend_config()
         out[name] = {"ok": True, "connector": connector.__name__, "kv_role": vc.kv_transfer_config.kv_role,
+                     "dynamic_eplb": ascend.eplb_config.dynamic_eplb, "prefill_mc2": ascend.enable_prefill_mc2,
                      "expert_map_path": (vc.additional_config.get("eplb_config") or {}).get("expert_map_path")}
     except BaseException as exc:
         traceback.print_exc()
@@ -105,6 +109,10 @@ def checked(tmp_path_factory):
         "p layout dynamic": _command("p_server.sh", "layout", str(layout), DISPATCH="dynamic", **base),
         "p layout, plugin off": _command("p_server.sh", "layout", str(layout), SCENE_EPLB_PLUGIN="0", **base),
         "p plain": _command("p_server.sh", "plain", **base),
+        # verify.sh's knobs: vLLM-Ascend's counters on (the recipe exports DYNAMIC_EPLB, their config asserts it), MC2 prefill
+        "p collect, native EPLB, MC2 prefill": {**_command("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1", **base),
+                                                "env": {"DYNAMIC_EPLB": "true"}},
+        "p plain, native EPLB": {**_command("p_server.sh", "plain", NATIVE_EPLB="1", **base), "env": {"DYNAMIC_EPLB": "true"}},
         "d plain": _command("d_server.sh", **base),
         "d plugin": _command("d_server.sh", SCENE_EPLB_PLUGIN="1", **base),
     }
@@ -129,6 +137,8 @@ def test_every_recipe_passes_the_released_engine_checks(checked):
     assert out["p layout static"]["expert_map_path"].startswith(str(root / "se" / "dumps"))
     assert out["p layout, plugin off"]["expert_map_path"] == str(root / "layout.expert_map.json")
     assert "scene-eplb: collection run (role prefill" in log
+    knobs = out["p collect, native EPLB, MC2 prefill"]
+    assert knobs["dynamic_eplb"] and knobs["prefill_mc2"] and not out["p collect"]["dynamic_eplb"]
 
 
 def test_the_old_json_and_a_mismatched_side_fail_the_same_checks(checked):

@@ -1,6 +1,7 @@
 """The Ascend 910C deploy recipes: they parse, and their dry-run prints the exact commands in order."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,16 +68,63 @@ def test_collect_dry_run_follows_the_workflow_in_order():
     assert cache.find("--scene seed") < cache.find("prefix_cache") < cache.find("record start")
 
 
-def test_verify_dry_run_checks_in_order_and_restarts_for_the_baseline():
-    out = _dry("verify.sh")
-    steps = ["audit --url http://127.0.0.1:8100 --recorder idle", "--scene warm-up", "metrics-before.txt", "record start",
-             "--scene record", "record stop", "metrics-after.txt", "record dump", "verify totals", "record native_load", "verify native", "--scene idle",
-             "p_server.sh plain", "--scene plain", "verify throughput"]
-    positions = [out.find(s) for s in steps]
-    assert -1 not in positions, [s for s, p in zip(steps, positions) if p < 0]
-    assert positions == sorted(positions)
-    assert "--output-len 1" in out and "dry run, nothing checked" in out
+VERIFY_CHECKS = ["audit", "totals", "native", "graph", "mc2", "throughput"]
+
+
+def _verify(**env_extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DRY_RUN": "1", "SCENE_EPLB_DIR": "/data/se", **env_extra}
+    return subprocess.run(["bash", str(DEPLOY / "verify.sh")], capture_output=True, text=True, env=env, timeout=60)
+
+
+def _steps(out: str) -> list[str]:
+    return re.findall(r"^\+ \[([\w-]+)\]", out, re.M)
+
+
+def test_verify_dry_run_prints_every_check_in_order_and_interleaves_the_throughput_rounds():
+    res = _verify()
+    assert res.returncode == 0 and "dry run, nothing checked" in res.stdout
+    out, steps = res.stdout, _steps(res.stdout)
+    assert [s for s in steps if s in VERIFY_CHECKS] == VERIFY_CHECKS
+    order = ["start_p collect NATIVE_EPLB=1", "--recorder idle", "--scene warm-up", "record-metrics-before.txt", "record start",
+             "--scene record", "record stop", "record-metrics-after.txt", "record\\ dump", "verify totals", "record\\ native_load",
+             "verify native", "--scene graph", "verify totals", "start_p collect PREFILL_MC2=1", "--scene mc2", "--input-len 256",
+             "--scene idle", "start_p plain", "--scene plain", "verify throughput"]
+    at = 0
+    for piece in order:
+        found = out.find(piece, at)
+        assert found >= 0, f"{piece!r} missing or out of order"
+        at = found
+    assert "--output-len 16" in out[out.find("--scene graph"):out.find("[graph]")]
+    rounds = [s for s in steps if s.startswith("round")]
+    assert rounds == [f"round{r}-{what}" for r in (1, 2, 3) for what in ("start-idle", "idle", "start-plain", "plain")]
+    assert len(_steps(_verify(ROUNDS="5").stdout)) == len(steps) + 8
+
+
+def test_verify_a_failed_step_prints_fail_and_exits_non_zero_for_every_step():
+    """Each step, simulated failing, prints its FAIL line and the script exits 1 (no set -e silence);
+    the checks that need it are skipped with a line, the others still run."""
+    steps = _steps(_verify().stdout)
+    assert len(steps) >= 40
+    for name in steps:
+        res = _verify(FAIL_STEP=name)
+        assert res.returncode == 1, name
+        assert f"FAIL {name}: exited 1" in res.stdout and "FAILED: " + name in res.stdout, name
+    res = _verify(FAIL_STEP="record-start")
+    assert "SKIP totals: the record failed" in res.stdout and "[record-load]" not in res.stdout and "[graph]" in res.stdout
+    res = _verify(FAIL_STEP="start-collect")
+    assert all(f"SKIP {c}: P did not start" in res.stdout for c in ("audit", "totals", "native", "graph"))
+    assert "[mc2]" in res.stdout and "[throughput]" in res.stdout
+    assert "SKIP throughput: a round failed" in _verify(FAIL_STEP="round2-plain").stdout
+
+
+def test_p_server_knobs_for_verify():
+    out = _dry("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1")
+    assert '\\"dynamic_eplb\\":\\ true' in out and '\\"algorithm_execution_interval\\":\\ 100000000' in out
+    assert '\\"enable_prefill_mc2\\":\\ true' in out and "scene_eplb" in out
     assert "--additional-config \\{\\}" in _dry("p_server.sh", "plain")
+    res = subprocess.run(["bash", str(DEPLOY / "p_server.sh"), "layout", "x.json"], capture_output=True, text=True,
+                         env={**os.environ, "DRY_RUN": "1", "NATIVE_EPLB": "1"})
+    assert res.returncode == 2 and "NATIVE_EPLB=1 is for collect and plain runs" in res.stderr
 
 
 def test_env_sources_cann_and_atb_where_they_exist_and_says_which(tmp_path):

@@ -40,11 +40,10 @@ def _route(layout, dispatch: str, sources: list[SourceRanks], tokens: int, seed:
     per_source, physical = [], np.zeros((L, layout.geometry.num_physical), dtype=np.int64)
     for src in sources:
         maps = layer_maps(layout, dispatch, "cpu", src)
-        obs = RoutingObserver(L, E, 4, num_physical=layout.geometry.num_physical)
+        obs = RoutingObserver(L, E, 4, slot_to_expert=torch.as_tensor(layout.physical_to_logical_map))
         for layer in range(L):
             ids = torch.from_numpy(np.stack([rng.choice(E, TOP_K, replace=False, p=HOT) for _ in range(tokens)]))
-            obs.capture(layer, ids)
-            obs.capture_physical(layer, maps[layer](ids))
+            obs.capture(layer, maps[layer](ids))  # the router's slots; logical counts follow from them
         obs.end_step()
         live = obs.live_counts()
         per_source.append(SourceTraffic(src.base, src.span, live.logical.numpy()))
@@ -93,7 +92,7 @@ def test_time_view_names_the_slow_rank_and_the_moe_share():
 
 
 def test_observer_times_moe_per_layer_and_steps():
-    obs = RoutingObserver(2, 4, 2, num_physical=4, time_moe=True)
+    obs = RoutingObserver(2, 4, 2, time_moe=True)
     obs.begin_step()
     obs.add_moe_seconds(0, 0.01)
     obs.add_moe_seconds(1, 0.03)

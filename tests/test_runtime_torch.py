@@ -53,6 +53,92 @@ def test_observer_misuse_is_refused():
         obs.snapshot()[0]
 
 
+# Ops that launch no kernel (views, metadata): not counted against the capture's bound.
+VIEW_OPS = {"aten::view", "aten::reshape", "aten::_reshape_alias", "aten::select", "aten::slice", "aten::unsqueeze",
+            "aten::expand", "aten::as_strided", "aten::alias", "aten::detach", "aten::lift_fresh", "aten::_unsafe_view"}
+MAX_CAPTURE_OPS = 4  # device ops per MoE layer and pass for counting
+
+
+def _top_level_ops(call) -> list[str]:
+    """The aten ops ``call`` issues at top level (nested ops are an op's own implementation), views excluded."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    return [e.name for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None and e.name not in VIEW_OPS]
+
+
+@pytest.mark.parametrize("case", ["logical", "logical+padding", "physical+own_rows", "int64 ids", "skip"])
+def test_capture_issues_at_most_four_device_ops_per_layer_and_never_syncs(case):
+    """The bound of the capture's cost (the torch profiler on CPU sees the same aten ops a device runs):
+    where/clamp/remainder/index_add_ at most, whichever mask the adapter passes; a skip is one op."""
+    p2l = torch.tensor([[0, 1, 2, 3, 0, 1]] * 2)
+    obs = RoutingObserver(2, 4, 4, slot_to_expert=p2l if "physical" in case else None)
+    ids = torch.randint(-1, 6, (64, 8), dtype=torch.int64 if case == "int64 ids" else torch.int32,
+                        generator=torch.Generator().manual_seed(3))
+    mask = torch.rand(80, generator=torch.Generator().manual_seed(4)) > 0.5
+    kwargs = {"logical+padding": {"padding_rows": mask}, "physical+own_rows": {"own_rows": mask}}.get(case, {})
+    call = (lambda: obs.skip(1)) if case == "skip" else (lambda: obs.capture(1, ids, **kwargs))
+    call()  # warm: first calls may allocate
+    ops = _top_level_ops(call)
+    assert len(ops) <= (1 if case == "skip" else MAX_CAPTURE_OPS), ops
+    assert not {"aten::item", "aten::_local_scalar_dense", "aten::nonzero"} & set(ops)
+
+
+def test_capture_counts_exactly_what_a_bincount_of_the_counted_rows_gives():
+    """Out-of-range ids (-1, E, beyond), padding rows and other ranks' rows land in the not-counted
+    column; the logical view of physical counts is the slot map's sum; the ring keeps both."""
+    g = torch.Generator().manual_seed(11)
+    p2l = torch.tensor([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 3, 2]])
+    obs = RoutingObserver(2, 4, 3, slot_to_expert=p2l)
+    obs.start()
+    want_phys = torch.zeros(2, 6, dtype=torch.int64)
+    for layer in range(2):
+        ids = torch.randint(-2, 9, (50, 3), generator=g)
+        own = torch.rand(60, generator=g) > 0.3
+        obs.capture(layer, ids, own_rows=own)
+        kept = ids[own[:50]].flatten()
+        kept = kept[(kept >= 0) & (kept < 6)]
+        want_phys[layer] = torch.bincount(kept, minlength=6)
+    obs.end_step()
+    obs.stop()
+    logical, physical = obs.snapshot()
+    assert physical[0].tolist() == want_phys.tolist() and physical[1:].sum() == 0
+    want_logical = torch.zeros(2, 4, dtype=torch.int64).scatter_add_(1, p2l, want_phys)
+    assert logical[0].tolist() == want_logical.tolist()
+    live = obs.live_counts()
+    assert live.logical.tolist() == want_logical.tolist() and live.physical.tolist() == want_phys.tolist()
+
+
+def test_skipped_passes_show_in_status_per_record_and_never_count():
+    obs = RoutingObserver(2, 4, 4)
+    obs.skip(0)
+    obs.capture(1, torch.tensor([[0, 1]]))
+    obs.end_step()  # before any record: counted since bind only
+    obs.start()
+    obs.skip(1)
+    obs.capture(0, torch.tensor([[2, 3]]))
+    obs.end_step()
+    obs.skip(1)
+    obs.end_step(is_dummy=True)  # a dummy pass: nothing at all
+    obs.stop()
+    st = obs.status()
+    assert (st.skipped_passes, st.skipped_recorded) == (2, 1)
+    assert obs.snapshot()[0].sum(dim=(0, 2)).tolist() == [2, 0]  # the skipped layer counted nothing
+    obs.start()
+    assert obs.status().skipped_recorded == 0 and obs.status().skipped_passes == 2
+
+
+def test_live_counts_off_keeps_the_recorder_and_adds_nothing_live():
+    obs = RoutingObserver(1, 4, 2, live=False)
+    assert obs.live.numel() == 0
+    obs.start()
+    obs.capture(0, torch.tensor([[0, 3]]))
+    obs.end_step()
+    obs.stop()
+    assert obs.live_counts() is None and obs.snapshot()[0][0, 0].tolist() == [1, 0, 0, 1]
+
+
 def _layout() -> Layout:
     g = Geometry(num_experts=6, num_redundant=2, ep_size=2)
     p2l = np.array([[0, 1, 2, 3, 4, 5, 0, 1], [5, 1, 2, 3, 0, 4, 1, 5]])

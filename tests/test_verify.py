@@ -98,8 +98,27 @@ def _result(tmp_path, name, prefill):
     return str(tmp_path / f"{name}.json")
 
 
-def test_throughput_passes_at_the_ratio_and_fails_below(tmp_path, capsys):
-    plain, idle = _result(tmp_path, "plain", 1000.0), _result(tmp_path, "idle", 985.0)
-    assert main(["throughput", plain, idle]) == 0 and "0.9850" in capsys.readouterr().out
-    assert main(["throughput", plain, idle, "--min-ratio", "0.99"]) == 1
+def test_throughput_ratio_of_means_with_its_interval_passes_at_the_ratio_and_fails_below(tmp_path, capsys):
+    plain = [_result(tmp_path, f"plain{i}", v) for i, v in enumerate((1000.0, 1100.0, 900.0))]
+    idle = [_result(tmp_path, f"idle{i}", v) for i, v in enumerate((985.0, 1085.0, 885.0))]
+    assert main(["throughput", "--plain", *plain, "--idle", *idle]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PASS") and "0.9850 [" in out and "spans it" in out  # 3 runs a side at 10% spread cannot tell
+    assert main(["throughput", "--plain", *plain, "--idle", *idle, "--min-ratio", "0.99"]) == 1
     assert capsys.readouterr().out.startswith("FAIL recorder idle vs flag off")
+    slow = [_result(tmp_path, f"slow{i}", v) for i, v in enumerate((800.0, 805.0, 795.0))]
+    steady = [_result(tmp_path, f"steady{i}", v) for i, v in enumerate((1000.0, 1001.0, 999.0))]
+    assert main(["throughput", "--plain", *steady, "--idle", *slow]) == 1 and "a real cost" in capsys.readouterr().out
+    assert main(["throughput", "--plain", plain[0], "--idle", *idle]) == 1
+    assert "at least 2 a side" in capsys.readouterr().out
+
+
+def test_totals_with_decode_count_one_token_per_decode_pass(tmp_path, capsys):
+    files = _files(tmp_path, {1: 2 * (100 + 40 - 10), 2: 2 * (100 + 40 - 10)})
+    for name, (gen, done) in (("before.txt", (0.0, 0.0)), ("after.txt", (40.0, 10.0))):
+        path = tmp_path / name
+        path.write_text(path.read_text().replace("999.0", str(gen)) +
+                        f'vllm:request_success_total{{engine="0",finished_reason="length"}} {done}\n')
+    assert main(["totals", *files, "--decode"]) == 0
+    assert "(100 prompt + 40 generated - 10 requests) tokens" in capsys.readouterr().out
+    assert main(["totals", *files]) == 1  # prompt tokens alone: the decode passes are over

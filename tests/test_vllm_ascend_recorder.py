@@ -165,6 +165,48 @@ class RunnerStandIn:
         runtime.current().observer.capture(0, self.ids)
 
 
+SKIPPED = r"""
+import json, logging
+import torch
+import vllm_scene_eplb.adapters.entry as entry
+entry.register()
+import vllm_ascend.ascend_forward_context as afc
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+from vllm_scene_eplb.adapters.vllm_ascend.runtime import _capture
+from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
+from vllm_scene_eplb.runtime.observer import RoutingObserver
+
+vc = VllmConfig(model_config=ModelConfig(model={model!r}))
+afc.set_mc2_mask(vc, "cpu")
+from types import SimpleNamespace
+afc.select_moe_comm_method = lambda *a, **k: afc.MoECommType.MC2   # stand-ins for the groups, as in RECORD
+afc.get_dp_group = lambda: SimpleNamespace(world_size=1)
+afc.get_tensor_model_parallel_world_size = lambda: 1
+observer = RoutingObserver(2, {E}, 4)
+observer.start()
+with set_current_vllm_config(vc), afc.set_ascend_forward_context(None, vc, num_tokens=8, num_actual_tokens=6):
+    _capture(observer, OwnRows(0, 1, 0, 1), 0, torch.zeros(8, 2, dtype=torch.int32))   # the MC2 rows: counted
+    _capture(observer, OwnRows(0, 1, 0, 1), 1, torch.zeros(5, 2, dtype=torch.int32))   # 5 rows where MC2 has 8: skipped
+observer.end_step()
+observer.stop()
+st = observer.status()
+print(json.dumps({{"skipped": [st.skipped_passes, st.skipped_recorded],
+                  "per_layer": observer.snapshot()[0].sum(dim=(0, 2)).tolist()}}))
+"""
+
+
+def test_rows_off_the_comm_methods_rule_are_skipped_and_said(tmp_path):
+    """A layer whose routed rows do not follow its comm method's rule counts nothing for that pass
+    and the observer's skipped counter says so (status, dump refusal, audit read it), through
+    vLLM-Ascend's real forward context."""
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+
+    spec = TinyMoeSpec()
+    out = run(SKIPPED.format(model=str(make_tiny_moe(tmp_path / "model", spec)), E=spec.num_experts))
+    assert out["skipped"] == [1, 1]
+    assert out["per_layer"] == [12, 0]  # layer 0: 6 real rows x top-2; layer 1: nothing
+
+
 def test_a_real_step_commits_once_and_dummy_passes_never(monkeypatch):
     """execute_model commits its pass into one ring entry; _dummy_run (profile, capture, idle DP) and a
     step with no scheduled tokens commit nothing; load_model configures before and binds after."""
@@ -271,7 +313,19 @@ async def main():
         out["again"] = (await http.post("/start_expert_distribution_record")).json()
         out["stop"] = (await http.post("/stop_expert_distribution_record")).json()
         out["native"] = (await http.get("/scene_eplb/native_load")).json()
-    out["recorded"] = [int(rt.observer.snapshot()[0].sum()) for rt in workers]
+        out["recorded"] = [int(rt.observer.snapshot()[0].sum()) for rt in workers]
+        # a record in which DP rank 1 skipped a layer's pass: the dump is refused, unless asked to keep it
+        await http.post("/start_expert_distribution_record")
+        workers[1].observer.skip(0)
+        workers[1].end_step(False)
+        await http.post("/stop_expert_distribution_record")
+        out["skipped_status"] = (await http.get("/scene_eplb/status")).json()
+        refused = await http.post("/dump_expert_distribution_record")
+        out["refused"] = [refused.status_code, refused.json()["error"]]
+        bad = await http.post("/dump_expert_distribution_record?keep_skipped=maybe")
+        out["bad_flag"] = bad.status_code
+        kept = await http.post("/dump_expert_distribution_record?keep_skipped=true")
+        out["kept"] = [kept.status_code, kept.json().get("error", "")]
     print(json.dumps(out))
 
 asyncio.run(main())
@@ -291,6 +345,12 @@ def test_routes_on_vllm_0_23_api_server_reach_every_dp_engine(tmp_path):
     assert st["observer"] == "idle" and st["ranks_agree"] and [r["dp_rank"] for r in st["ranks"]] == [0, 1]
     assert out["start"] == 200 and "already on" in out["again"]["error"]
     assert out["stop"]["observer"] == "idle" and out["stop"]["passes_recorded"] == 1
+    assert st["skipped_passes"] == 0 and st["skipped_recorded"] == 0
+    ranks = out["skipped_status"]["ranks"]
+    assert [(r["skipped_passes"], r["skipped_recorded"]) for r in ranks] == [(0, 0), (1, 1)]
+    assert out["refused"][0] == 409 and "this record skipped 1 (MoE layer, pass) pairs" in out["refused"][1]
+    assert "keep_skipped=true" in out["refused"][1] and out["bad_flag"] == 400
+    assert "skipped" not in out["kept"][1]  # past the gate (the stand-in engine has no export group)
     assert out["recorded"] == [2, 2]
     # not bound to a model with vLLM-Ascend's counters: the route says why, for all ranks
     assert out["native"]["available"] is False and out["native"]["ranks"] == 2 and "dynamic EPLB" in out["native"]["reason"]

@@ -140,6 +140,7 @@ def test_dump_counts_every_routed_token_once(recorded):
     assert per_layer.tolist() == [RECORDED_TOKENS * TOP_K] * LAYERS  # TP=2: counted once, not twice
     assert counts.meta["role"] == "prefill" and counts.meta["moe_layers"] == [0, 1] and counts.meta["ranks_summed"] == 2
     assert (counts.meta["top_k"], counts.meta["expert_groups"]) == (2, 1)  # the router, for the fit's defaults
+    assert counts.meta["skipped_passes"] == 0  # the vLLM adapter attributes every row (it never skips)
     assert 1 <= dump["entries_written"] == counts.written_entries().size
 
 

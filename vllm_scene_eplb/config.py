@@ -3,7 +3,7 @@
     --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512, "dump_dir": "/data/eplb",
                           "export_timeout_s": 30, "layout": "layout.json", "dispatch": "static",
                           "live_window_s": 10, "drift_margin": 0.05, "drift_windows": 3,
-                          "live_per_layer_metrics": false, "time_moe": false}}'
+                          "live_per_layer_metrics": false, "time_moe": false, "live_counts": true}}'
 
 Absent object = plugin off. Unknown keys and bad values fail at startup with a clear message.
 """
@@ -31,6 +31,12 @@ NUMBERS = {
     "drift_margin": (0.05, 0.001, 10.0, False),  # the alarm line: expected median x (1 + margin)
     "drift_windows": (3, 1, 1000, True),  # consecutive windows over the line before the alarm
 }
+# On/off settings: key -> default.
+FLAGS = {
+    "live_per_layer_metrics": False,  # per-layer live gauges (L x more series)
+    "time_moe": False,  # time each rank's local expert computation per MoE layer
+    "live_counts": True,  # the cumulative live count behind live fitness (off: nothing added per step)
+}
 # Keys renamed since an earlier release: named in the error instead of "unknown key".
 RENAMED = {"buffer_slots": "ring_entries"}
 # kv_transfer_config.kv_role -> role, for role "auto".
@@ -50,6 +56,7 @@ class PluginConfig:
     drift_windows: int = NUMBERS["drift_windows"][0]
     live_per_layer_metrics: bool = False
     time_moe: bool = False  # time each rank's local expert computation per MoE layer (live fitness's time view)
+    live_counts: bool = True  # off (decode servers): no live count, no live fitness
     layout: str | None = None
     dispatch: str = "static"
 
@@ -85,7 +92,7 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         raw = {}
     if not isinstance(raw, dict):
         raise SceneEplbError(f"additional_config.{CONFIG_KEY} must be a JSON object (or true), got {type(raw).__name__}")
-    known = {"role", "ring_entries", "dump_dir", "layout", "dispatch", "live_per_layer_metrics", "time_moe", *NUMBERS}
+    known = {"role", "ring_entries", "dump_dir", "layout", "dispatch", *FLAGS, *NUMBERS}
     unknown = sorted(set(raw) - known)
     renamed = [k for k in unknown if k in RENAMED]
     if renamed:
@@ -107,8 +114,8 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
                                  f"got {value!r}")
         numbers[key] = value if integer else float(value)
     flags = {}
-    for key in ("live_per_layer_metrics", "time_moe"):
-        flags[key] = raw.get(key, False)
+    for key, default in FLAGS.items():
+        flags[key] = raw.get(key, default)
         if not isinstance(flags[key], bool):
             raise SceneEplbError(f"{CONFIG_KEY}.{key} must be true or false, got {flags[key]!r}")
     dispatch = raw.get("dispatch", "static")

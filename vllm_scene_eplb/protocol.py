@@ -34,14 +34,16 @@ ACTIONS = tuple(ROUTE_BY_ACTION)
 # What each worker reports; GET /scene_eplb/status answers EP rank 0's, plus RANKS_KEY and AGREE_KEY.
 STATUS_KEYS = ("plugin_version", "engine", "model", "role", "ep_size", "ep_rank", "dp_rank", "tp_rank", "layout_hash",
                "layout_path", "redundant_slots", "dispatch", "observer", "recording", "ring_entries", "entries_written",
-               "passes_recorded", "moe_layers", "top_k", "expert_groups")
+               "passes_recorded", "skipped_passes", "skipped_recorded", "live_counts", "moe_layers", "top_k", "expert_groups")
 # Every rank's view, one entry per worker, under this key of the status answer.
 RANKS_KEY = "ranks"
 RANK_KEYS = ("ep_rank", "dp_rank", "tp_rank", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written",
-             "passes_recorded")
+             "passes_recorded", "skipped_passes", "skipped_recorded")
 # True when every rank agrees on these keys (what a run's audit relies on).
 AGREE_KEY = "ranks_agree"
 AGREEMENT_KEYS = ("layout_hash", "redundant_slots", "dispatch", "observer", "ring_entries", "ep_size")
+# The dump route's query flag that writes a record with skipped passes anyway (refused without it).
+KEEP_SKIPPED = "keep_skipped"
 # Worker actions behind the routes (not routes of their own): the dump route polls an export with
 # the first; the live-fitness poller reads every rank's cumulative counts with the second.
 EXPORT_STATUS_ACTION = "export_status"

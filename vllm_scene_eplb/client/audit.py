@@ -64,6 +64,12 @@ def audit(status: dict, layout_path: str | None, dispatch: str | None, recorder:
         checks.append(Check("every rank agrees", bool(status.get(AGREE_KEY)),
                             f"{len(ranks)} rank(s) (EP ranks {[r.get('ep_rank') for r in ranks]}) report the same "
                             f"{', '.join(AGREEMENT_KEYS)}" if status.get(AGREE_KEY) else f"ranks differ in {', '.join(differ) or 'a key'}"))
+        skipped = sum(r.get("skipped_passes") or 0 for r in ranks)
+        checks.append(Check("no skipped passes", skipped == 0,
+                            "every rank attributed the rows of every MoE layer pass it ran" if skipped == 0 else
+                            f"{skipped} (MoE layer, pass) pairs went uncounted since startup on EP ranks "
+                            f"{[r.get('ep_rank') for r in ranks if r.get('skipped_passes')]} (rows not attributable to a "
+                            "rank's own tokens; the workers' log says why): a dump of such a record undercounts"))
     if log_path:
         records = log_records(log_path)
         if not records:

@@ -7,17 +7,18 @@ import urllib.error
 import urllib.request
 
 from ..errors import SceneEplbError
-from ..protocol import ACTIONS, ROUTE_BY_ACTION
+from ..protocol import ACTIONS, KEEP_SKIPPED, ROUTE_BY_ACTION
 
 
-def call(url: str, action: str, api_key: str | None = None, timeout: float = 300.0) -> dict:
-    """Send ``action`` to the server at ``url``; returns its JSON answer, raises SceneEplbError on any error."""
+def call(url: str, action: str, api_key: str | None = None, timeout: float = 300.0, keep_skipped: bool = False) -> dict:
+    """Send ``action`` to the server at ``url``; returns its JSON answer, raises SceneEplbError on any error.
+    ``keep_skipped`` (dump only): write a record with skipped passes anyway."""
     if action not in ROUTE_BY_ACTION:
         raise SceneEplbError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
     if not url.startswith(("http://", "https://")):
         raise SceneEplbError(f"--url {url!r}: expected a server base URL such as http://host:8000")
     route = ROUTE_BY_ACTION[action]
-    target = url.rstrip("/") + route.path
+    target = url.rstrip("/") + route.path + (f"?{KEEP_SKIPPED}=true" if keep_skipped else "")
     try:
         req = urllib.request.Request(target, method=route.method, data=None if route.method == "GET" else b"")
         if api_key:

@@ -1,18 +1,22 @@
 """The acceptance checks of ``deploy/ascend-910c/verify.sh``, one PASS/FAIL line each.
 
-    python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER
+    python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER [--decode]
     python -m vllm_scene_eplb.client.verify native COUNTS NATIVE.json [--tolerance 0.02]
-    python -m vllm_scene_eplb.client.verify throughput PLAIN.json IDLE.json [--min-ratio 0.98]
+    python -m vllm_scene_eplb.client.verify throughput --plain P1.json P2.json ... --idle I1.json ... [--min-ratio 0.98]
 
-``totals``: every MoE layer of a dump counted exactly the prompt tokens the engine itself processed
-while recording (``vllm:prompt_tokens_total`` on ``/metrics``, summed over DP engines, after minus
-before) times top-k. Holds when nothing but the recorded load ran, prefix caching is off and each
-request generates one token (no decode passes). ``native``: the dump against vLLM-Ascend's own
+``totals``: every MoE layer of a dump counted exactly the tokens the engine itself ran while
+recording, times top-k: its prompt tokens (``vllm:prompt_tokens_total`` on ``/metrics``, summed over
+DP engines, after minus before) and, with ``--decode``, one token per decode pass: generated tokens
+minus finished requests (each request's first token comes out of its prefill pass). Holds when
+nothing but the recorded load ran, prefix caching is off and no drafts are verified. ``native``: the dump against vLLM-Ascend's own
 ``moe_load`` counters over the same record (``scene-eplb record native_load --json``): never above
 them for any (layer, expert), and each layer's expert shares within ``tolerance`` (half the L1
 distance); vLLM-Ascend also counts padding and idle-DP dummy rows, so they are not equal. Skipped
 (a SKIP line, exit 0) where those counters do not exist. ``throughput``: prefill throughput with the
-plugin on and the recorder idle over the same load with the flag off. Exit status 1 if a check fails.
+plugin on and the recorder idle over the same load with the flag off, the ratio of the runs' means
+with a seeded 95% bootstrap interval (single runs vary by 15% and more: at least 2 runs a side, 3
+interleaved in verify.sh); it passes when the ratio reaches ``--min-ratio``, and the line says
+whether the interval could tell. Exit status 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from ..formats import read_counts
 from ..harness.results import NOT_OBSERVED, read_result
 
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
-_SAMPLE = re.compile(r"^" + re.escape(PROMPT_TOKENS) + r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+FINISHED_REQUESTS = "vllm:request_success_total"
+BOOTSTRAP = 4000
 
 
 @dataclass(frozen=True)
@@ -45,27 +51,40 @@ class Verdict:
         return f"{'SKIP' if self.skipped else 'PASS' if self.ok else 'FAIL'} {self.name}: {self.detail}"
 
 
-def prompt_tokens(metrics_text: str) -> int:
-    """``vllm:prompt_tokens_total`` summed over every series (one per DP engine) of a /metrics page."""
-    values = _SAMPLE.findall(metrics_text)
+def counter(metrics_text: str, name: str) -> int:
+    """Counter ``name`` summed over every series (one per DP engine, per label) of a /metrics page."""
+    sample = re.compile(r"^" + re.escape(name) + r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+    values = sample.findall(metrics_text)
     if not values:
-        raise SceneEplbError(f"no {PROMPT_TOKENS} on this /metrics page")
+        raise SceneEplbError(f"no {name} on this /metrics page")
     return int(round(sum(float(v) for v in values)))
 
 
-def totals(counts_path: str, before: str, after: str) -> Verdict:
-    """Every MoE layer's recorded total equals the engine's prompt tokens x top-k."""
+def prompt_tokens(metrics_text: str) -> int:
+    """``vllm:prompt_tokens_total`` summed over every series (one per DP engine) of a /metrics page."""
+    return counter(metrics_text, PROMPT_TOKENS)
+
+
+def totals(counts_path: str, before: str, after: str, decode: bool = False) -> Verdict:
+    """Every MoE layer's recorded total equals the engine's tokens x top-k (prompt tokens, and with
+    ``decode`` one per decode pass)."""
     counts = read_counts(counts_path)
     top_k = counts.meta.get("top_k")
     if not isinstance(top_k, int) or top_k < 1:
         raise SceneEplbError("the dump carries no top_k: not a dump of this plugin's recorder", counts_path)
-    tokens = prompt_tokens(Path(after).read_text()) - prompt_tokens(Path(before).read_text())
+    pages = Path(before).read_text(), Path(after).read_text()
+    names = (PROMPT_TOKENS, GENERATION_TOKENS, FINISHED_REQUESTS) if decode else (PROMPT_TOKENS,)
+    delta = {name: counter(pages[1], name) - counter(pages[0], name) for name in names}
+    tokens = delta[PROMPT_TOKENS] + (delta[GENERATION_TOKENS] - delta[FINISHED_REQUESTS] if decode else 0)
+    what = (f"({delta[PROMPT_TOKENS]} prompt + {delta[GENERATION_TOKENS]} generated - {delta[FINISHED_REQUESTS]} requests) "
+            "tokens" if decode else f"{tokens} prompt tokens")
     layers = [int(x) for x in counts.meta.get("moe_layers") or np.flatnonzero(counts.data.sum(axis=(0, 2)))]
     per_layer = counts.data.sum(axis=(0, 2))[layers]
     wrong = [(layer, int(t)) for layer, t in zip(layers, per_layer) if t != tokens * top_k]
-    detail = (f"{len(layers)} MoE layers x {tokens} prompt tokens x top-k {top_k} = {tokens * top_k} each"
+    detail = (f"{len(layers)} MoE layers x {what} x top-k {top_k} = {tokens * top_k} each"
               + (f"; off: {wrong[:5]}{' ...' if len(wrong) > 5 else ''}" if wrong else ""))
-    return Verdict("per-layer totals = prompt tokens x top-k", bool(layers) and tokens > 0 and not wrong, detail)
+    name = "per-layer totals = (prompt + decode) tokens x top-k" if decode else "per-layer totals = prompt tokens x top-k"
+    return Verdict(name, bool(layers) and tokens > 0 and not wrong, detail)
 
 
 def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
@@ -91,17 +110,29 @@ def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
     return Verdict(name, above == 0 and shares[worst] <= tolerance, detail)
 
 
-def throughput(plain: str, idle: str, min_ratio: float) -> Verdict:
-    """Prefill throughput with the recorder idle over the flag off, on the same load."""
-    means = []
-    for path in (plain, idle):
-        mean = read_result(path)["aggregate"]["prefill_throughput_per_card"]["mean"]
-        if mean == NOT_OBSERVED:
-            raise SceneEplbError("no prefill throughput in this result", path)
-        means.append(mean)
-    ratio = means[1] / means[0]
+def throughput(plain: list[str], idle: list[str], min_ratio: float, seed: int = 0) -> Verdict:
+    """Prefill throughput with the recorder idle over the flag off, on the same load: the ratio of
+    the runs' means and its 95% bootstrap interval (each side's runs resampled, seeded)."""
+    if len(plain) < 2 or len(idle) < 2:
+        raise SceneEplbError(f"{len(plain)} plain and {len(idle)} idle run(s): an interval needs at least 2 a side")
+    sides = []
+    for paths in (plain, idle):
+        values = []
+        for path in paths:
+            mean = read_result(path)["aggregate"]["prefill_throughput_per_card"]["mean"]
+            if mean == NOT_OBSERVED:
+                raise SceneEplbError("no prefill throughput in this result", path)
+            values.append(float(mean))
+        sides.append(np.asarray(values))
+    ratio = sides[1].mean() / sides[0].mean()
+    rng = np.random.default_rng(seed)
+    draws = [rng.choice(v, size=(BOOTSTRAP, v.size)).mean(axis=1) for v in sides]
+    lo, hi = np.percentile(draws[1] / draws[0], [2.5, 97.5])
+    reading = ("the interval lies above it" if lo >= min_ratio else "the interval lies below it: a real cost" if hi < min_ratio
+               else "the interval spans it: rerun with more ROUNDS to tell")
     return Verdict("recorder idle vs flag off, prefill throughput", ratio >= min_ratio,
-                   f"{ratio:.4f} (idle {means[1]:.1f} / off {means[0]:.1f} tok/s per card; pass at >= {min_ratio})")
+                   f"{ratio:.4f} [{lo:.4f}, {hi:.4f}] (idle {sides[1].mean():.1f} over {len(idle)} runs / off "
+                   f"{sides[0].mean():.1f} over {len(plain)} runs, tok/s per card; pass at >= {min_ratio}; {reading})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,16 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="check", required=True)
     t = sub.add_parser("totals", help="per-layer totals of a dump against the engine's prompt-token counter")
     t.add_argument("counts"), t.add_argument("metrics_before"), t.add_argument("metrics_after")
+    t.add_argument("--decode", action="store_true", help="the load generated more than one token per request: count "
+                                                          "one token per decode pass too")
     n = sub.add_parser("native", help="a dump against vLLM-Ascend's own moe_load counters over the same record")
     n.add_argument("counts"), n.add_argument("native")
     n.add_argument("--tolerance", type=float, default=0.02, help="largest per-layer expert-share distance that passes (default 0.02)")
-    p = sub.add_parser("throughput", help="recorder idle vs flag off (two scene-eplb bench results)")
-    p.add_argument("plain"), p.add_argument("idle")
+    p = sub.add_parser("throughput", help="recorder idle vs flag off (scene-eplb bench results, >= 2 runs a side)")
+    p.add_argument("--plain", nargs="+", required=True, help="bench results with the flag off")
+    p.add_argument("--idle", nargs="+", required=True, help="bench results with the plugin on, recorder idle")
     p.add_argument("--min-ratio", type=float, default=0.98, help="lowest idle/off prefill throughput that passes (default 0.98)")
     args = parser.parse_args(argv)
     try:
         if args.check == "totals":
-            verdict = totals(args.counts, args.metrics_before, args.metrics_after)
+            verdict = totals(args.counts, args.metrics_before, args.metrics_after, args.decode)
         elif args.check == "native":
             verdict = native(args.counts, args.native, args.tolerance)
         else:

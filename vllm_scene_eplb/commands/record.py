@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..client.record import call
+from ..errors import SceneEplbError
 from ..protocol import ACTIONS
 from .common import Console, server_args
 from .options import number
@@ -12,17 +13,23 @@ DESCRIPTION = ("Drive the plugin's routes on a vLLM server started with scene_ep
                "VLLM_PLUGINS=scene_eplb. dump answers the path of the counts file the server wrote inside its dump_dir. "
                "native_load answers the engine's own expert-load counters over the last record in logical ids "
                "(vLLM-Ascend with dynamic EPLB), to cross-check a dump.")
-SHOWN = ("role", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written", "passes_recorded")
+SHOWN = ("role", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written", "passes_recorded",
+         "skipped_recorded")
 
 
 def add_arguments(p) -> None:
     p.add_argument("action", choices=ACTIONS)
     server_args(p)
+    p.add_argument("--keep-skipped", action="store_true",
+                   help="dump: write the record even if a rank skipped passes whose rows it could not attribute (refused "
+                        "otherwise: the counts would undercount; the file's metadata then says how many)")
     p.add_argument("--timeout", type=number(0, 86400, low_open=True), default=300.0, help="seconds to wait for the server (default 300)")
 
 
 def run(args, console: Console) -> None:
-    result = call(args.url, args.action, args.api_key, args.timeout)
+    if args.keep_skipped and args.action != "dump":
+        raise SceneEplbError("--keep-skipped applies to dump only")
+    result = call(args.url, args.action, args.api_key, args.timeout, keep_skipped=args.keep_skipped)
     if args.action == "dump":
         text = f"wrote {result.get('path')}  shape {result.get('shape')}  ring entries written {result.get('entries_written')}"
     elif args.action == "native_load":

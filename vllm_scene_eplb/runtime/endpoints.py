@@ -40,7 +40,7 @@ from ..errors import SceneEplbError
 from ..fitness import LiveFitness, LiveSample
 from ..measured import RankTime, SourceTraffic
 from ..formats import GeometryHint, read_layout
-from ..protocol import EXPORT_STATUS_ACTION, LIVE_ACTION, LIVE_KEY, NATIVE_ACTION, ROUTES, aggregate_status
+from ..protocol import EXPORT_STATUS_ACTION, KEEP_SKIPPED, LIVE_ACTION, LIVE_KEY, NATIVE_ACTION, ROUTES, aggregate_status
 from . import metrics
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -90,7 +90,7 @@ class SceneEplbEndpoints:
         if self.config is not None:
             self.check_version()  # refuse to serve with an adapter written for another engine release
         self.engine_client = engine_client
-        if self.config is not None:
+        if self.config is not None and self.config.live_counts:
             self._live_task = asyncio.get_running_loop().create_task(self._live_loop(), name="scene-eplb-live")
         tokens = [k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k]
         if tokens:
@@ -141,8 +141,10 @@ class SceneEplbEndpoints:
             raise RouteError(refused[0].get("http_status", 409), "; ".join(errors) + partial)
         return [{k: v for k, v in r.items() if k != "ok"} for r in results]
 
-    async def _dump(self) -> dict:
-        """Start the export on every rank, then poll until every rank is done, one failed, or the deadline."""
+    async def _dump(self, keep_skipped: bool) -> dict:
+        """Start the export on every rank, then poll until every rank is done, one failed, or the deadline.
+        A record in which a rank skipped passes (rows it could not attribute) undercounts: refused
+        unless ``keep_skipped``, and then its metadata says how many."""
         export_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
         export_s = self.config.export_timeout_s if self.config else PluginConfig.export_timeout_s
         timeout = export_s + DUMP_MARGIN_S
@@ -150,7 +152,13 @@ class SceneEplbEndpoints:
         # Every rank gets the export's wall-clock deadline: a rank that receives the request late (its
         # engine was stuck) starts nothing, and no rank writes after it, so a 504 leaves no file behind.
         async with self._control:
-            started = await self._all_ok("dump", export_id, time.time() + export_s, timeout=min(CALL_TIMEOUT_S, timeout))
+            skipped = sum(st.get("skipped_recorded", 0) for st in await self._all_ok("status"))
+            if skipped and not keep_skipped:
+                raise RouteError(409, f"this record skipped {skipped} (MoE layer, pass) pairs: rows a rank could not attribute "
+                                      "to its own tokens were not counted (the workers' log says why), so the dump would "
+                                      f"undercount; dump with ?{KEEP_SKIPPED}=true to write it anyway (its metadata says so)")
+            started = await self._all_ok("dump", export_id, time.time() + export_s, skipped,
+                                         timeout=min(CALL_TIMEOUT_S, timeout))
         pause = POLL_S[0]
         while True:
             left = deadline - time.monotonic()
@@ -177,13 +185,13 @@ class SceneEplbEndpoints:
         total = np.sum([np.asarray(a["counts"], dtype=np.int64) for a in answers], axis=0)
         return {"available": True, "moe_layers": answers[0]["moe_layers"], "counts": total.tolist(), "ranks": len(answers)}
 
-    async def _answer(self, action: str) -> dict:
+    async def _answer(self, action: str, keep_skipped: bool = False) -> dict:
         if action == "dump":
             if self._dumping:
                 raise RouteError(409, "a dump is already running on this server: wait for its answer before dumping again")
             self._dumping = True
             try:
-                return await self._dump()
+                return await self._dump(keep_skipped)
             finally:
                 self._dumping = False
         if action == NATIVE_ACTION:
@@ -235,8 +243,11 @@ class SceneEplbEndpoints:
                 return JSONResponse({"error": "Unauthorized"}, status_code=401)
             if self.engine_client is None:
                 return JSONResponse({"error": "no engine behind this server"}, status_code=503)
+            keep = request.query_params.get(KEEP_SKIPPED, "false").lower()
+            if keep not in ("true", "false", "1", "0"):
+                return JSONResponse({"error": f"{KEEP_SKIPPED} must be true or false, got {keep!r}"}, status_code=400)
             try:
-                return JSONResponse(await self._answer(action))
+                return JSONResponse(await self._answer(action, keep in ("true", "1")))
             except RouteError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=exc.status)
 

@@ -1,21 +1,29 @@
-"""The P-side routing observer: per-pass logical-expert counts in a device ring buffer [entries, L, E].
+"""The routing observer: per-pass expert counts, a device ring buffer of them, and live counts.
 
 Each ring entry holds one forward pass's counts (the recorder's time axis, T in counts [T, L, E]);
 an entry is not a physical expert slot. ``capture`` runs inside the model's forward (traced by
-torch.compile): one fixed-shape ``scatter_add_`` into a per-pass buffer, no host sync, no Python
-state that changes per step. ``end_step`` runs between forward passes on the host: it commits the
-pass into the next ring entry while recording, and always clears the pass buffer. Engine-neutral:
-the adapters bind ``capture`` to their routers and ``end_step`` to their step boundary.
+torch.compile or recorded into a device graph): at most four fixed-shape device ops per MoE layer
+and pass, no host sync, no Python state that changes per step. ``end_step`` runs between forward
+passes on the host: it adds the pass to the live counts, commits it to the next ring entry while
+recording, and clears it. Engine-neutral: the adapters bind ``capture`` to their routers and
+``end_step`` to their step boundary.
 
-Where the adapter sees the physical slot each assignment was sent to (after the layout's logical
--> physical mapping), ``capture_physical`` counts those the same way, [L, P] per pass: the measured
-replica traffic, in the ring beside the logical counts and in the live counts. Per layer and pass
-the two count the same assignments, so their totals agree.
+What ``capture`` counts is the id space the adapter sees:
 
-Every real pass is also added to ``live``, a cumulative [L, E] count that never stops and never
-syncs the host in the forward; live fitness reads it between steps every few seconds, on every
-role. The recorder (the ring, start/stop/snapshot) exists on the prefill role only
-(``records=False`` elsewhere: state ``off``). ``NullObserver`` stands in before the model is bound.
+- physical slot ids [M, k] (after the layout's logical -> physical mapping), when the observer is
+  given ``slot_to_expert`` [L, P]: the measured replica traffic. Logical counts [L, E] are derived
+  from them (a slot serves one expert), when read, not per layer: one count, two views;
+- logical expert ids [M, k] otherwise (no physical view).
+
+A pass buffer row holds the W counts of the id space, one column for ids not counted (padding
+rows, ids outside [0, W): zero experts, shared-expert pseudo ids) and one for the MoE layer's
+skipped passes: an adapter that cannot tell which rows are this rank's (``skip``) counts nothing
+for that layer and pass, and says so in status and in the dump.
+
+``live`` (cumulative, never stops, never syncs the host in the forward) feeds live fitness; a
+server can turn it off (``live=False``: decode nodes, whose steps are many and small). The
+recorder (ring, start/stop/snapshot) exists where ``records`` (else state ``off``).
+``NullObserver`` stands in before the model is bound.
 
 With ``time_moe`` the adapter also reports each MoE layer's local expert time per pass
 (``add_moe_seconds``, host wall clock around the rank's own expert computation) and the step's wall
@@ -41,6 +49,8 @@ class ObserverStatus:
     ring_entries: int
     entries_written: int
     passes_recorded: int
+    skipped_passes: int = 0  # (MoE layer, pass) pairs counted as nothing since bind (rows not attributable)
+    skipped_recorded: int = 0  # the same, in the current or last record
 
     @property
     def recording(self) -> bool:
@@ -66,25 +76,30 @@ class LiveCounts:
 
 
 class RoutingObserver:
-    """Counts (token, top-k) assignments per MoE layer and logical expert, one ring entry per pass.
+    """Counts (token, top-k) assignments per MoE layer and expert (or slot), one ring entry per pass.
 
-    ``padding_rows`` (optional) is a bool mask of at least the batch size, True for rows not to
-    count (graph padding, another rank's tokens). Dummy passes are dropped by ``end_step(is_dummy=True)``.
-    ``num_physical`` (P) sizes the physical counts; None: the adapter captures none.
+    ``slot_to_expert`` (optional) [L, P]: the logical expert of every physical slot; given, ``capture``
+    takes slot ids and logical counts are derived. Dummy passes are dropped by ``end_step(is_dummy=True)``.
     """
 
     def __init__(self, num_moe_layers: int, num_experts: int, entries: int, device: torch.device | str = "cpu",
-                 records: bool = True, role: str = "prefill", num_physical: int | None = None, time_moe: bool = False):
+                 records: bool = True, role: str = "prefill", slot_to_expert: torch.Tensor | None = None,
+                 time_moe: bool = False, live: bool = True):
         self.num_moe_layers, self.num_experts, self.entries = num_moe_layers, num_experts, entries
-        self.num_physical, self.time_moe = num_physical, time_moe
-        self.records, self.role = records, role
-        T, L, P = entries if records else 0, num_moe_layers, num_physical or 0
-        self.pass_counts = torch.zeros((L, num_experts), dtype=torch.int32, device=device)
-        self.live = torch.zeros((L, num_experts), dtype=torch.int64, device=device)
-        self.ring = torch.zeros((T, L, num_experts), dtype=torch.int32, device=device)
-        self.pass_physical = torch.zeros((L, P), dtype=torch.int32, device=device)
-        self.live_physical = torch.zeros((L, P), dtype=torch.int64, device=device)
-        self.ring_physical = torch.zeros((T if num_physical else 0, L, P), dtype=torch.int32, device=device)
+        self.records, self.role, self.time_moe, self.live_on = records, role, time_moe, live
+        L = num_moe_layers
+        self.slot_to_expert = None if slot_to_expert is None else slot_to_expert.to(device=device, dtype=torch.int64)
+        if self.slot_to_expert is not None and (self.slot_to_expert.shape[0] != L or self.slot_to_expert.min() < 0
+                                                or self.slot_to_expert.max() >= num_experts):
+            raise SceneEplbError(f"slot_to_expert must be [{L}, P] of expert ids below {num_experts}")
+        self.num_physical = None if self.slot_to_expert is None else self.slot_to_expert.shape[1]
+        W = self.width = self.num_physical or num_experts
+        self.not_counted, self.skipped_col = W, W + 1  # the pass buffer's two extra columns
+        self.pass_counts = torch.zeros((L, W + 2), dtype=torch.int32, device=device)
+        self._one = torch.ones(1, dtype=torch.int32, device=device)  # expanded (a view) as index_add_'s source
+        self.live = torch.zeros((L, W + 2) if live else (0, W + 2), dtype=torch.int64, device=device)
+        self.ring = torch.zeros((entries if records else 0, L, W + 2), dtype=torch.int32, device=device)
+        self.skipped = torch.zeros((2, L), dtype=torch.int64, device=device)  # skipped passes: since bind, this record
         self.live_passes = 0
         self.recording = False
         self.next_entry = 0
@@ -96,22 +111,23 @@ class RoutingObserver:
         self._pass_seconds = [0.0] * L
         self._step_started: float | None = None
 
-    @staticmethod
-    def _count(buffer: torch.Tensor, width: int, ids: torch.Tensor, padding_rows: torch.Tensor | None) -> None:
-        ids = ids.reshape(ids.shape[0], -1).to(torch.int64)
-        counted = (ids >= 0) & (ids < width)
+    def capture(self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None,
+                own_rows: torch.Tensor | None = None) -> None:
+        """Add one pass's ids [M, k] of MoE layer ``moe_idx``; traceable, at most four device ops.
+        Rows are left out where ``padding_rows`` [>= M] is True or ``own_rows`` [>= M] is False (at
+        most one of the two); ids outside [0, W) go to the not-counted column."""
+        W = self.width
         if padding_rows is not None:
-            counted &= ~padding_rows[: ids.shape[0]].unsqueeze(1)
-        buffer.scatter_add_(0, ids.clamp(0, width - 1).flatten(), counted.to(torch.int32).flatten())
+            ids = torch.where(padding_rows[: ids.shape[0]].unsqueeze(1), W, ids)
+        elif own_rows is not None:
+            ids = torch.where(own_rows[: ids.shape[0]].unsqueeze(1), ids, W)
+        idx = ids.clamp(-1, W).remainder(W + 1).reshape(-1)  # -1 (and W) -> W: the not-counted column
+        self.pass_counts[moe_idx].index_add_(0, idx, self._one.expand(idx.shape[0]))
 
-    def capture(self, moe_idx: int, topk_ids: torch.Tensor, padding_rows: torch.Tensor | None = None) -> None:
-        """Add one pass's logical top-k ids [M, k] of MoE layer ``moe_idx``; traceable. Ids outside
-        [0, E) (zero experts, shared-expert pseudo ids) are not routed experts and are not counted."""
-        self._count(self.pass_counts[moe_idx], self.num_experts, topk_ids, padding_rows)
-
-    def capture_physical(self, moe_idx: int, slot_ids: torch.Tensor, padding_rows: torch.Tensor | None = None) -> None:
-        """Add one pass's physical slot ids [M, k] of MoE layer ``moe_idx`` (the same rows as ``capture``); traceable."""
-        self._count(self.pass_physical[moe_idx], self.num_physical, slot_ids, padding_rows)
+    def skip(self, moe_idx: int) -> None:
+        """Count nothing for MoE layer ``moe_idx`` in this pass and mark it skipped; traceable, one op
+        (under graph capture the skip is replayed with the graph, so every replay is marked)."""
+        self.pass_counts[moe_idx, self.skipped_col].add_(1)
 
     def begin_step(self) -> None:
         """The engine starts a step (host): its wall time runs from here to ``end_step``."""
@@ -126,19 +142,19 @@ class RoutingObserver:
         """Close one forward pass: add it to the live counts and, while recording, commit it to the
         ring (dummy passes go nowhere); then clear it."""
         if not is_dummy:
-            self.live.add_(self.pass_counts)
-            self.live_physical.add_(self.pass_physical)
-            self.live_passes += 1
+            skipped = self.pass_counts[:, self.skipped_col]
+            self.skipped[0].add_(skipped)
+            if self.live_on:
+                self.live.add_(self.pass_counts)
+                self.live_passes += 1
             if self.recording:
                 self.ring[self.next_entry].copy_(self.pass_counts)
-                if self.num_physical:
-                    self.ring_physical[self.next_entry].copy_(self.pass_physical)
+                self.skipped[1].add_(skipped)
                 self.next_entry = (self.next_entry + 1) % self.entries
                 self.passes_recorded += 1
         if self.time_moe:
             self._end_timing(is_dummy)
         self.pass_counts.zero_()
-        self.pass_physical.zero_()
 
     def _end_timing(self, is_dummy: bool) -> None:
         """Add this pass's MoE seconds (a dummy pass's too) and, for a real step with a start, its wall time."""
@@ -152,15 +168,33 @@ class RoutingObserver:
         self._pass_seconds = [0.0] * self.num_moe_layers
         self._step_started = None
 
-    def live_counts(self) -> LiveCounts:
-        """The cumulative counts (and times) of every real pass so far, on CPU (between steps only)."""
-        return LiveCounts(self.live.to("cpu"), self.live_physical.to("cpu") if self.num_physical else None, self.live_passes,
-                          list(self.moe_seconds) if self.time_moe else None, self.moe_passes, self.steps,
-                          self.step_seconds, self.step_moe_seconds)
+    def _views(self, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Counts [..., L, W + 2] as (logical [..., L, E], physical [..., L, P] or None), int64 on CPU."""
+        counts = counts[..., : self.width].to("cpu", torch.int64)
+        if self.slot_to_expert is None:
+            return counts, None
+        index = self.slot_to_expert.to("cpu").expand(counts.shape)
+        logical = torch.zeros((*counts.shape[:-1], self.num_experts), dtype=torch.int64)
+        return logical.scatter_add_(-1, index, counts), counts
+
+    def live_counts(self) -> LiveCounts | None:
+        """The cumulative counts (and times) of every real pass so far, on CPU (between steps only);
+        None when live counting is off."""
+        if not self.live_on:
+            return None
+        logical, physical = self._views(self.live)
+        return LiveCounts(logical, physical, self.live_passes, list(self.moe_seconds) if self.time_moe else None,
+                          self.moe_passes, self.steps, self.step_seconds, self.step_moe_seconds)
+
+    def skipped_passes(self) -> tuple[int, int]:
+        """(layer, pass) pairs skipped since bind and in the current or last record (a host sync:
+        between steps only)."""
+        total, record = self.skipped.sum(dim=1).tolist()
+        return int(total), int(record)
 
     def _recorder_off(self) -> None:
         if not self.records:
-            raise SceneEplbError(f"the recorder is off on this server (role {self.role}); it runs on the prefill role only")
+            raise SceneEplbError(f"the recorder is off on this server (role {self.role})")
 
     def start(self) -> None:
         """Start a new record: clear the ring and count every following pass."""
@@ -168,9 +202,8 @@ class RoutingObserver:
         if self.recording:
             raise SceneEplbError("recording is already on: stop it (and dump) before starting again")
         self.ring.zero_()
-        self.ring_physical.zero_()
+        self.skipped[1].zero_()
         self.pass_counts.zero_()
-        self.pass_physical.zero_()
         self.next_entry, self.passes_recorded = 0, 0
         self.recording, self.has_record = True, True
 
@@ -181,20 +214,21 @@ class RoutingObserver:
         self.recording = False
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The recorded rings (views): logical [entries, L, E] and physical [entries, L, P] (None
+        """The recorded ring on CPU: logical [entries, L, E] and physical [entries, L, P] (None
         without physical counts); refuses while recording or before any record."""
         self._recorder_off()
         if self.recording:
             raise SceneEplbError("recording is on: stop it before dumping")
         if not self.has_record:
             raise SceneEplbError("nothing recorded yet: start and stop a record before dumping")
-        return self.ring, (self.ring_physical if self.num_physical else None)
+        return self._views(self.ring)
 
     def status(self) -> ObserverStatus:
+        total, record = self.skipped_passes()
         if not self.records:
-            return ObserverStatus(OBSERVER_OFF, self.entries, 0, 0)
+            return ObserverStatus(OBSERVER_OFF, self.entries, 0, 0, total, 0)
         state = OBSERVER_RECORDING if self.recording else OBSERVER_IDLE
-        return ObserverStatus(state, self.entries, min(self.passes_recorded, self.entries), self.passes_recorded)
+        return ObserverStatus(state, self.entries, min(self.passes_recorded, self.entries), self.passes_recorded, total, record)
 
 
 class NullObserver:
@@ -204,9 +238,12 @@ class NullObserver:
         self.role, self.entries = role, entries
 
     def _refuse(self, *args, **kwargs):
-        raise SceneEplbError(f"the recorder is off on this server (role {self.role}); it runs on the prefill role only")
+        raise SceneEplbError(f"the recorder is off on this server (role {self.role}): no model bound or no counts here")
 
     start = stop = snapshot = _refuse
+
+    def skip(self, moe_idx: int) -> None:
+        pass
 
     def begin_step(self) -> None:
         pass

@@ -81,6 +81,9 @@ class RecorderRuntime:
             "ring_entries": obs.ring_entries,
             "entries_written": obs.entries_written,
             "passes_recorded": obs.passes_recorded,
+            "skipped_passes": obs.skipped_passes,
+            "skipped_recorded": obs.skipped_recorded,
+            "live_counts": self.config.live_counts,
             "moe_layers": self.moe_layer_ids,
             **self.model.routing(),
         }
@@ -99,12 +102,12 @@ class RecorderRuntime:
             raise SceneEplbError(f"model built MoE layers {found}, its config says {list(self.model.moe_layers)}")
         self.moe_layer_ids = list(found)
 
-    def make_observer(self, device, num_physical: int | None = None) -> RoutingObserver:
+    def make_observer(self, device, slot_to_expert=None) -> RoutingObserver:
         """The observer of the bound model: every role captures (live fitness), only prefill records;
-        ``num_physical``: the slots whose traffic the adapter captures (None: it captures none)."""
+        ``slot_to_expert`` [L_moe, P]: the adapter captures physical slot ids (None: logical ids)."""
         self.observer = RoutingObserver(len(self.moe_layer_ids), self.model.num_experts, self.config.ring_entries, device,
-                                        records=self.role == "prefill", role=self.role, num_physical=num_physical,
-                                        time_moe=self.config.time_moe)
+                                        records=self.role == "prefill", role=self.role, slot_to_expert=slot_to_expert,
+                                        time_moe=self.config.time_moe, live=self.config.live_counts)
         return self.observer
 
     # ------------------------------------------------------------ control (the engine's worker RPC)
@@ -144,7 +147,7 @@ class RecorderRuntime:
         whether they count, and with ``time_moe`` its MoE and step seconds."""
         live = self.observer.live_counts()
         if live is None:
-            raise SceneEplbError("the model is not bound yet: no live counts")
+            raise SceneEplbError("no live counts on this server (live_counts is off, or the model is not bound yet)")
         return {"counts": live.logical.tolist(), "physical": None if live.physical is None else live.physical.tolist(),
                 "passes": live.passes, "moe_seconds": live.moe_seconds, "moe_passes": live.moe_passes,
                 "steps": live.steps, "step_seconds": live.step_seconds, "step_moe_seconds": live.step_moe_seconds,
@@ -156,9 +159,10 @@ class RecorderRuntime:
         over its rows (``replica_map.SourceRanks``); None where the adapter does not say."""
         return None
 
-    def _begin_dump(self, export_id: str, deadline: float) -> dict:
+    def _begin_dump(self, export_id: str, deadline: float, skipped: int = 0) -> dict:
         """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread, which must
-        finish by ``deadline`` (wall clock); a request that arrives after it starts nothing."""
+        finish by ``deadline`` (wall clock); a request that arrives after it starts nothing. ``skipped``:
+        the record's skipped (layer, pass) pairs over all ranks (the route summed them), for the metadata."""
         import torch
 
         if time.time() >= deadline:
@@ -169,12 +173,13 @@ class RecorderRuntime:
         # one [T, L, E + P] buffer, logical then physical, summed in one export
         local = torch.zeros((T, L, E + P), dtype=torch.int64)
         if self.contributes:
-            local[:, self.moe_layer_ids, :E] = ring.to("cpu", torch.int64)
+            local[:, self.moe_layer_ids, :E] = ring
             if P:
-                local[:, self.moe_layer_ids, E:] = physical.to("cpu", torch.int64)
+                local[:, self.moe_layer_ids, E:] = physical
         st = self.status()
         meta = {k: st[k] for k in DUMP_META_KEYS}
-        meta.update(ring_wrapped=st["passes_recorded"] > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        meta.update(ring_wrapped=st["passes_recorded"] > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    skipped_passes=int(skipped))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
         job = self.exporter.begin(export_id, local, path, meta, (T, L, E + P), deadline, split=E)
         return {**job.to_dict(), "ep_rank": self.ep_rank, "shape": [T, L, E], "physical_shape": [T, L, P] if P else None,

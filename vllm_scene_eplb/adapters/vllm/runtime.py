@@ -109,11 +109,17 @@ class WorkerRuntime(RecorderRuntime):
                                          f"{None if emap is None else emap.numel()}; the layout needs slots {own[0]}-{own[-1]} "
                                          f"of {g.num_physical}")
                 r.router._scene_eplb_map = maps[int(r.layer_id)]
-        self.make_observer(device, self.layout.geometry.num_physical if self.layout else self.model.num_experts)
+        # the router's physical slot ids are counted (the measured replica traffic); logical counts
+        # follow from them (without a layout the slots are the experts)
+        import torch
+
+        E, L = self.model.num_experts, len(runners)
+        slots = (torch.as_tensor(self.layout.physical_to_logical_map[self.moe_layer_ids]) if self.layout
+                 else torch.arange(E).expand(L, E))
+        self.make_observer(device, slots)
         padding = getattr(model_runner, "is_padding", None)
         for idx, r in enumerate(runners):
-            r.router.set_capture_fn(functools.partial(self.observer.capture, idx, padding_rows=padding))
-            r.router._scene_eplb_physical = functools.partial(self.observer.capture_physical, idx, padding_rows=padding)
+            r.router._scene_eplb_physical = functools.partial(self.observer.capture, idx, padding_rows=padding)
             if self.config.time_moe:
                 if str(device) != "cpu":
                     raise SceneEplbError("scene_eplb.time_moe times the CPU expert path only; on CUDA it is not built yet "

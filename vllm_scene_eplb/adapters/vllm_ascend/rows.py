@@ -38,8 +38,8 @@ class OwnRows:
     dp_rank: int
     dp_size: int
 
-    def skip(self, comm: str, rows: int, real: torch.Tensor, num_tokens: int, max_tokens_across_dp: int) -> torch.Tensor:
-        """Bool [rows], True for rows not to count. ``comm`` is the MoE comm method's name,
+    def own(self, comm: str, rows: int, real: torch.Tensor, num_tokens: int, max_tokens_across_dp: int) -> torch.Tensor:
+        """Bool [rows], True for the rows to count. ``comm`` is the MoE comm method's name,
         ``real`` the forward context's ``mc2_mask`` (True for this DP rank's real tokens, from row 0),
         ``num_tokens`` this DP rank's (padded) batch, ``max_tokens_across_dp`` the DP block size."""
         if comm in ("MC2", "FUSED_MC2"):
@@ -57,7 +57,7 @@ class OwnRows:
             raise ValueError(f"{comm}: {rows} routed rows, expected {mine.shape[0]} (tp {self.tp_rank}/{self.tp_size}, "
                              f"dp {self.dp_rank}/{self.dp_size}, num_tokens {num_tokens}, max_tokens_across_dp "
                              f"{max_tokens_across_dp})")
-        return ~mine
+        return mine
 
     def _tp_slice(self, rows: torch.Tensor) -> torch.Tensor:
         """This TP rank's part of ``rows``, split as ``prepare`` splits the batch."""
@@ -71,9 +71,10 @@ def _extend(mask: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([mask, torch.zeros(n - mask.shape[0], dtype=torch.bool, device=mask.device)])
 
 
-def skip_from_context(own: OwnRows, ids: torch.Tensor) -> torch.Tensor:
-    """``own.skip`` for the ids [M, k] of the forward pass being run, read from vLLM-Ascend's forward
-    context; every row skipped, with a logged error, when the rows do not follow the comm method's rule."""
+def own_rows_from_context(own: OwnRows, ids: torch.Tensor) -> torch.Tensor | None:
+    """``own.own`` for the ids [M, k] of the forward pass being run, read from vLLM-Ascend's forward
+    context; None, with a logged error, when the rows do not follow the comm method's rule (the
+    observer then marks the layer's pass skipped: status, dump metadata and audit show it)."""
     from vllm_ascend.ascend_forward_context import _EXTRA_CTX
 
     rows = ids.shape[0]
@@ -82,11 +83,11 @@ def skip_from_context(own: OwnRows, ids: torch.Tensor) -> torch.Tensor:
     if real is None:  # no reserved mask (not a MoE model's runner): every row of the batch is real
         real = torch.ones(num_tokens, dtype=torch.bool, device=ids.device)
     try:
-        return own.skip(_EXTRA_CTX.moe_comm_type.name, rows, real, num_tokens,
-                        int(_EXTRA_CTX.max_tokens_across_dp or num_tokens))
+        return own.own(_EXTRA_CTX.moe_comm_type.name, rows, real, num_tokens,
+                       int(_EXTRA_CTX.max_tokens_across_dp or num_tokens))
     except ValueError as exc:
-        logger.error("scene-eplb: this pass of a MoE layer is not counted: %s", exc)
-        return torch.ones(rows, dtype=torch.bool, device=ids.device)
+        logger.error("scene-eplb: this pass of a MoE layer is not counted (skipped): %s", exc)
+        return None
 
 
 def unsupported_settings(vllm_config) -> list[str]:

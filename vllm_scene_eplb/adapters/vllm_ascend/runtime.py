@@ -27,7 +27,7 @@ from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
 from .dynamic import virtual_ids_for
 from .moe_hooks import FUSED_MOE_MODULE
 from .native_load import NativeWindow
-from .rows import OwnRows, skip_from_context, unsupported_settings
+from .rows import OwnRows, own_rows_from_context, unsupported_settings
 
 logger = logging.getLogger("vllm.scene_eplb")
 CAPTURE_ATTR = "_scene_eplb_capture"  # on a bound main-model layer: (ids) -> None
@@ -80,7 +80,13 @@ class AscendRuntime(RecorderRuntime):
 
 
 def _capture(observer, own: OwnRows, moe_idx: int, ids) -> None:
-    observer.capture(moe_idx, ids, padding_rows=skip_from_context(own, ids))
+    """Count this rank's own rows of the layer's ids, or mark the layer's pass skipped where the rows
+    do not follow the comm method's rule (decided when traced: a captured graph replays it)."""
+    mine = own_rows_from_context(own, ids)
+    if mine is None:
+        observer.skip(moe_idx)
+    else:
+        observer.capture(moe_idx, ids, own_rows=mine)
 
 
 class LayerIds:
