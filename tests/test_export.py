@@ -6,14 +6,30 @@ import os
 import socket
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from vllm_scene_eplb.formats import read_counts
 
-SHAPE = (4, 3, 8)
+SHAPE = (4, 3, 8)  # ring entries T, layers L, width W
 DEADLINE_S = 3.0
+
+
+def _record(rank: int, scenario: str):
+    """Rank ``rank``'s part: entries of value rank + 1 at stamps 10-13 (``offset``: rank 1 at 11-14, as
+    when the start request reached its engine a step later), DP signatures of its steps."""
+    from vllm_scene_eplb.runtime.export import RankRecord
+
+    stamps = np.arange(10, 14) + (1 if scenario in ("offset", "misaligned") and rank == 1 else 0)
+    signature = np.stack([stamps * 7, stamps * 3], axis=1)  # tokens per DP rank: the same for a stamp on every engine
+    if scenario == "misaligned" and rank == 1:
+        signature = signature[[1, 2, 3, 0]]  # rank 1's entries carry other steps' tokens: not the same steps
+    counts = torch.full((4, *SHAPE[1:]), rank + 1, dtype=torch.int64)
+    if scenario == "bad_shape" and rank == 1:
+        counts = torch.zeros((4, 3, 9), dtype=torch.int64)
+    return RankRecord(counts, stamps, signature if scenario != "unsigned" else None, passes=4 + rank, steps_per_entry=2)
 
 
 def _free_port() -> int:
@@ -28,17 +44,15 @@ def _worker(rank, port, dump_dir, scenario, out_dir):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         exporter = Exporter(lambda export_id, timeout_s: export_group(export_id, rank, 2, timeout_s))
-        local = torch.full(SHAPE, rank + 1, dtype=torch.int32)
-        if scenario == "bad_shape" and rank == 1:
-            local = torch.zeros((4, 3, 9), dtype=torch.int32)
+        record = _record(rank, scenario)
         deadline = time.time() + DEADLINE_S
         if scenario in ("absent", "late") and rank == 1:
             time.sleep(DEADLINE_S + 2)  # rank 1 is stuck in a step (or dead) while rank 0 exports
             if scenario == "absent":
                 return
         t0 = time.monotonic()
-        job = exporter.begin("e1", local, os.path.join(dump_dir, "counts-e1.npz"), {"role": "prefill", "model": "tiny"}, SHAPE,
-                             deadline)
+        job = exporter.begin("e1", record, os.path.join(dump_dir, "counts-e1.npz"), {"role": "prefill", "model": "tiny"},
+                             SHAPE[0], SHAPE[1:], deadline)
         began_s = time.monotonic() - t0
         while exporter.job("e1").state == "running":
             time.sleep(0.05)
@@ -63,6 +77,33 @@ def test_sum_over_gloo_and_rank0_writes_one_verified_file(tmp_path):
     counts = read_counts(results[0]["path"])
     assert (counts.data == 3).all() and counts.data.shape == SHAPE  # 1 + 2, summed exactly once
     assert counts.meta["ranks_summed"] == 2 and counts.meta["role"] == "prefill"
+    assert counts.meta["entry_steps"] == [20, 22, 24, 26] and counts.meta["steps_per_entry"] == 2
+    assert counts.meta["passes_per_rank"] == [4, 5] and counts.meta["aligned_by"] == "stamps and DP signatures"
+
+
+def test_entries_line_up_by_stamp_not_by_ring_position(tmp_path):
+    """Rank 1 began a step later: entry by entry the sum is of the same steps; the window is the last
+    T stamps any rank holds (stamp 10, rank 0's oldest, falls out), and every count is placed once."""
+    results = _run(tmp_path, "offset", tmp_path / "dumps")
+    assert [r["state"] for r in results] == ["done", "done"]
+    counts = read_counts(results[0]["path"])
+    assert counts.meta["entry_steps"] == [22, 24, 26, 28]
+    assert counts.data.sum(axis=(1, 2)).tolist() == [3 * 24, 3 * 24, 3 * 24, 2 * 24]  # 11-13 both ranks, 14 rank 1 only
+
+
+def test_entries_that_do_not_line_up_fail_every_rank_and_write_nothing(tmp_path):
+    """The same stamps with different DP signatures are not the same steps: placed by stamp alone they
+    would sum different moments, so the export refuses."""
+    dump = tmp_path / "dumps"
+    results = _run(tmp_path, "misaligned", dump)
+    assert [r["state"] for r in results] == ["failed", "failed"]
+    assert all("do not line up across DP engines" in r["error"] and "global step 22" in r["error"] for r in results)
+    assert not dump.exists() or not list(dump.iterdir())
+
+
+def test_without_signatures_the_stamps_alone_line_up(tmp_path):
+    results = _run(tmp_path, "unsigned", tmp_path / "dumps")
+    assert read_counts(results[0]["path"]).meta["aligned_by"] == "stamps"
 
 
 def test_a_bad_rank_fails_every_rank_and_writes_nothing(tmp_path):

@@ -21,7 +21,7 @@ def test_observer_counts_passes_once_and_skips_padding_and_dummies():
     obs.capture(0, torch.tensor([[0, 1]]))
     obs.end_step(is_dummy=True)  # a dummy pass is dropped
     obs.stop()
-    ring = obs.snapshot()[0]
+    ring = obs.snapshot().logical
     assert ring[0].tolist() == [[1, 2, 1, 0], [1, 0, 2, 1]]
     assert ring[1:].sum() == 0 and obs.status().passes_recorded == 1
 
@@ -35,7 +35,7 @@ def test_observer_idle_counts_nothing_and_ring_wraps():
         obs.capture(0, torch.tensor([[1, 1]]))
         obs.end_step()
     obs.stop()
-    assert obs.snapshot()[0].sum(dim=(1, 2)).tolist() == [2, 2]
+    assert obs.snapshot().logical.sum(dim=(1, 2)).tolist() == [2, 2]
     st = obs.status()
     assert (st.passes_recorded, st.entries_written, st.state) == (5, 2, "idle")
 
@@ -43,14 +43,14 @@ def test_observer_idle_counts_nothing_and_ring_wraps():
 def test_observer_misuse_is_refused():
     obs = RoutingObserver(1, 2, entries=2)
     with pytest.raises(SceneEplbError, match="nothing recorded"):
-        obs.snapshot()[0]
+        obs.snapshot().logical
     with pytest.raises(SceneEplbError, match="not on"):
         obs.stop()
     obs.start()
     with pytest.raises(SceneEplbError, match="already on"):
         obs.start()
     with pytest.raises(SceneEplbError, match="stop it before dumping"):
-        obs.snapshot()[0]
+        obs.snapshot().logical
 
 
 # Ops that launch no kernel (views, metadata): not counted against the capture's bound.
@@ -102,7 +102,8 @@ def test_capture_counts_exactly_what_a_bincount_of_the_counted_rows_gives():
         want_phys[layer] = torch.bincount(kept, minlength=6)
     obs.end_step()
     obs.stop()
-    logical, physical = obs.snapshot()
+    rec = obs.snapshot()
+    logical, physical = rec.logical, rec.physical
     assert physical[0].tolist() == want_phys.tolist() and physical[1:].sum() == 0
     want_logical = torch.zeros(2, 4, dtype=torch.int64).scatter_add_(1, p2l, want_phys)
     assert logical[0].tolist() == want_logical.tolist()
@@ -124,7 +125,7 @@ def test_skipped_passes_show_in_status_per_record_and_never_count():
     obs.stop()
     st = obs.status()
     assert (st.skipped_passes, st.skipped_recorded) == (2, 1)
-    assert obs.snapshot()[0].sum(dim=(0, 2)).tolist() == [2, 0]  # the skipped layer counted nothing
+    assert obs.snapshot().logical.sum(dim=(0, 2)).tolist() == [2, 0]  # the skipped layer counted nothing
     obs.start()
     assert obs.status().skipped_recorded == 0 and obs.status().skipped_passes == 2
 
@@ -136,7 +137,41 @@ def test_live_counts_off_keeps_the_recorder_and_adds_nothing_live():
     obs.capture(0, torch.tensor([[0, 3]]))
     obs.end_step()
     obs.stop()
-    assert obs.live_counts() is None and obs.snapshot()[0][0, 0].tolist() == [1, 0, 0, 1]
+    assert obs.live_counts() is None and obs.snapshot().logical[0, 0].tolist() == [1, 0, 0, 1]
+
+
+def test_ring_entries_sum_steps_per_entry_and_dummies_advance_the_ring():
+    """Entry k holds global steps [k * spe, (k + 1) * spe): real passes add, dummy passes add nothing
+    but keep the clock, so entry k means the same steps on every DP engine; the DP signature sums
+    the steps' tokens per DP rank."""
+    obs = RoutingObserver(1, 2, entries=8, steps_per_entry=3, dp_size=2)
+    obs.end_step(is_dummy=True)  # step 0, before the record (a warm-up pass)
+    obs.start()
+    for step in range(1, 9):  # steps 1-8: entries 0 (steps 1-2), 1 (3-5), 2 (6-8)
+        obs.note_dp_tokens([step, 10 * step])
+        if step % 4 == 0:
+            obs.end_step(is_dummy=True)  # an idle engine's dummy pass: the ring advances, nothing counted
+            continue
+        obs.capture(0, torch.tensor([[0, 1]] * step))
+        obs.end_step()
+    obs.stop()
+    rec = obs.snapshot()
+    assert rec.stamps.tolist() == [0, 1, 2] and rec.steps_per_entry == 3 and rec.passes == 6
+    assert rec.logical[:, 0, 0].tolist() == [1 + 2, 3 + 5, 6 + 7]  # steps 4 and 8 were dummies
+    assert rec.signature.tolist() == [[3, 30], [12, 120], [21, 210]]
+    assert obs.status().entries_written == 3
+
+
+def test_the_ring_keeps_the_last_entries_in_time_order_after_wrapping():
+    obs = RoutingObserver(1, 2, entries=3)
+    obs.start()
+    for step in range(7):
+        obs.capture(0, torch.tensor([[0]] * (step + 1)))
+        obs.end_step()
+    obs.stop()
+    rec = obs.snapshot()
+    assert rec.stamps.tolist() == [4, 5, 6] and rec.logical[:, 0, 0].tolist() == [5, 6, 7]
+    assert obs.status().entries_written == 3 and obs.entries_written == 7
 
 
 def _layout() -> Layout:

@@ -111,7 +111,7 @@ for comm, (dp, tp), kind in itertools.product(["MC2", "ALLTOALL", "ALLGATHER"], 
                     moe_hooks.current_layer.reset(token)
         observer.end_step()                          # the step boundary: commit this pass
         observer.stop()
-        got += observer.snapshot()[0].sum(dim=(0, 1)).to(torch.int64)
+        got += observer.snapshot().logical.sum(dim=(0, 1)).to(torch.int64)
         pseudo = int((standin.ids >= E).sum())
     results.append({{"comm": comm, "dp": dp, "tp": tp, "kind": kind, "want": want.tolist(), "got": got.tolist(),
                      "pseudo_ids_seen": pseudo, "padding_rows": sum(padded) - sum(real)}})
@@ -191,7 +191,7 @@ observer.end_step()
 observer.stop()
 st = observer.status()
 print(json.dumps({{"skipped": [st.skipped_passes, st.skipped_recorded],
-                  "per_layer": observer.snapshot()[0].sum(dim=(0, 2)).tolist()}}))
+                  "per_layer": observer.snapshot().logical.sum(dim=(0, 2)).tolist()}}))
 """
 
 
@@ -238,7 +238,7 @@ def test_a_real_step_commits_once_and_dummy_passes_never(monkeypatch):
     runner._dummy_run(1)
     observer.stop()
     assert observer.status().passes_recorded == 1
-    assert observer.snapshot()[0][0, 0].tolist() == [1, 2, 1, 0] and int(observer.snapshot()[0].sum()) == 4
+    assert observer.snapshot().logical[0, 0].tolist() == [1, 2, 1, 0] and int(observer.snapshot().logical.sum()) == 4
 
 
 def test_when_imported_patches_a_module_at_its_first_import(tmp_path, monkeypatch):
@@ -313,7 +313,7 @@ async def main():
         out["again"] = (await http.post("/start_expert_distribution_record")).json()
         out["stop"] = (await http.post("/stop_expert_distribution_record")).json()
         out["native"] = (await http.get("/scene_eplb/native_load")).json()
-        out["recorded"] = [int(rt.observer.snapshot()[0].sum()) for rt in workers]
+        out["recorded"] = [int(rt.observer.snapshot().logical.sum()) for rt in workers]
         # a record in which DP rank 1 skipped a layer's pass: the dump is refused, unless asked to keep it
         await http.post("/start_expert_distribution_record")
         workers[1].observer.skip(0)

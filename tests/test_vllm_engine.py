@@ -1,7 +1,7 @@
 """The plugin in real vLLM 0.32 CPU servers: a generated Qwen3-MoE checkpoint, TP=2 with expert parallel.
 
 One server at a time (two cores): the baseline without any plugin, a P-role recording server behind
---api-key, a server with the fitted layout under ``static`` and one under ``dynamic`` (decode role),
+--api-key, a server with the fitted layout under ``static`` and one under ``dynamic`` (decode role, which records too),
 and one started with a layout for another geometry, which must refuse to start.
 """
 
@@ -141,6 +141,7 @@ def test_dump_counts_every_routed_token_once(recorded):
     assert counts.meta["role"] == "prefill" and counts.meta["moe_layers"] == [0, 1] and counts.meta["ranks_summed"] == 2
     assert (counts.meta["top_k"], counts.meta["expert_groups"]) == (2, 1)  # the router, for the fit's defaults
     assert counts.meta["skipped_passes"] == 0  # the vLLM adapter attributes every row (it never skips)
+    assert counts.meta["scheduled_tokens"] == RECORDED_TOKENS and counts.meta["aligned_by"] == "stamps"
     assert 1 <= dump["entries_written"] == counts.written_entries().size
 
 
@@ -238,10 +239,10 @@ def test_bench_drives_vllm_bench_serve_and_saves_the_manifest(static_run, fitted
     assert doc["aggregate"]["prefill_throughput_per_card"]["mean"] > 0
 
 
-def test_decode_role_has_no_recorder(dynamic_run):
+def test_decode_role_records_too(dynamic_run):
     code, body = dynamic_run["start"]
-    assert code == 409 and "recorder is off" in body["error"]
-    assert dynamic_run["status"][1]["observer"] == "off"
+    assert code == 200 and body["observer"] == "recording" and body["role"] == "decode"
+    assert dynamic_run["status"][1]["steps_per_entry"] == 16  # the decode default: a ring of minutes
 
 
 def test_layout_for_another_geometry_stops_startup(tiny_model, workdir):

@@ -139,6 +139,21 @@ def test_dump_counts_every_routed_token_once_across_dp_engines(recorded):
     assert counts.meta["ranks_summed"] == 2 and dump["ranks"] == 2
     # both engines served requests while recording (else the sum over DP ranks would prove nothing)
     assert all(r["passes_recorded"] > 0 for r in recorded["status_after"]["ranks"])
+    assert all(n > 0 for n in counts.meta["passes_per_rank"])
+    # entries lined up by global step across the engines, each checked by the steps' DP token counts
+    assert counts.meta["aligned_by"] == "stamps and DP signatures" and counts.meta["steps_per_entry"] == 1
+    steps = counts.meta["entry_steps"]
+    assert steps == list(range(steps[0], steps[0] + len(steps)))
+    assert counts.meta["scheduled_tokens"] == RECORDED_TOKENS  # the engines' own scheduled tokens, summed
+
+
+def test_entries_under_load_line_up_across_engines(recorded):
+    """While both engines generate, the start and stop requests reach them at different steps; the
+    export lines their entries up by global step and checks each by the steps' DP token counts."""
+    counts = read_counts(recorded["dump_under_load"][1]["path"])
+    assert counts.meta["aligned_by"] == "stamps and DP signatures"
+    per_entry = counts.data.sum(axis=(1, 2))
+    assert per_entry.sum() == counts.meta["scheduled_tokens"] * TOP_K * LAYERS  # per-entry counts add up to the exact total
 
 
 def test_a_dump_under_load_returns_quickly_and_the_requests_are_unchanged(reference, recorded):

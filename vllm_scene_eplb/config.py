@@ -1,6 +1,6 @@
 """The plugin's settings: the ``scene_eplb`` object in vLLM's ``--additional-config``, validated.
 
-    --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512, "dump_dir": "/data/eplb",
+    --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512, "steps_per_entry": 1, "dump_dir": "/data/eplb",
                           "export_timeout_s": 30, "layout": "layout.json", "dispatch": "static",
                           "live_window_s": 10, "drift_margin": 0.05, "drift_windows": 3,
                           "live_per_layer_metrics": false, "time_moe": false, "live_counts": true}}'
@@ -37,6 +37,11 @@ FLAGS = {
     "time_moe": False,  # time each rank's local expert computation per MoE layer
     "live_counts": True,  # the cumulative live count behind live fitness (off: nothing added per step)
 }
+# Global steps one ring entry sums, by role, unless steps_per_entry is set: a prefill step is one
+# chunk of prompts, a decode step one token per sequence (many, small: 16 of them make a 512-entry
+# ring hold minutes of a D node).
+STEPS_PER_ENTRY = {"prefill": 1, "decode": 16}
+MAX_STEPS_PER_ENTRY = 1 << 16
 # Keys renamed since an earlier release: named in the error instead of "unknown key".
 RENAMED = {"buffer_slots": "ring_entries"}
 # kv_transfer_config.kv_role -> role, for role "auto".
@@ -59,6 +64,11 @@ class PluginConfig:
     live_counts: bool = True  # off (decode servers): no live count, no live fitness
     layout: str | None = None
     dispatch: str = "static"
+    steps_per_entry: int | None = None  # None: STEPS_PER_ENTRY of the role
+
+    def entry_steps(self, role: str) -> int:
+        """Global steps per ring entry on a server of ``role`` (resolved)."""
+        return self.steps_per_entry or STEPS_PER_ENTRY[role]
 
     def resolve_role(self, kv_role: str | None) -> str:
         """``prefill`` or ``decode``. ``auto`` follows kv_role; a server without P/D disaggregation
@@ -92,7 +102,7 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         raw = {}
     if not isinstance(raw, dict):
         raise SceneEplbError(f"additional_config.{CONFIG_KEY} must be a JSON object (or true), got {type(raw).__name__}")
-    known = {"role", "ring_entries", "dump_dir", "layout", "dispatch", *FLAGS, *NUMBERS}
+    known = {"role", "ring_entries", "steps_per_entry", "dump_dir", "layout", "dispatch", *FLAGS, *NUMBERS}
     unknown = sorted(set(raw) - known)
     renamed = [k for k in unknown if k in RENAMED]
     if renamed:
@@ -105,6 +115,9 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     entries = raw.get("ring_entries", DEFAULT_RING_ENTRIES)
     if not isinstance(entries, int) or isinstance(entries, bool) or not 1 <= entries <= MAX_RING_ENTRIES:
         raise SceneEplbError(f"{CONFIG_KEY}.ring_entries must be an integer in [1, {MAX_RING_ENTRIES}], got {entries!r}")
+    steps = raw.get("steps_per_entry")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS_PER_ENTRY):
+        raise SceneEplbError(f"{CONFIG_KEY}.steps_per_entry must be an integer in [1, {MAX_STEPS_PER_ENTRY}], got {steps!r}")
     numbers = {}
     for key, (default, low, high, integer) in NUMBERS.items():
         value = raw.get(key, default)
@@ -129,7 +142,7 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         raise SceneEplbError(f"{CONFIG_KEY}.layout: no such file: {layout}")
     dump_dir = raw.get("dump_dir", PluginConfig.dump_dir)
     check_dump_dir(dump_dir)
-    return PluginConfig(role=role, ring_entries=entries, dump_dir=dump_dir,
+    return PluginConfig(role=role, ring_entries=entries, steps_per_entry=steps, dump_dir=dump_dir,
                         layout=layout, dispatch=dispatch, **flags, **numbers)
 
 

@@ -34,7 +34,7 @@ ACTIONS = tuple(ROUTE_BY_ACTION)
 # What each worker reports; GET /scene_eplb/status answers EP rank 0's, plus RANKS_KEY and AGREE_KEY.
 STATUS_KEYS = ("plugin_version", "engine", "model", "role", "ep_size", "ep_rank", "dp_rank", "tp_rank", "layout_hash",
                "layout_path", "redundant_slots", "dispatch", "observer", "recording", "ring_entries", "entries_written",
-               "passes_recorded", "skipped_passes", "skipped_recorded", "live_counts", "moe_layers", "top_k", "expert_groups")
+               "passes_recorded", "steps_per_entry", "skipped_passes", "skipped_recorded", "live_counts", "moe_layers", "top_k", "expert_groups")
 # Every rank's view, one entry per worker, under this key of the status answer.
 RANKS_KEY = "ranks"
 RANK_KEYS = ("ep_rank", "dp_rank", "tp_rank", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written",

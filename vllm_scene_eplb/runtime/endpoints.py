@@ -152,13 +152,14 @@ class SceneEplbEndpoints:
         # Every rank gets the export's wall-clock deadline: a rank that receives the request late (its
         # engine was stuck) starts nothing, and no rank writes after it, so a 504 leaves no file behind.
         async with self._control:
-            skipped = sum(st.get("skipped_recorded", 0) for st in await self._all_ok("status"))
+            answers = await self._all_ok("status", timeout=min(CALL_TIMEOUT_S, timeout))
+            skipped = sum(st.get("skipped_recorded", 0) for st in answers)
             if skipped and not keep_skipped:
                 raise RouteError(409, f"this record skipped {skipped} (MoE layer, pass) pairs: rows a rank could not attribute "
                                       "to its own tokens were not counted (the workers' log says why), so the dump would "
                                       f"undercount; dump with ?{KEEP_SKIPPED}=true to write it anyway (its metadata says so)")
             started = await self._all_ok("dump", export_id, time.time() + export_s, skipped,
-                                         timeout=min(CALL_TIMEOUT_S, timeout))
+                                         timeout=max(0.1, min(CALL_TIMEOUT_S, deadline - time.monotonic())))
         pause = POLL_S[0]
         while True:
             left = deadline - time.monotonic()

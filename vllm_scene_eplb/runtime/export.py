@@ -8,6 +8,10 @@ an engine that waits in an EP collective for a peer keeps stepping while the exp
 that peer. Every wait has the group's deadline. Every rank takes part in every collective of an
 export, also when its own part failed, so a failure anywhere is an error everywhere; a rank that
 never joins makes every other rank's export fail at the deadline; no partial file is ever left.
+
+Ranks line their ring entries up by stamp (see ``observer``): the export agrees on the window of
+stamps all ranks recorded (the last T of them), places each rank's entries there, and where the
+ranks carry DP signatures, refuses entries whose signatures differ between ranks (not the same steps).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -27,6 +32,21 @@ from ..formats import write_counts
 
 EXPORT_PREFIX = "scene_eplb/export/"
 KEEP_JOBS = 32  # finished exports each rank can still report on
+_NONE = np.iinfo(np.int64).max  # "no entry here" in MIN reductions
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """One rank's part of an export: its entries [n, L, W] (int64 CPU; zeros on a rank that must not
+    double-count), their stamps [n] (ascending), DP signatures [n, DP] (None: not reported), the
+    real passes it recorded and their scheduled tokens."""
+
+    counts: torch.Tensor
+    stamps: np.ndarray
+    signature: np.ndarray | None
+    passes: int
+    steps_per_entry: int = 1
+    tokens: int = 0  # scheduled tokens of the recorded passes (0 on a rank whose tokens another rank reports)
 
 
 def export_group(export_id: str, rank: int, size: int, timeout_s: float, store=None):
@@ -55,35 +75,93 @@ def _all_ok(group, ok: bool) -> bool:
     return bool(flag.item())
 
 
-def export_counts(local: torch.Tensor, group, path: str | Path, meta: dict, expected_shape: tuple[int, int, int],
-                  deadline: float | None = None, split: int | None = None) -> Path:
-    """Sum every rank's [T, L, E] counts over ``group`` (Gloo) and have group rank 0 write ``path``.
+def _window(group, stamps: np.ndarray, entries: int) -> tuple[int, int] | None:
+    """The stamps [first, last] every rank's entries fall in, the last ``entries`` of them; None: no entry anywhere."""
+    bounds = torch.tensor([int(stamps[0]) if stamps.size else _NONE, -int(stamps[-1]) if stamps.size else _NONE])
+    _allreduce(group, bounds, dist.ReduceOp.MIN)
+    if bounds[0] == _NONE:
+        return None
+    last = -int(bounds[1])
+    return max(int(bounds[0]), last - entries + 1), last
 
-    ``local`` holds this rank's counts (a rank that must not double-count passes zeros); with
-    ``split``, its last axis is logical counts [..., :split] then physical slot counts [..., split:],
-    summed together and written as ``logical_count`` and ``physical_count``. Rank 0 writes nothing
-    after ``deadline`` (wall clock). Returns ``path`` on every rank; raises SceneEplbError on every
-    rank if any rank failed.
+
+def _check_aligned(group, record: RankRecord, first: int, entries: int, steps_per_entry: int) -> bool:
+    """Raise (on every rank alike) when two ranks' DP signatures of one entry differ; False when not
+    every rank has signatures (nothing to compare)."""
+    has = torch.tensor([1 if record.signature is not None else 0], dtype=torch.int64)
+    _allreduce(group, has, dist.ReduceOp.MIN)
+    if not has.item():
+        return False
+    width = torch.tensor([record.signature.shape[1]], dtype=torch.int64)
+    _allreduce(group, width, dist.ReduceOp.MAX)
+    low = torch.full((entries, int(width)), _NONE, dtype=torch.int64)
+    high = torch.full((entries, int(width)), -1, dtype=torch.int64)
+    at = record.stamps - first
+    keep = (at >= 0) & (at < entries)
+    if record.signature.shape[1] == int(width):
+        low[at[keep]] = high[at[keep]] = torch.from_numpy(record.signature[keep])
+    _allreduce(group, low, dist.ReduceOp.MIN)
+    _allreduce(group, high, dist.ReduceOp.MAX)
+    seen = high >= 0
+    differ = (seen & (low != high)).any(dim=1).nonzero().flatten().tolist()
+    if differ:
+        i = differ[0]
+        raise SceneEplbError(f"ring entries do not line up across DP engines: {len(differ)} entries differ, the first at global "
+                             f"step {(first + i) * steps_per_entry} (tokens per DP rank {low[i].tolist()} on one rank, "
+                             f"{high[i].tolist()} on another); nothing written")
+    return True
+
+
+def export_counts(record: RankRecord, group, path: str | Path, meta: dict, entries: int, shape: tuple[int, int],
+                  deadline: float | None = None, split: int | None = None) -> Path:
+    """Line every rank's entries up by stamp, sum them over ``group`` (Gloo) into [entries, L, W] and
+    have group rank 0 write ``path``.
+
+    ``shape`` is (L, W); with ``split``, W is logical counts [..., :split] then physical slot counts
+    [..., split:], written as ``logical_count`` and ``physical_count``. The file's entries are the
+    window's, oldest first (zeros after its end); its metadata gains each entry's first global step
+    (``entry_steps``), ``steps_per_entry``, every rank's real passes (``passes_per_rank``), the
+    engine's scheduled tokens over the record (``scheduled_tokens``: the tokens its model ran, drafts
+    included, for the per-layer totals to equal x top-k) and what lined the ranks up (``aligned_by``). Rank 0
+    writes nothing after ``deadline`` (wall clock). Returns ``path`` on every rank; raises
+    SceneEplbError on every rank if any rank failed or the ranks' entries do not line up.
     """
     rank, size = group.rank(), group.size()
     error = None
     try:
-        cpu = local.detach().to("cpu", torch.int64).contiguous()
-        if tuple(cpu.shape) != tuple(expected_shape):
-            raise SceneEplbError(f"rank {rank}: counts buffer has shape {list(cpu.shape)}, expected {list(expected_shape)}")
+        cpu = record.counts.detach().to("cpu", torch.int64).contiguous()
+        if tuple(cpu.shape[1:]) != tuple(shape) or cpu.shape[0] != record.stamps.size or np.any(np.diff(record.stamps) <= 0):
+            raise SceneEplbError(f"rank {rank}: counts buffer {list(cpu.shape)} with {record.stamps.size} ascending stamps "
+                                 f"expected, [n, {shape[0]}, {shape[1]}]")
     except Exception as exc:  # noqa: BLE001 - reported to every rank below
-        error, cpu = exc, torch.zeros(expected_shape, dtype=torch.int64)
+        error = exc
+        record = RankRecord(torch.zeros((0, *shape), dtype=torch.int64), np.zeros(0, dtype=np.int64), None, 0)
+        cpu = record.counts
     if not _all_ok(group, error is None):
         raise SceneEplbError(f"export aborted: {error}" if error else "export aborted: another rank's counts were invalid")
-    _allreduce(group, cpu, dist.ReduceOp.SUM)
+    window = _window(group, record.stamps, entries)
+    summed = torch.zeros((entries, *shape), dtype=torch.int64)
+    first, span = (window[0], window[1] - window[0] + 1) if window else (0, 0)
+    checked = _check_aligned(group, record, first, entries, record.steps_per_entry)
+    at = record.stamps - first
+    keep = np.flatnonzero((at >= 0) & (at < span))
+    summed[torch.from_numpy(at[keep])] = cpu[torch.from_numpy(keep)]
+    _allreduce(group, summed, dist.ReduceOp.SUM)
+    per_rank = torch.zeros((2, size), dtype=torch.int64)  # real passes, scheduled tokens
+    per_rank[:, rank] = torch.tensor([record.passes, record.tokens])
+    _allreduce(group, per_rank, dist.ReduceOp.SUM)
     path = Path(path)
     if rank == 0:
         try:
             if deadline is not None and time.time() >= deadline:
                 raise SceneEplbError("the export's deadline passed before the write: nothing written")
-            summed = cpu.numpy()
-            logical, physical = (summed, None) if split is None or split == summed.shape[2] else (summed[..., :split], summed[..., split:])
-            write_counts(Counts(logical, {**meta, "ranks_summed": size}, physical=physical), path)
+            data = summed.numpy()
+            logical, physical = (data, None) if split is None or split == data.shape[2] else (data[..., :split], data[..., split:])
+            extra = {"ranks_summed": size, "steps_per_entry": record.steps_per_entry, "passes_per_rank": per_rank[0].tolist(),
+                     "scheduled_tokens": int(per_rank[1].sum()),
+                     "entry_steps": [(first + i) * record.steps_per_entry for i in range(span)],
+                     "aligned_by": "stamps and DP signatures" if checked else "stamps"}
+            write_counts(Counts(logical, {**meta, **extra}, physical=physical), path)
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             error = exc
     try:
@@ -126,11 +204,11 @@ class Exporter:
         self._jobs: dict[str, ExportJob] = {}
         self._running: str | None = None
 
-    def begin(self, export_id: str, snapshot: torch.Tensor, path: Path, meta: dict, shape: tuple[int, int, int],
+    def begin(self, export_id: str, record: RankRecord, path: Path, meta: dict, entries: int, shape: tuple[int, int],
               deadline: float, split: int | None = None) -> ExportJob:
-        """Start exporting ``snapshot`` (a CPU copy this exporter now owns) as export ``export_id``,
-        to be finished by ``deadline`` (wall clock): every wait of it ends there (``split``: see
-        ``export_counts``)."""
+        """Start exporting ``record`` (CPU copies this exporter now owns) as export ``export_id``,
+        to be finished by ``deadline`` (wall clock): every wait of it ends there (``entries``,
+        ``shape``, ``split``: see ``export_counts``)."""
         with self._lock:
             if export_id in self._jobs:
                 raise SceneEplbError(f"export {export_id} was already started on this rank")
@@ -140,16 +218,16 @@ class Exporter:
                 del self._jobs[next(iter(self._jobs))]
             job = self._jobs[export_id] = ExportJob(export_id, path, time.monotonic())
             self._running = export_id
-        threading.Thread(target=self._run, args=(job, snapshot, meta, shape, deadline, split), name=f"scene-eplb-export-{export_id}",
-                         daemon=True).start()
+        threading.Thread(target=self._run, args=(job, record, meta, entries, shape, deadline, split),
+                         name=f"scene-eplb-export-{export_id}", daemon=True).start()
         return job
 
-    def _run(self, job: ExportJob, snapshot: torch.Tensor, meta: dict, shape, deadline: float, split: int | None) -> None:
+    def _run(self, job: ExportJob, record: RankRecord, meta: dict, entries: int, shape, deadline: float, split: int | None) -> None:
         state, error = "done", None
         try:
             group = self._make_group(job.export_id, max(0.1, deadline - time.time()))
             try:
-                export_counts(snapshot, group, job.path, meta, shape, deadline, split)
+                export_counts(record, group, job.path, meta, entries, shape, deadline, split)
             finally:
                 del group  # its Gloo threads end here, before the job reports its end (a process may exit then)
         except Exception as exc:  # noqa: BLE001 - a Gloo timeout or a peer's failure: reported, never raised here

@@ -1,7 +1,16 @@
 """The routing observer: per-pass expert counts, a device ring buffer of them, and live counts.
 
-Each ring entry holds one forward pass's counts (the recorder's time axis, T in counts [T, L, E]);
-an entry is not a physical expert slot. ``capture`` runs inside the model's forward (traced by
+Glossary:
+- **global step**: this engine's forward passes since the model was bound, real and dummy alike.
+  DP engines run their passes in lockstep (an idle engine runs a dummy pass whenever a peer has
+  work, for the MoE collectives), so step s is the same moment on every engine;
+- **ring entry**: ``steps_per_entry`` consecutive global steps summed; entry k holds steps
+  [k * steps_per_entry, (k + 1) * steps_per_entry), its *stamp* is k. Entries are the recorder's
+  time axis (T in counts [T, L, E]), not physical expert slots. Dummy passes advance the ring (with
+  zeros), so entry k means the same steps on every DP engine and an export lines ranks up by stamp;
+- **DP signature**: where the adapter reports each step's tokens per DP rank (``note_dp_tokens``,
+  the same vector on every engine for the same step), their sum per entry; an export compares the
+  engines' signatures of each entry, so entries that do not line up fail the dump. ``capture`` runs inside the model's forward (traced by
 torch.compile or recorded into a device graph): at most four fixed-shape device ops per MoE layer
 and pass, no host sync, no Python state that changes per step. ``end_step`` runs between forward
 passes on the host: it adds the pass to the live counts, commits it to the next ring entry while
@@ -21,9 +30,9 @@ skipped passes: an adapter that cannot tell which rows are this rank's (``skip``
 for that layer and pass, and says so in status and in the dump.
 
 ``live`` (cumulative, never stops, never syncs the host in the forward) feeds live fitness; a
-server can turn it off (``live=False``: decode nodes, whose steps are many and small). The
-recorder (ring, start/stop/snapshot) exists where ``records`` (else state ``off``).
-``NullObserver`` stands in before the model is bound.
+server can turn it off (``live=False``: decode nodes, whose steps are many and small). The recorder
+(ring, start/stop/snapshot) runs on every role, prefill and decode. ``NullObserver`` stands in
+before the model is bound (state ``off``).
 
 With ``time_moe`` the adapter also reports each MoE layer's local expert time per pass
 (``add_moe_seconds``, host wall clock around the rank's own expert computation) and the step's wall
@@ -35,6 +44,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import SceneEplbError
@@ -47,8 +57,8 @@ class ObserverStatus:
 
     state: str  # off | idle | recording
     ring_entries: int
-    entries_written: int
-    passes_recorded: int
+    entries_written: int  # ring entries of the current or last record still in the ring
+    passes_recorded: int  # real passes of that record (dummy passes advance the ring, count nothing)
     skipped_passes: int = 0  # (MoE layer, pass) pairs counted as nothing since bind (rows not attributable)
     skipped_recorded: int = 0  # the same, in the current or last record
 
@@ -75,18 +85,32 @@ class LiveCounts:
     step_moe_seconds: float
 
 
+@dataclass(frozen=True)
+class Record:
+    """A stopped record's ring entries in time order, on CPU: logical [n, L, E], physical [n, L, P]
+    (None without physical counts), each entry's stamp [n] and DP signature [n, DP] (None: not reported)."""
+
+    logical: torch.Tensor
+    physical: torch.Tensor | None
+    stamps: np.ndarray
+    signature: np.ndarray | None
+    steps_per_entry: int
+    passes: int
+    tokens: int  # the engine's scheduled tokens of the recorded passes (what its model ran, drafts included)
+
+
 class RoutingObserver:
-    """Counts (token, top-k) assignments per MoE layer and expert (or slot), one ring entry per pass.
+    """Counts (token, top-k) assignments per MoE layer and expert (or slot) into step-stamped ring entries.
 
     ``slot_to_expert`` (optional) [L, P]: the logical expert of every physical slot; given, ``capture``
-    takes slot ids and logical counts are derived. Dummy passes are dropped by ``end_step(is_dummy=True)``.
+    takes slot ids and logical counts are derived. ``dp_size`` > 1 keeps a DP signature per entry.
     """
 
     def __init__(self, num_moe_layers: int, num_experts: int, entries: int, device: torch.device | str = "cpu",
-                 records: bool = True, role: str = "prefill", slot_to_expert: torch.Tensor | None = None,
-                 time_moe: bool = False, live: bool = True):
+                 slot_to_expert: torch.Tensor | None = None, time_moe: bool = False, live: bool = True,
+                 steps_per_entry: int = 1, dp_size: int = 1):
         self.num_moe_layers, self.num_experts, self.entries = num_moe_layers, num_experts, entries
-        self.records, self.role, self.time_moe, self.live_on = records, role, time_moe, live
+        self.time_moe, self.live_on, self.steps_per_entry = time_moe, live, steps_per_entry
         L = num_moe_layers
         self.slot_to_expert = None if slot_to_expert is None else slot_to_expert.to(device=device, dtype=torch.int64)
         if self.slot_to_expert is not None and (self.slot_to_expert.shape[0] != L or self.slot_to_expert.min() < 0
@@ -98,13 +122,20 @@ class RoutingObserver:
         self.pass_counts = torch.zeros((L, W + 2), dtype=torch.int32, device=device)
         self._one = torch.ones(1, dtype=torch.int32, device=device)  # expanded (a view) as index_add_'s source
         self.live = torch.zeros((L, W + 2) if live else (0, W + 2), dtype=torch.int64, device=device)
-        self.ring = torch.zeros((entries if records else 0, L, W + 2), dtype=torch.int32, device=device)
+        self.ring = torch.zeros((entries, L, W + 2), dtype=torch.int32, device=device)
+        self.stamps = np.full(entries, -1, dtype=np.int64)  # the stamp each ring slot holds (-1: none)
+        self.signature = np.zeros((entries, dp_size), dtype=np.int64) if dp_size > 1 else None
         self.skipped = torch.zeros((2, L), dtype=torch.int64, device=device)  # skipped passes: since bind, this record
         self.live_passes = 0
+        self.step = 0  # the global step of the pass being run
         self.recording = False
-        self.next_entry = 0
+        self.entry: int | None = None  # the stamp being written
+        self.entries_written = 0
         self.passes_recorded = 0
         self.has_record = False
+        self._dp_tokens: list[int] | None = None
+        self._pass_tokens = 0  # the engine's scheduled tokens of the pass being run (begin_step)
+        self.tokens_recorded = 0
         self.moe_seconds = [0.0] * L  # cumulative, host
         self.moe_passes, self.steps = 0, 0
         self.step_seconds, self.step_moe_seconds = 0.0, 0.0
@@ -129,8 +160,9 @@ class RoutingObserver:
         (under graph capture the skip is replayed with the graph, so every replay is marked)."""
         self.pass_counts[moe_idx, self.skipped_col].add_(1)
 
-    def begin_step(self) -> None:
-        """The engine starts a step (host): its wall time runs from here to ``end_step``."""
+    def begin_step(self, tokens: int = 0) -> None:
+        """The engine starts a step (host) of ``tokens`` scheduled tokens: its wall time runs from here to ``end_step``."""
+        self._pass_tokens = tokens
         if self.time_moe:
             self._step_started = time.perf_counter()
 
@@ -138,23 +170,44 @@ class RoutingObserver:
         """This pass's local expert time of MoE layer ``moe_idx`` (host, called by the adapter's timer)."""
         self._pass_seconds[moe_idx] += seconds
 
+    def note_dp_tokens(self, tokens) -> None:
+        """This step's tokens per DP rank (host), as every DP engine agreed them for the step."""
+        self._dp_tokens = [int(t) for t in tokens]
+
     def end_step(self, is_dummy: bool = False) -> None:
-        """Close one forward pass: add it to the live counts and, while recording, commit it to the
-        ring (dummy passes go nowhere); then clear it."""
+        """Close one forward pass: add it to the live counts and, while recording, to its ring entry
+        (a dummy pass adds nothing but still advances the ring); then clear it."""
+        if self.recording:
+            self._to_ring(is_dummy)
         if not is_dummy:
-            skipped = self.pass_counts[:, self.skipped_col]
-            self.skipped[0].add_(skipped)
+            self.skipped[0].add_(self.pass_counts[:, self.skipped_col])
             if self.live_on:
                 self.live.add_(self.pass_counts)
                 self.live_passes += 1
-            if self.recording:
-                self.ring[self.next_entry].copy_(self.pass_counts)
-                self.skipped[1].add_(skipped)
-                self.next_entry = (self.next_entry + 1) % self.entries
-                self.passes_recorded += 1
         if self.time_moe:
             self._end_timing(is_dummy)
         self.pass_counts.zero_()
+        self.step += 1
+        self._dp_tokens, self._pass_tokens = None, 0
+
+    def _to_ring(self, is_dummy: bool) -> None:
+        """Add this pass to the entry of its global step, opening the entry (zeroed, stamped) on its first step."""
+        stamp = self.step // self.steps_per_entry
+        slot = stamp % self.entries
+        if stamp != self.entry:
+            self.ring[slot].zero_()
+            self.stamps[slot] = stamp
+            if self.signature is not None:
+                self.signature[slot] = 0
+            self.entry = stamp
+            self.entries_written += 1
+        if not is_dummy:
+            self.ring[slot].add_(self.pass_counts)
+            self.skipped[1].add_(self.pass_counts[:, self.skipped_col])
+            self.passes_recorded += 1
+            self.tokens_recorded += self._pass_tokens
+        if self.signature is not None and self._dp_tokens is not None and len(self._dp_tokens) == self.signature.shape[1]:
+            self.signature[slot] += self._dp_tokens
 
     def _end_timing(self, is_dummy: bool) -> None:
         """Add this pass's MoE seconds (a dummy pass's too) and, for a real step with a start, its wall time."""
@@ -192,43 +245,38 @@ class RoutingObserver:
         total, record = self.skipped.sum(dim=1).tolist()
         return int(total), int(record)
 
-    def _recorder_off(self) -> None:
-        if not self.records:
-            raise SceneEplbError(f"the recorder is off on this server (role {self.role})")
-
     def start(self) -> None:
         """Start a new record: clear the ring and count every following pass."""
-        self._recorder_off()
         if self.recording:
             raise SceneEplbError("recording is already on: stop it (and dump) before starting again")
         self.ring.zero_()
+        self.stamps[:] = -1
         self.skipped[1].zero_()
-        self.pass_counts.zero_()
-        self.next_entry, self.passes_recorded = 0, 0
+        self.entry, self.entries_written, self.passes_recorded, self.tokens_recorded = None, 0, 0, 0
         self.recording, self.has_record = True, True
 
     def stop(self) -> None:
-        self._recorder_off()
         if not self.recording:
             raise SceneEplbError("recording is not on: start it first")
         self.recording = False
 
-    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The recorded ring on CPU: logical [entries, L, E] and physical [entries, L, P] (None
-        without physical counts); refuses while recording or before any record."""
-        self._recorder_off()
+    def snapshot(self) -> Record:
+        """The record's ring entries in time order, on CPU; refuses while recording or before any record."""
         if self.recording:
             raise SceneEplbError("recording is on: stop it before dumping")
         if not self.has_record:
             raise SceneEplbError("nothing recorded yet: start and stop a record before dumping")
-        return self._views(self.ring)
+        order = np.flatnonzero(self.stamps >= 0)
+        order = order[np.argsort(self.stamps[order], kind="stable")]
+        logical, physical = self._views(self.ring[torch.from_numpy(order).to(self.ring.device)])
+        return Record(logical, physical, self.stamps[order].copy(),
+                      None if self.signature is None else self.signature[order].copy(), self.steps_per_entry,
+                      self.passes_recorded, self.tokens_recorded)
 
     def status(self) -> ObserverStatus:
         total, record = self.skipped_passes()
-        if not self.records:
-            return ObserverStatus(OBSERVER_OFF, self.entries, 0, 0, total, 0)
         state = OBSERVER_RECORDING if self.recording else OBSERVER_IDLE
-        return ObserverStatus(state, self.entries, min(self.passes_recorded, self.entries), self.passes_recorded, total, record)
+        return ObserverStatus(state, self.entries, min(self.entries_written, self.entries), self.passes_recorded, total, record)
 
 
 class NullObserver:
@@ -245,7 +293,10 @@ class NullObserver:
     def skip(self, moe_idx: int) -> None:
         pass
 
-    def begin_step(self) -> None:
+    def note_dp_tokens(self, tokens) -> None:
+        pass
+
+    def begin_step(self, tokens: int = 0) -> None:
         pass
 
     def end_step(self, is_dummy: bool = False) -> None:

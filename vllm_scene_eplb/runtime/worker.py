@@ -18,7 +18,7 @@ from ..errors import SceneEplbError
 from ..layout import Layout
 from ..model_geometry import ModelGeometry
 from ..protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION, NATIVE_ACTION
-from .export import Exporter
+from .export import Exporter, RankRecord
 from .observer import NullObserver, RoutingObserver
 
 NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_eplb in --additional-config)"
@@ -27,10 +27,13 @@ NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_epl
 class NullRecorderRuntime:
     """The plugin off on this worker: no step work, nothing bound, every control action refused."""
 
-    def begin_step(self) -> None:
+    def begin_step(self, tokens: int = 0) -> None:
         pass
 
     def end_step(self, is_dummy: bool) -> None:
+        pass
+
+    def note_dp_tokens(self, tokens) -> None:
         pass
 
     def bind(self, model_runner) -> None:
@@ -81,6 +84,7 @@ class RecorderRuntime:
             "ring_entries": obs.ring_entries,
             "entries_written": obs.entries_written,
             "passes_recorded": obs.passes_recorded,
+            "steps_per_entry": self.config.entry_steps(self.role),
             "skipped_passes": obs.skipped_passes,
             "skipped_recorded": obs.skipped_recorded,
             "live_counts": self.config.live_counts,
@@ -88,13 +92,17 @@ class RecorderRuntime:
             **self.model.routing(),
         }
 
-    def begin_step(self) -> None:
-        """The engine starts a step (its wall time is timed with ``time_moe``)."""
-        self.observer.begin_step()
+    def begin_step(self, tokens: int = 0) -> None:
+        """The engine starts a step of ``tokens`` scheduled tokens (its wall time is timed with ``time_moe``)."""
+        self.observer.begin_step(tokens)
 
     def end_step(self, is_dummy: bool) -> None:
-        """The engine's step boundary: commit (or, for a dummy pass, drop) the pass just run."""
+        """The engine's step boundary: commit the pass just run (a dummy pass only advances the ring)."""
         self.observer.end_step(is_dummy)
+
+    def note_dp_tokens(self, tokens) -> None:
+        """This step's tokens per DP rank, as the DP engines agreed them (the ring's DP signature)."""
+        self.observer.note_dp_tokens(tokens.tolist() if hasattr(tokens, "tolist") else tokens)
 
     def check_moe_layers(self, found: list[int]) -> None:
         """Keep the MoE layer ids the engine built, refusing a model that disagrees with its config."""
@@ -102,12 +110,13 @@ class RecorderRuntime:
             raise SceneEplbError(f"model built MoE layers {found}, its config says {list(self.model.moe_layers)}")
         self.moe_layer_ids = list(found)
 
-    def make_observer(self, device, slot_to_expert=None) -> RoutingObserver:
-        """The observer of the bound model: every role captures (live fitness), only prefill records;
-        ``slot_to_expert`` [L_moe, P]: the adapter captures physical slot ids (None: logical ids)."""
+    def make_observer(self, device, slot_to_expert=None, dp_size: int = 1) -> RoutingObserver:
+        """The observer of the bound model, on every role; ``slot_to_expert`` [L_moe, P]: the adapter
+        captures physical slot ids (None: logical ids); ``dp_size`` > 1: it reports DP tokens per step."""
         self.observer = RoutingObserver(len(self.moe_layer_ids), self.model.num_experts, self.config.ring_entries, device,
-                                        records=self.role == "prefill", role=self.role, slot_to_expert=slot_to_expert,
-                                        time_moe=self.config.time_moe, live=self.config.live_counts)
+                                        slot_to_expert=slot_to_expert, time_moe=self.config.time_moe,
+                                        live=self.config.live_counts, steps_per_entry=self.config.entry_steps(self.role),
+                                        dp_size=dp_size)
         return self.observer
 
     # ------------------------------------------------------------ control (the engine's worker RPC)
@@ -167,21 +176,23 @@ class RecorderRuntime:
 
         if time.time() >= deadline:
             raise SceneEplbError(f"dump {export_id} reached this rank after its deadline: nothing started")
-        ring, physical = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
+        rec = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
         T, L, E = self.config.ring_entries, self.model.num_layers, self.model.num_experts
-        P = 0 if physical is None else physical.shape[2]
-        # one [T, L, E + P] buffer, logical then physical, summed in one export
-        local = torch.zeros((T, L, E + P), dtype=torch.int64)
+        P = 0 if rec.physical is None else rec.physical.shape[2]
+        # this rank's entries [n, L, E + P], logical then physical, summed in one export
+        local = torch.zeros((rec.stamps.size, L, E + P), dtype=torch.int64)
         if self.contributes:
-            local[:, self.moe_layer_ids, :E] = ring
+            local[:, self.moe_layer_ids, :E] = rec.logical
             if P:
-                local[:, self.moe_layer_ids, E:] = physical
+                local[:, self.moe_layer_ids, E:] = rec.physical
         st = self.status()
         meta = {k: st[k] for k in DUMP_META_KEYS}
-        meta.update(ring_wrapped=st["passes_recorded"] > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        meta.update(ring_wrapped=self.observer.entries_written > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     skipped_passes=int(skipped))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
-        job = self.exporter.begin(export_id, local, path, meta, (T, L, E + P), deadline, split=E)
+        record = RankRecord(local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry,
+                            rec.tokens if self.contributes else 0)
+        job = self.exporter.begin(export_id, record, path, meta, T, (L, E + P), deadline, split=E)
         return {**job.to_dict(), "ep_rank": self.ep_rank, "shape": [T, L, E], "physical_shape": [T, L, P] if P else None,
                 "entries_written": st["entries_written"], "passes_recorded": st["passes_recorded"],
                 "local_total": int(local[..., :E].sum())}

@@ -13,6 +13,8 @@ with the flag off (the null runtime) every one passes straight through:
   since torch.compile cannot trace the MoE layer over a per-step gathered token count;
 - ``GPUModelRunner.execute_model`` / ``eplb_step``: a step's start (its wall time, with ``time_moe``)
   and its boundary, where the observer commits a pass;
+- ``coordinate_batch_across_dp`` (as the runner module calls it): each step's tokens per DP rank, the
+  same vector on every DP engine, which signs the ring entries so an export can check they line up;
 - ``load_model`` of the V1 runners: configure before the weights load, bind after; under Model Runner
   V2 (its step hooks are not wired) the flag is refused instead of recording nothing.
 """
@@ -148,12 +150,25 @@ def _patch_step(GPUModelRunner) -> None:
         runtime.current().end_step(is_dummy)
 
     @functools.wraps(execute)
-    def execute_model(self, *args, **kwargs):
-        runtime.current().begin_step()
-        return execute(self, *args, **kwargs)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        runtime.current().begin_step(scheduler_output.total_num_scheduled_tokens)
+        return execute(self, scheduler_output, *args, **kwargs)
 
     GPUModelRunner.eplb_step = eplb_step
     GPUModelRunner.execute_model = execute_model
+
+
+def _patch_dp_tokens(runner_module) -> None:
+    orig = runner_module.coordinate_batch_across_dp
+
+    @functools.wraps(orig)
+    def coordinate_batch_across_dp(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        if out[1] is not None:  # num_tokens_across_dp: None without DP
+            runtime.current().note_dp_tokens(out[1])
+        return out
+
+    runner_module.coordinate_batch_across_dp = coordinate_batch_across_dp
 
 
 def control(worker, action: str, *args) -> dict:
@@ -169,6 +184,7 @@ def install() -> None:
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+    from vllm.v1.worker import gpu_model_runner
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.worker_base import WorkerBase
@@ -185,6 +201,7 @@ def install() -> None:
     if CpuCommunicator is not None:
         _patch_cpu_communicator(CpuCommunicator)
     _patch_step(GPUModelRunner)
+    _patch_dp_tokens(gpu_model_runner)
     _patch_runner(GPUModelRunner)
     try:
         from vllm.v1.worker.cpu_model_runner import CPUModelRunner

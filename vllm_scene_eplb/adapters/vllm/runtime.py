@@ -116,7 +116,7 @@ class WorkerRuntime(RecorderRuntime):
         E, L = self.model.num_experts, len(runners)
         slots = (torch.as_tensor(self.layout.physical_to_logical_map[self.moe_layer_ids]) if self.layout
                  else torch.arange(E).expand(L, E))
-        self.make_observer(device, slots)
+        self.make_observer(device, slots, self.dp_size)
         padding = getattr(model_runner, "is_padding", None)
         for idx, r in enumerate(runners):
             r.router._scene_eplb_physical = functools.partial(self.observer.capture, idx, padding_rows=padding)
@@ -168,9 +168,30 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
                        contributes=tp_rank == 0 or seq_parallel, observer=NullObserver(role, cfg.ring_entries),
                        exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)))
     if cfg.layout:
+        check_drafter(vllm_config)
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
     _current = rt
     return rt
+
+
+MODEL_FREE_DRAFTS = ("ngram", "ngram_gpu", "suffix")  # vLLM's speculative methods that run no drafter model
+
+
+def check_drafter(vllm_config) -> None:
+    """Refuse a layout run whose speculative drafter has MoE layers of its own (DeepSeek's MTP layer):
+    vLLM builds them with the same slot count and the layout has no rows for them. Drafts without a
+    model (n-gram, suffix) and dense drafters are fine; the recorder never counts a drafter's layers
+    (it binds to the target model), and its verification passes are the target's own."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
+    if draft is None or spec.method in MODEL_FREE_DRAFTS:  # vLLM gives n-gram drafts the target's config: no model runs
+        return
+    hf = draft.hf_config.to_dict()
+    text = hf.get("text_config") or {}
+    if any((src.get(k) or 0) > 0 for src in (hf, text) for k in ("n_routed_experts", "num_experts", "num_local_experts")):
+        raise SceneEplbError(f"scene_eplb.layout with a speculative drafter that has MoE layers ({spec.method}): vLLM gives the "
+                             "drafter's MoE layers the layout's slot count and the layout has no rows for them; record and "
+                             "fit with it, then serve the layout without the MoE drafter (or use n-gram drafts)")
 
 
 def load_layout_for(path: str, model: ModelGeometry, ep_size: int, pc) -> Layout:

@@ -39,6 +39,7 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
 
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
+        runtime.current().begin_step(scheduler_output.total_num_scheduled_tokens)
         out = execute(self, scheduler_output, *args, **kwargs)
         runtime.current().end_step(is_dummy=scheduler_output.total_num_scheduled_tokens == 0)
         return out

@@ -64,10 +64,10 @@ class AscendRuntime(RecorderRuntime):
         self.check_moe_layers([extract_layer_index(layer.layer_name) for layer in layers])
         self.layers, self.native = layers, NativeWindow(self.model.num_experts)
         refused = unsupported_settings(model_runner.vllm_config)
-        if refused and self.role == "prefill" and self.layout is None:  # a collection run would record nothing right
+        if refused and self.layout is None:  # a collection run (either role) would record nothing right
             raise SceneEplbError(f"the scene_eplb recorder on vLLM-Ascend cannot tell its own tokens under {', '.join(refused)}: "
                                  "turn it off for the collection run")
-        if refused:  # a layout run or a decode server: serving goes on; live fitness has nothing to read
+        if refused:  # a layout run: serving goes on; the recorder and live fitness have nothing to read
             logger.warning("scene-eplb: no routing counts on this server (recorder and live fitness off) under %s",
                            ", ".join(refused))
             self.observer = NullObserver(self.role, self.config.ring_entries)
