@@ -113,8 +113,9 @@ def checked(tmp_path_factory):
         "p collect, native EPLB, MC2 prefill": {**_command("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1", **base),
                                                 "env": {"DYNAMIC_EPLB": "true"}},
         "p plain, native EPLB": {**_command("p_server.sh", "plain", NATIVE_EPLB="1", **base), "env": {"DYNAMIC_EPLB": "true"}},
-        "d plain": _command("d_server.sh", **base),
-        "d plugin": _command("d_server.sh", SCENE_EPLB_PLUGIN="1", **base),
+        "d collect": _command("d_server.sh", "collect", **base),
+        "d layout": _command("d_server.sh", "layout", str(layout), **base),
+        "d plain": _command("d_server.sh", "plain", **base),
     }
     old = dict(recipes["p collect"], kv={k: v for k, v in recipes["p collect"]["kv"].items() if k != "kv_connector_extra_config"})
     wrong = json.loads(json.dumps(recipes["d plain"]))
@@ -136,7 +137,7 @@ def test_every_recipe_passes_the_released_engine_checks(checked):
     # the plugin's layout run points vLLM-Ascend at the map it wrote; plugin off, at the converted one
     assert out["p layout static"]["expert_map_path"].startswith(str(root / "se" / "dumps"))
     assert out["p layout, plugin off"]["expert_map_path"] == str(root / "layout.expert_map.json")
-    assert "scene-eplb: collection run (role prefill" in log
+    assert "scene-eplb: collection run (role prefill" in log and "scene-eplb: collection run (role decode" in log
     knobs = out["p collect, native EPLB, MC2 prefill"]
     assert knobs["dynamic_eplb"] and knobs["prefill_mc2"] and not out["p collect"]["dynamic_eplb"]
 

@@ -51,18 +51,32 @@ def test_bad_mode_is_refused():
 
 
 def test_d_server_and_proxy_dry_run():
-    assert "kv_consumer" in _dry("d_server.sh") and "scene_eplb" not in _dry("d_server.sh")
-    assert '\\"role\\":\\ \\"decode\\"' in _dry("d_server.sh", SCENE_EPLB_PLUGIN="1")
+    assert "kv_consumer" in _dry("d_server.sh", "plain") and "scene_eplb" not in _dry("d_server.sh", "plain")
+    out = _dry("d_server.sh", "collect")
+    assert '\\"role\\":\\ \\"decode\\"' in out and "/data/se/dumps" in out and "--data-parallel-size 16" in out
+    out = _dry("d_server.sh", "layout", "/data/se/layout-d.json")
+    assert '\\"layout\\":\\ \\"/data/se/layout-d.json\\"' in out and '\\"role\\":\\ \\"decode\\"' in out
+    assert "/data/se/layout-d.expert_map.json" in _dry("d_server.sh", "layout", "/data/se/layout-d.json", SCENE_EPLB_PLUGIN="0")
     assert "--prefiller-ports 8100" in _dry("proxy.sh")
 
 
-def test_collect_dry_run_follows_the_workflow_in_order():
+def _in_order(out: str, pieces: list[str]) -> None:
+    at = 0
+    for piece in pieces:
+        found = out.find(piece, at)
+        assert found >= 0, f"{piece!r} missing or out of order"
+        at = found
+
+
+def test_collect_dry_run_follows_the_workflow_in_order_on_both_sides():
     out = _dry("collect.sh")
-    steps = ["audit --url http://127.0.0.1:8100 --recorder idle", "--scene warm-up", "record start", "--scene record",
-             "record stop", "record dump", "scene-eplb fit", "--scene target", "--layout", "compare"]
-    positions = [out.find(s) for s in steps]
-    assert -1 not in positions, [s for s, p in zip(steps, positions) if p < 0]
-    assert positions == sorted(positions)
+    steps = ["audit --url http://127.0.0.1:8100 --recorder idle", "audit --url http://127.0.0.1:8200 --recorder idle",
+             "--scene warm-up", "record start --url http://127.0.0.1:8100", "record start --url http://127.0.0.1:8200",
+             "--scene record", "record stop --url http://127.0.0.1:8100", "record stop --url http://127.0.0.1:8200",
+             "record dump --url http://127.0.0.1:8100", "record dump --url http://127.0.0.1:8200",
+             "fit /data/se/dumps/counts-prefill-", "--redundant 16", "fit /data/se/dumps/counts-decode-", "--redundant 0",
+             "--scene target", "d_server.sh layout", "--layout", "layout-d.json", "compare"]
+    _in_order(out, steps)
     cache = subprocess.run(["bash", str(DEPLOY / "collect.sh")], capture_output=True, text=True,
                            env={**os.environ, "DRY_RUN": "1", "PREFIX_SHARE": "0.9", "SCENE_EPLB_DIR": "/data/se"}).stdout
     assert cache.find("--scene seed") < cache.find("prefix_cache") < cache.find("record start")
@@ -89,11 +103,7 @@ def test_verify_dry_run_prints_every_check_in_order_and_interleaves_the_throughp
              "--scene record", "record stop", "record-metrics-after.txt", "record\\ dump", "verify totals", "record\\ native_load",
              "verify native", "--scene graph", "verify totals", "start_p collect PREFILL_MC2=1", "--scene mc2", "--input-len 256",
              "--scene idle", "start_p plain", "--scene plain", "verify throughput"]
-    at = 0
-    for piece in order:
-        found = out.find(piece, at)
-        assert found >= 0, f"{piece!r} missing or out of order"
-        at = found
+    _in_order(out, order)
     assert "--output-len 16" in out[out.find("--scene graph"):out.find("[graph]")]
     rounds = [s for s in steps if s.startswith("round")]
     assert rounds == [f"round{r}-{what}" for r in (1, 2, 3) for what in ("start-idle", "idle", "start-plain", "plain")]
@@ -112,7 +122,7 @@ def test_verify_a_failed_step_prints_fail_and_exits_non_zero_for_every_step():
     res = _verify(FAIL_STEP="record-start")
     assert "SKIP totals: the record failed" in res.stdout and "[record-load]" not in res.stdout and "[graph]" in res.stdout
     res = _verify(FAIL_STEP="start-collect")
-    assert all(f"SKIP {c}: P did not start" in res.stdout for c in ("audit", "totals", "native", "graph"))
+    assert all(f"SKIP {c}: the server did not start" in res.stdout for c in ("audit", "totals", "native", "graph"))
     assert "[mc2]" in res.stdout and "[throughput]" in res.stdout
     assert "SKIP throughput: a round failed" in _verify(FAIL_STEP="round2-plain").stdout
 
@@ -136,3 +146,14 @@ def test_env_sources_cann_and_atb_where_they_exist_and_says_which(tmp_path):
     assert res.returncode == 0 and res.stdout.strip() == "sourced", res.stderr
     assert f"env.sh: sourced {toolkit / 'set_env.sh'}" in res.stderr
     assert f"env.sh: not found: {tmp_path / 'nnal' / 'atb' / 'set_env.sh'}" in res.stderr
+
+
+def test_verify_on_a_d_node_records_a_decode_load_and_compares_output_throughput():
+    res = _verify(SIDE="d")
+    assert res.returncode == 0
+    steps = _steps(res.stdout)
+    assert [s for s in steps if s in VERIFY_CHECKS] == ["audit", "totals", "native", "throughput"]
+    _in_order(res.stdout, ["--url http://127.0.0.1:8200", "--input-len 1024 --output-len 256", "verify totals",
+                           "--decode", "verify native", "--metric output_throughput_per_card"])
+    assert "start-mc2" not in steps and "graph" not in steps
+    assert _verify(SIDE="x").returncode == 2

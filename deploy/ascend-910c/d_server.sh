@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The D (decode) server: 8 cards, kv_consumer. With SCENE_EPLB_PLUGIN=1 (needs the Ascend adapter)
-# the plugin runs with role decode (no recorder) and reports its state on /scene_eplb/status.
+# The D (decode) server: 8 cards = 16 dies, DP16 with EP16, kv_consumer.
+#   bash d_server.sh collect            # collection run: plugin armed (role decode, recorder idle; a ring
+#                                       # entry sums 16 decode steps, so 512 entries hold minutes)
+#   bash d_server.sh layout LAYOUT.json # layout run: the fitted D layout (256 slots, R = 0: placement only)
+#   bash d_server.sh plain              # no plugin at all
+# Modes and knobs (DISPATCH, SCENE_EPLB_PLUGIN, NATIVE_EPLB): server_config in env.sh.
 # DRY_RUN=1 prints the exact command instead of running it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
+MODE=${1:?usage: d_server.sh collect|layout LAYOUT|plain}
 MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
-PORT=${D_PORT:-8200}
-KV=$(kv_transfer_config kv_consumer "${D_KV_PORT:-20002}" d0)
-CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "$PORT"
+if [ "${NATIVE_EPLB:-0}" = 1 ]; then export DYNAMIC_EPLB=true; fi  # vLLM-Ascend's EplbConfig asserts it with dynamic_eplb
+ADDITIONAL=$(server_config decode "$MODE" "${2:-}") || { echo "d_server.sh: see above" >&2; exit 2; }
+CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${D_PORT:-8200}"
   --data-parallel-size "$D_DP" --tensor-parallel-size "$D_TP" --enable-expert-parallel
   --no-enable-prefix-caching --quantization ascend
-  --kv-transfer-config "$KV")
-if [ "${SCENE_EPLB_PLUGIN:-0}" = 1 ]; then CMD+=(--additional-config '{"scene_eplb": {"role": "decode"}}'); fi
+  --kv-transfer-config "$(kv_transfer_config kv_consumer "${D_KV_PORT:-20002}" d0)"
+  --additional-config "$ADDITIONAL")
+prepare_layout "$MODE" "${2:-}"
 if [ "${DRY_RUN:-0}" = 1 ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 exec "${CMD[@]}"

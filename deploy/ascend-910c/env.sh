@@ -42,5 +42,46 @@ kv_transfer_config() {
   printf '"kv_connector_extra_config": {"prefill": {"dp_size": %d, "tp_size": %d}, "decode": {"dp_size": %d, "tp_size": %d}}}' \
     "$P_DP" "$P_TP" "$D_DP" "$D_TP"
 }
+# server_config ROLE MODE [LAYOUT]: the --additional-config JSON of a P (ROLE prefill) or D (decode)
+# server in MODE, with verify.sh's knobs:
+#   collect  the plugin armed (recorder idle) on the linear layout; the recorder routes on the server's port
+#   layout   the fitted LAYOUT: the plugin checks it against the model, writes vLLM-Ascend's expert_map_path
+#            JSON from it (vLLM-Ascend then loads weights and maps) and replaces its fixed replica formula
+#            with our dispatch: DISPATCH=static (default: the fitted table, local replica first) or
+#            DISPATCH=dynamic (each expert's rows split evenly over its replicas); each worker logs the
+#            line `scene-eplb audit` reads. SCENE_EPLB_PLUGIN=0: vLLM-Ascend's own static-map path alone
+#            (its generate_log2phy_map formula), from the map `prepare_layout` converts
+#   plain    no plugin at all (verify.sh's throughput baseline)
+#   NATIVE_EPLB=1  (collect, plain) vLLM-Ascend's dynamic EPLB with an algorithm interval far longer than
+#                  any run: its moe_load counters count (verify.sh checks ours against them), no expert moves
+#   PREFILL_MC2=1  enable_prefill_mc2: passes of <= 512 tokens take MC2 (verify.sh's short-prompt check)
+server_config() {
+  local role=$1 mode=$2 layout=${3:-} parts=()
+  if [ "${NATIVE_EPLB:-0}" = 1 ]; then
+    if [ "$mode" = layout ]; then echo "NATIVE_EPLB=1 is for collect and plain runs (a layout run fixes the experts)" >&2; return 2; fi
+    parts+=('"eplb_config": {"dynamic_eplb": true, "expert_heat_collection_interval": 1, "algorithm_execution_interval": 100000000}')
+  fi
+  if [ "${PREFILL_MC2:-0}" = 1 ]; then parts+=('"enable_prefill_mc2": true'); fi
+  case "$mode" in
+    collect) parts+=("\"scene_eplb\": {\"role\": \"$role\", \"ring_entries\": 512, \"dump_dir\": \"$SCENE_EPLB_DIR/dumps\"}") ;;
+    layout)
+      if [ -z "$layout" ]; then echo "layout mode needs the layout file" >&2; return 2; fi
+      if [ "${SCENE_EPLB_PLUGIN:-1}" = 1 ]; then
+        parts+=("\"scene_eplb\": {\"role\": \"$role\", \"layout\": \"$layout\", \"dispatch\": \"${DISPATCH:-static}\", \"dump_dir\": \"$SCENE_EPLB_DIR/dumps\"}")
+      else
+        parts+=("\"eplb_config\": {\"expert_map_path\": \"${layout%.json}.expert_map.json\"}")
+      fi ;;
+    plain) ;;
+    *) echo "unknown mode $mode (collect, layout or plain)" >&2; return 2 ;;
+  esac
+  echo "{$(IFS=,; echo "${parts[*]}")}"
+}
+# prepare_layout MODE LAYOUT: without the plugin vLLM-Ascend reads its own expert_map_path JSON, so a
+# plugin-off layout run exports it from our layout first (nothing to do otherwise, or in a dry run).
+prepare_layout() {
+  if [ "$1" = layout ] && [ "${SCENE_EPLB_PLUGIN:-1}" != 1 ] && [ "${DRY_RUN:-0}" != 1 ]; then
+    scene-eplb convert "$2" --to vllm-ascend -o "${2%.json}.expert_map.json" -q
+  fi
+}
 # Where the P server writes counts dumps, and where layouts and bench results go.
 export SCENE_EPLB_DIR=${SCENE_EPLB_DIR:-/data/scene-eplb}

@@ -110,18 +110,23 @@ def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
     return Verdict(name, above == 0 and shares[worst] <= tolerance, detail)
 
 
-def throughput(plain: list[str], idle: list[str], min_ratio: float, seed: int = 0) -> Verdict:
-    """Prefill throughput with the recorder idle over the flag off, on the same load: the ratio of
-    the runs' means and its 95% bootstrap interval (each side's runs resampled, seeded)."""
+THROUGHPUTS = ("prefill_throughput_per_card", "output_throughput_per_card")
+
+
+def throughput(plain: list[str], idle: list[str], min_ratio: float, seed: int = 0,
+               metric: str = "prefill_throughput_per_card") -> Verdict:
+    """Throughput (``metric``: prefill on a P node, output on a D node) with the recorder idle over the
+    flag off, on the same load: the ratio of the runs' means and its 95% bootstrap interval (each
+    side's runs resampled, seeded)."""
     if len(plain) < 2 or len(idle) < 2:
         raise SceneEplbError(f"{len(plain)} plain and {len(idle)} idle run(s): an interval needs at least 2 a side")
     sides = []
     for paths in (plain, idle):
         values = []
         for path in paths:
-            mean = read_result(path)["aggregate"]["prefill_throughput_per_card"]["mean"]
+            mean = read_result(path)["aggregate"][metric]["mean"]
             if mean == NOT_OBSERVED:
-                raise SceneEplbError("no prefill throughput in this result", path)
+                raise SceneEplbError(f"no {metric} in this result", path)
             values.append(float(mean))
         sides.append(np.asarray(values))
     ratio = sides[1].mean() / sides[0].mean()
@@ -130,7 +135,7 @@ def throughput(plain: list[str], idle: list[str], min_ratio: float, seed: int = 
     lo, hi = np.percentile(draws[1] / draws[0], [2.5, 97.5])
     reading = ("the interval lies above it" if lo >= min_ratio else "the interval lies below it: a real cost" if hi < min_ratio
                else "the interval spans it: rerun with more ROUNDS to tell")
-    return Verdict("recorder idle vs flag off, prefill throughput", ratio >= min_ratio,
+    return Verdict(f"recorder idle vs flag off, {metric.split('_')[0]} throughput", ratio >= min_ratio,
                    f"{ratio:.4f} [{lo:.4f}, {hi:.4f}] (idle {sides[1].mean():.1f} over {len(idle)} runs / off "
                    f"{sides[0].mean():.1f} over {len(plain)} runs, tok/s per card; pass at >= {min_ratio}; {reading})")
 
@@ -149,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("throughput", help="recorder idle vs flag off (scene-eplb bench results, >= 2 runs a side)")
     p.add_argument("--plain", nargs="+", required=True, help="bench results with the flag off")
     p.add_argument("--idle", nargs="+", required=True, help="bench results with the plugin on, recorder idle")
-    p.add_argument("--min-ratio", type=float, default=0.98, help="lowest idle/off prefill throughput that passes (default 0.98)")
+    p.add_argument("--metric", choices=THROUGHPUTS, default=THROUGHPUTS[0], help="prefill (P node, default) or output (D node)")
+    p.add_argument("--min-ratio", type=float, default=0.98, help="lowest idle/off throughput that passes (default 0.98)")
     args = parser.parse_args(argv)
     try:
         if args.check == "totals":
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.check == "native":
             verdict = native(args.counts, args.native, args.tolerance)
         else:
-            verdict = throughput(args.plain, args.idle, args.min_ratio)
+            verdict = throughput(args.plain, args.idle, args.min_ratio, metric=args.metric)
     except SceneEplbError as exc:
         verdict = Verdict(args.check, False, str(exc))
     print(verdict.line())
