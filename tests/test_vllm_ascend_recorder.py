@@ -208,8 +208,9 @@ def test_rows_off_the_comm_methods_rule_are_skipped_and_said(tmp_path):
 
 
 def test_a_real_step_commits_once_and_dummy_passes_never(monkeypatch):
-    """execute_model commits its pass into one ring entry; _dummy_run (profile, capture, idle DP) and a
-    step with no scheduled tokens commit nothing; load_model configures before and binds after."""
+    """execute_model commits its pass, with its scheduled tokens; _dummy_run (profile, capture, idle DP)
+    and a step with no scheduled tokens count nothing but advance the global step (an entry each);
+    load_model configures before and binds after."""
     from types import SimpleNamespace
 
     import torch
@@ -218,7 +219,7 @@ def test_a_real_step_commits_once_and_dummy_passes_never(monkeypatch):
     from vllm_scene_eplb.runtime.observer import RoutingObserver
 
     observer = RoutingObserver(1, 4, 8)
-    rt = SimpleNamespace(observer=observer, end_step=observer.end_step, calls=[])
+    rt = SimpleNamespace(observer=observer, begin_step=observer.begin_step, end_step=observer.end_step, calls=[])
     rt.bind = lambda runner: rt.calls.append(("bind", runner.loaded))
     monkeypatch.setattr(runtime, "configure", lambda vc, engine: rt.calls.append(("configure", engine)) or rt)
     monkeypatch.setattr(runtime, "current", lambda: rt)
@@ -238,7 +239,9 @@ def test_a_real_step_commits_once_and_dummy_passes_never(monkeypatch):
     runner._dummy_run(1)
     observer.stop()
     assert observer.status().passes_recorded == 1
-    assert observer.snapshot().logical[0, 0].tolist() == [1, 2, 1, 0] and int(observer.snapshot().logical.sum()) == 4
+    rec = observer.snapshot()
+    assert rec.stamps.tolist() == [0, 1, 2, 3] and rec.tokens == 2  # dummy, real, token-less, dummy
+    assert rec.logical[1, 0].tolist() == [1, 2, 1, 0] and int(rec.logical.sum()) == 4
 
 
 def test_when_imported_patches_a_module_at_its_first_import(tmp_path, monkeypatch):

@@ -75,8 +75,12 @@ def layout_run(tiny_moe, workdir, recorded):
     res = cli("fit", recorded["dump"][1]["path"], "--ep-size", 2, "--redundant", 0, "-o", layout, "-q")
     assert res.returncode == 0, res.stderr
     with _decode_server(tiny_moe, workdir, "decode-layout", layout=str(layout)) as srv:
-        return {"layout": layout, "outputs": srv.complete(PROMPTS, MAX_TOKENS),
-                "status": http("GET", srv.url + "/scene_eplb/status")[1]}
+        run = {"layout": layout, "outputs": srv.complete(PROMPTS, MAX_TOKENS),
+               "status": http("GET", srv.url + "/scene_eplb/status")[1]}
+        # the D bench scene: short prompts, long outputs, drafts on
+        run["bench"] = cli("bench", "--url", srv.url, "--model", srv.model, "--scene", "decode-heavy", "-n", 6, "-c", 3,
+                           "--input-len", 16, "--output-len", 48, "--cards", 2, "-o", workdir / "bench-d.json", "--json", "-q")
+        return run
 
 
 def test_a_decode_server_records_with_its_own_ring_shape(recorded):
@@ -130,3 +134,14 @@ def test_a_decode_record_is_many_small_passes_over_several_entries(recorded):
     counts = read_counts(recorded["dump"][1]["path"])
     assert counts.meta["passes_per_rank"][0] > len(PROMPTS)  # many small passes, not one per prompt
     assert np.count_nonzero(counts.data.sum(axis=(1, 2))) >= 2  # more than one ring entry holds counts
+
+
+def test_the_d_bench_names_the_role_and_reports_tpot_and_itl(layout_run):
+    res = layout_run["bench"]
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["manifest"]["role"] == "decode" and doc["manifest"]["scene"]["output_len"] == 48
+    agg = doc["aggregate"]
+    assert agg["completed"] == 6 and agg["failed"] == 0
+    for metric in ("tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "output_throughput_per_card"):
+        assert isinstance(agg[metric]["mean"], float) and agg[metric]["mean"] > 0, metric

@@ -27,7 +27,8 @@ RESULT_FORMAT = "scene-eplb-bench"
 # Student t, two-sided 95%, by degrees of freedom.
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 METRICS = ("output_throughput_per_card", "output_throughput_per_card_steady", "prefill_throughput_per_card",
-           "prefill_throughput_per_card_steady", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
+           "prefill_throughput_per_card_steady", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+           "itl_p50_ms", "itl_p99_ms")  # TPOT: per request, mean time per output token; ITL: between any two tokens
 # Higher is better for throughput; lower for latencies.
 HIGHER_IS_BETTER = {m: "throughput" in m for m in METRICS}
 
@@ -116,7 +117,7 @@ def summarise(result: dict, scene: Scene) -> dict:
             prefill += n_in if a <= s + ttft <= b else 0
         out["output_throughput_per_card_steady"] = tokens / (b - a) / scene.cards
         out["prefill_throughput_per_card_steady"] = prefill / (b - a) / scene.cards
-    for m in ("ttft", "tpot"):
+    for m in ("ttft", "tpot", "itl"):
         for p in ("50", "99"):
             v = result.get(f"p{p}_{m}_ms")
             out[f"{m}_p{p}_ms"] = v if isinstance(v, (int, float)) and not math.isnan(v) else NOT_OBSERVED
