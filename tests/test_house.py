@@ -101,3 +101,66 @@ def test_sample_data_ships_with_its_provenance():
     assert names == ["decode_in1000out1000.json", "prefill_in1024.json", "prefill_in4096.json"]
     note = (REPO / "data" / "README.md").read_text()
     assert all(n in note for n in names) and "SGLang" in note and "DeepSeek-V3" in note
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Package module -> the package modules it imports (at module level or inside a function),
+    leaving out its own parent packages (Python imports those first, whatever the code says)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for imported in _imports(path):
+            parts = imported.split(".")
+            target = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules), None)
+            if target and target != name and not name.startswith(target + "."):
+                deps.add(target)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_anywhere_in_the_package():
+    """Imports run one way (lazy ones inside functions included): a cycle means two modules that
+    cannot be read, tested or changed apart."""
+    graph = _module_graph()
+    assert len(graph) > 80 and "vllm_scene_eplb.adapters.vllm_ascend.runtime" in graph["vllm_scene_eplb.adapters.vllm_ascend.startup"]
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

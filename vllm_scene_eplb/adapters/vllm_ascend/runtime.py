@@ -28,6 +28,7 @@ from .dynamic import virtual_ids_for
 from .moe_hooks import FUSED_MOE_MODULE
 from .native_load import NativeWindow
 from .rows import OwnRows, own_rows_from_context, unsupported_settings
+from .server_layout import layout_of
 
 logger = logging.getLogger("vllm.scene_eplb")
 CAPTURE_ATTR = "_scene_eplb_capture"  # on a bound main-model layer: (ids) -> None
@@ -137,8 +138,6 @@ def configure(vllm_config, engine: str) -> NullRecorderRuntime | AscendRuntime:
         _current = NULL_RUNTIME
         return _current
     from vllm.distributed import get_ep_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-
-    from .startup import layout_of
 
     if cfg.time_moe:
         raise SceneEplbError("scene_eplb.time_moe is not built for vLLM-Ascend yet (NPU expert timing with device events "

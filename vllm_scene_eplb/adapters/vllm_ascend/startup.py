@@ -32,18 +32,11 @@ from ...model_geometry import from_hf_config
 from ...runtime.layout_check import layout_for_server
 from . import moe_hooks, patches
 from .runtime import ids_hook_for
+from .server_layout import ep_size_of, layout_of, remember
 from .tables import AscendDispatch, install_dispatch
 from .version import check_versions
 
 logger = logging.getLogger("vllm.scene_eplb")
-
-
-def ep_size_of(parallel_config) -> int:
-    """EP ranks of an Ascend server: DP x TP (x PCP) when expert parallelism is on."""
-    if not parallel_config.enable_expert_parallel:
-        raise SceneEplbError("scene_eplb.layout needs --enable-expert-parallel (a layout places experts on EP ranks)")
-    pcp = getattr(parallel_config, "prefill_context_parallel_size", 1) or 1
-    return parallel_config.tensor_parallel_size * parallel_config.data_parallel_size * pcp
 
 
 def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, kv_role: str | None = None,
@@ -88,19 +81,6 @@ def _dispatch_in_config() -> AscendDispatch | None:
     return AscendDispatch(layout_of(vc), cfg.dispatch)
 
 
-def layout_of(vllm_config) -> Layout:
-    """The config's ``scene_eplb.layout``, read with the server's geometry as at config time (so bare
-    formats read too; MoE rows only, as vLLM-Ascend's expert map holds them), once per process."""
-    path = parse_config(vllm_config.additional_config).layout
-    if path not in _loaded:
-        _loaded[path] = layout_for_server(path, from_hf_config(vllm_config.model_config.hf_config.to_dict()),
-                                          ep_size_of(vllm_config.parallel_config), model_layer_axis=False)
-    return _loaded[path]
-
-
-_loaded: dict[str, Layout] = {}  # per process: layout path -> the layout read once
-
-
 def check_run(vllm_config) -> None:
     """What any run with the flag needs, and for a layout run the expert map file (``prepare_layout_run``)."""
     import vllm.envs as envs
@@ -117,7 +97,7 @@ def check_run(vllm_config) -> None:
     layout, path = prepare_layout_run(vllm_config.additional_config, vllm_config.model_config.hf_config.to_dict(),
                                       ep_size_of(vllm_config.parallel_config), kv_role_of(vllm_config),
                                       bool(getattr(vllm_config.model_config, "enable_return_routed_experts", False)))
-    _loaded[cfg.layout] = layout  # read as layout_of reads it: a worker in this process reads it no more
+    remember(cfg.layout, layout)  # read as layout_of reads it: a worker in this process reads it no more
     logger.info("scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
                 layout.digest(), layout.geometry.num_redundant, cfg.dispatch, path)
 
