@@ -1,0 +1,62 @@
+"""From counts to a validated ``Layout``: the stages on the counts' train half, with provenance.
+
+``fit(counts, options) -> Layout``: checks the scenes, fits (``fit_scenes``), records what the
+layout expects on its own scene(s), the scenes and weights, and a ``fingerprint`` (fitter version,
+counts digests, options) that equal inputs reproduce exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..counts import Counts
+from ..fileio import canonical_json, sha256_hex
+from ..fitness import EXPECTED_KEY, expected_balancedness
+from ..layout import Layout
+from ..scenes import check_scenes, normalise_weights, normalised_totals
+from .options import FITTER_VERSION, FitOptions
+from .several_scenes import fit_scenes
+
+
+def fingerprint(counts_digest: str, options: FitOptions) -> str:
+    """Hash of fitter version, input counts and options: equal fingerprints mean equal layouts."""
+    return sha256_hex(canonical_json({"fitter": FITTER_VERSION, "counts": counts_digest, "options": options.to_dict()}))[:16]
+
+
+def fit(counts: Counts | Sequence[Counts], options: FitOptions, scene_weights: Sequence[float] | None = None) -> Layout:
+    """Fit a layout to the train half of ``counts`` (all written ring entries if fewer than two),
+    or to several scenes' train halves with ``scene_weights`` (default equal; see ``fit_scenes``)."""
+    g = options.geometry
+    scenes = [counts] if isinstance(counts, Counts) else list(counts)
+    check_scenes(scenes, g.num_experts)
+    weights = normalise_weights(scene_weights, len(scenes))
+    fitted = fit_scenes([c.split()[0] for c in scenes], weights, options)
+    first = scenes[0]
+    moe = first.meta.get("moe_layers")
+    routed = np.sum([c.total() for c in scenes], axis=0)
+    moe_layers = tuple(moe) if moe is not None else tuple(int(i) for i in np.flatnonzero(routed.any(axis=1)))
+    digests = [c.digest() for c in scenes]
+    roles = {c.meta.get("role") for c in scenes}
+    layout = Layout(
+        fitted.map,
+        g,
+        static_sources=fitted.static_sources,
+        moe_layers=moe_layers,
+        meta={
+            "fingerprint": fingerprint(digests[0] if len(scenes) == 1 else sha256_hex(canonical_json([digests, weights.tolist()])), options),
+            "fitter": FITTER_VERSION,
+            "source_counts_sha256": digests,
+            "scene_weights": weights.tolist(),
+            "objective": options.objective,
+            "dispatch": options.dispatch,
+            "robust": options.robust,
+            "expert_groups": options.expert_groups,
+            "model": first.meta.get("model"),
+            "role": roles.pop() if len(roles) == 1 else "mixed",
+        },
+    )
+    mix = (weights[:, None, None] * normalised_totals([c.data for c in scenes])).sum(axis=0)
+    layout.meta[EXPECTED_KEY] = expected_balancedness(layout, mix, options.dispatch)
+    return layout
