@@ -19,9 +19,9 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-
 from bench_fit_vs_vllm import DEEPSEEK_V3_GROUPS, finish, print_checks, stats, vllm_policy
 from sample_data import DEFAULT
+
 from vllm_scene_eplb.fit import FitOptions, fit_map
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.layout import Geometry

@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sample_data import DEFAULT
 
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, Fitted, fit_map
 from vllm_scene_eplb.formats import read_counts
-
-from sample_data import DEFAULT
 from vllm_scene_eplb.layout import Geometry, same_rank_duplicates
 from vllm_scene_eplb.score import ideal_score, static_score
 

@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from bench_fit_vs_vllm import DEEPSEEK_V3_GROUPS, best_time, finish, print_checks, stats, vllm_policy
 from sample_data import DEFAULT
+
 from vllm_scene_eplb.fit import FitOptions, Fitted, fit_map, fit_scenes
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.layout import Geometry
@@ -98,7 +98,7 @@ def main() -> int:
                 print(f"  unseen {held:22s} " + "  ".join(f"{k} {v['median']:.4f}/{v['worst']:.4f}" for k, v in f.items()))
             print("in sample, worst train scene per layer, median/worst:  "
                   + "  ".join(f"{k} {v['median']:.4f}/{v['worst']:.4f}" for k, v in in_sample.items()))
-            print("fit time / vLLM policy time on the same input (best of %d): " % args.repeats
+            print(f"fit time / vLLM policy time on the same input (best of {args.repeats}): "
                   + "  ".join(f"{k} {v:.2f}x" for k, v in times.items()))
             decode = next(h for h in folds if "decode" in h)
             checks = {

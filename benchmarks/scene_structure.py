@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from sample_data import DEFAULT
 
 from vllm_scene_eplb.formats import read_counts
-
-from sample_data import DEFAULT
 
 BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -32,11 +32,11 @@ def skewed_counts(T: int, L: int, E: int, seed: int = 0, top_k: int = 4, tokens:
     """Zipf-skewed counts [T, L, E] per ring entry; every entry of every layer sums to tokens * top_k."""
     rng = np.random.default_rng(seed)
     out = np.zeros((T, L, E), dtype=np.int64)
-    for l in range(L):
+    for layer in range(L):
         p = 1.0 / (1 + rng.permutation(E)) ** 1.1
         p /= p.sum()
         for t in range(T):
-            out[t, l] = rng.multinomial(tokens * top_k, p)
+            out[t, layer] = rng.multinomial(tokens * top_k, p)
     return out
 
 

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from vllm_scene_eplb.harness.compare import compare
-from vllm_scene_eplb.harness.results import NOT_OBSERVED, Scene, aggregate, read_result, summarise
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fileio import doc_checksum
+from vllm_scene_eplb.harness.compare import compare
+from vllm_scene_eplb.harness.results import NOT_OBSERVED, Scene, aggregate, read_result, summarise
 
 SCENE = Scene("s", num_prompts=4, concurrency=2, request_rate=float("inf"), input_len=100, output_len=3, cards=2)
 

@@ -12,8 +12,7 @@ from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.fitness import LiveFitness, LiveSample
 from vllm_scene_eplb.formats import read_counts, write_counts
 from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.measured import (RankTime, SourceTraffic, fidelity, measured_balancedness, modelled_slot_counts,
-                                      time_view)
+from vllm_scene_eplb.measured import RankTime, SourceTraffic, fidelity, measured_balancedness, modelled_slot_counts, time_view
 from vllm_scene_eplb.runtime.observer import RoutingObserver
 from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps
 

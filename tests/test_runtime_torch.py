@@ -43,14 +43,14 @@ def test_observer_idle_counts_nothing_and_ring_wraps():
 def test_observer_misuse_is_refused():
     obs = RoutingObserver(1, 2, entries=2)
     with pytest.raises(SceneEplbError, match="nothing recorded"):
-        obs.snapshot().logical
+        obs.snapshot()
     with pytest.raises(SceneEplbError, match="not on"):
         obs.stop()
     obs.start()
     with pytest.raises(SceneEplbError, match="already on"):
         obs.start()
     with pytest.raises(SceneEplbError, match="stop it before dumping"):
-        obs.snapshot().logical
+        obs.snapshot()
 
 
 # Ops that launch no kernel (views, metadata): not counted against the capture's bound.

@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from vllm_scene_eplb.adapters.vllm_ascend import check_versions
-from vllm_scene_eplb.adapters.vllm_ascend.tables import (AscendDispatch, install_dispatch, log2phy_dynamic, log2phy_static,
-                                                         off_rank_with_local, rank_expert_maps)
+from vllm_scene_eplb.adapters.vllm_ascend.tables import (
+    AscendDispatch,
+    install_dispatch,
+    log2phy_dynamic,
+    log2phy_static,
+    off_rank_with_local,
+    rank_expert_maps,
+)
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_layout

@@ -7,7 +7,7 @@ from .conftest import require_vllm
 
 pytestmark = pytest.mark.engine
 
-H, I, E, M, K = 64, 64, 8, 40, 2
+H, INTER, E, M, K = 64, 64, 8, 40, 2  # hidden, expert intermediate, experts, tokens, top-k
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def test_ranks_local_parts_sum_to_the_full_layer_and_skip_remote_work(ops):
     cpu_fused_moe, prepack, local_moe = ops
     torch.manual_seed(0)
     x = torch.randn(M, H)
-    w13, w2 = torch.randn(E, 2 * I, H) * 0.1, torch.randn(E, H, I) * 0.1
+    w13, w2 = torch.randn(E, 2 * INTER, H) * 0.1, torch.randn(E, H, INTER) * 0.1
     ids = torch.stack([torch.randperm(E)[:K] for _ in range(M)]).to(torch.int32)
     weights = torch.rand(M, K)
     full = torch.empty(M, H)
@@ -60,7 +60,7 @@ def test_a_timed_layer_hands_its_wall_time_to_the_observer(ops, monkeypatch):
     obs = RoutingObserver(2, E, 1, time_moe=True)
     monkeypatch.setattr(runtime, "_current", SimpleNamespace(observer=obs))
     x, ids = torch.randn(M, H), torch.randint(0, E, (M, K), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
-    w13, w2 = prepack(torch.randn(E, 2 * I, H) * 0.1, "vec"), prepack(torch.randn(E, H, I) * 0.1, "vec")
+    w13, w2 = prepack(torch.randn(E, 2 * INTER, H) * 0.1, "vec"), prepack(torch.randn(E, H, INTER) * 0.1, "vec")
     local_moe(torch.empty(M, H), x, w13, w2, None, None, torch.rand(M, K), ids, torch.arange(E, dtype=torch.int32), "silu", "vec",
               False, 1)
     obs.end_step()

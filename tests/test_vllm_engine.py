@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.formats import read_counts, read_layout
-
 from vllm_scene_eplb.harness.local_server import ENGINE_ARGS, http, start_server
 
 from .conftest import cli, layout_for_another_ep_size_stops_startup, plugin_flag, require_vllm
@@ -62,7 +61,8 @@ def recorded(tiny_model, workdir):
     obs: dict = {"dump_dir": dump_dir}
     try:
         srv.wait_ready()
-        call = lambda path, headers=srv.headers(), **kw: http("POST", srv.url + path, headers=headers, **kw)  # noqa: E731
+        auth = srv.headers()
+        call = lambda path, headers=auth, **kw: http("POST", srv.url + path, headers=headers, **kw)  # noqa: E731
         obs["idle_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
         obs["no_key"] = call("/start_expert_distribution_record", headers={})
         obs["dump_before_record"] = call("/dump_expert_distribution_record")

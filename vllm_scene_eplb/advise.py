@@ -93,7 +93,8 @@ def _ratio(model: TimeModel, step_ms: float, now: np.ndarray, cand: np.ndarray) 
 
 def _split_loads(counts: Counts, candidate: Layout, dispatch: str, ranks: int, moe: list[int]):
     """Per-pass loads (now from measured traffic, candidate from logical counts) on the whole
-    recording and on each half of its written entries."""
+    recording and on each half of its written entries (``counts`` with measured traffic)."""
+    assert counts.physical is not None, "advise checks for physical_count first"
     written = counts.written_entries()
     half = (written.size + 1) // 2
     parts = {"recording": written, "first half": written[:half], "second half": written[half:]}
@@ -124,8 +125,8 @@ def advise(counts: Counts, candidate: Layout, dispatch: str, timing: dict | None
         missing = "the dump carries no measured replica traffic (physical_count): record it with this plugin version"
     elif counts.written_entries().size < 2:
         missing = "the dump holds fewer than two recorded passes: the halves of the recording cannot be compared"
-    if missing:
-        return {"verdict": "insufficient_evidence", "predicted_throughput_ratio": None, "reasons": reasons + [missing]}
+    if missing or timing is None or counts.physical is None:
+        return {"verdict": "insufficient_evidence", "predicted_throughput_ratio": None, "reasons": reasons + [missing or ""]}
     rank_ms, assignments = np.asarray(timing["rank_ms"]), np.asarray(timing["rank_assignments"])
     ranks = rank_ms.shape[0]
     if ranks != candidate.geometry.ep_size:

@@ -58,7 +58,7 @@ class PluginConfig:
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S  # every wait of one export, rendezvous included
     live_window_s: float = NUMBERS["live_window_s"][0]
     drift_margin: float = NUMBERS["drift_margin"][0]
-    drift_windows: int = NUMBERS["drift_windows"][0]
+    drift_windows: int = int(NUMBERS["drift_windows"][0])
     live_per_layer_metrics: bool = False
     time_moe: bool = False  # time each rank's local expert computation per MoE layer (live fitness's time view)
     live_counts: bool = True  # off (decode servers): no live count, no live fitness
@@ -91,6 +91,14 @@ def kv_role_of(vllm_config: Any) -> str | None:
 def plugin_enabled(additional_config: Any) -> bool:
     """True when vLLM's additional_config carries the plugin's flag (its settings are validated on the way)."""
     return parse_config(additional_config) is not None
+
+
+def require_config(additional_config: Any) -> PluginConfig:
+    """The plugin's settings where the caller runs only with the flag on (an error otherwise)."""
+    cfg = parse_config(additional_config)
+    if cfg is None:
+        raise SceneEplbError(f"the scene_eplb plugin is not enabled (no {CONFIG_KEY} in --additional-config)")
+    return cfg
 
 
 def parse_config(additional_config: Any) -> PluginConfig | None:
@@ -142,8 +150,9 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         raise SceneEplbError(f"{CONFIG_KEY}.layout: no such file: {layout}")
     dump_dir = raw.get("dump_dir", PluginConfig.dump_dir)
     check_dump_dir(dump_dir)
+    settings: dict[str, Any] = {**flags, **numbers}
     return PluginConfig(role=role, ring_entries=entries, steps_per_entry=steps, dump_dir=dump_dir,
-                        layout=layout, dispatch=dispatch, **flags, **numbers)
+                        layout=layout, dispatch=dispatch, **settings)
 
 
 def check_dump_dir(path: str) -> None:

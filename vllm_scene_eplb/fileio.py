@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, IO
+from typing import IO, Any
 
 from .errors import SceneEplbError
 
@@ -27,7 +29,7 @@ def doc_checksum(doc: dict) -> str:
     return sha256_hex(canonical_json({k: v for k, v in doc.items() if k != "checksum"}))
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
     """Write a file through ``write(fh)`` into a temporary sibling, fsync, then rename over ``path``.
 
     Readers never see a half-written file, and a failure leaves no file behind (an existing ``path``
@@ -57,7 +59,7 @@ def atomic_write_files(folder: str | os.PathLike, files: dict[str, bytes]) -> di
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
-            temps[name] = _temp_file(folder, name, lambda fh, data=data: fh.write(data))
+            temps[name] = _temp_file(folder, name, functools.partial(_write_bytes, data=data))
         for name, tmp in temps.items():
             os.replace(tmp, folder / name)
     except OSError as exc:
@@ -67,7 +69,7 @@ def atomic_write_files(folder: str | os.PathLike, files: dict[str, bytes]) -> di
     return {name: folder / name for name in files}
 
 
-def _temp_file(folder: Path, name: str, write: Callable[[IO[bytes]], None]) -> str:
+def _temp_file(folder: Path, name: str, write: Callable[[IO[bytes]], object]) -> str:
     """A temporary sibling of ``folder / name`` written through ``write(fh)`` and fsynced; on any
     failure it is removed and the error raised."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
@@ -98,6 +100,10 @@ def load_json(path: str | os.PathLike, what: str) -> Any:
         raise SceneEplbError(f"cannot read {what}: {exc}", path) from None
 
 
+def _write_bytes(fh: IO[bytes], data: bytes) -> None:
+    fh.write(data)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Atomically write ``data`` to ``path``."""
-    return atomic_write(path, lambda fh: fh.write(data))
+    return atomic_write(path, functools.partial(_write_bytes, data=data))

@@ -64,7 +64,7 @@ class DriftAlarm:
     def update(self, live_median: float) -> str | None:
         """Take one window's live median; returns the log line of a state change, else None."""
         self.seen += 1
-        if self.threshold is None or self.seen <= self.warmup_windows:
+        if self.threshold is None or self.expected_median is None or self.seen <= self.warmup_windows:
             return None
         self.over = self.over + 1 if live_median > self.threshold else 0
         if not self.drift and self.over >= self.windows:
@@ -94,7 +94,7 @@ class LiveSample:
     sources: tuple[SourceTraffic, ...] = ()
     times: tuple[RankTime, ...] = ()
 
-    def since(self, last: "LiveSample | None") -> "LiveSample":
+    def since(self, last: LiveSample | None) -> LiveSample:
         """The window from ``last`` to this sample: every field's difference (this sample itself
         without a ``last``; physical counts only when both have them; sources and times only when
         both list the same ranks)."""
@@ -138,7 +138,7 @@ class LiveFitness:
 
     @classmethod
     def for_server(cls, layout: Layout | None, num_experts: int, ep_size: int, dispatch: str | None,
-                   moe_layers: tuple[int, ...], margin: float, windows: int) -> "LiveFitness":
+                   moe_layers: tuple[int, ...], margin: float, windows: int) -> LiveFitness:
         """The live view of a server running ``layout`` (None: the linear layout on ``ep_size`` ranks).
         The layout's expectation counts only if it was fitted for the dispatch the server runs."""
         expected = (layout.meta.get(EXPECTED_KEY) if layout is not None else None) or {}

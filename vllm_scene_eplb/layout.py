@@ -13,7 +13,6 @@ import numpy as np
 from .errors import SceneEplbError
 from .fileio import canonical_json, sha256_hex
 
-
 MAX_SIZE = 1 << 16  # experts, redundant slots, ranks or nodes: far beyond any model or cluster, and small enough to allocate
 
 
@@ -113,8 +112,8 @@ def source_problems(p2l: np.ndarray, sources: np.ndarray, geometry: Geometry) ->
     total = np.zeros((L, E), dtype=np.int64)
     np.add.at(total, (np.repeat(np.arange(L), p2l.shape[1]), p2l.ravel()), sources.ravel())
     bad = np.argwhere(total != geometry.ep_size)
-    return [f"static_sources: layer {int(l)} expert {int(e)}'s replicas serve {int(total[l, e])} source ranks, not ep_size {geometry.ep_size}"
-            for l, e in bad[:3]]
+    return [f"static_sources: layer {int(k)} expert {int(e)}'s replicas serve {int(total[k, e])} source ranks, not ep_size {geometry.ep_size}"
+            for k, e in bad[:3]]
 
 
 def _duplicate_mask(p2l: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
@@ -159,7 +158,7 @@ class Layout:
 
     physical_to_logical_map: np.ndarray
     geometry: Geometry
-    moe_layers: tuple[int, ...] | None = None
+    moe_layers: tuple[int, ...] = None  # type: ignore[assignment]  # given as None: every row (a tuple once built)
     meta: dict = field(default_factory=dict)
     static_sources: np.ndarray | None = None
 

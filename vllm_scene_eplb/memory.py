@@ -58,7 +58,7 @@ def _expert_shape(f: ConfigFields) -> tuple[int, int]:
     if not f.has("hidden_size") or not (f.has("moe_intermediate_size") or f.has("intermediate_size")):
         raise SceneEplbError("config has no hidden_size and moe_intermediate_size (or intermediate_size)", f.path)
     inter_key = "moe_intermediate_size" if f.has("moe_intermediate_size") else "intermediate_size"
-    return f.int("hidden_size", 1), f.int(inter_key, 1)
+    return f.integer("hidden_size", 1), f.integer(inter_key, 1)
 
 
 def _blocks(rows: int, cols: int, block: tuple[int, int]) -> int:
@@ -102,13 +102,13 @@ def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None
     f = ConfigFields(cfg, path)
     dtype = _model_dtype(f) if kv_cache_dtype == "auto" else kv_cache_dtype
     size = _dtype_bytes(dtype, "kv cache dtype")
-    layers = f.int("num_hidden_layers", 1)
+    layers = f.integer("num_hidden_layers", 1)
     if f.has("kv_lora_rank"):
-        rank, rope = f.int("kv_lora_rank", 1), f.int("qk_rope_head_dim", 0, default=0)
+        rank, rope = f.integer("kv_lora_rank", 1), f.integer("qk_rope_head_dim", 0, default=0)
         return layers * (rank + rope) * size, f"MLA latent {rank} + rope {rope} per layer, {dtype}"
-    heads = f.int("num_attention_heads", 1)
-    kv_heads = f.int("num_key_value_heads", 1, default=heads)
-    head_dim = f.int("head_dim", 1, default=None) or f.int("hidden_size", 1) // heads
+    heads = f.integer("num_attention_heads", 1)
+    kv_heads = f.integer("num_key_value_heads", 1, default=heads)
+    head_dim = f.integer("head_dim", 1, default=None) or f.integer("hidden_size", 1) // heads
     if head_dim < 1:
         raise SceneEplbError(f"config hidden_size {f.cfg['hidden_size']} is smaller than num_attention_heads {heads}", path)
     return layers * 2 * kv_heads * head_dim * size, f"K and V, {kv_heads} KV heads x {head_dim} per layer, {dtype}"

@@ -45,7 +45,7 @@ class ConfigFields:
     def has(self, key: str) -> bool:
         return self.cfg.get(key) is not None
 
-    def int(self, key: str, low: int, default=_MISSING, high: int = MAX_CONFIG_INT):
+    def integer(self, key: str, low: int, default=_MISSING, high: int = MAX_CONFIG_INT):
         """An integer in [low, high]; ``default`` when absent (required without one)."""
         value = self.cfg.get(key)
         if value is None:
@@ -89,10 +89,10 @@ def text_config(cfg: dict, path: str | None) -> dict:
 
 def _moe_layers(f: ConfigFields, num_layers: int) -> tuple[int, ...]:
     if f.has("first_k_dense_replace"):  # DeepSeek-V2/V3 family
-        freq = f.int("moe_layer_freq", 1, default=1)
-        k = f.int("first_k_dense_replace", 0)
+        freq = f.integer("moe_layer_freq", 1, default=1)
+        k = f.integer("first_k_dense_replace", 0)
         return tuple(i for i in range(num_layers) if i >= k and i % freq == 0)
-    step = f.int("decoder_sparse_step", 1, default=1)  # Qwen2/3-MoE family
+    step = f.integer("decoder_sparse_step", 1, default=1)  # Qwen2/3-MoE family
     dense = set(f.int_list("mlp_only_layers"))
     return tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
 
@@ -103,10 +103,10 @@ def from_hf_config(cfg: dict, path: str | None = None) -> ModelGeometry:
     key = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts") if f.has(k)), None)
     if key is None:
         raise SceneEplbError("config has no MoE expert count (n_routed_experts / num_experts / num_local_experts)", path)
-    experts = f.int(key, 1, high=1 << 16)
-    layers = f.int("num_hidden_layers", 1, high=1 << 16)
-    top_k = f.int("num_experts_per_tok", 1, default=None, high=experts)
-    groups = f.int("n_group", 1, default=1, high=experts)
+    experts = f.integer(key, 1, high=1 << 16)
+    layers = f.integer("num_hidden_layers", 1, high=1 << 16)
+    top_k = f.integer("num_experts_per_tok", 1, default=None, high=experts)
+    groups = f.integer("n_group", 1, default=1, high=experts)
     if experts % groups:
         raise SceneEplbError(f"config n_group {groups} does not divide {experts} experts", path)
     moe_layers = _moe_layers(f, layers)

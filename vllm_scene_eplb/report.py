@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ def _fmt(x) -> str:
     return "NOT_OBSERVED" if x is None else f"{x:.4f}"
 
 
-def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", images: list[str] = (),
+def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", images: Sequence[str] = (),
              memory: str | None = None) -> str:
     """A Markdown report: summary, then one row per MoE layer."""
     return "\n".join(_header(layout, title, memory) + _scene_section(ev, images, level="##")) + "\n"
@@ -44,7 +45,7 @@ def _header(layout: Layout, title: str, memory: str | None) -> list[str]:
     return lines + [""]
 
 
-def _scene_section(ev: Evaluation, images: list[str], level: str) -> list[str]:
+def _scene_section(ev: Evaluation, images: Sequence[str], level: str) -> list[str]:
     s = ev.summary()
     lines = [
         f"{level} Scores",

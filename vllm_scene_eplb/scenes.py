@@ -7,7 +7,7 @@ long recording does not drown a short one.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

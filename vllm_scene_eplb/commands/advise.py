@@ -56,7 +56,7 @@ def run(args, console: Console) -> None:
     dispatch = args.dispatch or candidate.meta.get("dispatch") or "static"
     memory = memory_cost(args, candidate.geometry)
     try:
-        answer = advise(counts, candidate, dispatch, _timing(args), memory and memory["summary"])
+        answer = advise(counts, candidate, dispatch, _timing(args), memory["summary"] if memory else None)
     except SceneEplbError as exc:
         raise SceneEplbError(exc.problem, exc.path or args.layout) from None
     ratio = answer["predicted_throughput_ratio"]

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SceneEplbError
 from ..counts import Counts
+from ..errors import SceneEplbError
 from ..evaluation import SCORES, Evaluation, check_compatible
 from ..formats import GeometryHint, read_counts
 from ..layout import Geometry
@@ -141,7 +141,7 @@ def scene_names(paths: list[str]) -> list[str]:
     return [s if stems.count(s) == 1 else str(p) for s, p in zip(stems, paths)]
 
 
-def scenes_payload(paths: list[str], evals: list[Evaluation], weights: list[float] | None = None) -> dict:
+def scenes_payload(paths: list[str], evals: list[Evaluation], weights: list[float] | list[None] | None = None) -> dict:
     """The scores in ``--json``: ``summary`` and ``layers`` for one counts file; a ``scenes`` list
     (counts, name, weight, summary, layers) for several."""
     if len(evals) == 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..counts import Counts
 from ..errors import SceneEplbError
 from ..formats import COUNTS_FORMATS, LAYOUT_FORMATS, file_kind, read_counts, read_layout, write_counts, write_layout
 from ..layout import Layout
@@ -43,7 +44,9 @@ def run(args, console: Console) -> None:
     check_output_file(args.output, [args.input])
     layers = None if args.moe_layers is None else parse_layers(args.moe_layers)
     kind = file_kind(args.input)
-    dropped, note = [], ""
+    dropped: list[str] = []
+    note = ""
+    obj: Counts | Layout
     if kind == "counts":
         if args.to not in COUNTS_FORMATS:
             raise SceneEplbError(f"counts convert to one of {', '.join(COUNTS_FORMATS)}, not {args.to!r}", args.input)
@@ -53,13 +56,14 @@ def run(args, console: Console) -> None:
             obj = read_counts(args.input)
         out = write_counts(obj, args.output, args.to)
     else:
-        obj = read_layout(args.input, hint(args))
+        layout = read_layout(args.input, hint(args))
         if layers is not None:
             try:
-                obj = Layout(obj.physical_to_logical_map, obj.geometry, layers, obj.meta, obj.static_sources)
+                layout = Layout(layout.physical_to_logical_map, layout.geometry, layers, layout.meta, layout.static_sources)
             except SceneEplbError as exc:
                 raise SceneEplbError(f"--moe-layers: {exc.problem}", args.input) from None
-        out = write_layout(obj, args.output, args.to)
+        obj = layout
+        out = write_layout(layout, args.output, args.to)
         dropped, note = dropped_table(obj, args.to, out)
     console.emit({"input": args.input, "kind": kind, "output": str(out), "format": args.to, "dropped": dropped},
                  f"wrote {out} ({kind}, {args.to})" + note)

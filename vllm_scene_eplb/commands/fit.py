@@ -7,8 +7,18 @@ from ..evaluation import evaluate
 from ..fit import OBJECTIVES, FitOptions, fit
 from ..formats import LAYOUT_FORMATS, write_layout
 from ..layout import Geometry
-from .common import (Console, dropped_table, memory_cost, model_args, parse_weights, read_scenes, resolve_routing, scene_names,
-                     scenes_payload, scenes_text)
+from .common import (
+    Console,
+    dropped_table,
+    memory_cost,
+    model_args,
+    parse_weights,
+    read_scenes,
+    resolve_routing,
+    scene_names,
+    scenes_payload,
+    scenes_text,
+)
 from .options import check_output_file, integer
 
 HELP = "fit a layout to counts (one scene or several)"

@@ -22,7 +22,7 @@ def run(args, console: Console) -> None:
     total = c.total()
     active = c.active_layers()
     per_layer = total.sum(axis=1)
-    skew = [float(total[l].max() / total[l].mean()) for l in active]
+    skew = [float(total[layer].max() / total[layer].mean()) for layer in active]
     payload = {
         "file": args.counts,
         "shape": list(c.data.shape),

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from ..errors import SceneEplbError
 

@@ -25,7 +25,7 @@ def run(args, console: Console) -> None:
     scenes = list(zip(scene_names(args.counts), read_scenes(args.counts, console, layout)))
     memory = memory_cost(args, layout.geometry)
     with console.progress("scoring and drawing heat maps"):
-        evals, md, pngs = write_report(layout, scenes, args.output, memory and memory["summary"])
+        evals, md, pngs = write_report(layout, scenes, args.output, memory["summary"] if memory else None)
     text = scenes_text(args.counts, evals) + (f"\n{memory['summary']}" if memory else "")
     console.emit({"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, **scenes_payload(args.counts, evals)},
                  text + f"\nwrote {md} and {len(pngs)} heat map(s)")

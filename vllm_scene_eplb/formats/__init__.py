@@ -23,7 +23,7 @@ from ..layout import Layout
 from . import counts as _counts
 from . import layouts as _layouts
 from . import vllm_ascend as _vllm_ascend
-from .base import FileFormat, GeometryHint, load
+from .base import FileFormat, GeometryHint, Loaded, load
 
 FORMATS: tuple[FileFormat, ...] = _counts.FORMATS + _layouts.FORMATS + (_vllm_ascend.FORMAT,)
 COUNTS_FORMATS = tuple(f.name for f in FORMATS if f.kind == "counts")
@@ -34,7 +34,7 @@ __all__ = ["COUNTS_FORMATS", "FORMATS", "LAYOUT_FORMATS", "GeometryHint", "detec
            "read_layout", "write_counts", "write_layout"]
 
 
-def detect(path: str | os.PathLike) -> tuple[FileFormat | None, object]:
+def detect(path: str | os.PathLike) -> tuple[FileFormat | None, Loaded]:
     """The format of the file at ``path`` (None when no row matches) and the loaded file."""
     loaded = load(path)
     return next((f for f in FORMATS if f.detect(loaded)), None), loaded
@@ -56,8 +56,9 @@ def read_counts(path: str | os.PathLike) -> Counts:
     return fmt.read(loaded, GeometryHint())
 
 
-def read_layout(path: str | os.PathLike, hint: GeometryHint = GeometryHint()) -> Layout:
+def read_layout(path: str | os.PathLike, hint: GeometryHint | None = None) -> Layout:
     """Read and validate a layout of any supported format (bare formats need ``hint.ep_size``)."""
+    hint = hint or GeometryHint()
     fmt, loaded = detect(path)
     if fmt is not None and fmt.kind == "counts" and loaded.container != "npz":
         raise SceneEplbError("this is a counts file, not a layout", loaded.path)

@@ -10,14 +10,24 @@ from __future__ import annotations
 import json
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..counts import Counts, counts_digest, validate_count_array, validate_physical
 from ..errors import SceneEplbError
 from ..fileio import atomic_write, canonical_json, sha256_hex
-from .base import (FORMAT_VERSION, MAX_ID, FileFormat, GeometryHint, Loaded, check_fits_memory, check_moe_layers, write_json,
-                   write_pt)
+from .base import (
+    FORMAT_VERSION,
+    MAX_ID,
+    FileFormat,
+    GeometryHint,
+    Loaded,
+    check_fits_memory,
+    check_moe_layers,
+    write_json,
+    write_pt,
+)
 
 COUNTS_FORMAT = "scene-eplb-counts"
 
@@ -133,7 +143,8 @@ def native_meta(counts: Counts) -> dict:
 
 def _write_native(counts: Counts, path: Path) -> Path:
     meta = np.frombuffer(json.dumps(native_meta(counts)).encode(), dtype=np.uint8)
-    return atomic_write(path, lambda fh: np.savez_compressed(fh, **_arrays(counts), meta=meta))
+    arrays: dict[str, Any] = {**_arrays(counts), "meta": meta}
+    return atomic_write(path, lambda fh: np.savez_compressed(fh, **arrays))
 
 
 FORMATS = (

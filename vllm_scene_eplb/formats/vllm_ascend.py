@@ -42,12 +42,13 @@ def _rows(doc: dict, path: Path) -> tuple[list[list], int]:
     count = doc.get("moe_layer_count")
     if count != len(layers):
         raise SceneEplbError(f"moe_layer_count {count!r} does not match the {len(layers)} entries of layer_list", path)
-    rows, ep = [], None
+    rows: list[list] = []
+    ep = 0
     for k, layer in enumerate(layers):
         devices = layer.get("device_list") if isinstance(layer, dict) else None
         if not isinstance(devices, list) or not devices:
             raise SceneEplbError(f"layer_list[{k}].device_list must be a non-empty list", path)
-        if ep is None:
+        if not ep:
             ep = len(devices)
         elif len(devices) != ep:
             raise SceneEplbError(f"layer_list[{k}] has {len(devices)} devices, layer 0 has {ep}", path)

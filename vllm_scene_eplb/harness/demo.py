@@ -148,6 +148,7 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
               + f"; report in {report}")
         return summary
 
+    assert a is not None  # measured on the linear server unless factorial (returned above)
     srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static",
                                          **TIMED}, geometry)
     try:

@@ -66,7 +66,7 @@ def effects(runs: dict[str, list[float]], higher_is_better: bool = True, boot: i
         if len(runs.get(arm, ())) < 2:
             raise SceneEplbError(f"arm {arm} has {len(runs.get(arm, ()))} run(s): an interval needs at least 2 per arm")
     rng = np.random.default_rng(seed)
-    point = effect_ratios({a: np.mean(runs[a]) for a in ARMS})
+    point = effect_ratios({a: np.asarray(np.mean(runs[a])) for a in ARMS})
     draws = {a: rng.choice(np.asarray(runs[a], dtype=np.float64), size=(boot, len(runs[a]))).mean(axis=1) for a in ARMS}
     sampled = effect_ratios(draws)
     out = {}
@@ -84,7 +84,7 @@ def _check_arms(results: dict[str, list[dict]]) -> None:
     scenes = {tuple(r["manifest"]["scene"].get(k) for k in LOAD_KEYS) for runs in results.values() for r in runs}
     if len(scenes) > 1:
         raise SceneEplbError(f"factorial A/B: the runs measure different loads (N, C, r): {sorted(scenes, key=str)}")
-    hashes = {}
+    hashes: dict[str, set[str]] = {}
     for arm, runs in results.items():
         knobs = {(r["manifest"].get("layout_hash"), r["manifest"].get("dispatch")) for r in runs}
         if len(knobs) > 1:

@@ -92,7 +92,7 @@ class Server:
             raise RuntimeError(f"completion failed: HTTP {status}: {out}")
         return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         """``with start_server(...) as srv``: ready on entry, stopped on exit."""
         try:
             self.wait_ready()
@@ -126,7 +126,7 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(model: Path, workdir: Path, name: str, extra: list[str] = (), plugins: bool = True,
+def start_server(model: Path, workdir: Path, name: str, extra: list[str] | tuple[str, ...] = (), plugins: bool = True,
                  api_key: str | None = None, engine_args: tuple[str, ...] = ENGINE_ARGS, cores: str = "0|1") -> Server:
     """Start a server on a free port, logging to ``workdir/name.log``; call ``wait_ready`` next (or use
     it in a ``with``). ``cores`` binds its workers' threads (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``: one

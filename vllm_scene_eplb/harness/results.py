@@ -75,7 +75,7 @@ def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
     starts, lat = result.get("start_times"), result.get("latencies")
     if not starts or not lat:
         return None
-    events = sorted([(s, 1) for s in starts] + [(s + l, -1) for s, l in zip(starts, lat)], key=lambda e: (e[0], e[1]))
+    events = sorted([(s, 1) for s in starts] + [(s + d, -1) for s, d in zip(starts, lat)], key=lambda e: (e[0], e[1]))
     level, t_full, spans = 0, None, []
     for t, d in events:
         level += d
@@ -128,7 +128,7 @@ def summarise(result: dict, scene: Scene) -> dict:
 
 def aggregate(runs: list[dict]) -> dict:
     """Mean and 95% CI per metric over repeats (a metric missing in any repeat is NOT_OBSERVED)."""
-    agg = {}
+    agg: dict[str, object] = {}
     for m in METRICS:
         vals = [r[m] for r in runs]
         if any(v == NOT_OBSERVED for v in vals):

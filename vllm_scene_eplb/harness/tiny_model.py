@@ -73,7 +73,7 @@ def make_tiny_moe(out_dir: str | Path, spec: TinyMoeSpec = TinyMoeSpec()) -> Pat
     out = Path(out_dir)
     torch.manual_seed(spec.seed)
     cfg = Qwen3MoeConfig(**{k: v for k, v in hf_config(spec).items() if k not in ("architectures", "model_type")})
-    model = Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()
+    model = Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()  # type: ignore[arg-type]  # transformers' typing of .to
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.05)

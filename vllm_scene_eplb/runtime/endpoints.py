@@ -29,17 +29,17 @@ import os
 import secrets
 import time
 from argparse import Namespace
+from typing import Any
 
 import numpy as np
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..config import PluginConfig, parse_config
 from ..errors import SceneEplbError
 from ..fitness import LiveFitness, LiveSample
-from ..measured import RankTime, SourceTraffic
 from ..formats import GeometryHint, read_layout
+from ..measured import RankTime, SourceTraffic
 from ..protocol import EXPORT_STATUS_ACTION, KEEP_SKIPPED, LIVE_ACTION, LIVE_KEY, NATIVE_ACTION, ROUTES, aggregate_status
 from . import metrics
 
@@ -67,8 +67,8 @@ class SceneEplbEndpoints:
     required_tasks = None
 
     def __init__(self) -> None:
-        self.engine_client = None
-        self.verifier = None
+        self.engine_client: Any = None  # the engine's client (vLLM's AsyncLLM), set by init_state
+        self.verifier: Any = None
         self.config: PluginConfig | None = None
         self.live: LiveFitness | None = None
         self._live_task: asyncio.Task | None = None
@@ -136,7 +136,7 @@ class SceneEplbEndpoints:
         results = await self._workers(action, *args, timeout=timeout)
         refused = [r for r in results if not r.get("ok")]
         if refused:
-            errors = sorted({r.get("error") for r in refused})
+            errors = sorted({str(r.get("error")) for r in refused})
             partial = f" ({len(results) - len(refused)} of {len(results)} ranks accepted it)" if len(refused) < len(results) else ""
             raise RouteError(refused[0].get("http_status", 409), "; ".join(errors) + partial)
         return [{k: v for k, v in r.items() if k != "ok"} for r in results]
@@ -209,7 +209,7 @@ class SceneEplbEndpoints:
 
     async def _live_loop(self) -> None:
         """Every window: read, score, alarm, publish. Never raises: a missed window is logged and skipped."""
-        window = self.config.live_window_s
+        window = self._settings().live_window_s
         while True:
             await asyncio.sleep(window)
             try:
@@ -227,7 +227,7 @@ class SceneEplbEndpoints:
         line = self.live.observe(sample, time.monotonic())
         if line:
             (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
-        metrics.publish(self.live.to_dict(), self.config.live_per_layer_metrics)
+        metrics.publish(self.live.to_dict(), self._settings().live_per_layer_metrics)
 
     async def _live_view(self, num_experts: int) -> LiveFitness:
         """The live view of what this server loaded (its layout, or the linear one), from rank 0's status."""
@@ -235,8 +235,15 @@ class SceneEplbEndpoints:
         layout = None
         if st["layout_path"]:
             layout = read_layout(st["layout_path"], GeometryHint(ep_size=st["ep_size"], num_experts=num_experts))
+        cfg = self._settings()
         return LiveFitness.for_server(layout, num_experts, st["ep_size"], st["dispatch"], tuple(st["moe_layers"]),
-                                      self.config.drift_margin, self.config.drift_windows)
+                                      cfg.drift_margin, cfg.drift_windows)
+
+    def _settings(self) -> PluginConfig:
+        """The server's plugin settings (live fitness runs only on servers with the flag)."""
+        if self.config is None:
+            raise SceneEplbError("the scene_eplb plugin is not enabled on this server")
+        return self.config
 
     def _handler(self, action: str):
         async def handle(request: Request) -> JSONResponse:
@@ -264,11 +271,11 @@ def live_sample(answers: list[dict]) -> LiveSample:
     physical = None
     if all(a.get("physical") is not None for a in counting):
         physical = np.sum([np.asarray(a["physical"], dtype=np.int64) for a in counting], axis=0)
-    sources = ()
+    sources: tuple[SourceTraffic, ...] = ()
     if all(a.get("source") for a in counting):
         sources = tuple(SourceTraffic(a["source"][0], a["source"][1], np.asarray(a["counts"], dtype=np.int64)) for a in counting)
     ranked = sorted(answers, key=lambda a: a["ep_rank"])
-    times = ()
+    times: tuple[RankTime, ...] = ()
     if all(a.get("moe_seconds") is not None for a in ranked):
         times = tuple(RankTime(np.asarray(a["moe_seconds"], dtype=np.float64), a["moe_passes"], a["steps"], a["step_seconds"],
                                a["step_moe_seconds"]) for a in ranked)

@@ -88,18 +88,19 @@ def _window(group, stamps: np.ndarray, entries: int) -> tuple[int, int] | None:
 def _check_aligned(group, record: RankRecord, first: int, entries: int, steps_per_entry: int) -> bool:
     """Raise (on every rank alike) when two ranks' DP signatures of one entry differ; False when not
     every rank has signatures (nothing to compare)."""
-    has = torch.tensor([1 if record.signature is not None else 0], dtype=torch.int64)
+    signature = record.signature
+    has = torch.tensor([1 if signature is not None else 0], dtype=torch.int64)
     _allreduce(group, has, dist.ReduceOp.MIN)
-    if not has.item():
+    if not has.item() or signature is None:  # the second: only for the type checker, every rank has one here
         return False
-    width = torch.tensor([record.signature.shape[1]], dtype=torch.int64)
+    width = torch.tensor([signature.shape[1]], dtype=torch.int64)
     _allreduce(group, width, dist.ReduceOp.MAX)
     low = torch.full((entries, int(width)), _NONE, dtype=torch.int64)
     high = torch.full((entries, int(width)), -1, dtype=torch.int64)
     at = record.stamps - first
     keep = (at >= 0) & (at < entries)
-    if record.signature.shape[1] == int(width):
-        low[at[keep]] = high[at[keep]] = torch.from_numpy(record.signature[keep])
+    if signature.shape[1] == int(width):
+        low[at[keep]] = high[at[keep]] = torch.from_numpy(signature[keep])
     _allreduce(group, low, dist.ReduceOp.MIN)
     _allreduce(group, high, dist.ReduceOp.MAX)
     seen = high >= 0

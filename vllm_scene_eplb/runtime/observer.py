@@ -97,6 +97,7 @@ class Record:
     steps_per_entry: int
     passes: int
     tokens: int  # the engine's scheduled tokens of the recorded passes (what its model ran, drafts included)
+    wrapped: bool  # the record opened more entries than the ring holds: the oldest were overwritten
 
 
 class RoutingObserver:
@@ -271,7 +272,7 @@ class RoutingObserver:
         logical, physical = self._views(self.ring[torch.from_numpy(order).to(self.ring.device)])
         return Record(logical, physical, self.stamps[order].copy(),
                       None if self.signature is None else self.signature[order].copy(), self.steps_per_entry,
-                      self.passes_recorded, self.tokens_recorded)
+                      self.passes_recorded, self.tokens_recorded, self.entries_written > self.entries)
 
     def status(self) -> ObserverStatus:
         total, record = self.skipped_passes()
@@ -294,6 +295,9 @@ class NullObserver:
         pass
 
     def note_dp_tokens(self, tokens) -> None:
+        pass
+
+    def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         pass
 
     def begin_step(self, tokens: int = 0) -> None:

@@ -49,9 +49,11 @@ class LayerReplicaMap:
         ids = topk_ids.to(torch.int64)
         rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
         if self.algorithm == "static":
+            assert self.static is not None, "a static map carries its table"
             src = self.source.base + torch.div(rows * self.source.span, max(ids.shape[0], 1), rounding_mode="floor")
             phys = self.static[src.expand_as(ids), ids]
         else:
+            assert self.replicas is not None and self.l2p is not None, "a dynamic map carries l2p and replicas"
             replica = torch.remainder(rows, self.replicas[ids])
             phys = self.l2p[ids, replica]
         return phys.to(topk_ids.dtype)

@@ -36,6 +36,9 @@ class NullRecorderRuntime:
     def note_dp_tokens(self, tokens) -> None:
         pass
 
+    def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
+        pass
+
     def bind(self, model_runner) -> None:
         pass
 
@@ -99,6 +102,10 @@ class RecorderRuntime:
     def end_step(self, is_dummy: bool) -> None:
         """The engine's step boundary: commit the pass just run (a dummy pass only advances the ring)."""
         self.observer.end_step(is_dummy)
+
+    def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
+        """This pass's local expert time of MoE layer ``moe_idx`` (``time_moe``: the adapter's timer)."""
+        self.observer.add_moe_seconds(moe_idx, seconds)
 
     def note_dp_tokens(self, tokens) -> None:
         """This step's tokens per DP rank, as the DP engines agreed them (the ring's DP signature)."""
@@ -183,11 +190,11 @@ class RecorderRuntime:
         local = torch.zeros((rec.stamps.size, L, E + P), dtype=torch.int64)
         if self.contributes:
             local[:, self.moe_layer_ids, :E] = rec.logical
-            if P:
+            if rec.physical is not None:
                 local[:, self.moe_layer_ids, E:] = rec.physical
         st = self.status()
         meta = {k: st[k] for k in DUMP_META_KEYS}
-        meta.update(ring_wrapped=self.observer.entries_written > T, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        meta.update(ring_wrapped=rec.wrapped, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     skipped_passes=int(skipped))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
         record = RankRecord(local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry,

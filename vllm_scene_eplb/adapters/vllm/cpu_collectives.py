@@ -16,10 +16,12 @@ the data-dependent row counts: its output has ``sum(sizes)`` (gather) or ``sizes
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
-_COMMUNICATORS: dict[str, object] = {}  # unique_name -> communicator, for the ops to find their group
+_COMMUNICATORS: dict[str, Any] = {}  # unique_name -> vLLM communicator, for the ops to find their group
 
 
 def _register(comm) -> str:

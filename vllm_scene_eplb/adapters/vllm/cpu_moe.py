@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 
 import torch
-
 from vllm._custom_ops import cpu_fused_moe
 
 from . import runtime
@@ -37,7 +36,7 @@ def cpu_local_fused_moe(output: torch.Tensor, hidden_states: torch.Tensor, w13: 
                       local[token, k].to(torch.int32).reshape(-1, 1).contiguous(), activation, isa, skip_weighted)
         output.index_add_(0, token, rows_out)
     if started is not None:
-        runtime.current().observer.add_moe_seconds(timed_layer, time.perf_counter() - started)
+        runtime.current().add_moe_seconds(timed_layer, time.perf_counter() - started)
 
 
 @cpu_local_fused_moe.register_fake

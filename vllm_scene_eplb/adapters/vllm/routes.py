@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...runtime.endpoints import CONTROL, SceneEplbEndpoints
 from .version import check_engine_version
 
@@ -19,7 +21,7 @@ class VllmEndpoints(SceneEplbEndpoints):
         return AuthenticationMiddleware(None, tokens)
 
     async def call_every_worker(self, args: tuple) -> list:
-        core = getattr(self.engine_client, "engine_core", None)
+        core: Any = getattr(self.engine_client, "engine_core", None)
         if hasattr(core, "call_utility_all_async"):  # every DP engine, each running collective_rpc on its workers
             return [r for engine in await core.call_utility_all_async("collective_rpc", CONTROL, None, args, None)
                     for r in engine]

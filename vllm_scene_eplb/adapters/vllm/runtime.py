@@ -116,10 +116,10 @@ class WorkerRuntime(RecorderRuntime):
         E, L = self.model.num_experts, len(runners)
         slots = (torch.as_tensor(self.layout.physical_to_logical_map[self.moe_layer_ids]) if self.layout
                  else torch.arange(E).expand(L, E))
-        self.make_observer(device, slots, self.dp_size)
+        observer = self.make_observer(device, slots, self.dp_size)
         padding = getattr(model_runner, "is_padding", None)
         for idx, r in enumerate(runners):
-            r.router._scene_eplb_physical = functools.partial(self.observer.capture, idx, padding_rows=padding)
+            r.router._scene_eplb_physical = functools.partial(observer.capture, idx, padding_rows=padding)
             if self.config.time_moe:
                 if str(device) != "cpu":
                     raise SceneEplbError("scene_eplb.time_moe times the CPU expert path only; on CUDA it is not built yet "
@@ -184,7 +184,7 @@ def check_drafter(vllm_config) -> None:
     (it binds to the target model), and its verification passes are the target's own."""
     spec = getattr(vllm_config, "speculative_config", None)
     draft = getattr(spec, "draft_model_config", None) if spec is not None else None
-    if draft is None or spec.method in MODEL_FREE_DRAFTS:  # vLLM gives n-gram drafts the target's config: no model runs
+    if spec is None or draft is None or spec.method in MODEL_FREE_DRAFTS:  # vLLM gives n-gram drafts the target's config: no model runs
         return
     hf = draft.hf_config.to_dict()
     text = hf.get("text_config") or {}

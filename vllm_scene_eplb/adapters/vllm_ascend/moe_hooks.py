@@ -22,7 +22,8 @@ import contextvars
 import functools
 import importlib
 import sys
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +60,7 @@ def _wrap_select_experts(original: Callable, hook_for: Callable[[object], IdsHoo
         hook = hook_for(layer) if layer is not None else None
         return topk_weights, (topk_ids if hook is None else hook(layer, topk_ids))
 
-    select_experts.__scene_eplb_original__ = original
+    select_experts.__scene_eplb_original__ = original  # type: ignore[attr-defined]
     return select_experts
 
 
@@ -72,7 +73,7 @@ def _wrap_forward_impl(original: Callable) -> Callable:
         finally:
             current_layer.reset(token)
 
-    forward_impl.__scene_eplb_original__ = original
+    forward_impl.__scene_eplb_original__ = original  # type: ignore[attr-defined]
     return forward_impl
 
 
@@ -90,7 +91,7 @@ def install(hook_for: Callable[[object], IdsHook | None]) -> list[str]:
         if name.startswith("vllm_ascend") and module is not None:
             held = getattr(module, "select_experts", None)
             if held is original or getattr(held, "__scene_eplb_original__", None) is original:
-                module.select_experts = wrapped
+                module.select_experts = wrapped  # type: ignore[attr-defined]
                 rebound.append(name)
     cls = importlib.import_module(FUSED_MOE_MODULE).AscendFusedMoE
     cls.forward_impl = _wrap_forward_impl(getattr(cls.forward_impl, "__scene_eplb_original__", cls.forward_impl))

@@ -18,7 +18,7 @@ import functools
 import importlib.abc
 import importlib.util
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from . import runtime
 
@@ -102,7 +102,7 @@ def _api_servers() -> list:
     """The API server module, also when it runs as ``python -m`` (then it is ``__main__``)."""
     found = [sys.modules[API_SERVER_MODULE]] if API_SERVER_MODULE in sys.modules else []
     main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None) == API_SERVER_MODULE:
+    if main is not None and getattr(getattr(main, "__spec__", None), "name", None) == API_SERVER_MODULE:
         found.append(main)
     return found
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ...config import kv_role_of, parse_config
 from ...errors import SceneEplbError

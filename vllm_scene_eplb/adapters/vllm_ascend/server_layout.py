@@ -7,7 +7,7 @@ this module, never back up.
 
 from __future__ import annotations
 
-from ...config import parse_config
+from ...config import require_config
 from ...errors import SceneEplbError
 from ...layout import Layout
 from ...model_geometry import from_hf_config
@@ -25,7 +25,9 @@ def ep_size_of(parallel_config) -> int:
 def layout_of(vllm_config) -> Layout:
     """The config's ``scene_eplb.layout``, read with the server's geometry as at config time (so bare
     formats read too; MoE rows only, as vLLM-Ascend's expert map holds them), once per process."""
-    path = parse_config(vllm_config.additional_config).layout
+    path = require_config(vllm_config.additional_config).layout
+    if path is None:
+        raise SceneEplbError("scene_eplb.layout is not set: no layout to read")
     if path not in _loaded:
         _loaded[path] = layout_for_server(path, from_hf_config(vllm_config.model_config.hf_config.to_dict()),
                                           ep_size_of(vllm_config.parallel_config), model_layer_axis=False)

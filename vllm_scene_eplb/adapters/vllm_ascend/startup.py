@@ -24,7 +24,7 @@ import functools
 import logging
 from pathlib import Path
 
-from ...config import kv_role_of, parse_config, plugin_enabled
+from ...config import kv_role_of, parse_config, plugin_enabled, require_config
 from ...errors import SceneEplbError
 from ...formats import write_layout
 from ...layout import Layout
@@ -85,7 +85,7 @@ def check_run(vllm_config) -> None:
     """What any run with the flag needs, and for a layout run the expert map file (``prepare_layout_run``)."""
     import vllm.envs as envs
 
-    cfg = parse_config(vllm_config.additional_config)
+    cfg = require_config(vllm_config.additional_config)
     if envs.VLLM_USE_V2_MODEL_RUNNER:
         raise SceneEplbError("scene_eplb supports vLLM-Ascend's V1 model runner only: set VLLM_USE_V2_MODEL_RUNNER=0")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:

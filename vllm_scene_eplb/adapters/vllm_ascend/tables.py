@@ -22,8 +22,8 @@ startup wiring is in ``startup``. What has not: anything on Ascend hardware.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
