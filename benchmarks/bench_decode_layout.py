@@ -69,8 +69,11 @@ def main() -> int:
             out[side] = {"in_sample": stats(ins), "holdout": stats(ho)}
             print(f"{side:8s} {np.median(ins):13.4f}/{ins.max():.4f} {np.median(ho):11.4f}/{ho.max():.4f}")
         results[name] = out
-        checks = {f"{where} {stat} layer ahead of vLLM": out["ours"][where][stat] < out["vllm"][where][stat]
-                  for where in ("in_sample", "holdout") for stat in ("median", "worst")}
+        checks = {
+            f"{where} {stat} layer ahead of vLLM": out["ours"][where][stat] < out["vllm"][where][stat]
+            for where in ("in_sample", "holdout")
+            for stat in ("median", "worst")
+        }
         print_checks(checks, name, failures)
     return finish(results, args.json, failures)
 

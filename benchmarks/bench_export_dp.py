@@ -45,13 +45,18 @@ def _export_worker(rank: int, size: int, port: int, work: str) -> None:
     exporter = Exporter(lambda export_id, timeout_s: export_group(export_id, rank, size, timeout_s))
     t0 = time.perf_counter()
     snapshot = ring.to(torch.int64)  # what a worker hands the exporter: a CPU copy
-    exporter.begin("bench", snapshot, Path(work) / "counts-bench.npz", {"role": "prefill", "model": "bench"}, FIELD_RING,
-                   time.time() + 600)
+    exporter.begin(
+        "bench", snapshot, Path(work) / "counts-bench.npz", {"role": "prefill", "model": "bench"}, FIELD_RING, time.time() + 600
+    )
     while exporter.job("bench").state == "running":
         time.sleep(0.01)
     job = exporter.job("bench")
-    out = {"seconds": time.perf_counter() - t0, "peak_extra_mb": (_rss_kb("VmHWM") - before) / 1024, "state": job.state,
-           "error": job.error}
+    out = {
+        "seconds": time.perf_counter() - t0,
+        "peak_extra_mb": (_rss_kb("VmHWM") - before) / 1024,
+        "state": job.state,
+        "error": job.error,
+    }
     Path(work, f"r{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
@@ -69,8 +74,12 @@ def export_cost(size: int) -> dict:
         if failed:
             raise RuntimeError(f"export over {size} ranks failed: {failed[0]}")
         file_mb = sum(p.stat().st_size for p in Path(d).glob("*.npz")) / 2**20
-    return {"ranks": size, "seconds": max(p["seconds"] for p in per_rank),
-            "peak_extra_mb": max(p["peak_extra_mb"] for p in per_rank), "file_mb": file_mb}
+    return {
+        "ranks": size,
+        "seconds": max(p["seconds"] for p in per_rank),
+        "peak_extra_mb": max(p["peak_extra_mb"] for p in per_rank),
+        "file_mb": file_mb,
+    }
 
 
 def _p99_ttft(url: str, model: str, work: Path, tag: str, seed: int) -> float:
@@ -91,8 +100,13 @@ def dump_under_load(rounds: int) -> dict:
         work = Path(d)
         model = make_tiny_moe(work / "model", TinyMoeSpec())
         cfg = {"scene_eplb": {"role": "prefill", "dump_dir": str(work / "dumps")}}
-        srv = start_server(model, work, "dp-bench", engine_args=engine_args("dp2") + ("--enable-expert-parallel",),
-                           extra=["--additional-config", json.dumps(cfg)])
+        srv = start_server(
+            model,
+            work,
+            "dp-bench",
+            engine_args=engine_args("dp2") + ("--enable-expert-parallel",),
+            extra=["--additional-config", json.dumps(cfg)],
+        )
         res: dict[str, list[float]] = {"without": [], "with": [], "dump_s": []}
         try:
             srv.wait_ready()
@@ -116,8 +130,12 @@ def dump_under_load(rounds: int) -> dict:
                 side.join()
         finally:
             srv.stop()
-    return {"ttft_p99_without_ms": statistics.median(res["without"]), "ttft_p99_with_ms": statistics.median(res["with"]),
-            "dump_s_max": max(res["dump_s"]), "rounds": rounds}
+    return {
+        "ttft_p99_without_ms": statistics.median(res["without"]),
+        "ttft_p99_with_ms": statistics.median(res["with"]),
+        "dump_s_max": max(res["dump_s"]),
+        "rounds": rounds,
+    }
 
 
 def main() -> int:
@@ -129,15 +147,25 @@ def main() -> int:
     print(f"export {list(FIELD_RING)} int counts, whole export, slowest rank; file {large['file_mb']:.1f} MB")
     for e in (small, large):
         print(f"  {e['ranks']:3d} ranks: {e['seconds']:7.2f} s, peak extra host memory {e['peak_extra_mb']:6.0f} MB per rank")
-    print(f"  {a.ranks} ranks / 2 ranks: time {large['seconds'] / small['seconds']:.2f}x, "
-          f"memory per rank {large['peak_extra_mb'] / small['peak_extra_mb']:.2f}x")
+    print(
+        f"  {a.ranks} ranks / 2 ranks: time {large['seconds'] / small['seconds']:.2f}x, "
+        f"memory per rank {large['peak_extra_mb'] / small['peak_extra_mb']:.2f}x"
+    )
     load = dump_under_load(a.rounds)
     ratio = load["ttft_p99_with_ms"] / load["ttft_p99_without_ms"]
-    print(f"DP=2 x TP=1 EP server, TTFT p99 (median of {load['rounds']} rounds per side): without a dump "
-          f"{load['ttft_p99_without_ms']:.0f} ms, with a dump in flight {load['ttft_p99_with_ms']:.0f} ms: {ratio:.2f}x; "
-          f"slowest dump {load['dump_s_max']:.2f} s")
-    misses = [m for m, ok in (("dump under load took 60 s or more", load["dump_s_max"] < 60),
-                              ("TTFT p99 with a dump > 1.5x without", ratio <= 1.5)) if not ok]
+    print(
+        f"DP=2 x TP=1 EP server, TTFT p99 (median of {load['rounds']} rounds per side): without a dump "
+        f"{load['ttft_p99_without_ms']:.0f} ms, with a dump in flight {load['ttft_p99_with_ms']:.0f} ms: {ratio:.2f}x; "
+        f"slowest dump {load['dump_s_max']:.2f} s"
+    )
+    misses = [
+        m
+        for m, ok in (
+            ("dump under load took 60 s or more", load["dump_s_max"] < 60),
+            ("TTFT p99 with a dump > 1.5x without", ratio <= 1.5),
+        )
+        if not ok
+    ]
     if misses:
         print("MISSED: " + "; ".join(misses))
     return 1 if misses else 0

@@ -57,7 +57,10 @@ def main() -> int:
         print(f"\n== {gname}: E={g.num_experts} R={g.num_redundant} ep={g.ep_size} nodes={g.num_nodes}")
         out = {}
         for dispatch in ("dynamic", "static"):
-            opts = {obj: FitOptions(g, dispatch=dispatch, expert_groups=DEEPSEEK_V3_GROUPS, objective=obj) for obj in ("mean", "worst")}
+            opts = {
+                obj: FitOptions(g, dispatch=dispatch, expert_groups=DEEPSEEK_V3_GROUPS, objective=obj)
+                for obj in ("mean", "worst")
+            }
 
             def score(f: Fitted, w: np.ndarray) -> np.ndarray:
                 return dispatch_score(f.map, w, g, dispatch, f.static_sources)
@@ -73,9 +76,13 @@ def main() -> int:
                 mix = sum(w * t for w, t in zip(WEIGHTS, train))
                 v_mix = Fitted(vllm(mix, g, DEEPSEEK_V3_GROUPS), None)
                 v_singles = [Fitted(vllm(t, g, DEEPSEEK_V3_GROUPS), None) for t in train]
-                fold = {"multi_mean": score(fits["mean"], unseen), "multi_worst": score(fits["worst"], unseen),
-                        "single": np.concatenate([score(f, unseen) for f in singles]),
-                        "vllm_mix": score(v_mix, unseen), "vllm_single": np.concatenate([score(f, unseen) for f in v_singles])}
+                fold = {
+                    "multi_mean": score(fits["mean"], unseen),
+                    "multi_worst": score(fits["worst"], unseen),
+                    "single": np.concatenate([score(f, unseen) for f in singles]),
+                    "vllm_mix": score(v_mix, unseen),
+                    "vllm_single": np.concatenate([score(f, unseen) for f in v_singles]),
+                }
                 for k, v in fold.items():
                     pooled[k].append(v)
                 for obj in ("mean", "worst"):
@@ -89,24 +96,42 @@ def main() -> int:
             t_vllm, _ = best_time(lambda: vllm(mix, g, DEEPSEEK_V3_GROUPS), args.repeats)
             times = {"single": best_time(lambda: fit_map(prefill[0][None], opts["mean"]), args.repeats)[0] / t_vllm}
             for obj, o in opts.items():
-                times[f"multi_{obj}"] = best_time(lambda: fit_scenes([t[None] for t in prefill], WEIGHTS, o), args.repeats)[0] / t_vllm
-            out[dispatch] = {"out_of_scene": pooled, "folds": folds, "in_sample_worst_scene": in_sample, "fit_time_ratio_vs_vllm": times}
-            print(f"-- {dispatch} dispatch (scored as it runs: {'even split' if dispatch == 'dynamic' else 'the fitted static table'})")
-            print("out of scene, pooled over 3 leave-one-out folds, median/worst layer:  "
-                  + "  ".join(f"{k} {v['median']:.4f}/{v['worst']:.4f}" for k, v in pooled.items()))
+                times[f"multi_{obj}"] = (
+                    best_time(lambda: fit_scenes([t[None] for t in prefill], WEIGHTS, o), args.repeats)[0] / t_vllm
+                )
+            out[dispatch] = {
+                "out_of_scene": pooled,
+                "folds": folds,
+                "in_sample_worst_scene": in_sample,
+                "fit_time_ratio_vs_vllm": times,
+            }
+            print(
+                f"-- {dispatch} dispatch (scored as it runs: {'even split' if dispatch == 'dynamic' else 'the fitted static table'})"
+            )
+            print(
+                "out of scene, pooled over 3 leave-one-out folds, median/worst layer:  "
+                + "  ".join(f"{k} {v['median']:.4f}/{v['worst']:.4f}" for k, v in pooled.items())
+            )
             for held, f in folds.items():
                 print(f"  unseen {held:22s} " + "  ".join(f"{k} {v['median']:.4f}/{v['worst']:.4f}" for k, v in f.items()))
-            print("in sample, worst train scene per layer, median/worst:  "
-                  + "  ".join(f"{k} {v['median']:.4f}/{v['worst']:.4f}" for k, v in in_sample.items()))
-            print(f"fit time / vLLM policy time on the same input (best of {args.repeats}): "
-                  + "  ".join(f"{k} {v:.2f}x" for k, v in times.items()))
+            print(
+                "in sample, worst train scene per layer, median/worst:  "
+                + "  ".join(f"{k} {v['median']:.4f}/{v['worst']:.4f}" for k, v in in_sample.items())
+            )
+            print(
+                f"fit time / vLLM policy time on the same input (best of {args.repeats}): "
+                + "  ".join(f"{k} {v:.2f}x" for k, v in times.items())
+            )
             decode = next(h for h in folds if "decode" in h)
             checks = {
-                "multi (mean) beats single-scene fits out of scene, median": pooled["multi_mean"]["median"] < pooled["single"]["median"],
-                "multi (mean) beats single-scene fits out of scene, worst": pooled["multi_mean"]["worst"] < pooled["single"]["worst"],
-                "multi (mean) beats vLLM's policy on the same mix out of scene, median": pooled["multi_mean"]["median"] < pooled["vllm_mix"]["median"],
-                "worst objective: in-sample worst scene no worse than mean's (worst layer)":
-                    in_sample["multi_worst"]["worst"] <= in_sample["multi_mean"]["worst"] + 1e-9,
+                "multi (mean) beats single-scene fits out of scene, median": pooled["multi_mean"]["median"]
+                < pooled["single"]["median"],
+                "multi (mean) beats single-scene fits out of scene, worst": pooled["multi_mean"]["worst"]
+                < pooled["single"]["worst"],
+                "multi (mean) beats vLLM's policy on the same mix out of scene, median": pooled["multi_mean"]["median"]
+                < pooled["vllm_mix"]["median"],
+                "worst objective: in-sample worst scene no worse than mean's (worst layer)": in_sample["multi_worst"]["worst"]
+                <= in_sample["multi_mean"]["worst"] + 1e-9,
                 **{f"fit time <= 2x vLLM ({k})": v <= 2.0 for k, v in times.items()},
             }
             print_checks(checks, f"{gname} {dispatch}", failures)

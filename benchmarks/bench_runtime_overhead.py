@@ -85,11 +85,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         model = make_tiny_moe(work / "model", TinyMoeSpec())
-        phases = [throughput(model, work, a.rounds, _load(a.prompts, a.length, 0), a.max_tokens, c) for c in (("0", "1"), ("1", "0"))]
+        phases = [
+            throughput(model, work, a.rounds, _load(a.prompts, a.length, 0), a.max_tokens, c) for c in (("0", "1"), ("1", "0"))
+        ]
     for tp, (c_off, c_on) in zip(phases, (("0", "1"), ("1", "0"))):
-        print(f"flag off on core {c_off}, plugin on core {c_on}: tokens/s (median of {a.rounds} alternating rounds): flag off "
-              f"{tp['flag_off']:.0f}, plugin on with live fitness {tp['live']:.0f} ({tp['live_windows']} live windows read), "
-              f"recording {tp['recording']:.0f}: on/off {tp['live'] / tp['flag_off']:.3f}")
+        print(
+            f"flag off on core {c_off}, plugin on core {c_on}: tokens/s (median of {a.rounds} alternating rounds): flag off "
+            f"{tp['flag_off']:.0f}, plugin on with live fitness {tp['live']:.0f} ({tp['live_windows']} live windows read), "
+            f"recording {tp['recording']:.0f}: on/off {tp['live'] / tp['flag_off']:.3f}"
+        )
     live = math.sqrt(math.prod(tp["live"] / tp["flag_off"] for tp in phases))
     rec = math.sqrt(math.prod(tp["recording"] / tp["live"] for tp in phases))
     print(f"  plugin on (live fitness) / flag off   {live:.3f}  (geometric mean of both core assignments; target >= 0.99)")

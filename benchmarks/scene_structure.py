@@ -44,7 +44,7 @@ def main() -> int:
     print("variance of block-mean log load ratio / independent-expert prediction, by block size")
     print(f"{'scene A -> scene B':48s} " + " ".join(f"{b:>6d}" for b in BLOCKS))
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             if (scenes[a] <= 0).any() or (scenes[b] <= 0).any():
                 print(f"{a} -> {b}: zero counts, skipped")
                 continue

@@ -53,8 +53,11 @@ def tiny_moe(tmp_path_factory) -> Path:
     """The generated tiny Qwen3-MoE (8 experts, top-2, 2 MoE layers) the engine tests serve."""
     require_vllm()
     out = tmp_path_factory.mktemp("model") / "tiny-qwen3-moe"
-    subprocess.run([sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(out), "--experts", "8", "--top-k", "2",
-                    "--layers", "2"], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(out), "--experts", "8", "--top-k", "2", "--layers", "2"],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 

@@ -29,8 +29,12 @@ def _timing(counts: Counts) -> dict:
     """The running server's timing window: per rank and layer, assignments per pass and the ms they take."""
     loads = counts.physical.sum(axis=0).reshape(L, EP, -1).sum(axis=2) / T  # [L, ranks]
     ms = A_MS + B_MS * loads
-    return {"rank_ms": ms.T.tolist(), "rank_assignments": loads.T.tolist(), "step_ms": OTHER_MS + ms.max(axis=1).sum(),
-            "moe_share": float(ms.mean(axis=1).sum() / (OTHER_MS + ms.max(axis=1).sum()))}
+    return {
+        "rank_ms": ms.T.tolist(),
+        "rank_assignments": loads.T.tolist(),
+        "step_ms": OTHER_MS + ms.max(axis=1).sum(),
+        "moe_share": float(ms.mean(axis=1).sum() / (OTHER_MS + ms.max(axis=1).sum())),
+    }
 
 
 SKEWED = np.array([8, 6, 5, 4, 1, 1, 1, 1], dtype=float) / 27  # the hot experts all on rank 0 of the linear layout
@@ -89,7 +93,9 @@ def test_the_cli_reads_a_saved_status_and_exits_by_verdict(tmp_path):
     write_counts(counts, tmp_path / "dump.npz")
     write_layout(_candidate(counts), tmp_path / "cand.json")
     (tmp_path / "status.json").write_text(json.dumps({"live": {"time": _timing(counts)}}))
-    code, out, err = run("advise", tmp_path / "dump.npz", "--layout", tmp_path / "cand.json", "--timing", tmp_path / "status.json", "--json")
+    code, out, err = run(
+        "advise", tmp_path / "dump.npz", "--layout", tmp_path / "cand.json", "--timing", tmp_path / "status.json", "--json"
+    )
     assert code == 0 and json.loads(out)["verdict"] == "trial", err
     code, out, _ = run("advise", tmp_path / "dump.npz", "--layout", tmp_path / "cand.json")
     assert code == 1 and "insufficient_evidence" in out

@@ -71,16 +71,25 @@ print(json.dumps(out))
 
 def _command(script: str, *args: str, **env_extra: str) -> dict:
     """The recipe's server command (dry run) as the JSON and sizes the engine reads."""
-    res = subprocess.run(["bash", str(DEPLOY / script), *args], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "DRY_RUN": "1", **env_extra})
+    res = subprocess.run(
+        ["bash", str(DEPLOY / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DRY_RUN": "1", **env_extra},
+    )
     assert res.returncode == 0, res.stderr
     argv = shlex.split(res.stdout)
 
     def flag(name):
         return argv[argv.index(name) + 1] if name in argv else None
 
-    return {"kv": json.loads(flag("--kv-transfer-config")), "extra": json.loads(flag("--additional-config") or "{}"),
-            "dp": int(flag("--data-parallel-size")), "tp": int(flag("--tensor-parallel-size"))}
+    return {
+        "kv": json.loads(flag("--kv-transfer-config")),
+        "extra": json.loads(flag("--additional-config") or "{}"),
+        "dp": int(flag("--data-parallel-size")),
+        "tp": int(flag("--tensor-parallel-size")),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +106,29 @@ def checked(tmp_path_factory):
     root = tmp_path_factory.mktemp("recipes")
     spec = TinyMoeSpec()
     model = make_tiny_moe(root / "model", spec)
-    layout = write_layout(fit(Counts(skewed_counts(3, spec.num_layers, spec.num_experts, top_k=2)),
-                              FitOptions(Geometry(spec.num_experts, num_redundant=8, ep_size=16))), root / "layout.json")
+    layout = write_layout(
+        fit(
+            Counts(skewed_counts(3, spec.num_layers, spec.num_experts, top_k=2)),
+            FitOptions(Geometry(spec.num_experts, num_redundant=8, ep_size=16)),
+        ),
+        root / "layout.json",
+    )
     # the plugin-off layout run reads the expert map the recipe converts before starting
-    subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "convert", str(layout), "--to", "vllm-ascend",
-                    "-o", str(root / "layout.expert_map.json"), "-q"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_scene_eplb.cli",
+            "convert",
+            str(layout),
+            "--to",
+            "vllm-ascend",
+            "-o",
+            str(root / "layout.expert_map.json"),
+            "-q",
+        ],
+        check=True,
+    )
     base = {"SCENE_EPLB_DIR": str(root / "se")}
     recipes = {
         "p collect": _command("p_server.sh", "collect", **base),
@@ -110,8 +137,10 @@ def checked(tmp_path_factory):
         "p layout, plugin off": _command("p_server.sh", "layout", str(layout), SCENE_EPLB_PLUGIN="0", **base),
         "p plain": _command("p_server.sh", "plain", **base),
         # verify.sh's knobs: vLLM-Ascend's counters on (the recipe exports DYNAMIC_EPLB, their config asserts it), MC2 prefill
-        "p collect, native EPLB, MC2 prefill": {**_command("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1", **base),
-                                                "env": {"DYNAMIC_EPLB": "true"}},
+        "p collect, native EPLB, MC2 prefill": {
+            **_command("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1", **base),
+            "env": {"DYNAMIC_EPLB": "true"},
+        },
         "p plain, native EPLB": {**_command("p_server.sh", "plain", NATIVE_EPLB="1", **base), "env": {"DYNAMIC_EPLB": "true"}},
         "d collect": _command("d_server.sh", "collect", **base),
         "d layout": _command("d_server.sh", "layout", str(layout), **base),
@@ -121,8 +150,13 @@ def checked(tmp_path_factory):
     wrong = json.loads(json.dumps(recipes["d plain"]))
     wrong["kv"]["kv_connector_extra_config"]["decode"]["dp_size"] = 8
     cases = {**recipes, "old json (no extra config)": old, "decode side sized 8, server 16": wrong}
-    res = subprocess.run([sys.executable, "-c", CHECK, json.dumps(cases), str(model)], capture_output=True, text=True,
-                         timeout=600, env=ascend_env())
+    res = subprocess.run(
+        [sys.executable, "-c", CHECK, json.dumps(cases), str(model)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ascend_env(),
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     return recipes, json.loads(res.stdout.strip().splitlines()[-1]), res.stdout + res.stderr, root
 

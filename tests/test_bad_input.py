@@ -54,7 +54,9 @@ def assert_one_line_error(code: int, err: str, expected: str, name: str) -> None
 def files(tmp_path_factory) -> dict[str, Path]:
     """A good counts file, a good fitted layout and a model config, to mutate."""
     d = tmp_path_factory.mktemp("corpus")
-    good = write_counts(Counts(skewed_counts(4, L, E), {"model": "m", "role": "prefill", "moe_layers": [0, 1, 2]}), d / "good.npz")
+    good = write_counts(
+        Counts(skewed_counts(4, L, E), {"model": "m", "role": "prefill", "moe_layers": [0, 1, 2]}), d / "good.npz"
+    )
     code, _, err = run("fit", good, *FIT, "-o", d / "layout.json", "-q")
     assert code == 0, err
     (d / "model").mkdir()
@@ -62,8 +64,16 @@ def files(tmp_path_factory) -> dict[str, Path]:
     return {"dir": d, "counts": good, "layout": d / "layout.json", "model": d / "model"}
 
 
-MODEL = {"num_hidden_layers": L, "num_experts": E, "num_experts_per_tok": 2, "hidden_size": 64, "moe_intermediate_size": 32,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "torch_dtype": "bfloat16"}
+MODEL = {
+    "num_hidden_layers": L,
+    "num_experts": E,
+    "num_experts_per_tok": 2,
+    "hidden_size": 64,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "torch_dtype": "bfloat16",
+}
 
 
 def _json(d: Path, name: str, doc) -> Path:
@@ -122,35 +132,108 @@ def bad_inputs(files) -> list[tuple[str, list, str]]:
         # counts files
         ("all-zero counts fit", ["fit", zero, *FIT], "every count is zero"),
         ("all-zero counts score", ["score", layout, zero], "every count is zero"),
-        ("integer too long to parse", ["inspect", _json(d, "long.json", '{"logical_count": [[1' + "9" * 5000 + "]]}")], "not valid JSON"),
-        ("JSON nested too deep", ["inspect", _json(d, "deep.json", '{"logical_count": ' + "[" * deep + "]" * deep + "}")], "nested deeper"),
+        (
+            "integer too long to parse",
+            ["inspect", _json(d, "long.json", '{"logical_count": [[1' + "9" * 5000 + "]]}")],
+            "not valid JSON",
+        ),
+        (
+            "JSON nested too deep",
+            ["inspect", _json(d, "deep.json", '{"logical_count": ' + "[" * deep + "]" * deep + "}")],
+            "nested deeper",
+        ),
         ("npz header claims terabytes", ["inspect", _npz_claiming(d, (10**6, 10**6, 256))], "more than the"),
         ("bfloat16 counts in .pt", ["inspect", _pt(d, "bf16.pt", torch.ones((L, E), dtype=torch.bfloat16))], "bfloat16"),
         ("sparse counts in .pt", ["inspect", _pt(d, "sparse.pt", torch.eye(E, dtype=torch.int64).to_sparse())], "sparse"),
         ("booleans among counts", ["inspect", _json(d, "bool.json", '{"logical_count": [[1, true, 2]]}')], "true/false"),
         ("a string among counts", ["inspect", _json(d, "str.json", '{"logical_count": [[1, "2", 3]]}')], "str values"),
         ("null among counts", ["inspect", _json(d, "null.json", '{"logical_count": [[1, null, 3]]}')], "NoneType values"),
-        ("counts wider than int64", ["inspect", _json(d, "wide.json", '{"logical_count": [[1, 2, 99999999999999999999999]]}')], "out of range"),
+        (
+            "counts wider than int64",
+            ["inspect", _json(d, "wide.json", '{"logical_count": [[1, 2, 99999999999999999999999]]}')],
+            "out of range",
+        ),
         ("counts whose sum overflows", ["inspect", _json(d, "sum.json", {"logical_count": [[big] * 64] * 8})], "sums to"),
         ("ragged counts", ["inspect", _json(d, "ragged.json", '{"logical_count": [[1, 2], [3]]}')], "rectangular"),
         # layouts
-        ("moe_layers holds a boolean", ["validate", _layout_with(files, "boolmoe.json", lambda x: x.update(moe_layers=[True, 1, 2]))], "moe_layers"),
-        ("meta is not an object", ["validate", _layout_with(files, "meta.json", lambda x: x.update(meta=[1, 2]))], "meta must be a JSON object"),
-        ("meta expectation is not an object", ["validate", _layout_with(files, "exp.json", lambda x: x["meta"].update(expected_balancedness=3))], "expected_balancedness"),
-        ("geometry with a boolean", ["validate", _layout_with(files, "geo.json", lambda x: x["geometry"].update(num_nodes=True))], "nodes"),
-        ("geometry beyond any cluster", ["validate", _layout_with(files, "geobig.json", lambda x: x["geometry"].update(ep_size=10**12))], "ep_size"),
-        ("SGLang id written as 1e20", ["validate", _json(d, "sg.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, 6, 1e20, 0, 1]]}), "--ep-size", 2], "above 2147483647"),
-        ("boolean in a map", ["validate", _json(d, "sgb.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, 6, True, 0, 1]]}), "--ep-size", 2], "true/false"),
-        ("report on a layout for other counts", ["report", layout, _json(d, "e4.json", {"logical_count": [[1, 2, 3, 4]] * L}), "-o", d / "rep-bad"], "e4.json: layout is for 8 experts"),
+        (
+            "moe_layers holds a boolean",
+            ["validate", _layout_with(files, "boolmoe.json", lambda x: x.update(moe_layers=[True, 1, 2]))],
+            "moe_layers",
+        ),
+        (
+            "meta is not an object",
+            ["validate", _layout_with(files, "meta.json", lambda x: x.update(meta=[1, 2]))],
+            "meta must be a JSON object",
+        ),
+        (
+            "meta expectation is not an object",
+            ["validate", _layout_with(files, "exp.json", lambda x: x["meta"].update(expected_balancedness=3))],
+            "expected_balancedness",
+        ),
+        (
+            "geometry with a boolean",
+            ["validate", _layout_with(files, "geo.json", lambda x: x["geometry"].update(num_nodes=True))],
+            "nodes",
+        ),
+        (
+            "geometry beyond any cluster",
+            ["validate", _layout_with(files, "geobig.json", lambda x: x["geometry"].update(ep_size=10**12))],
+            "ep_size",
+        ),
+        (
+            "SGLang id written as 1e20",
+            ["validate", _json(d, "sg.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, 6, 1e20, 0, 1]]}), "--ep-size", 2],
+            "above 2147483647",
+        ),
+        (
+            "boolean in a map",
+            ["validate", _json(d, "sgb.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, 6, True, 0, 1]]}), "--ep-size", 2],
+            "true/false",
+        ),
+        (
+            "report on a layout for other counts",
+            ["report", layout, _json(d, "e4.json", {"logical_count": [[1, 2, 3, 4]] * L}), "-o", d / "rep-bad"],
+            "e4.json: layout is for 8 experts",
+        ),
         # model configs
-        ("quantization_config a string", ["inspect", counts, "--model", _model_with(files, "q", quantization_config="fp8")], "quantization_config must be a JSON object"),
-        ("zero block size", ["inspect", counts, "--model", _model_with(files, "b", quantization_config={"quant_method": "fp8", "weight_block_size": [0, 128]})], "weight_block_size"),
-        ("zero attention heads", ["inspect", counts, "--model", _model_with(files, "h", num_attention_heads=0)], "num_attention_heads"),
-        ("non-numeric moe_layer_freq", ["validate", layout, "--model", _model_with(files, "f", first_k_dense_replace=0, moe_layer_freq="x")], "moe_layer_freq"),
+        (
+            "quantization_config a string",
+            ["inspect", counts, "--model", _model_with(files, "q", quantization_config="fp8")],
+            "quantization_config must be a JSON object",
+        ),
+        (
+            "zero block size",
+            [
+                "inspect",
+                counts,
+                "--model",
+                _model_with(files, "b", quantization_config={"quant_method": "fp8", "weight_block_size": [0, 128]}),
+            ],
+            "weight_block_size",
+        ),
+        (
+            "zero attention heads",
+            ["inspect", counts, "--model", _model_with(files, "h", num_attention_heads=0)],
+            "num_attention_heads",
+        ),
+        (
+            "non-numeric moe_layer_freq",
+            ["validate", layout, "--model", _model_with(files, "f", first_k_dense_replace=0, moe_layer_freq="x")],
+            "moe_layer_freq",
+        ),
         ("text_config a string", ["validate", layout, "--model", _model_with(files, "t", text_config="x")], "text_config"),
-        ("scalar mlp_only_layers", ["validate", layout, "--model", _model_with(files, "m", mlp_only_layers=3)], "mlp_only_layers"),
+        (
+            "scalar mlp_only_layers",
+            ["validate", layout, "--model", _model_with(files, "m", mlp_only_layers=3)],
+            "mlp_only_layers",
+        ),
         ("zero layers", ["validate", layout, "--model", _model_with(files, "z", num_hidden_layers=0)], "num_hidden_layers"),
-        ("no MoE layer at all", ["inspect", counts, "--model", _model_with(files, "d", mlp_only_layers=[0, 1, 2])], "no MoE layer"),
+        (
+            "no MoE layer at all",
+            ["inspect", counts, "--model", _model_with(files, "d", mlp_only_layers=[0, 1, 2])],
+            "no MoE layer",
+        ),
         ("boolean expert count", ["inspect", counts, "--model", _model_with(files, "e", num_experts=True)], "num_experts"),
         # options
         ("negative --expert-bytes", ["inspect", counts, "--model", files["model"], "--expert-bytes", "-5"], "--expert-bytes"),
@@ -169,8 +252,32 @@ def bad_inputs(files) -> list[tuple[str, list, str]]:
         ("--num-experts 0", ["validate", layout, "--num-experts", "0"], "argument --num-experts"),
         ("watch --interval nan", ["watch", "--interval", "nan", "--once"], "argument --interval"),
         ("record --timeout -1", ["record", "status", "--timeout", "-1"], "argument --timeout"),
-        ("bench --prefix-share 1.5", ["bench", "--model", "m", "--scene", "s", "-n", "1", "-c", "1", "--input-len", "1", "--output-len", "1", "--prefix-share", "1.5"], "argument --prefix-share"),
-        ("bench -n 0", ["bench", "--model", "m", "--scene", "s", "-n", "0", "-c", "1", "--input-len", "1", "--output-len", "1"], "argument -n"),
+        (
+            "bench --prefix-share 1.5",
+            [
+                "bench",
+                "--model",
+                "m",
+                "--scene",
+                "s",
+                "-n",
+                "1",
+                "-c",
+                "1",
+                "--input-len",
+                "1",
+                "--output-len",
+                "1",
+                "--prefix-share",
+                "1.5",
+            ],
+            "argument --prefix-share",
+        ),
+        (
+            "bench -n 0",
+            ["bench", "--model", "m", "--scene", "s", "-n", "0", "-c", "1", "--input-len", "1", "--output-len", "1"],
+            "argument -n",
+        ),
         ("unknown option", ["inspect", counts, "--frobnicate"], "unrecognized arguments"),
         # servers, logs and bench results
         ("a URL without a scheme", ["record", "status", "--url", "localhost:8000"], "expected a server base URL"),
@@ -233,7 +340,9 @@ def small_disk(tmp_path):
 
 
 def test_a_full_disk_or_read_only_place_is_one_line_and_the_old_file_survives(files, small_disk):
-    big = write_counts(Counts(np.random.default_rng(0).integers(0, 10**6, (512, L, E)), {}), files["dir"] / "big.npz")  # ~100 KB as JSON
+    big = write_counts(
+        Counts(np.random.default_rng(0).integers(0, 10**6, (512, L, E)), {}), files["dir"] / "big.npz"
+    )  # ~100 KB as JSON
     out = small_disk / "counts.json"
     out.write_bytes(SENTINEL)
     (small_disk / "filler").write_bytes(bytes(16 * 1024))
@@ -255,8 +364,9 @@ def test_a_full_disk_or_read_only_place_is_one_line_and_the_old_file_survives(fi
 def test_unusual_but_valid_inputs_are_accepted_with_correct_results(files):
     d = files["dir"]
     # weights at the edge of float range are normalised, not turned into zeros
-    code, out, err = run("fit", files["counts"], files["counts"], *FIT, "--scene-weights", "1e308,1e308", "-o", d / "w.json",
-                         "--json", "-q")
+    code, out, err = run(
+        "fit", files["counts"], files["counts"], *FIT, "--scene-weights", "1e308,1e308", "-o", d / "w.json", "--json", "-q"
+    )
     assert code == 0, err
     assert [s["weight"] for s in json.loads(out)["scenes"]] == [0.5, 0.5]
     # counts at the accepted edge: totals exact, every layer routed
@@ -266,7 +376,9 @@ def test_unusual_but_valid_inputs_are_accepted_with_correct_results(files):
     doc = json.loads(out)
     assert doc["active_layers"] == list(range(L)) and doc["assignments_per_layer"]["max"] == 2 * E * edge
     # integral floats, a 2-D [L, E] file and a single layer range for convert are fine
-    code, out, err = run("inspect", _json(d, "floats.json", {"logical_count": [[1.0, 2.0] + [0.0] * (E - 2)] * L}), "--json", "-q")
+    code, out, err = run(
+        "inspect", _json(d, "floats.json", {"logical_count": [[1.0, 2.0] + [0.0] * (E - 2)] * L}), "--json", "-q"
+    )
     assert code == 0 and json.loads(out)["shape"] == [1, L, E], err
     code, _, err = run("convert", files["layout"], "--to", "vllm-ascend", "--moe-layers", "0-2", "-o", d / "ascend.json", "-q")
     assert code == 0, err
@@ -319,8 +431,10 @@ def test_what_held_keeps_holding_code_never_runs_symlinks_are_replaced_concurren
     assert target.read_bytes() == SENTINEL and not link.is_symlink()
     # concurrent fits to one path leave one whole, valid file and no temporary ones
     out = tmp_path / "shared.json"
-    procs = [subprocess.Popen([sys.executable, "-m", "vllm_scene_eplb.cli", "fit", str(files["counts"]), *FIT, "-o", str(out), "-q"])
-             for _ in range(4)]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "vllm_scene_eplb.cli", "fit", str(files["counts"]), *FIT, "-o", str(out), "-q"])
+        for _ in range(4)
+    ]
     assert [p.wait(timeout=300) for p in procs] == [0] * 4
     assert run("validate", out, "-q")[0] == 0
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

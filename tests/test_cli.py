@@ -13,7 +13,9 @@ from .conftest import skewed_counts
 
 
 def run(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -94,15 +96,33 @@ def _bad_inputs(tmp_path, counts_file):
     cases.append(("NaN", ["inspect", counts_json("nan", '{"logical_count": [[1, NaN]]}')], "non-finite"))
     cases.append(("truncated counts", ["inspect", counts_json("trunc", '{"logical_count": [[1, 2], [3')], "not valid JSON"))
     row = list(range(32)) + list(range(8))
-    cases.append(("id out of range", ["validate", bare("range", [row[:-1] + [99]]), "--ep-size", 4, "--num-experts", 32], "outside [0, 32)"))
-    cases.append(("missing expert", ["validate", bare("missing", [row[:15] + [25] + row[16:]]), "--ep-size", 4, "--num-experts", 32], "have no slot"))
-    cases.append(("same-rank duplicate", ["validate", bare("dup", [[0, 0] + row[2:32] + [1] + row[33:]]), "--ep-size", 4], "twice"))
-    cases.append(("geometry does not divide", ["fit", counts_file, "--ep-size", 3, "--redundant", 8], "not divisible by ep_size 3"))
+    cases.append(
+        (
+            "id out of range",
+            ["validate", bare("range", [row[:-1] + [99]]), "--ep-size", 4, "--num-experts", 32],
+            "outside [0, 32)",
+        )
+    )
+    cases.append(
+        (
+            "missing expert",
+            ["validate", bare("missing", [row[:15] + [25] + row[16:]]), "--ep-size", 4, "--num-experts", 32],
+            "have no slot",
+        )
+    )
+    cases.append(
+        ("same-rank duplicate", ["validate", bare("dup", [[0, 0] + row[2:32] + [1] + row[33:]]), "--ep-size", 4], "twice")
+    )
+    cases.append(
+        ("geometry does not divide", ["fit", counts_file, "--ep-size", 3, "--redundant", 8], "not divisible by ep_size 3")
+    )
     cases.append(("bare layout geometry", ["validate", bare("div", [row]), "--ep-size", 3], "not divisible"))
     truncated = tmp_path / "trunc_layout.json"
     truncated.write_text(good.read_text()[:200])
     cases.append(("truncated layout", ["validate", truncated], "not valid JSON"))
-    cases.append(("checksum mismatch", ["validate", layout_json("tamper", lambda d: d["meta"].update(role="decode"))], "checksum mismatch"))
+    cases.append(
+        ("checksum mismatch", ["validate", layout_json("tamper", lambda d: d["meta"].update(role="decode"))], "checksum mismatch")
+    )
     npz = tmp_path / "trunc.npz"
     npz.write_bytes(counts_file.read_bytes()[:300])
     cases.append(("truncated npz", ["inspect", npz], "truncated or corrupt"))
@@ -129,7 +149,10 @@ def test_every_bad_input_gets_one_line_no_traceback_and_no_output(tmp_path, coun
 def test_convert_and_fit_write_nothing_on_bad_input(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"logical_count": [[1, -1]]}))
-    for args in (["convert", bad, "--to", "native", "-o", tmp_path / "o.npz"], ["fit", bad, "--ep-size", 1, "--redundant", 0, "-o", tmp_path / "o.json"]):
+    for args in (
+        ["convert", bad, "--to", "native", "-o", tmp_path / "o.npz"],
+        ["fit", bad, "--ep-size", 1, "--redundant", 0, "-o", tmp_path / "o.json"],
+    ):
         proc = run(*args, check=False)
         assert proc.returncode == 2 and "bad.json" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
@@ -149,11 +172,32 @@ def test_audit_from_the_log_alone_where_the_plugin_has_no_routes(tmp_path, count
 
     run("fit", counts_file, "--ep-size", 4, "--redundant", 8, "-o", tmp_path / "l.json", "-q")
     layout = read_layout(tmp_path / "l.json")
-    line = startup_line({"role": "prefill", "observer": "off", "layout_hash": layout.digest(), "redundant_slots": 8,
-                         "dispatch": "static", "ep_size": 4}, "vLLM-Ascend, expert_map_path /d/expert_map.json")
+    line = startup_line(
+        {
+            "role": "prefill",
+            "observer": "off",
+            "layout_hash": layout.digest(),
+            "redundant_slots": 8,
+            "dispatch": "static",
+            "ep_size": 4,
+        },
+        "vLLM-Ascend, expert_map_path /d/expert_map.json",
+    )
     (tmp_path / "p.log").write_text(f"INFO x {line}\nINFO y {line}\n")
-    ok = json.loads(run("audit", "--log", tmp_path / "p.log", "--layout", tmp_path / "l.json", "--dispatch", "static",
-                        "--recorder", "off", "--json").stdout)
+    ok = json.loads(
+        run(
+            "audit",
+            "--log",
+            tmp_path / "p.log",
+            "--layout",
+            tmp_path / "l.json",
+            "--dispatch",
+            "static",
+            "--recorder",
+            "off",
+            "--json",
+        ).stdout
+    )
     assert ok["ok"] and len(ok["checks"]) == 6
     (tmp_path / "bad.log").write_text(f"INFO x {line}\nINFO y {line.replace('redundant_slots=8', 'redundant_slots=4')}\n")
     bad = run("audit", "--log", tmp_path / "bad.log", "--layout", tmp_path / "l.json", "--recorder", "off", check=False)
@@ -167,8 +211,27 @@ def test_several_scenes_fit_score_and_report(tmp_path, real_counts_paths):
     every scene; --model names the routing groups and prices the redundant slots."""
     model = real_counts_paths[0].parents[1] / "models" / "deepseek-v3"
     a, b, c = real_counts_paths
-    fit = json.loads(run("fit", a, b, "--scene-weights", "0.7,0.3", "--objective", "worst", "--ep-size", 16, "--redundant", 16,
-                         "--model", model, "-o", tmp_path / "l.json", "--json", "-q").stdout)
+    fit = json.loads(
+        run(
+            "fit",
+            a,
+            b,
+            "--scene-weights",
+            "0.7,0.3",
+            "--objective",
+            "worst",
+            "--ep-size",
+            16,
+            "--redundant",
+            16,
+            "--model",
+            model,
+            "-o",
+            tmp_path / "l.json",
+            "--json",
+            "-q",
+        ).stdout
+    )
     assert fit["expert_groups"] == 8 and fit["expert_groups_from"] == "--model"
     assert [s["weight"] for s in fit["scenes"]] == [0.7, 0.3] and "summary" not in fit
     assert fit["memory"]["redundant_bytes_per_rank"] == 58 * fit["memory"]["bytes_per_expert"]

@@ -17,10 +17,22 @@ SCENE = Scene("s", num_prompts=4, concurrency=2, request_rate=float("inf"), inpu
 def _raw(duration=100.0, starts=(0.0, 0.0, 50.0, 50.0), latency=50.0):
     """A vllm bench serve result: 4 requests, 2 at a time, each 50 s, 3 output tokens."""
     n = len(starts)
-    return {"duration": duration, "completed": n, "failed": 0, "total_input_tokens": 100 * n, "total_output_tokens": 3 * n,
-            "start_times": list(starts), "latencies": [latency] * n, "ttfts": [10.0] * n, "itls": [[20.0, 20.0]] * n,
-            "input_lens": [100] * n, "p50_ttft_ms": 10000.0, "p99_ttft_ms": 10000.0, "p50_tpot_ms": 20000.0,
-            "p99_tpot_ms": float("nan")}
+    return {
+        "duration": duration,
+        "completed": n,
+        "failed": 0,
+        "total_input_tokens": 100 * n,
+        "total_output_tokens": 3 * n,
+        "start_times": list(starts),
+        "latencies": [latency] * n,
+        "ttfts": [10.0] * n,
+        "itls": [[20.0, 20.0]] * n,
+        "input_lens": [100] * n,
+        "p50_ttft_ms": 10000.0,
+        "p99_ttft_ms": 10000.0,
+        "p50_tpot_ms": 20000.0,
+        "p99_tpot_ms": float("nan"),
+    }
 
 
 def test_summarise_per_card_and_steady_window():
@@ -38,8 +50,19 @@ def test_short_window_is_not_steady_state():
 
 def _doc(scene=SCENE, runs=None, **manifest):
     runs = runs or [summarise(_raw(), scene)]
-    m = {"scene": scene.__dict__ | {}, "model": "m", "quantization": NOT_OBSERVED, "role": "prefill", "chunk_size": 4096,
-         "parallel": "TP2-EP2", "ep_size": 2, "redundant_slots": 0, "layout_hash": None, "dispatch": None, "recorder": "idle"}
+    m = {
+        "scene": scene.__dict__ | {},
+        "model": "m",
+        "quantization": NOT_OBSERVED,
+        "role": "prefill",
+        "chunk_size": 4096,
+        "parallel": "TP2-EP2",
+        "ep_size": 2,
+        "redundant_slots": 0,
+        "layout_hash": None,
+        "dispatch": None,
+        "recorder": "idle",
+    }
     m.update(manifest)
     return {"format": "scene-eplb-bench", "version": 1, "manifest": m, "runs": runs, "aggregate": aggregate(runs)}
 
@@ -54,7 +77,10 @@ def test_layout_alone_is_one_knob_and_two_knobs_are_a_combined_effect():
     a = _doc()
     c = compare(a, _doc(layout_hash="abc", redundant_slots=2, dispatch="static"))
     assert c.knobs == ["layout"] and not any("combined" in w for w in c.warnings)
-    c = compare(_doc(layout_hash="abc", redundant_slots=2, dispatch="static"), _doc(layout_hash="def", redundant_slots=2, dispatch="dynamic"))
+    c = compare(
+        _doc(layout_hash="abc", redundant_slots=2, dispatch="static"),
+        _doc(layout_hash="def", redundant_slots=2, dispatch="dynamic"),
+    )
     assert c.knobs == ["layout", "dispatch"] and any("combined effect" in w for w in c.warnings)
 
 
@@ -75,14 +101,19 @@ def test_cli_compare_json_and_checksum(tmp_path):
         doc["checksum"] = doc_checksum(doc)
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(json.dumps(doc))
-    res = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "compare", *map(str, paths), "--json", "-o", str(tmp_path / "cmp")],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "vllm_scene_eplb.cli", "compare", *map(str, paths), "--json", "-o", str(tmp_path / "cmp")],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["knobs_changed"] == ["layout"] and (tmp_path / "cmp" / "compare.png").stat().st_size > 0
     read_result(paths[0])
     paths[1].write_text(paths[1].read_text().replace('"completed": 4', '"completed": 5', 1))
-    res = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "compare", *map(str, paths)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "vllm_scene_eplb.cli", "compare", *map(str, paths)], capture_output=True, text=True
+    )
     assert res.returncode == 2 and "checksum mismatch" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -98,11 +129,14 @@ def test_cards_default_to_the_servers_ranks_in_dp_and_never_fall_below_them():
     scene, source = resolve_cards(open_scene, _dp_status(16, 1))
     assert scene.cards == 16 and "DP16-TP1-EP16" in source  # the field P node: 16 cards, not 1
     assert resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3, cards=32), _dp_status(16, 1)) == (
-        Scene("s", 4, 2, float("inf"), 100, 3, cards=32), "--cards")  # P + D cards given
+        Scene("s", 4, 2, float("inf"), 100, 3, cards=32),
+        "--cards",
+    )  # P + D cards given
     with pytest.raises(SceneEplbError, match="fewer than the 4 ranks"):
         resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3, cards=2), _dp_status(2, 2))
     with pytest.raises(SceneEplbError, match="--cards is needed"):
         resolve_cards(open_scene, {"model": NOT_OBSERVED})
     raw = _raw()
     assert summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=16))["output_throughput_per_card"] == pytest.approx(
-        summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=1))["output_throughput_per_card"] / 16)
+        summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=1))["output_throughput_per_card"] / 16
+    )

@@ -25,8 +25,16 @@ def _worker(rank, out_dir):
         scattered = cc.reduce_scatterv(comm, partial, dim=0, sizes=sizes)
         equal = cc.reduce_scatter(comm, torch.arange(4.0).reshape(4, 1) * (rank + 1), dim=0)
         with open(f"{out_dir}/rank{rank}.json", "w") as fh:
-            json.dump({"hidden": gathered[0].tolist(), "ids": gathered[1].tolist(), "scattered": scattered.tolist(),
-                       "equal": equal.tolist(), "partial_after": partial.tolist()}, fh)
+            json.dump(
+                {
+                    "hidden": gathered[0].tolist(),
+                    "ids": gathered[1].tolist(),
+                    "scattered": scattered.tolist(),
+                    "equal": equal.tolist(),
+                    "partial_after": partial.tolist(),
+                },
+                fh,
+            )
         dist.barrier()  # both ranks done before either leaves
     except BaseException:
         dist.destroy_process_group()

@@ -45,7 +45,11 @@ def test_every_plugin_gauge_has_a_panel_and_vllm_throughput_and_latency_sit_besi
     doc = json.loads(DASHBOARD.read_text())
     names = {n for e in _expressions(doc) for n in NAME.findall(e)}
     assert PLUGIN <= names, sorted(PLUGIN - names)
-    assert {"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
-            "vllm:inter_token_latency_seconds_bucket"} <= names
+    assert {
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+    } <= names
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids)) and doc["uid"]

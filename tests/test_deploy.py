@@ -46,7 +46,9 @@ def test_p_server_dry_run_has_the_plugin_flag_and_field_geometry():
 
 
 def test_bad_mode_is_refused():
-    res = subprocess.run(["bash", str(DEPLOY / "p_server.sh"), "bogus"], capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1"})
+    res = subprocess.run(
+        ["bash", str(DEPLOY / "p_server.sh"), "bogus"], capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1"}
+    )
     assert res.returncode == 2 and "unknown mode" in res.stderr
 
 
@@ -70,15 +72,34 @@ def _in_order(out: str, pieces: list[str]) -> None:
 
 def test_collect_dry_run_follows_the_workflow_in_order_on_both_sides():
     out = _dry("collect.sh")
-    steps = ["audit --url http://127.0.0.1:8100 --recorder idle", "audit --url http://127.0.0.1:8200 --recorder idle",
-             "--scene warm-up", "record start --url http://127.0.0.1:8100", "record start --url http://127.0.0.1:8200",
-             "--scene record", "record stop --url http://127.0.0.1:8100", "record stop --url http://127.0.0.1:8200",
-             "record dump --url http://127.0.0.1:8100", "record dump --url http://127.0.0.1:8200",
-             "fit /data/se/dumps/counts-prefill-", "--redundant 16", "fit /data/se/dumps/counts-decode-", "--redundant 0",
-             "--scene target", "d_server.sh layout", "--layout", "layout-d.json", "compare"]
+    steps = [
+        "audit --url http://127.0.0.1:8100 --recorder idle",
+        "audit --url http://127.0.0.1:8200 --recorder idle",
+        "--scene warm-up",
+        "record start --url http://127.0.0.1:8100",
+        "record start --url http://127.0.0.1:8200",
+        "--scene record",
+        "record stop --url http://127.0.0.1:8100",
+        "record stop --url http://127.0.0.1:8200",
+        "record dump --url http://127.0.0.1:8100",
+        "record dump --url http://127.0.0.1:8200",
+        "fit /data/se/dumps/counts-prefill-",
+        "--redundant 16",
+        "fit /data/se/dumps/counts-decode-",
+        "--redundant 0",
+        "--scene target",
+        "d_server.sh layout",
+        "--layout",
+        "layout-d.json",
+        "compare",
+    ]
     _in_order(out, steps)
-    cache = subprocess.run(["bash", str(DEPLOY / "collect.sh")], capture_output=True, text=True,
-                           env={**os.environ, "DRY_RUN": "1", "PREFIX_SHARE": "0.9", "SCENE_EPLB_DIR": "/data/se"}).stdout
+    cache = subprocess.run(
+        ["bash", str(DEPLOY / "collect.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRY_RUN": "1", "PREFIX_SHARE": "0.9", "SCENE_EPLB_DIR": "/data/se"},
+    ).stdout
     assert cache.find("--scene seed") < cache.find("prefix_cache") < cache.find("record start")
 
 
@@ -99,12 +120,31 @@ def test_verify_dry_run_prints_every_check_in_order_and_interleaves_the_throughp
     assert res.returncode == 0 and "dry run, nothing checked" in res.stdout
     out, steps = res.stdout, _steps(res.stdout)
     assert [s for s in steps if s in VERIFY_CHECKS] == VERIFY_CHECKS
-    order = ["start_p collect NATIVE_EPLB=1", "--recorder idle", "--scene warm-up", "record-metrics-before.txt", "record start",
-             "--scene record", "record stop", "record-metrics-after.txt", "record\\ dump", "verify totals", "record\\ native_load",
-             "verify native", "--scene graph", "verify totals", "start_p collect PREFILL_MC2=1", "--scene mc2", "--input-len 256",
-             "--scene idle", "start_p plain", "--scene plain", "verify throughput"]
+    order = [
+        "start_p collect NATIVE_EPLB=1",
+        "--recorder idle",
+        "--scene warm-up",
+        "record-metrics-before.txt",
+        "record start",
+        "--scene record",
+        "record stop",
+        "record-metrics-after.txt",
+        "record\\ dump",
+        "verify totals",
+        "record\\ native_load",
+        "verify native",
+        "--scene graph",
+        "verify totals",
+        "start_p collect PREFILL_MC2=1",
+        "--scene mc2",
+        "--input-len 256",
+        "--scene idle",
+        "start_p plain",
+        "--scene plain",
+        "verify throughput",
+    ]
     _in_order(out, order)
-    assert "--output-len 16" in out[out.find("--scene graph"):out.find("[graph]")]
+    assert "--output-len 16" in out[out.find("--scene graph") : out.find("[graph]")]
     rounds = [s for s in steps if s.startswith("round")]
     assert rounds == [f"round{r}-{what}" for r in (1, 2, 3) for what in ("start-idle", "idle", "start-plain", "plain")]
     assert len(_steps(_verify(ROUNDS="5").stdout)) == len(steps) + 8
@@ -132,8 +172,12 @@ def test_p_server_knobs_for_verify():
     assert '\\"dynamic_eplb\\":\\ true' in out and '\\"algorithm_execution_interval\\":\\ 100000000' in out
     assert '\\"enable_prefill_mc2\\":\\ true' in out and "scene_eplb" in out
     assert "--additional-config \\{\\}" in _dry("p_server.sh", "plain")
-    res = subprocess.run(["bash", str(DEPLOY / "p_server.sh"), "layout", "x.json"], capture_output=True, text=True,
-                         env={**os.environ, "DRY_RUN": "1", "NATIVE_EPLB": "1"})
+    res = subprocess.run(
+        ["bash", str(DEPLOY / "p_server.sh"), "layout", "x.json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRY_RUN": "1", "NATIVE_EPLB": "1"},
+    )
     assert res.returncode == 2 and "NATIVE_EPLB=1 is for collect and plain runs" in res.stderr
 
 
@@ -141,8 +185,13 @@ def test_env_sources_cann_and_atb_where_they_exist_and_says_which(tmp_path):
     toolkit = tmp_path / "ascend-toolkit"
     toolkit.mkdir()
     (toolkit / "set_env.sh").write_text("export SCENE_EPLB_TEST_CANN=sourced\n")
-    res = subprocess.run(["bash", "-c", f'source "{DEPLOY / "env.sh"}" && echo "$SCENE_EPLB_TEST_CANN"'], capture_output=True,
-                         text=True, env={**os.environ, "ASCEND_HOME": str(tmp_path)}, timeout=60)
+    res = subprocess.run(
+        ["bash", "-c", f'source "{DEPLOY / "env.sh"}" && echo "$SCENE_EPLB_TEST_CANN"'],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ASCEND_HOME": str(tmp_path)},
+        timeout=60,
+    )
     assert res.returncode == 0 and res.stdout.strip() == "sourced", res.stderr
     assert f"env.sh: sourced {toolkit / 'set_env.sh'}" in res.stderr
     assert f"env.sh: not found: {tmp_path / 'nnal' / 'atb' / 'set_env.sh'}" in res.stderr
@@ -153,7 +202,16 @@ def test_verify_on_a_d_node_records_a_decode_load_and_compares_output_throughput
     assert res.returncode == 0
     steps = _steps(res.stdout)
     assert [s for s in steps if s in VERIFY_CHECKS] == ["audit", "totals", "native", "throughput"]
-    _in_order(res.stdout, ["--url http://127.0.0.1:8200", "--input-len 1024 --output-len 256", "verify totals",
-                           "--decode", "verify native", "--metric output_throughput_per_card"])
+    _in_order(
+        res.stdout,
+        [
+            "--url http://127.0.0.1:8200",
+            "--input-len 1024 --output-len 256",
+            "verify totals",
+            "--decode",
+            "verify native",
+            "--metric output_throughput_per_card",
+        ],
+    )
     assert "start-mc2" not in steps and "graph" not in steps
     assert _verify(SIDE="x").returncode == 2

@@ -51,8 +51,15 @@ def _worker(rank, port, dump_dir, scenario, out_dir):
             if scenario == "absent":
                 return
         t0 = time.monotonic()
-        job = exporter.begin("e1", record, os.path.join(dump_dir, "counts-e1.npz"), {"role": "prefill", "model": "tiny"},
-                             SHAPE[0], SHAPE[1:], deadline)
+        job = exporter.begin(
+            "e1",
+            record,
+            os.path.join(dump_dir, "counts-e1.npz"),
+            {"role": "prefill", "model": "tiny"},
+            SHAPE[0],
+            SHAPE[1:],
+            deadline,
+        )
         began_s = time.monotonic() - t0
         while exporter.job("e1").state == "running":
             time.sleep(0.05)

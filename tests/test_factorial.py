@@ -16,8 +16,14 @@ def _result(arm: str, prefill: float, ttft: float, n: int = 100) -> dict:
     layout, dispatch = arm.split("-")
     run = {m: NOT_OBSERVED for m in METRICS}
     run.update(prefill_throughput_per_card=prefill, ttft_p50_ms=ttft)
-    return {"manifest": {"scene": {"num_prompts": n, "concurrency": 8, "request_rate": "inf"},
-                         "layout_hash": f"{layout}-hash", "dispatch": dispatch}, "runs": [run]}
+    return {
+        "manifest": {
+            "scene": {"num_prompts": n, "concurrency": 8, "request_rate": "inf"},
+            "layout_hash": f"{layout}-hash",
+            "dispatch": dispatch,
+        },
+        "runs": [run],
+    }
 
 
 def _arms(layout_gain: float, dispatch_gain: float, repeats: int = 4, noise: float = 0.01, seed: int = 0) -> dict:
@@ -41,7 +47,9 @@ def test_arms_that_differ_read_positive_and_their_ratios():
     assert eff["dispatch"]["verdict"] == "positive" and abs(eff["dispatch"]["ratio"] - 1.05) < 0.02
     assert eff["interaction"]["verdict"] == "within noise"  # the layout's gain is the same under both dispatches
     # a latency that falls reads positive too (lower is better)
-    assert s["by_metric"]["ttft_p50_ms"]["layout"]["verdict"] == "positive" and s["by_metric"]["ttft_p50_ms"]["layout"]["ratio"] < 1
+    assert (
+        s["by_metric"]["ttft_p50_ms"]["layout"]["verdict"] == "positive" and s["by_metric"]["ttft_p50_ms"]["layout"]["ratio"] < 1
+    )
     assert set(s["arms"]) == set(ARMS) and all(a["runs"] == 4 for a in s["arms"].values())
 
 

@@ -53,7 +53,10 @@ def test_fit_always_gives_a_valid_layout(gc, dispatch, robust, groups):
     assert (layout.static_sources is not None) == (dispatch == "static")
     table = static_table(p2l, g, layout.static_sources)
     # the static table names, for every source rank and expert, a slot that holds that expert
-    assert (np.take_along_axis(np.broadcast_to(p2l[:, None, :], table.shape[:2] + p2l.shape[1:]), table, axis=2) == np.arange(g.num_experts)).all()
+    assert (
+        np.take_along_axis(np.broadcast_to(p2l[:, None, :], table.shape[:2] + p2l.shape[1:]), table, axis=2)
+        == np.arange(g.num_experts)
+    ).all()
     if layout.static_sources is not None:  # and each slot serves exactly the source ranks the fit gave it
         L, P = p2l.shape
         served = np.bincount((np.arange(L)[:, None, None] * P + table).ravel(), minlength=L * P).reshape(L, P)
@@ -147,7 +150,9 @@ def test_hedge_kernel_counts_shared_blocks_within_a_group():
     assert hedge_kernel(16, 1)[0].shape == (16, 0)
 
 
-@pytest.mark.parametrize("kwargs", [{"expert_groups": 3}, {"expert_groups": 0}, {"group_hedge": -1.0}, {"group_hedge": float("nan")}])
+@pytest.mark.parametrize(
+    "kwargs", [{"expert_groups": 3}, {"expert_groups": 0}, {"group_hedge": -1.0}, {"group_hedge": float("nan")}]
+)
 def test_fit_options_reject_bad_groups_and_hedge(kwargs):
     with pytest.raises(SceneEplbError):
         FitOptions(Geometry(16, 0, 4), **kwargs)

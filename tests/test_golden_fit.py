@@ -28,13 +28,19 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "fit.json"
 def _cases() -> dict:
     synthetic = Counts(skewed_counts(8, 4, 32, seed=11))
     return {
-        "synthetic-ep8-r8-2nodes-static-groups4": (synthetic, FitOptions(Geometry(32, 8, 8, 2), dispatch="static", expert_groups=4)),
+        "synthetic-ep8-r8-2nodes-static-groups4": (
+            synthetic,
+            FitOptions(Geometry(32, 8, 8, 2), dispatch="static", expert_groups=4),
+        ),
         "synthetic-ep4-r4-dynamic-robust": (synthetic, FitOptions(Geometry(32, 4, 4), dispatch="dynamic", robust=True)),
-        "deepseek-prefill4096-ep16-r16-static-groups8": (read_counts(DATA / "prefill_in4096.json"),
-                                                         FitOptions(Geometry(256, 16, 16), dispatch="static", expert_groups=8)),
+        "deepseek-prefill4096-ep16-r16-static-groups8": (
+            read_counts(DATA / "prefill_in4096.json"),
+            FitOptions(Geometry(256, 16, 16), dispatch="static", expert_groups=8),
+        ),
         "deepseek-two-prefill-scenes-ep16-r16-dynamic-worst": (
             [read_counts(DATA / "prefill_in4096.json"), read_counts(DATA / "prefill_in1024.json")],
-            FitOptions(Geometry(256, 16, 16), dispatch="dynamic", expert_groups=8, objective="worst")),
+            FitOptions(Geometry(256, 16, 16), dispatch="dynamic", expert_groups=8, objective="worst"),
+        ),
     }
 
 
@@ -56,7 +62,8 @@ def test_equal_fingerprints_give_equal_layouts():
     for name in want:
         assert got[name]["fingerprint"] == want[name]["fingerprint"], f"{name}: the fingerprint's inputs changed"
         assert got[name]["layout_hash"] == want[name]["layout_hash"], (
-            f"{name}: same fingerprint, different layout: the fitter changed without a new FITTER_VERSION")
+            f"{name}: same fingerprint, different layout: the fitter changed without a new FITTER_VERSION"
+        )
 
 
 def _update() -> None:

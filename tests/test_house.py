@@ -11,9 +11,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "vllm_scene_eplb"
-PURE = ("cli", "commands", "fit", "formats", "report", "config", "protocol", "evaluation", "client.audit", "client.record",
-        "advise", "measured", "arrays", "fitness", "harness.factorial", "harness.charts",
-        "harness.results", "harness.compare", "runtime.layout_check")
+PURE = (
+    "cli",
+    "commands",
+    "fit",
+    "formats",
+    "report",
+    "config",
+    "protocol",
+    "evaluation",
+    "client.audit",
+    "client.record",
+    "advise",
+    "measured",
+    "arrays",
+    "fitness",
+    "harness.factorial",
+    "harness.charts",
+    "harness.results",
+    "harness.compare",
+    "runtime.layout_check",
+)
 
 
 def test_core_imports_no_engine_and_no_torch():
@@ -51,7 +69,11 @@ def _imports(path: Path) -> set[str]:
 def test_engine_adapters_never_import_each_other(engine, other):
     bad = {}
     for path in (PACKAGE / "adapters" / engine).rglob("*.py"):
-        hits = [m for m in _imports(path) if m == f"vllm_scene_eplb.adapters.{other}" or m.startswith(f"vllm_scene_eplb.adapters.{other}.")]
+        hits = [
+            m
+            for m in _imports(path)
+            if m == f"vllm_scene_eplb.adapters.{other}" or m.startswith(f"vllm_scene_eplb.adapters.{other}.")
+        ]
         if hits:
             bad[str(path.relative_to(REPO))] = hits
     assert not bad, bad
@@ -158,7 +180,10 @@ def test_no_import_cycle_anywhere_in_the_package():
     """Imports run one way (lazy ones inside functions included): a cycle means two modules that
     cannot be read, tested or changed apart."""
     graph = _module_graph()
-    assert len(graph) > 80 and "vllm_scene_eplb.adapters.vllm_ascend.runtime" in graph["vllm_scene_eplb.adapters.vllm_ascend.startup"]
+    assert (
+        len(graph) > 80
+        and "vllm_scene_eplb.adapters.vllm_ascend.runtime" in graph["vllm_scene_eplb.adapters.vllm_ascend.startup"]
+    )
     assert _cycles(graph) == []
 
 

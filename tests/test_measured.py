@@ -114,8 +114,16 @@ def test_live_window_reports_measured_fidelity_and_time(layout):
     assert d["fidelity"] < 1e-9 and abs(d["measured"]["median"] / d["median"] - 1) < 0.02
     assert d["time"]["worst"] == pytest.approx(1.6) and d["time"]["moe_share"] == pytest.approx(0.1)
     # the next window works on differences: twice the same traffic reads the same
-    live.observe(LiveSample(2 * logical, 10, 2 * physical, tuple(SourceTraffic(s.base, s.span, 2 * s.counts) for s in sources),
-                            tuple(RankTime(2 * t.moe_seconds, 10, 10, 2.0, 0.2) for t in times)), now=1.0)
+    live.observe(
+        LiveSample(
+            2 * logical,
+            10,
+            2 * physical,
+            tuple(SourceTraffic(s.base, s.span, 2 * s.counts) for s in sources),
+            tuple(RankTime(2 * t.moe_seconds, 10, 10, 2.0, 0.2) for t in times),
+        ),
+        now=1.0,
+    )
     assert live.to_dict()["fidelity"] < 1e-9 and live.to_dict()["time"]["worst"] == pytest.approx(1.6)
 
 

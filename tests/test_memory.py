@@ -48,8 +48,9 @@ def test_bf16_checkpoint_fp8_kv_cache_and_modelslim_w8a8(tmp_path):
     slim = tmp_path / "slim"
     slim.mkdir()
     _copy(slim, quantization_config=None)
-    (slim / "quant_model_description.json").write_text(json.dumps({
-        "model.layers.3.mlp.experts.0.gate_proj.weight": "W8A8_DYNAMIC", "model.layers.3.mlp.gate.weight": "FLOAT"}))
+    (slim / "quant_model_description.json").write_text(
+        json.dumps({"model.layers.3.mlp.experts.0.gate_proj.weight": "W8A8_DYNAMIC", "model.layers.3.mlp.gate.weight": "FLOAT"})
+    )
     m = read_model_memory(slim)
     assert m.bytes_per_expert == PARAMS + 2 * (2 * 2048 + 7168) * 2  # int8 + bf16 scale and offset per output channel
     assert "W8A8_DYNAMIC" in m.expert_format
@@ -58,9 +59,20 @@ def test_bf16_checkpoint_fp8_kv_cache_and_modelslim_w8a8(tmp_path):
 def test_gqa_kv_token_and_what_cannot_be_priced(tmp_path):
     gqa = tmp_path / "gqa"
     gqa.mkdir()
-    (gqa / "config.json").write_text(json.dumps({"num_hidden_layers": 48, "num_experts": 128, "hidden_size": 2048,
-                                                 "moe_intermediate_size": 768, "num_attention_heads": 32,
-                                                 "num_key_value_heads": 4, "head_dim": 128, "torch_dtype": "bfloat16"}))
+    (gqa / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 48,
+                "num_experts": 128,
+                "hidden_size": 2048,
+                "moe_intermediate_size": 768,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 4,
+                "head_dim": 128,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
     m = read_model_memory(gqa)
     assert m.kv_bytes_per_token == 48 * 2 * 4 * 128 * 2 and m.bytes_per_expert == 3 * 2048 * 768 * 2
     awq = tmp_path / "awq"

@@ -5,15 +5,28 @@ from vllm_scene_eplb.protocol import AGREE_KEY, RANKS_KEY, aggregate_status, par
 
 
 def _status(ep_rank, **over):
-    return {"role": "prefill", "observer": "idle", "layout_hash": "abc", "redundant_slots": 2, "dispatch": "static",
-            "ep_size": 2, "ep_rank": ep_rank, "dp_rank": ep_rank, "tp_rank": 0, "ring_entries": 64, "entries_written": 0,
-            "passes_recorded": 0, **over}
+    return {
+        "role": "prefill",
+        "observer": "idle",
+        "layout_hash": "abc",
+        "redundant_slots": 2,
+        "dispatch": "static",
+        "ep_size": 2,
+        "ep_rank": ep_rank,
+        "dp_rank": ep_rank,
+        "tp_rank": 0,
+        "ring_entries": 64,
+        "entries_written": 0,
+        "passes_recorded": 0,
+        **over,
+    }
 
 
 def test_startup_line_round_trips():
     line = startup_line(_status(0), "ep_rank 0")
     assert parse_startup_lines(f"INFO x {line}\n") == [
-        {"role": "prefill", "observer": "idle", "layout_hash": "abc", "redundant_slots": 2, "dispatch": "static"}]
+        {"role": "prefill", "observer": "idle", "layout_hash": "abc", "redundant_slots": 2, "dispatch": "static"}
+    ]
     linear = startup_line(_status(1, layout_hash=None, dispatch=None, redundant_slots=0), "ep_rank 1")
     assert "layout_hash=none (linear)" in linear and parse_startup_lines(linear)[0]["layout_hash"] is None
 

@@ -54,8 +54,20 @@ def test_observer_misuse_is_refused():
 
 
 # Ops that launch no kernel (views, metadata): not counted against the capture's bound.
-VIEW_OPS = {"aten::view", "aten::reshape", "aten::_reshape_alias", "aten::select", "aten::slice", "aten::unsqueeze",
-            "aten::expand", "aten::as_strided", "aten::alias", "aten::detach", "aten::lift_fresh", "aten::_unsafe_view"}
+VIEW_OPS = {
+    "aten::view",
+    "aten::reshape",
+    "aten::_reshape_alias",
+    "aten::select",
+    "aten::slice",
+    "aten::unsqueeze",
+    "aten::expand",
+    "aten::as_strided",
+    "aten::alias",
+    "aten::detach",
+    "aten::lift_fresh",
+    "aten::_unsafe_view",
+}
 MAX_CAPTURE_OPS = 4  # device ops per MoE layer and pass for counting
 
 
@@ -74,8 +86,9 @@ def test_capture_issues_at_most_four_device_ops_per_layer_and_never_syncs(case):
     where/clamp/remainder/index_add_ at most, whichever mask the adapter passes; a skip is one op."""
     p2l = torch.tensor([[0, 1, 2, 3, 0, 1]] * 2)
     obs = RoutingObserver(2, 4, 4, slot_to_expert=p2l if "physical" in case else None)
-    ids = torch.randint(-1, 6, (64, 8), dtype=torch.int64 if case == "int64 ids" else torch.int32,
-                        generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(
+        -1, 6, (64, 8), dtype=torch.int64 if case == "int64 ids" else torch.int32, generator=torch.Generator().manual_seed(3)
+    )
     mask = torch.rand(80, generator=torch.Generator().manual_seed(4)) > 0.5
     kwargs = {"logical+padding": {"padding_rows": mask}, "physical+own_rows": {"own_rows": mask}}.get(case, {})
     call = (lambda: obs.skip(1)) if case == "skip" else (lambda: obs.capture(1, ids, **kwargs))

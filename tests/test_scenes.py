@@ -78,7 +78,12 @@ def test_one_layout_for_two_scenes_holds_up_better_out_of_scene(real_scenes, dis
             alone = fit_map(w[None], opts)
             single.append(dispatch_score(alone.map, unseen, g, dispatch, alone.static_sources))
     multi, single = np.concatenate(multi), np.concatenate(single)
-    assert np.median(multi) < np.median(single) and multi.max() < single.max(), (np.median(multi), np.median(single), multi.max(), single.max())
+    assert np.median(multi) < np.median(single) and multi.max() < single.max(), (
+        np.median(multi),
+        np.median(single),
+        multi.max(),
+        single.max(),
+    )
 
 
 @pytest.mark.parametrize("dispatch", ["dynamic", "static"])
@@ -87,7 +92,9 @@ def test_worst_objective_lowers_the_worst_scene_in_sample(real_scenes, dispatch)
     train = [real_scenes["prefill_in4096"], real_scenes["prefill_in1024"]]
 
     def worst_scene(objective):
-        f = fit_scenes([w[None] for w in train], np.array([0.5, 0.5]), FitOptions(g, dispatch=dispatch, expert_groups=8, objective=objective))
+        f = fit_scenes(
+            [w[None] for w in train], np.array([0.5, 0.5]), FitOptions(g, dispatch=dispatch, expert_groups=8, objective=objective)
+        )
         return np.max([dispatch_score(f.map, w, g, dispatch, f.static_sources) for w in train], axis=0)
 
     mean, worst = worst_scene("mean"), worst_scene("worst")

@@ -55,8 +55,11 @@ def _native(tmp_path, counts, available=True):
     import json
 
     path = tmp_path / "native.json"
-    doc = {"available": True, "moe_layers": [1, 2], "counts": counts} if available else \
-        {"available": False, "reason": "vLLM-Ascend keeps no moe_load counters on this server"}
+    doc = (
+        {"available": True, "moe_layers": [1, 2], "counts": counts}
+        if available
+        else {"available": False, "reason": "vLLM-Ascend keeps no moe_load counters on this server"}
+    )
     path.write_text(json.dumps(doc))
     return str(path)
 
@@ -91,8 +94,12 @@ def _result(tmp_path, name, prefill):
     from vllm_scene_eplb.fileio import doc_checksum
     from vllm_scene_eplb.harness.results import RESULT_FORMAT
 
-    doc = {"format": RESULT_FORMAT, "manifest": {"scene": {"name": name}}, "runs": [],
-           "aggregate": {"prefill_throughput_per_card": {"mean": prefill, "ci95": None, "n": 1}}}
+    doc = {
+        "format": RESULT_FORMAT,
+        "manifest": {"scene": {"name": name}},
+        "runs": [],
+        "aggregate": {"prefill_throughput_per_card": {"mean": prefill, "ci95": None, "n": 1}},
+    }
     doc["checksum"] = doc_checksum(doc)
     (tmp_path / f"{name}.json").write_text(json.dumps(doc))
     return str(tmp_path / f"{name}.json")
@@ -117,8 +124,10 @@ def test_totals_with_decode_count_one_token_per_decode_pass(tmp_path, capsys):
     files = _files(tmp_path, {1: 2 * (100 + 40 - 10), 2: 2 * (100 + 40 - 10)})
     for name, (gen, done) in (("before.txt", (0.0, 0.0)), ("after.txt", (40.0, 10.0))):
         path = tmp_path / name
-        path.write_text(path.read_text().replace("999.0", str(gen)) +
-                        f'vllm:request_success_total{{engine="0",finished_reason="length"}} {done}\n')
+        path.write_text(
+            path.read_text().replace("999.0", str(gen))
+            + f'vllm:request_success_total{{engine="0",finished_reason="length"}} {done}\n'
+        )
     assert main(["totals", *files, "--decode"]) == 0
     assert "(100 prompt + 40 generated - 10 requests) tokens" in capsys.readouterr().out
     assert main(["totals", *files]) == 1  # prompt tokens alone: the decode passes are over

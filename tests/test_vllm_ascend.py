@@ -49,7 +49,9 @@ def _their_maps(eu, path, moe_layers, ep, E, tp_size=None):
         for k in range(moe_layers):
             per_rank = []
             for r in range(ep):
-                g, _local, log2phy, n_red = eu.init_eplb_config(cfg, k, SimpleNamespace(num_experts=E, ep_size=ep, ep_rank=r), tp_size=tp_size)
+                g, _local, log2phy, n_red = eu.init_eplb_config(
+                    cfg, k, SimpleNamespace(num_experts=E, ep_size=ep, ep_rank=r), tp_size=tp_size
+                )
                 per_rank.append(log2phy.numpy())
             maps.append(g.numpy())
             l2p.append(np.stack(per_rank))
@@ -80,7 +82,9 @@ def test_exported_map_parses_into_exactly_our_rank_maps(theirs, exported, field_
     np.testing.assert_array_equal(theirs["maps"], rank_expert_maps(field_layout))
     path = exported
     back = read_layout(path, GeometryHint(ep_size=16, num_experts=256))
-    np.testing.assert_array_equal(back.physical_to_logical_map, field_layout.physical_to_logical_map[list(field_layout.moe_layers)])
+    np.testing.assert_array_equal(
+        back.physical_to_logical_map, field_layout.physical_to_logical_map[list(field_layout.moe_layers)]
+    )
 
 
 def test_mtp_layer_gets_the_files_slot_count(eu, field_layout, exported):
@@ -97,8 +101,10 @@ def test_our_tables_are_valid_physical_ids_for_every_rank_and_expert(field_layou
     l2p, replicas = log2phy_dynamic(field_layout)
     valid = np.arange(l2p.shape[2])[None, None, :] < replicas[..., None]
     assert (l2p[valid] >= 0).all()
-    assert (np.take_along_axis(p2l, np.where(valid, l2p, 0).reshape(len(p2l), -1), axis=1).reshape(l2p.shape)[valid]
-            == np.broadcast_to(np.arange(256)[None, :, None], l2p.shape)[valid]).all()
+    assert (
+        np.take_along_axis(p2l, np.where(valid, l2p, 0).reshape(len(p2l), -1), axis=1).reshape(l2p.shape)[valid]
+        == np.broadcast_to(np.arange(256)[None, :, None], l2p.shape)[valid]
+    ).all()
 
 
 @pytest.mark.parametrize("tp_size", [None, 2])
@@ -106,8 +112,10 @@ def test_their_fixed_formula_routes_off_rank_where_ours_stays_local(theirs, fiel
     ours = log2phy_static(field_layout)
     their_off, our_off = off_rank_with_local(theirs[tp_size], field_layout), off_rank_with_local(ours, field_layout)
     replicated = int((field_layout.replica_counts()[list(field_layout.moe_layers)] > 1).sum())
-    print(f"\nfield geometry, tp_size={tp_size}: (layer, rank, expert) routed off-rank although a local replica exists: "
-          f"vLLM-Ascend formula {their_off}, ours {our_off} ({replicated} replicated (layer, expert) pairs)")
+    print(
+        f"\nfield geometry, tp_size={tp_size}: (layer, rank, expert) routed off-rank although a local replica exists: "
+        f"vLLM-Ascend formula {their_off}, ours {our_off} ({replicated} replicated (layer, expert) pairs)"
+    )
     assert our_off == 0 and their_off > 0
 
 
@@ -115,8 +123,14 @@ def test_other_engine_versions_are_refused_and_builds_of_the_release_are_not():
     for ok in ("0.23.0.post1", "0.23.0.post1+gabc123", "0.23.0.post1.dev4+g1234abc"):
         check_versions(ok, "0.23.0")
     check_versions("0.23.0.post1", "0.23.0+empty")
-    for ascend, vllm in (("0.18.0", "0.18.0"), ("0.24.0", "0.23.0"), ("0.23.0", "0.23.0"), ("0.23.0.post2", "0.23.0"),
-                         ("0.23.0.post1", "0.24.0"), ("garbage", "0.23.0")):
+    for ascend, vllm in (
+        ("0.18.0", "0.18.0"),
+        ("0.24.0", "0.23.0"),
+        ("0.23.0", "0.23.0"),
+        ("0.23.0.post2", "0.23.0"),
+        ("0.23.0.post1", "0.24.0"),
+        ("garbage", "0.23.0"),
+    ):
         with pytest.raises(SceneEplbError, match="written for vllm-ascend 0.23.0.post1"):
             check_versions(ascend, vllm)
 
@@ -184,7 +198,9 @@ def ascend_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("ascend-startup")
     spec = TinyMoeSpec()
     model = make_tiny_moe(root / "model", spec)
-    layout = fit(Counts(skewed_counts(2, spec.num_layers, spec.num_experts, top_k=2)), FitOptions(Geometry(spec.num_experts, 2, 2)))
+    layout = fit(
+        Counts(skewed_counts(2, spec.num_layers, spec.num_experts, top_k=2)), FitOptions(Geometry(spec.num_experts, 2, 2))
+    )
     path = write_layout(layout, root / "layout.json")
     return model, layout, path, root
 
@@ -198,8 +214,9 @@ def _startup(ascend_model, scene: dict, log: list | None = None, extra_env: dict
 
     model, layout, _, _ = ascend_model
     script = STARTUP.format(model=str(model), extra=repr(scene), n_moe=len(layout.moe_layers), E=layout.geometry.num_experts)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         env={**env(), **(extra_env or {})})
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**env(), **(extra_env or {})}
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     if log is not None:
         log.append(res.stdout + res.stderr)
@@ -224,8 +241,10 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
     out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}}, log)
     assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, static dispatch) -> vLLM-Ascend expert_map_path" in log[0]
     assert out["path"].startswith(str(root / "dump")) and out["path"].endswith(".json")
-    assert read_layout(out["path"], GeometryHint(ep_size=2, num_experts=8)).physical_to_logical_map.tolist() == \
-        layout.physical_to_logical_map[list(layout.moe_layers)].tolist()
+    assert (
+        read_layout(out["path"], GeometryHint(ep_size=2, num_experts=8)).physical_to_logical_map.tolist()
+        == layout.physical_to_logical_map[list(layout.moe_layers)].tolist()
+    )
     ours = np.array(out["ours"]).reshape(len(layout.moe_layers), 2, -1)
     np.testing.assert_array_equal(ours, log2phy_static(layout))
     assert out["theirs"] == out["theirs_formula"]  # plugin off: their formula, untouched
@@ -245,16 +264,22 @@ def test_startup_accepts_a_collection_run(ascend_model):
 
 def test_startup_refuses_the_v2_model_runner(ascend_model):
     _, _, path, root = ascend_model
-    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-v2")}},
-                   extra_env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    out = _startup(
+        ascend_model,
+        {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-v2")}},
+        extra_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+    )
     assert "V1 model runner only" in out["refused"] and not (root / "d-v2").exists()
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"eplb_config": {"dynamic_eplb": True}}, "both move experts"),
-    ({"eplb_config": {"expert_map_path": "/x/map.json"}}, "set by hand"),
-    ({"mix_placement": True}, "turn off mix_placement"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"eplb_config": {"dynamic_eplb": True}}, "both move experts"),
+        ({"eplb_config": {"expert_map_path": "/x/map.json"}}, "set by hand"),
+        ({"mix_placement": True}, "turn off mix_placement"),
+    ],
+)
 def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, message):
     from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
     from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
@@ -273,7 +298,9 @@ def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):
 
     _, _, path, root = ascend_model
     with pytest.raises(SceneEplbError, match="does not fit this server"):
-        prepare_layout_run({"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d4")}}, hf_config(TinyMoeSpec()), ep_size=4)
+        prepare_layout_run(
+            {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d4")}}, hf_config(TinyMoeSpec()), ep_size=4
+        )
 
 
 def test_prepare_needs_an_explicit_role_with_kv_both(ascend_model):
@@ -297,7 +324,9 @@ def test_startup_with_dynamic_dispatch_builds_virtual_id_maps(ascend_model):
 
     _, layout, native, root = ascend_model
     log = []
-    out = _startup(ascend_model, {"scene_eplb": {"layout": str(native), "dump_dir": str(root / "dump-dyn"), "dispatch": "dynamic"}}, log)
+    out = _startup(
+        ascend_model, {"scene_eplb": {"layout": str(native), "dump_dir": str(root / "dump-dyn"), "dispatch": "dynamic"}}, log
+    )
     assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, dynamic dispatch)" in log[0]
     maps = rank_expert_maps(layout)
     want = [dynamic_virtual_log2phy(maps[k]).tolist() for k in range(len(layout.moe_layers)) for _ in range(2)]

@@ -130,7 +130,14 @@ def test_dynamic_dispatch_splits_each_experts_rows_over_its_replicas(dynamic_run
         assert row["log2phy_len"] == E * replicas[k].max()
     replicated = np.flatnonzero(replicas[0] > 1)
     assert replicated.size  # the layout does replicate, and the split uses every replica
-    used = {p for row in rows if row["k"] == 0 for lg, ph in zip(np.ravel(row["logical"]), np.ravel(row["phys"])) if lg in replicated for p in [ph]}
+    used = {
+        p
+        for row in rows
+        if row["k"] == 0
+        for lg, ph in zip(np.ravel(row["logical"]), np.ravel(row["phys"]))
+        if lg in replicated
+        for p in [ph]
+    }
     assert used == set(l2p[0][replicated][l2p[0][replicated] >= 0].tolist())
 
 

@@ -342,8 +342,13 @@ def test_routes_on_vllm_0_23_api_server_reach_every_dp_engine(tmp_path):
 
     model = make_tiny_moe(tmp_path / "model", TinyMoeSpec())
     out = run(ROUTES.format(model=str(model)))
-    assert out["paths"] == ["/dump_expert_distribution_record", "/scene_eplb/native_load", "/scene_eplb/status",
-                            "/start_expert_distribution_record", "/stop_expert_distribution_record"]
+    assert out["paths"] == [
+        "/dump_expert_distribution_record",
+        "/scene_eplb/native_load",
+        "/scene_eplb/status",
+        "/start_expert_distribution_record",
+        "/stop_expert_distribution_record",
+    ]
     st = out["status"]
     assert st["observer"] == "idle" and st["ranks_agree"] and [r["dp_rank"] for r in st["ranks"]] == [0, 1]
     assert out["start"] == 200 and "already on" in out["again"]["error"]

@@ -38,11 +38,24 @@ def test_ranks_local_parts_sum_to_the_full_layer_and_skip_remote_work(ops):
     total, rows = torch.zeros(M, H), []
     for rank in range(2):
         emap = torch.full((10,), -1, dtype=torch.int32)
-        emap[rank * 5:(rank + 1) * 5] = torch.arange(5, dtype=torch.int32)
-        slots = p2l[rank * 5:(rank + 1) * 5]
+        emap[rank * 5 : (rank + 1) * 5] = torch.arange(5, dtype=torch.int32)
+        slots = p2l[rank * 5 : (rank + 1) * 5]
         out = torch.full((M, H), float("nan"))
-        local_moe(out, x, prepack(w13[slots].contiguous(), "vec"), prepack(w2[slots].contiguous(), "vec"), None, None,
-                  weights, phys.to(torch.int32), emap, "silu", "vec", False, -1)
+        local_moe(
+            out,
+            x,
+            prepack(w13[slots].contiguous(), "vec"),
+            prepack(w2[slots].contiguous(), "vec"),
+            None,
+            None,
+            weights,
+            phys.to(torch.int32),
+            emap,
+            "silu",
+            "vec",
+            False,
+            -1,
+        )
         total += out
         rows.append(int((emap[phys] >= 0).sum()))
     torch.testing.assert_close(total, full, rtol=1e-5, atol=1e-5)
@@ -61,8 +74,21 @@ def test_a_timed_layer_hands_its_wall_time_to_the_observer(ops, monkeypatch):
     monkeypatch.setattr(runtime, "_current", SimpleNamespace(observer=obs))
     x, ids = torch.randn(M, H), torch.randint(0, E, (M, K), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
     w13, w2 = prepack(torch.randn(E, 2 * INTER, H) * 0.1, "vec"), prepack(torch.randn(E, H, INTER) * 0.1, "vec")
-    local_moe(torch.empty(M, H), x, w13, w2, None, None, torch.rand(M, K), ids, torch.arange(E, dtype=torch.int32), "silu", "vec",
-              False, 1)
+    local_moe(
+        torch.empty(M, H),
+        x,
+        w13,
+        w2,
+        None,
+        None,
+        torch.rand(M, K),
+        ids,
+        torch.arange(E, dtype=torch.int32),
+        "silu",
+        "vec",
+        False,
+        1,
+    )
     obs.end_step()
     live = obs.live_counts()
     assert live.moe_seconds[0] == 0 and live.moe_seconds[1] > 0 and live.moe_passes == 1

@@ -29,13 +29,20 @@ pytestmark = pytest.mark.engine
 
 TOP_K, LAYERS = 2, 2
 SPEC_TOKENS = 3
-SPEC = ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": SPEC_TOKENS,
-                                            "prompt_lookup_max": 3, "prompt_lookup_min": 1})]
+SPEC = [
+    "--speculative-config",
+    json.dumps({"method": "ngram", "num_speculative_tokens": SPEC_TOKENS, "prompt_lookup_max": 3, "prompt_lookup_min": 1}),
+]
 # repeated patterns, so the n-gram drafter finds continuations to propose
 PROMPTS = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8, [3, 4] * 10, list(range(20, 50)), [40, 41, 42, 43, 44] * 5]
 MAX_TOKENS = 24
-COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
-            "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
+COUNTERS = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+)
 
 
 def _metrics(srv) -> dict:
@@ -45,8 +52,12 @@ def _metrics(srv) -> dict:
 
 
 def _decode_server(model, workdir, name, **cfg):
-    return start_server(model, workdir, name, extra=["--enable-expert-parallel", *SPEC,
-                                                     *plugin_flag(role="decode", dump_dir=str(workdir / "dumps"), **cfg)])
+    return start_server(
+        model,
+        workdir,
+        name,
+        extra=["--enable-expert-parallel", *SPEC, *plugin_flag(role="decode", dump_dir=str(workdir / "dumps"), **cfg)],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +86,35 @@ def layout_run(tiny_moe, workdir, recorded):
     res = cli("fit", recorded["dump"][1]["path"], "--ep-size", 2, "--redundant", 0, "-o", layout, "-q")
     assert res.returncode == 0, res.stderr
     with _decode_server(tiny_moe, workdir, "decode-layout", layout=str(layout)) as srv:
-        run = {"layout": layout, "outputs": srv.complete(PROMPTS, MAX_TOKENS),
-               "status": http("GET", srv.url + "/scene_eplb/status")[1]}
+        run = {
+            "layout": layout,
+            "outputs": srv.complete(PROMPTS, MAX_TOKENS),
+            "status": http("GET", srv.url + "/scene_eplb/status")[1],
+        }
         # the D bench scene: short prompts, long outputs, drafts on
-        run["bench"] = cli("bench", "--url", srv.url, "--model", srv.model, "--scene", "decode-heavy", "-n", 6, "-c", 3,
-                           "--input-len", 16, "--output-len", 48, "--cards", 2, "-o", workdir / "bench-d.json", "--json", "-q")
+        run["bench"] = cli(
+            "bench",
+            "--url",
+            srv.url,
+            "--model",
+            srv.model,
+            "--scene",
+            "decode-heavy",
+            "-n",
+            6,
+            "-c",
+            3,
+            "--input-len",
+            16,
+            "--output-len",
+            48,
+            "--cards",
+            2,
+            "-o",
+            workdir / "bench-d.json",
+            "--json",
+            "-q",
+        )
         return run
 
 

@@ -56,8 +56,13 @@ def baseline(tiny_model, workdir):
 def recorded(tiny_model, workdir):
     """Drive a P-role server through the whole record workflow; returns what it answered."""
     dump_dir = workdir / "dumps"
-    srv = start_server(tiny_model, workdir, "recording", api_key=API_KEY,
-                       extra=_plugin_args(role="prefill", ring_entries=64, dump_dir=str(dump_dir)))
+    srv = start_server(
+        tiny_model,
+        workdir,
+        "recording",
+        api_key=API_KEY,
+        extra=_plugin_args(role="prefill", ring_entries=64, dump_dir=str(dump_dir)),
+    )
     obs: dict = {"dump_dir": dump_dir}
     try:
         srv.wait_ready()
@@ -75,9 +80,29 @@ def recorded(tiny_model, workdir):
         obs["status"] = _cli(srv.url, "status")
         obs["native"] = _cli(srv.url, "native_load")
         obs["after_misuse_outputs"] = srv.complete(PROMPTS[:1], MAX_TOKENS)
-        obs["bench_with_key"] = cli("bench", "--url", srv.url, "--model", srv.model, "--scene", "keyed", "-n", 4,
-                                            "-c", 2, "--input-len", 32, "--output-len", 2, "-o", workdir / "keyed.json",
-                                            "--api-key", API_KEY, "--json", "-q")
+        obs["bench_with_key"] = cli(
+            "bench",
+            "--url",
+            srv.url,
+            "--model",
+            srv.model,
+            "--scene",
+            "keyed",
+            "-n",
+            4,
+            "-c",
+            2,
+            "--input-len",
+            32,
+            "--output-len",
+            2,
+            "-o",
+            workdir / "keyed.json",
+            "--api-key",
+            API_KEY,
+            "--json",
+            "-q",
+        )
         obs["log"] = srv.log_text()
         return obs
     finally:
@@ -86,8 +111,11 @@ def recorded(tiny_model, workdir):
 
 def _cli(url: str, action: str) -> dict:
     """The `scene-eplb record` client, as an operator runs it."""
-    res = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "record", action, "--url", url, "--json",
-                          "--api-key", API_KEY], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "vllm_scene_eplb.cli", "record", action, "--url", url, "--json", "--api-key", API_KEY],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -96,15 +124,35 @@ def _cli(url: str, action: str) -> dict:
 def fitted_layout(recorded, workdir):
     """Fit a layout with 2 redundant slots on the recorded counts, with the CLI."""
     out = workdir / "layout.json"
-    res = subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", "fit", recorded["dump"][1]["path"],
-                          "--ep-size", "2", "--redundant", "2", "-o", str(out), "-q"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_scene_eplb.cli",
+            "fit",
+            recorded["dump"][1]["path"],
+            "--ep-size",
+            "2",
+            "--redundant",
+            "2",
+            "-o",
+            str(out),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     return out
 
 
 def _layout_server(tiny_model, workdir, layout, dispatch, role):
-    srv = start_server(tiny_model, workdir, f"layout-{dispatch}",
-                       extra=_plugin_args(role=role, layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")))
+    srv = start_server(
+        tiny_model,
+        workdir,
+        f"layout-{dispatch}",
+        extra=_plugin_args(role=role, layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")),
+    )
     try:
         srv.wait_ready()
         outputs = srv.complete(PROMPTS, MAX_TOKENS)
@@ -112,8 +160,29 @@ def _layout_server(tiny_model, workdir, layout, dispatch, role):
         if dispatch == "static":
             run["audit_ok"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "static", "--log", srv.log)
             run["audit_bad"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "dynamic", "--json")
-            run["bench"] = cli("bench", "--url", srv.url, "--model", srv.model, "--scene", "smoke", "-n", 8, "-c", 4,
-                                       "--input-len", 64, "--output-len", 4, "--cards", 2, "-o", workdir / "bench.json", "--json", "-q")
+            run["bench"] = cli(
+                "bench",
+                "--url",
+                srv.url,
+                "--model",
+                srv.model,
+                "--scene",
+                "smoke",
+                "-n",
+                8,
+                "-c",
+                4,
+                "--input-len",
+                64,
+                "--output-len",
+                4,
+                "--cards",
+                2,
+                "-o",
+                workdir / "bench.json",
+                "--json",
+                "-q",
+            )
         run["start"] = http("POST", srv.url + "/start_expert_distribution_record")
         run["log"] = srv.log_text()
         return run
@@ -175,8 +244,26 @@ def test_bench_sends_the_api_key(recorded):
 
 
 def test_bench_against_no_server_is_one_clean_error(tmp_path):
-    args = ("bench", "--url", "http://127.0.0.1:9", "--model", "/nonexistent-model", "--scene", "s", "-n", 1, "-c", 1,
-            "--input-len", 8, "--output-len", 1, "-o", tmp_path / "r.json", "-q")
+    args = (
+        "bench",
+        "--url",
+        "http://127.0.0.1:9",
+        "--model",
+        "/nonexistent-model",
+        "--scene",
+        "s",
+        "-n",
+        1,
+        "-c",
+        1,
+        "--input-len",
+        8,
+        "--output-len",
+        1,
+        "-o",
+        tmp_path / "r.json",
+        "-q",
+    )
     res = cli(*args, "--cards", 1)
     assert res.returncode == 2 and "scene-eplb: error: vllm bench serve failed" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "r.json").exists()
@@ -187,7 +274,13 @@ def test_bench_against_no_server_is_one_clean_error(tmp_path):
 def test_status_and_startup_log_say_what_runs(recorded):
     assert recorded["start"]["observer"] == "recording"
     st = recorded["status"]
-    assert (st["role"], st["observer"], st["layout_hash"], st["redundant_slots"], st["ep_size"]) == ("prefill", "idle", None, 0, 2)
+    assert (st["role"], st["observer"], st["layout_hash"], st["redundant_slots"], st["ep_size"]) == (
+        "prefill",
+        "idle",
+        None,
+        0,
+        2,
+    )
     assert "scene-eplb: role=prefill observer=idle layout_hash=none (linear) redundant_slots=0" in recorded["log"]
 
 
@@ -246,6 +339,7 @@ def test_decode_role_records_too(dynamic_run):
 
 
 def test_layout_for_another_geometry_stops_startup(tiny_model, workdir):
-    log = layout_for_another_ep_size_stops_startup(tiny_model, workdir, "bad-layout", ENGINE_ARGS + ("--enable-expert-parallel",),
-                                                   EXPERTS, LAYERS)
+    log = layout_for_another_ep_size_stops_startup(
+        tiny_model, workdir, "bad-layout", ENGINE_ARGS + ("--enable-expert-parallel",), EXPERTS, LAYERS
+    )
     assert "scene_eplb.layout does not fit this server" in log and "ep_size 4" in log

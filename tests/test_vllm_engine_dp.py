@@ -52,8 +52,13 @@ def reference(tiny_moe, workdir):
 def recorded(tiny_moe, workdir):
     """One DP=2 recording server through the workflow, with a dump under load and a stuck peer."""
     dump_dir = workdir / "dumps"
-    srv = start_server(tiny_moe, workdir, "dp-recording", engine_args=DP2,
-                       extra=plugin_flag(role="prefill", ring_entries=64, dump_dir=str(dump_dir), export_timeout_s=EXPORT_TIMEOUT_S))
+    srv = start_server(
+        tiny_moe,
+        workdir,
+        "dp-recording",
+        engine_args=DP2,
+        extra=plugin_flag(role="prefill", ring_entries=64, dump_dir=str(dump_dir), export_timeout_s=EXPORT_TIMEOUT_S),
+    )
     post = lambda path: http("POST", srv.url + path)  # noqa: E731
     obs: dict = {"dump_dir": dump_dir}
     try:
@@ -192,9 +197,15 @@ LIVE_WINDOW_S = 1.0
 
 
 def _layout_run(tiny_moe, workdir, layout, dispatch):
-    srv = start_server(tiny_moe, workdir, f"dp-layout-{dispatch}", engine_args=DP2,
-                       extra=plugin_flag(role="prefill", layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2"),
-                                         live_window_s=LIVE_WINDOW_S))
+    srv = start_server(
+        tiny_moe,
+        workdir,
+        f"dp-layout-{dispatch}",
+        engine_args=DP2,
+        extra=plugin_flag(
+            role="prefill", layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2"), live_window_s=LIVE_WINDOW_S
+        ),
+    )
     try:
         srv.wait_ready()
         run = {"outputs": srv.complete(PROMPTS, MAX_TOKENS), "status": http("GET", srv.url + "/scene_eplb/status")[1]}
@@ -224,8 +235,10 @@ def test_every_dp_engine_loads_the_layout_and_outputs_are_unchanged(dispatch, ti
     assert run["audit"].returncode == 0 and audit["ok"], audit
     assert {c["name"] for c in audit["checks"]} >= {"every rank agrees", "startup log line 2"}
     live = run["live"]
-    print(f"\nDP=2 {dispatch}: fidelity error {live['fidelity']:.5f}; measured median/worst {live['measured']['median']:.4f}/"
-          f"{live['measured']['worst']:.4f}, modelled {live['median']:.4f}/{live['worst']:.4f}")
+    print(
+        f"\nDP=2 {dispatch}: fidelity error {live['fidelity']:.5f}; measured median/worst {live['measured']['median']:.4f}/"
+        f"{live['measured']['worst']:.4f}, modelled {live['median']:.4f}/{live['worst']:.4f}"
+    )
     if dispatch == "static":  # deterministic: what each source rank's table row says, exactly
         assert live["fidelity"] < 0.01, live
         assert all(abs(live["measured"][stat] / live[stat] - 1) < 0.01 for stat in ("median", "worst")), live

@@ -39,8 +39,13 @@ PROMPTS = [RNG.integers(3, 500, 80).tolist() for _ in range(6)] * 2
 
 
 def _flag(**cfg) -> list[str]:
-    base = {"role": "prefill", "live_window_s": WINDOW_S, "drift_windows": DRIFT_WINDOWS, "live_per_layer_metrics": True,
-            "time_moe": True}
+    base = {
+        "role": "prefill",
+        "live_window_s": WINDOW_S,
+        "drift_windows": DRIFT_WINDOWS,
+        "live_per_layer_metrics": True,
+        "time_moe": True,
+    }
     return plugin_flag(**{**base, **cfg})
 
 
@@ -83,8 +88,9 @@ def _fit(counts: Counts, root, name: str):
 
 def _live_run(work, layout_path, name: str) -> dict:
     root, model = work
-    srv = start_server(model, root, name, engine_args=ENGINE,
-                       extra=_flag(layout=str(layout_path), dispatch="static", dump_dir=str(root / "d")))
+    srv = start_server(
+        model, root, name, engine_args=ENGINE, extra=_flag(layout=str(layout_path), dispatch="static", dump_dir=str(root / "d"))
+    )
     try:
         srv.wait_ready()
         traffic = threading.Thread(target=_serve_traffic, args=(srv, (DRIFT_WINDOWS + 3) * WINDOW_S))
@@ -127,12 +133,16 @@ def test_moe_time_on_the_linear_layout_is_unbalanced_and_falls_under_the_fitted_
     fitted = matched_run["live"]
     for t in (linear["time"], fitted["time"]):
         assert len(t["rank_ms"]) == 2 and len(t["rank_ms"][0]) == 2 and 0 < t["moe_share"] < 1, t
-    print(f"\nMoE time balancedness median/worst: linear {linear['time']['median']:.3f}/{linear['time']['worst']:.3f}, "
-          f"fitted {fitted['time']['median']:.3f}/{fitted['time']['worst']:.3f}; MoE share of step time "
-          f"{linear['time']['moe_share']:.3f} / {fitted['time']['moe_share']:.3f}")
+    print(
+        f"\nMoE time balancedness median/worst: linear {linear['time']['median']:.3f}/{linear['time']['worst']:.3f}, "
+        f"fitted {fitted['time']['median']:.3f}/{fitted['time']['worst']:.3f}; MoE share of step time "
+        f"{linear['time']['moe_share']:.3f} / {fitted['time']['moe_share']:.3f}"
+    )
     assert linear["time"]["worst"] > 1.2, linear["time"]  # the hot experts' rank is the slow one
     assert fitted["time"]["worst"] < linear["time"]["worst"] - 0.1, (linear["time"], fitted["time"])
-    assert _metric(matched_run["metrics"], 'scene_eplb_moe_time_balancedness{stat="worst"}') == pytest.approx(fitted["time"]["worst"])
+    assert _metric(matched_run["metrics"], 'scene_eplb_moe_time_balancedness{stat="worst"}') == pytest.approx(
+        fitted["time"]["worst"]
+    )
     assert "time      median" in matched_run["watch_text"].stdout
 
 
@@ -146,12 +156,16 @@ def matched_run(work, recorded_counts):
 
 def test_under_a_fitted_layout_with_static_dispatch_the_measured_traffic_is_what_the_layout_models(matched_run):
     live = matched_run["live"]
-    print(f"\nTP=2 static: fidelity error {live['fidelity']:.5f}; measured median/worst {live['measured']['median']:.4f}/"
-          f"{live['measured']['worst']:.4f}, modelled {live['median']:.4f}/{live['worst']:.4f}")
+    print(
+        f"\nTP=2 static: fidelity error {live['fidelity']:.5f}; measured median/worst {live['measured']['median']:.4f}/"
+        f"{live['measured']['worst']:.4f}, modelled {live['median']:.4f}/{live['worst']:.4f}"
+    )
     assert live["fidelity"] < 0.01, live
     for stat in ("median", "worst"):
         assert abs(live["measured"][stat] / live[stat] - 1) < 0.01, live
-    assert _metric(matched_run["metrics"], 'scene_eplb_measured_balancedness{stat="median"}') == pytest.approx(live["measured"]["median"])
+    assert _metric(matched_run["metrics"], 'scene_eplb_measured_balancedness{stat="median"}') == pytest.approx(
+        live["measured"]["median"]
+    )
     assert _metric(matched_run["metrics"], "scene_eplb_dispatch_fidelity_error") == pytest.approx(live["fidelity"])
     assert "measured  median" in matched_run["watch_text"].stdout
 

@@ -22,8 +22,12 @@ pytestmark = pytest.mark.engine
 KEY = "storm-key"
 DP2 = engine_args("dp2") + ("--enable-expert-parallel",)
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
-ROUTE = {"start": ("POST", "/start_expert_distribution_record"), "stop": ("POST", "/stop_expert_distribution_record"),
-         "dump": ("POST", "/dump_expert_distribution_record"), "status": ("GET", "/scene_eplb/status")}
+ROUTE = {
+    "start": ("POST", "/start_expert_distribution_record"),
+    "stop": ("POST", "/stop_expert_distribution_record"),
+    "dump": ("POST", "/dump_expert_distribution_record"),
+    "status": ("GET", "/scene_eplb/status"),
+}
 SOAK_CYCLES, SOAK_WARMUP = 100, 10
 # A ring this long makes each dump's CPU snapshot 256 KiB ([4096, 2 layers, 8 experts] int64): a leak of
 # one per cycle would grow a worker by 22.5 MiB over the 90 watched cycles, far above the bound.
@@ -38,8 +42,14 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_moe, workdir):
-    srv = start_server(tiny_moe, workdir, "storm", engine_args=DP2, api_key=KEY,
-                       extra=plugin_flag(role="prefill", ring_entries=RING, dump_dir=str(workdir / "dumps"), export_timeout_s=10))
+    srv = start_server(
+        tiny_moe,
+        workdir,
+        "storm",
+        engine_args=DP2,
+        api_key=KEY,
+        extra=plugin_flag(role="prefill", ring_entries=RING, dump_dir=str(workdir / "dumps"), export_timeout_s=10),
+    )
     try:
         srv.wait_ready()
         yield srv
@@ -79,8 +89,11 @@ def test_a_storm_of_mixed_requests_leaves_one_consistent_state(server):
     requests = [(rng.choice(list(ROUTE)), rng.random() < 0.7) for _ in range(50)]
     with ThreadPoolExecutor(len(requests)) as pool:
         answers = list(pool.map(lambda r: call(server, r[0], KEY if r[1] else None), requests))
-    unexpected = [(a, k, code, body) for (a, k), (code, body) in zip(requests, answers)
-                  if (code != 401 if not k else code not in (200, 409))]
+    unexpected = [
+        (a, k, code, body)
+        for (a, k), (code, body) in zip(requests, answers)
+        if (code != 401 if not k else code not in (200, 409))
+    ]
     assert not unexpected, unexpected
     assert {code for (_, k), (code, _) in zip(requests, answers) if not k} == {401}
     assert sum(1 for (_, k), (code, _) in zip(requests, answers) if k and code == 200) > 0
@@ -169,8 +182,13 @@ def test_a_dump_into_a_full_or_read_only_dump_dir_is_a_500_and_the_server_keeps_
 def test_a_dump_dir_no_dump_could_reach_stops_startup_with_one_line(tiny_moe, workdir):
     blocker = workdir / "a-file"
     blocker.write_text("not a folder")
-    srv = start_server(tiny_moe, workdir, "bad-dump-dir", engine_args=engine_args("tp1"),
-                       extra=plugin_flag(role="prefill", dump_dir=str(blocker / "dumps")))
+    srv = start_server(
+        tiny_moe,
+        workdir,
+        "bad-dump-dir",
+        engine_args=engine_args("tp1"),
+        extra=plugin_flag(role="prefill", dump_dir=str(blocker / "dumps")),
+    )
     try:
         t0 = time.monotonic()
         assert srv.proc.wait(timeout=300) != 0

@@ -115,12 +115,16 @@ def advise(counts: Counts, candidate: Layout, dispatch: str, timing: dict | None
     if memory:
         reasons.append(memory)
     if counts.num_experts != candidate.geometry.num_experts or counts.num_layers != candidate.num_layers:
-        raise SceneEplbError(f"the candidate is for {candidate.geometry.num_experts} experts and {candidate.num_layers} layers, "
-                             f"the counts have {counts.num_experts} and {counts.num_layers}")
+        raise SceneEplbError(
+            f"the candidate is for {candidate.geometry.num_experts} experts and {candidate.num_layers} layers, "
+            f"the counts have {counts.num_experts} and {counts.num_layers}"
+        )
     missing = None
     if not timing or not timing.get("rank_ms") or not timing.get("rank_assignments") or not timing.get("step_ms"):
-        missing = ("no timing window with traffic and measured replica traffic: start the running server with "
-                   "scene_eplb.time_moe true, serve the scene for a live window, and give its status (--url or --timing)")
+        missing = (
+            "no timing window with traffic and measured replica traffic: start the running server with "
+            "scene_eplb.time_moe true, serve the scene for a live window, and give its status (--url or --timing)"
+        )
     elif counts.physical is None:
         missing = "the dump carries no measured replica traffic (physical_count): record it with this plugin version"
     elif counts.written_entries().size < 2:
@@ -134,30 +138,53 @@ def advise(counts: Counts, candidate: Layout, dispatch: str, timing: dict | None
     moe = list(candidate.moe_layers)
     model = fit_time_model(rank_ms, assignments)
     step_ms = float(timing["step_ms"])
-    predictions = {name: _ratio(model, step_ms, now, cand) for name, (now, cand) in
-                   _split_loads(counts, candidate, dispatch, ranks, moe).items()}
+    predictions = {
+        name: _ratio(model, step_ms, now, cand)
+        for name, (now, cand) in _split_loads(counts, candidate, dispatch, ranks, moe).items()
+    }
     ratio, c_now, c_cand = predictions["recording"]
     floor = max(NOISE_FLOOR, 2 * model.residual * c_now / step_ms)
     share = timing.get("moe_share")
-    reasons.append(f"count -> time model: per layer ms = a + b x assignments on a rank, fitted on {ranks} ranks x "
-                   f"{len(moe)} layers of the timing window (relative residual {model.residual:.1%})")
-    reasons.append(f"MoE critical path {c_now:.2f} ms per pass now, {c_cand:.2f} ms with the candidate, in a "
-                   f"{step_ms:.2f} ms step: predicted throughput ratio {ratio:.3f}")
+    reasons.append(
+        f"count -> time model: per layer ms = a + b x assignments on a rank, fitted on {ranks} ranks x "
+        f"{len(moe)} layers of the timing window (relative residual {model.residual:.1%})"
+    )
+    reasons.append(
+        f"MoE critical path {c_now:.2f} ms per pass now, {c_cand:.2f} ms with the candidate, in a "
+        f"{step_ms:.2f} ms step: predicted throughput ratio {ratio:.3f}"
+    )
     if share is not None:
         reasons.append(f"MoE is {share:.1%} of step time here: no layout can save more than that share")
     halves = [predictions["first half"][0], predictions["second half"][0]]
-    reasons.append(f"stability: predicted ratio {halves[0]:.3f} on the first half of the recording, {halves[1]:.3f} on the second")
+    reasons.append(
+        f"stability: predicted ratio {halves[0]:.3f} on the first half of the recording, {halves[1]:.3f} on the second"
+    )
     if ratio - 1 < floor:
         verdict = "skip"
         reasons.append(f"predicted gain {ratio - 1:+.1%} is within the noise floor of {floor:.1%}: not worth a restart")
     elif min(halves) - 1 < floor:
         verdict = "skip"
-        reasons.append(f"the gain does not hold on both halves of the recording (floor {floor:.1%}): the scene is not stable enough")
+        reasons.append(
+            f"the gain does not hold on both halves of the recording (floor {floor:.1%}): the scene is not stable enough"
+        )
     else:
         verdict = "trial"
-        reasons.append(f"predicted gain {ratio - 1:+.1%} clears the noise floor of {floor:.1%} on the whole recording and both halves: "
-                       "try it, and measure with an A/B on the same load")
-    return {"verdict": verdict, "predicted_throughput_ratio": ratio, "reasons": reasons,
-            "details": {"critical_ms_now": c_now, "critical_ms_candidate": c_cand, "step_ms": step_ms, "moe_share": share,
-                        "noise_floor": floor, "model_residual": model.residual, "halves": halves,
-                        "model": {"a": model.a.tolist(), "b": model.b.tolist()}}}
+        reasons.append(
+            f"predicted gain {ratio - 1:+.1%} clears the noise floor of {floor:.1%} on the whole recording and both halves: "
+            "try it, and measure with an A/B on the same load"
+        )
+    return {
+        "verdict": verdict,
+        "predicted_throughput_ratio": ratio,
+        "reasons": reasons,
+        "details": {
+            "critical_ms_now": c_now,
+            "critical_ms_candidate": c_cand,
+            "step_ms": step_ms,
+            "moe_share": share,
+            "noise_floor": floor,
+            "model_residual": model.residual,
+            "halves": halves,
+            "model": {"a": model.a.tolist(), "b": model.b.tolist()},
+        },
+    }

@@ -58,11 +58,16 @@ def integer_array(raw: Any, what: str, path: str | None, low: int, high: int, ax
         raise SceneEplbError(f"{what} has a value out of range [{low}, {high}] at {where} = {list(pos)}", path)
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
         raise SceneEplbError(f"{what} must hold integers, got dtype {arr.dtype}", path)
-    checks = [(arr < low, f"a value below {low}" if low else "a negative value"),
-              (arr > high, f"a value above {high}, out of range")]
+    checks = [
+        (arr < low, f"a value below {low}" if low else "a negative value"),
+        (arr > high, f"a value above {high}, out of range"),
+    ]
     if np.issubdtype(arr.dtype, np.floating):
         finite = np.isfinite(arr)
-        checks = [(~finite, "a non-finite value"), (finite & (arr != np.floor(arr)), "a fractional value (expected integers)")] + checks
+        checks = [
+            (~finite, "a non-finite value"),
+            (finite & (arr != np.floor(arr)), "a fractional value (expected integers)"),
+        ] + checks
     for mask, problem in checks:
         if mask.any():
             pos = _first(mask)

@@ -64,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         where = "" if args.debug else "; rerun with --debug for the traceback"
-        print(f"scene-eplb: internal error (a bug, please report it with the command line to {REPORT_BUGS}): "
-              f"{type(exc).__name__}: {exc}{where}", file=sys.stderr)
+        print(
+            f"scene-eplb: internal error (a bug, please report it with the command line to {REPORT_BUGS}): "
+            f"{type(exc).__name__}: {exc}{where}",
+            file=sys.stderr,
+        )
         return 3
     return 0
 

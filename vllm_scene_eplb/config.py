@@ -131,8 +131,9 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
         value = raw.get(key, default)
         kinds = (int,) if integer else (int, float)
         if not isinstance(value, kinds) or isinstance(value, bool) or not low <= value <= high:
-            raise SceneEplbError(f"{CONFIG_KEY}.{key} must be {'an integer' if integer else 'a number'} in [{low:g}, {high:g}], "
-                                 f"got {value!r}")
+            raise SceneEplbError(
+                f"{CONFIG_KEY}.{key} must be {'an integer' if integer else 'a number'} in [{low:g}, {high:g}], got {value!r}"
+            )
         numbers[key] = value if integer else float(value)
     flags = {}
     for key, default in FLAGS.items():
@@ -151,8 +152,9 @@ def parse_config(additional_config: Any) -> PluginConfig | None:
     dump_dir = raw.get("dump_dir", PluginConfig.dump_dir)
     check_dump_dir(dump_dir)
     settings: dict[str, Any] = {**flags, **numbers}
-    return PluginConfig(role=role, ring_entries=entries, steps_per_entry=steps, dump_dir=dump_dir,
-                        layout=layout, dispatch=dispatch, **settings)
+    return PluginConfig(
+        role=role, ring_entries=entries, steps_per_entry=steps, dump_dir=dump_dir, layout=layout, dispatch=dispatch, **settings
+    )
 
 
 def check_dump_dir(path: str) -> None:

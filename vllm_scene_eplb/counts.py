@@ -34,8 +34,11 @@ def validate_count_array(raw: Any, path: str | None = None) -> np.ndarray:
     arr = integer_array(raw, "logical_count", path, 0, MAX_COUNT, COUNT_AXES)
     total = float(arr.sum(dtype=np.float64))
     if total > MAX_TOTAL:
-        raise SceneEplbError(f"logical_count sums to {total:.3g} assignments, above the {MAX_TOTAL:.3g} (2**53) that "
-                             "sums of counts hold exactly: not a recording", path)
+        raise SceneEplbError(
+            f"logical_count sums to {total:.3g} assignments, above the {MAX_TOTAL:.3g} (2**53) that "
+            "sums of counts hold exactly: not a recording",
+            path,
+        )
     return arr if arr.ndim == 3 else arr[None]
 
 
@@ -52,13 +55,18 @@ def validate_physical(raw: Any, logical: np.ndarray, path: str | None = None) ->
     arr = integer_array(raw, "physical_count", path, 0, MAX_COUNT, COUNT_AXES)
     arr = arr if arr.ndim == 3 else arr[None]
     if arr.shape[:2] != logical.shape[:2]:
-        raise SceneEplbError(f"physical_count {list(arr.shape)} does not match logical_count {list(logical.shape)} "
-                             "in ring entries and layers", path)
+        raise SceneEplbError(
+            f"physical_count {list(arr.shape)} does not match logical_count {list(logical.shape)} in ring entries and layers",
+            path,
+        )
     differ = arr.sum(axis=2) != logical.sum(axis=2)
     if differ.any():
         t, layer = (int(i) for i in np.argwhere(differ)[0])
-        raise SceneEplbError(f"physical_count holds {int(arr[t, layer].sum())} assignments at [T, L] = [{t}, {layer}], "
-                             f"logical_count {int(logical[t, layer].sum())}: every assignment goes to exactly one slot", path)
+        raise SceneEplbError(
+            f"physical_count holds {int(arr[t, layer].sum())} assignments at [T, L] = [{t}, {layer}], "
+            f"logical_count {int(logical[t, layer].sum())}: every assignment goes to exactly one slot",
+            path,
+        )
     return arr
 
 

@@ -79,7 +79,9 @@ def _choices_from_sources(reps: np.ndarray, capacity: np.ndarray, geometry: Geom
     spare = np.where(valid, capacity - 1, 0)
     node_of_rank = geometry.node_of_rank()
     replica_node = np.where(valid, reps // (S * rpn), -1)
-    passes = [(node_of_rank == node, replica_node == node) for node in range(geometry.num_nodes)] if geometry.num_nodes > 1 else []
+    passes = (
+        [(node_of_rank == node, replica_node == node) for node in range(geometry.num_nodes)] if geometry.num_nodes > 1 else []
+    )
     for rank_mask, replica_mask in passes + [(np.ones(geometry.ep_size, dtype=bool), valid)]:
         avail = np.where(replica_mask, spare, 0)
         need = (choice < 0) & rank_mask

@@ -69,14 +69,18 @@ class DriftAlarm:
         self.over = self.over + 1 if live_median > self.threshold else 0
         if not self.drift and self.over >= self.windows:
             self.drift = True
-            return (f"scene-eplb: DRIFT: live median balancedness {live_median:.4f} is above the layout's expected "
-                    f"{self.expected_median:.4f} by {100 * (live_median / self.expected_median - 1):.1f}% (margin "
-                    f"{100 * self.margin:.0f}%) for {self.over} windows: the traffic no longer matches the scene the "
-                    "layout was fitted to; record the new scene (scene-eplb record start/stop/dump on a P node) and refit")
+            return (
+                f"scene-eplb: DRIFT: live median balancedness {live_median:.4f} is above the layout's expected "
+                f"{self.expected_median:.4f} by {100 * (live_median / self.expected_median - 1):.1f}% (margin "
+                f"{100 * self.margin:.0f}%) for {self.over} windows: the traffic no longer matches the scene the "
+                "layout was fitted to; record the new scene (scene-eplb record start/stop/dump on a P node) and refit"
+            )
         if self.drift and self.over == 0:
             self.drift = False
-            return (f"scene-eplb: drift cleared: live median balancedness {live_median:.4f} is back within "
-                    f"{100 * self.margin:.0f}% of the expected {self.expected_median:.4f}")
+            return (
+                f"scene-eplb: drift cleared: live median balancedness {live_median:.4f} is back within "
+                f"{100 * self.margin:.0f}% of the expected {self.expected_median:.4f}"
+            )
         return None
 
 
@@ -100,14 +104,38 @@ class LiveSample:
         both list the same ranks)."""
         if last is None:
             return self
-        physical = None if self.physical is None or last.physical is None else np.asarray(self.physical) - np.asarray(last.physical)
-        sources = tuple(SourceTraffic(a.base, a.span, np.asarray(a.counts) - np.asarray(b.counts))
-                        for a, b in zip(self.sources, last.sources)) if len(last.sources) == len(self.sources) else self.sources
-        times = tuple(RankTime(np.asarray(a.moe_seconds) - np.asarray(b.moe_seconds), a.moe_passes - b.moe_passes,
-                               a.steps - b.steps, a.step_seconds - b.step_seconds, a.step_moe_seconds - b.step_moe_seconds)
-                      for a, b in zip(self.times, last.times)) if len(last.times) == len(self.times) else self.times
-        return LiveSample(np.asarray(self.logical, dtype=np.int64) - np.asarray(last.logical), self.passes - last.passes,
-                          physical, sources, times)
+        physical = (
+            None if self.physical is None or last.physical is None else np.asarray(self.physical) - np.asarray(last.physical)
+        )
+        sources = (
+            tuple(
+                SourceTraffic(a.base, a.span, np.asarray(a.counts) - np.asarray(b.counts))
+                for a, b in zip(self.sources, last.sources)
+            )
+            if len(last.sources) == len(self.sources)
+            else self.sources
+        )
+        times = (
+            tuple(
+                RankTime(
+                    np.asarray(a.moe_seconds) - np.asarray(b.moe_seconds),
+                    a.moe_passes - b.moe_passes,
+                    a.steps - b.steps,
+                    a.step_seconds - b.step_seconds,
+                    a.step_moe_seconds - b.step_moe_seconds,
+                )
+                for a, b in zip(self.times, last.times)
+            )
+            if len(last.times) == len(self.times)
+            else self.times
+        )
+        return LiveSample(
+            np.asarray(self.logical, dtype=np.int64) - np.asarray(last.logical),
+            self.passes - last.passes,
+            physical,
+            sources,
+            times,
+        )
 
 
 @dataclass
@@ -137,16 +165,30 @@ class LiveFitness:
     _last_time: float | None = None
 
     @classmethod
-    def for_server(cls, layout: Layout | None, num_experts: int, ep_size: int, dispatch: str | None,
-                   moe_layers: tuple[int, ...], margin: float, windows: int) -> LiveFitness:
+    def for_server(
+        cls,
+        layout: Layout | None,
+        num_experts: int,
+        ep_size: int,
+        dispatch: str | None,
+        moe_layers: tuple[int, ...],
+        margin: float,
+        windows: int,
+    ) -> LiveFitness:
         """The live view of a server running ``layout`` (None: the linear layout on ``ep_size`` ranks).
         The layout's expectation counts only if it was fitted for the dispatch the server runs."""
         expected = (layout.meta.get(EXPECTED_KEY) if layout is not None else None) or {}
         if expected.get("dispatch") != (dispatch or "dynamic"):
             expected = {}
         geometry = layout.geometry if layout is not None else Geometry(num_experts, (-num_experts) % ep_size, ep_size)
-        return cls(layout, geometry, dispatch or "dynamic", tuple(moe_layers),
-                   DriftAlarm(expected.get("median"), margin, windows), expected.get("worst"))
+        return cls(
+            layout,
+            geometry,
+            dispatch or "dynamic",
+            tuple(moe_layers),
+            DriftAlarm(expected.get("median"), margin, windows),
+            expected.get("worst"),
+        )
 
     def _rows(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         """The map rows [n, P] of the MoE layers (linear without a layout) and their fitted static table."""
@@ -187,11 +229,22 @@ class LiveFitness:
     def to_dict(self) -> dict:
         """The status route's ``live`` object."""
         pl, m = self.per_layer, self.measured
-        return {"median": None if pl is None else float(np.median(pl)), "worst": None if pl is None else float(pl.max()),
-                "expected_median": self.alarm.expected_median, "expected_worst": self.expected_worst,
-                "drift": self.alarm.drift, "passes": self.passes, "window_seconds": round(self.window_seconds, 3),
-                "windows": self.windows, "threshold": self.alarm.threshold, "dispatch": self.dispatch,
-                "layers": list(self.moe_layers), "per_layer": None if pl is None else [round(float(x), 5) for x in pl],
-                "measured": None if m is None else {"median": float(np.median(m)), "worst": float(m.max()),
-                                                    "per_layer": [round(float(x), 5) for x in m]},
-                "fidelity": self.fidelity, "time": self.time}
+        return {
+            "median": None if pl is None else float(np.median(pl)),
+            "worst": None if pl is None else float(pl.max()),
+            "expected_median": self.alarm.expected_median,
+            "expected_worst": self.expected_worst,
+            "drift": self.alarm.drift,
+            "passes": self.passes,
+            "window_seconds": round(self.window_seconds, 3),
+            "windows": self.windows,
+            "threshold": self.alarm.threshold,
+            "dispatch": self.dispatch,
+            "layers": list(self.moe_layers),
+            "per_layer": None if pl is None else [round(float(x), 5) for x in pl],
+            "measured": None
+            if m is None
+            else {"median": float(np.median(m)), "worst": float(m.max()), "per_layer": [round(float(x), 5) for x in m]},
+            "fidelity": self.fidelity,
+            "time": self.time,
+        }

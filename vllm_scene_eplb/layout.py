@@ -31,9 +31,7 @@ class Geometry:
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not low <= value <= MAX_SIZE:
                 raise SceneEplbError(f"{name} must be an integer in [{low}, {MAX_SIZE}], got {value!r}")
         if (E + R) % ep:
-            raise SceneEplbError(
-                f"experts + redundant slots ({E} + {R} = {E + R}) is not divisible by ep_size {ep}"
-            )
+            raise SceneEplbError(f"experts + redundant slots ({E} + {R} = {E + R}) is not divisible by ep_size {ep}")
         if ep % nodes:
             raise SceneEplbError(f"ep_size {ep} is not divisible by nodes {nodes}")
         if R > E * (ep - 1):
@@ -107,13 +105,17 @@ def source_problems(p2l: np.ndarray, sources: np.ndarray, geometry: Geometry) ->
         return [f"static_sources must have the map's shape {list(p2l.shape)}, got {list(sources.shape)}"]
     if (sources < 1).any():
         layer, slot = (int(i) for i in np.argwhere(sources < 1)[0])
-        return [f"static_sources: layer {layer} slot {slot} serves {int(sources[layer, slot])} source ranks (a replica serves at least its own rank)"]
+        return [
+            f"static_sources: layer {layer} slot {slot} serves {int(sources[layer, slot])} source ranks (a replica serves at least its own rank)"
+        ]
     L, E = p2l.shape[0], geometry.num_experts
     total = np.zeros((L, E), dtype=np.int64)
     np.add.at(total, (np.repeat(np.arange(L), p2l.shape[1]), p2l.ravel()), sources.ravel())
     bad = np.argwhere(total != geometry.ep_size)
-    return [f"static_sources: layer {int(k)} expert {int(e)}'s replicas serve {int(total[k, e])} source ranks, not ep_size {geometry.ep_size}"
-            for k, e in bad[:3]]
+    return [
+        f"static_sources: layer {int(k)} expert {int(e)}'s replicas serve {int(total[k, e])} source ranks, not ep_size {geometry.ep_size}"
+        for k, e in bad[:3]
+    ]
 
 
 def _duplicate_mask(p2l: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
@@ -207,16 +209,27 @@ class Layout:
             doc["static_sources"] = self.static_sources.tolist()
         return sha256_hex(canonical_json(doc))[:16]
 
-    def check_model(self, num_moe_layers: int, num_experts: int, ep_size: int,
-                    model_moe_layers: tuple[int, ...] | None = None, model_num_layers: int | None = None) -> None:
+    def check_model(
+        self,
+        num_moe_layers: int,
+        num_experts: int,
+        ep_size: int,
+        model_moe_layers: tuple[int, ...] | None = None,
+        model_num_layers: int | None = None,
+    ) -> None:
         """Refuse a layout made for another model or parallel geometry. Given the model's MoE layer
         ids and layer count, a layout with the model's layer axis must have MoE rows at those ids."""
         problems = []
         if len(self.moe_layers) != num_moe_layers:
             problems.append(f"layout has {len(self.moe_layers)} MoE layers, the model has {num_moe_layers}")
-        elif (model_moe_layers is not None and self.num_layers == model_num_layers
-              and tuple(self.moe_layers) != tuple(model_moe_layers)):
-            problems.append(f"layout's MoE rows {list(self.moe_layers)} differ from the model's MoE layers {list(model_moe_layers)}")
+        elif (
+            model_moe_layers is not None
+            and self.num_layers == model_num_layers
+            and tuple(self.moe_layers) != tuple(model_moe_layers)
+        ):
+            problems.append(
+                f"layout's MoE rows {list(self.moe_layers)} differ from the model's MoE layers {list(model_moe_layers)}"
+            )
         if self.geometry.num_experts != num_experts:
             problems.append(f"layout is for {self.geometry.num_experts} experts, the model has {num_experts}")
         if self.geometry.ep_size != ep_size:

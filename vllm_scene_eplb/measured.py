@@ -63,8 +63,9 @@ def measured_balancedness(physical: np.ndarray, geometry: Geometry) -> np.ndarra
     return balance(rank_loads(physical, geometry.ep_size))
 
 
-def modelled_slot_counts(p2l: np.ndarray, geometry: Geometry, dispatch: str, sources: list[SourceTraffic],
-                         static_sources: np.ndarray | None = None) -> np.ndarray:
+def modelled_slot_counts(
+    p2l: np.ndarray, geometry: Geometry, dispatch: str, sources: list[SourceTraffic], static_sources: np.ndarray | None = None
+) -> np.ndarray:
     """The slot counts [L, P] the dispatch algorithm gives the sources' logical counts, for map
     rows ``p2l`` [L, P] (and, for ``static``, the layout's fitted table rows ``static_sources``)."""
     L, P = p2l.shape
@@ -110,11 +111,15 @@ def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> dict | 
     rank_ms = np.stack([1000.0 * np.asarray(r.moe_seconds, dtype=np.float64) / r.moe_passes for r in ranks])
     per_layer = balance(rank_ms.T)  # [L]: max/mean over ranks
     seconds, steps = sum(r.step_seconds for r in ranks), sum(r.steps for r in ranks)
-    out = {"median": float(np.median(per_layer)), "worst": float(per_layer.max()),
-           "moe_share": None if seconds <= 0 else float(sum(r.step_moe_seconds for r in ranks) / seconds),
-           "step_ms": None if steps <= 0 else 1000.0 * seconds / steps,
-           "rank_ms": [[round(float(x), 4) for x in row] for row in rank_ms],
-           "per_layer": [round(float(x), 5) for x in per_layer], "rank_assignments": None}
+    out = {
+        "median": float(np.median(per_layer)),
+        "worst": float(per_layer.max()),
+        "moe_share": None if seconds <= 0 else float(sum(r.step_moe_seconds for r in ranks) / seconds),
+        "step_ms": None if steps <= 0 else 1000.0 * seconds / steps,
+        "rank_ms": [[round(float(x), 4) for x in row] for row in rank_ms],
+        "per_layer": [round(float(x), 5) for x in per_layer],
+        "rank_assignments": None,
+    }
     if loads is not None and loads.shape == rank_ms.T.shape:
         out["rank_assignments"] = [[round(float(x), 2) for x in loads[:, r] / ranks[r].moe_passes] for r in range(len(ranks))]
     return out

@@ -78,7 +78,9 @@ def expert_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = No
         if kind in ("W8A8_DYNAMIC", "W8A8"):
             # int8 weights plus a scale and an offset per output channel, in the model dtype
             channels = 2 * inter + hidden
-            return params + 2 * channels * _dtype_bytes(dtype, "torch_dtype"), f"{kind} (ModelSlim: int8, per-channel scale and offset)"
+            return params + 2 * channels * _dtype_bytes(
+                dtype, "torch_dtype"
+            ), f"{kind} (ModelSlim: int8, per-channel scale and offset)"
         raise SceneEplbError(f"ModelSlim expert quantisation {kind!r} is not priced here: pass --expert-bytes")
     quant = f.obj("quantization_config")
     if not quant:
@@ -89,7 +91,9 @@ def expert_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = No
         block = quant.get("weight_block_size")
         if block:  # one float32 scale per block of each projection (DeepSeek-V3's checkpoint: 128x128)
             if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b >= 1 for b in block)):
-                raise SceneEplbError(f"config quantization_config.weight_block_size must be two integers >= 1, got {block!r}", path)
+                raise SceneEplbError(
+                    f"config quantization_config.weight_block_size must be two integers >= 1, got {block!r}", path
+                )
             b = (block[0], block[1])
             scales = 2 * _blocks(inter, hidden, b) + _blocks(hidden, inter, b)
             return params + 4 * scales, f"fp8 with {b[0]}x{b[1]} block scales"
@@ -114,7 +118,9 @@ def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None
     return layers * 2 * kv_heads * head_dim * size, f"K and V, {kv_heads} KV heads x {head_dim} per layer, {dtype}"
 
 
-def read_model_memory(model_dir: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes_override: int | None = None) -> ModelMemory:
+def read_model_memory(
+    model_dir: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes_override: int | None = None
+) -> ModelMemory:
     """Price a model folder's expert and KV token (see the module docstring)."""
     raw, path = read_hf_config(model_dir)
     geometry = from_hf_config(raw, str(path))  # the config's MoE fields checked first
@@ -168,8 +174,12 @@ def cost_sentence(cost: dict, geometry: Geometry | None = None) -> str:
     if geometry is None:
         what = f"One redundant slot per rank in each of {cost['num_moe_layers']} MoE layers costs"
     else:
-        what = (f"{geometry.num_redundant} redundant slots on {geometry.ep_size} ranks put {slots:g} extra expert"
-                f"{'' if slots == 1 else 's'} per rank in each of {cost['num_moe_layers']} MoE layers:")
-    return (f"{what} {cost['redundant_bytes_per_rank'] / GIB:.2f} GiB of expert weights per rank "
-            f"({cost['bytes_per_expert'] / 2**20:.1f} MiB per expert, {cost['expert_format']}), memory that would hold "
-            f"{cost['kv_tokens_per_rank']:,} tokens of KV cache per rank ({cost['kv_bytes_per_token']:,} B per token, {cost['kv_format']}).")
+        what = (
+            f"{geometry.num_redundant} redundant slots on {geometry.ep_size} ranks put {slots:g} extra expert"
+            f"{'' if slots == 1 else 's'} per rank in each of {cost['num_moe_layers']} MoE layers:"
+        )
+    return (
+        f"{what} {cost['redundant_bytes_per_rank'] / GIB:.2f} GiB of expert weights per rank "
+        f"({cost['bytes_per_expert'] / 2**20:.1f} MiB per expert, {cost['expert_format']}), memory that would hold "
+        f"{cost['kv_tokens_per_rank']:,} tokens of KV cache per rank ({cost['kv_bytes_per_token']:,} B per token, {cost['kv_format']})."
+    )

@@ -32,13 +32,47 @@ ROUTE_BY_ACTION = {r.action: r for r in ROUTES}
 ACTIONS = tuple(ROUTE_BY_ACTION)
 
 # What each worker reports; GET /scene_eplb/status answers EP rank 0's, plus RANKS_KEY and AGREE_KEY.
-STATUS_KEYS = ("plugin_version", "engine", "model", "role", "ep_size", "ep_rank", "dp_rank", "tp_rank", "layout_hash",
-               "layout_path", "redundant_slots", "dispatch", "observer", "recording", "ring_entries", "entries_written",
-               "passes_recorded", "steps_per_entry", "skipped_passes", "skipped_recorded", "live_counts", "moe_layers", "top_k", "expert_groups")
+STATUS_KEYS = (
+    "plugin_version",
+    "engine",
+    "model",
+    "role",
+    "ep_size",
+    "ep_rank",
+    "dp_rank",
+    "tp_rank",
+    "layout_hash",
+    "layout_path",
+    "redundant_slots",
+    "dispatch",
+    "observer",
+    "recording",
+    "ring_entries",
+    "entries_written",
+    "passes_recorded",
+    "steps_per_entry",
+    "skipped_passes",
+    "skipped_recorded",
+    "live_counts",
+    "moe_layers",
+    "top_k",
+    "expert_groups",
+)
 # Every rank's view, one entry per worker, under this key of the status answer.
 RANKS_KEY = "ranks"
-RANK_KEYS = ("ep_rank", "dp_rank", "tp_rank", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written",
-             "passes_recorded", "skipped_passes", "skipped_recorded")
+RANK_KEYS = (
+    "ep_rank",
+    "dp_rank",
+    "tp_rank",
+    "observer",
+    "layout_hash",
+    "redundant_slots",
+    "dispatch",
+    "entries_written",
+    "passes_recorded",
+    "skipped_passes",
+    "skipped_recorded",
+)
 # True when every rank agrees on these keys (what a run's audit relies on).
 AGREE_KEY = "ranks_agree"
 AGREEMENT_KEYS = ("layout_hash", "redundant_slots", "dispatch", "observer", "ring_entries", "ep_size")
@@ -53,31 +87,60 @@ NATIVE_ACTION = "native_load"
 # The status answer's live-fitness object (see ``fitness.LiveFitness.to_dict``).
 LIVE_KEY = "live"
 # The status keys a dump file's metadata carries (besides what the export adds).
-DUMP_META_KEYS = ("model", "role", "moe_layers", "ep_size", "layout_hash", "dispatch", "passes_recorded", "engine",
-                  "plugin_version", "top_k", "expert_groups")
+DUMP_META_KEYS = (
+    "model",
+    "role",
+    "moe_layers",
+    "ep_size",
+    "layout_hash",
+    "dispatch",
+    "passes_recorded",
+    "engine",
+    "plugin_version",
+    "top_k",
+    "expert_groups",
+)
 # The status keys an audit compares between the status route and every worker's startup line.
 AUDITED_KEYS = ("layout_hash", "redundant_slots", "dispatch")
 
 # Observer states, as status and the startup line report them.
 OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING = "off", "idle", "recording"
 
-_LINE = "scene-eplb: role={role} observer={observer} layout_hash={layout_hash} redundant_slots={redundant_slots} " \
-        "dispatch={dispatch} ep_size={ep_size} ({where})"
-_LINE_RE = re.compile(r"scene-eplb: role=(\S+) observer=(\S+) layout_hash=(\S+)(?: \(linear\))? redundant_slots=(\d+) "
-                      r"dispatch=(\S+)")
+_LINE = (
+    "scene-eplb: role={role} observer={observer} layout_hash={layout_hash} redundant_slots={redundant_slots} "
+    "dispatch={dispatch} ep_size={ep_size} ({where})"
+)
+_LINE_RE = re.compile(
+    r"scene-eplb: role=(\S+) observer=(\S+) layout_hash=(\S+)(?: \(linear\))? redundant_slots=(\d+) "
+    r"dispatch=(\S+)"
+)
 
 
 def startup_line(status: dict, where: str) -> str:
     """The one line each worker logs at startup (what it loaded); ``where`` names the worker."""
-    return _LINE.format(role=status["role"], observer=status["observer"], layout_hash=status["layout_hash"] or "none (linear)",
-                        redundant_slots=status["redundant_slots"], dispatch=status["dispatch"] or "none",
-                        ep_size=status["ep_size"], where=where)
+    return _LINE.format(
+        role=status["role"],
+        observer=status["observer"],
+        layout_hash=status["layout_hash"] or "none (linear)",
+        redundant_slots=status["redundant_slots"],
+        dispatch=status["dispatch"] or "none",
+        ep_size=status["ep_size"],
+        where=where,
+    )
 
 
 def parse_startup_lines(text: str) -> list[dict]:
     """Every startup line in a log, as the status keys it carries (None for "none")."""
-    return [{"role": m[0], "observer": m[1], "layout_hash": None if m[2] == "none" else m[2], "redundant_slots": int(m[3]),
-             "dispatch": None if m[4] == "none" else m[4]} for m in _LINE_RE.findall(text)]
+    return [
+        {
+            "role": m[0],
+            "observer": m[1],
+            "layout_hash": None if m[2] == "none" else m[2],
+            "redundant_slots": int(m[3]),
+            "dispatch": None if m[4] == "none" else m[4],
+        }
+        for m in _LINE_RE.findall(text)
+    ]
 
 
 def aggregate_status(statuses: list[dict]) -> dict:
@@ -85,5 +148,8 @@ def aggregate_status(statuses: list[dict]) -> dict:
     ``RANKS_KEY`` (in EP rank order) and whether they agree under ``AGREE_KEY``."""
     ranked = sorted(statuses, key=lambda st: st.get("ep_rank", 0))
     first = ranked[0]
-    return {**first, RANKS_KEY: [{k: st.get(k) for k in RANK_KEYS} for st in ranked],
-            AGREE_KEY: all(st.get(k) == first.get(k) for st in ranked for k in AGREEMENT_KEYS)}
+    return {
+        **first,
+        RANKS_KEY: [{k: st.get(k) for k in RANK_KEYS} for st in ranked],
+        AGREE_KEY: all(st.get(k) == first.get(k) for st in ranked for k in AGREEMENT_KEYS),
+    }

@@ -21,8 +21,9 @@ def _fmt(x) -> str:
     return "NOT_OBSERVED" if x is None else f"{x:.4f}"
 
 
-def markdown(ev: Evaluation, layout: Layout, title: str = "Layout report", images: Sequence[str] = (),
-             memory: str | None = None) -> str:
+def markdown(
+    ev: Evaluation, layout: Layout, title: str = "Layout report", images: Sequence[str] = (), memory: str | None = None
+) -> str:
     """A Markdown report: summary, then one row per MoE layer."""
     return "\n".join(_header(layout, title, memory) + _scene_section(ev, images, level="##")) + "\n"
 
@@ -64,8 +65,11 @@ def _scene_section(ev: Evaluation, images: Sequence[str], level: str) -> list[st
         "|---|" + "---|" * (len(SCORES) + 2),
     ]
     for r in ev.rows():
-        lines.append(f"| {r['layer']} | " + " | ".join(_fmt(r[score.key]) for score in SCORES)
-                     + f" | {r['max_replicas']} | {r['replicated_experts']} |")
+        lines.append(
+            f"| {r['layer']} | "
+            + " | ".join(_fmt(r[score.key]) for score in SCORES)
+            + f" | {r['max_replicas']} | {r['replicated_experts']} |"
+        )
     return lines + [""]
 
 
@@ -103,7 +107,10 @@ def heatmap_png(layout: Layout, counts: Counts) -> bytes:
     layers = list(layout.moe_layers)
     w = counts.total()[layers].astype(np.float64)
     sources = layout.static_sources_at(layers)
-    panels = [("old (linear) layout", linear_map(g, len(layers)), None), ("fitted layout", layout.physical_to_logical_map[layers], sources)]
+    panels = [
+        ("old (linear) layout", linear_map(g, len(layers)), None),
+        ("fitted layout", layout.physical_to_logical_map[layers], sources),
+    ]
     dispatch = layout.meta.get("dispatch", "dynamic")
     rel = []
     for _, p2l, src in panels:
@@ -126,8 +133,9 @@ def heatmap_png(layout: Layout, counts: Counts) -> bytes:
     return buf.getvalue()
 
 
-def write_report(layout: Layout, scenes: list[tuple[str, Counts]], out_dir: str | os.PathLike,
-                 memory: str | None = None) -> tuple[list[Evaluation], Path, list[Path]]:
+def write_report(
+    layout: Layout, scenes: list[tuple[str, Counts]], out_dir: str | os.PathLike, memory: str | None = None
+) -> tuple[list[Evaluation], Path, list[Path]]:
     """Score ``layout`` on each (name, counts) scene and write ``report.md``, a heat map per scene
     (``rank_load_heatmap.png`` for one scene, ``rank_load_heatmap-NAME.png`` for several) and
     ``scores.json`` into ``out_dir``; returns the evaluations, the report and the heat maps. Every

@@ -63,4 +63,6 @@ def mix_passes(passes: Sequence[np.ndarray], weights: np.ndarray) -> np.ndarray:
     float [sum T_s, L, E] (one scene: its passes unscaled)."""
     if len(passes) == 1:
         return np.asarray(passes[0], dtype=np.float64)
-    return np.concatenate([np.asarray(p, dtype=np.float64) * (w * layer_scale(np.asarray(p).sum(axis=0))) for p, w in zip(passes, weights)])
+    return np.concatenate(
+        [np.asarray(p, dtype=np.float64) * (w * layer_scale(np.asarray(p).sum(axis=0))) for p, w in zip(passes, weights)]
+    )

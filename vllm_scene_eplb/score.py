@@ -61,7 +61,9 @@ def static_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, sourc
     return balance(static_rank_loads(p2l, weights, geometry, sources))
 
 
-def dispatch_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, dispatch: str, sources: np.ndarray | None = None) -> np.ndarray:
+def dispatch_score(
+    p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, dispatch: str, sources: np.ndarray | None = None
+) -> np.ndarray:
     """Predicted score under a dispatch algorithm (``dynamic`` splits evenly, so it equals ideal;
     ``static`` follows the fitted ``sources`` when given)."""
     return static_score(p2l, weights, geometry, sources) if dispatch == "static" else ideal_score(p2l, weights, geometry)

@@ -73,7 +73,10 @@ def register() -> None:
             logger.warning("scene-eplb: %s: the plugin installs nothing here", exc.problem)
             refuse_flag(functools.partial(vllm_ascend.check_versions, ascend, version))
         return
-    logger.warning("scene-eplb: written for vLLM %s, found %s: the plugin installs nothing here "
-                   "(a server started with scene_eplb in --additional-config will refuse to start)",
-                   ".".join(map(str, vllm_adapter.SUPPORTED_VLLM)), version)
+    logger.warning(
+        "scene-eplb: written for vLLM %s, found %s: the plugin installs nothing here "
+        "(a server started with scene_eplb in --additional-config will refuse to start)",
+        ".".join(map(str, vllm_adapter.SUPPORTED_VLLM)),
+        version,
+    )
     refuse_flag(functools.partial(vllm_adapter.check_engine_version, version))

@@ -46,14 +46,19 @@ def status_from_log(path: str | Path) -> dict:
     return dict(records[0])
 
 
-def audit(status: dict, layout_path: str | None, dispatch: str | None, recorder: str | None,
-          log_path: str | None = None) -> list[Check]:
+def audit(
+    status: dict, layout_path: str | None, dispatch: str | None, recorder: str | None, log_path: str | None = None
+) -> list[Check]:
     """Checks of ``status`` (and the log's startup lines) against the intended layout and settings."""
     layout = read_layout(layout_path) if layout_path else None
-    expected = {"layout_hash": layout.digest() if layout else None,
-                "redundant_slots": layout.geometry.num_redundant if layout else 0}
-    checks = [_check("layout hash", expected["layout_hash"], status.get("layout_hash")),
-              _check("redundant slots", expected["redundant_slots"], status.get("redundant_slots"))]
+    expected = {
+        "layout_hash": layout.digest() if layout else None,
+        "redundant_slots": layout.geometry.num_redundant if layout else 0,
+    }
+    checks = [
+        _check("layout hash", expected["layout_hash"], status.get("layout_hash")),
+        _check("redundant slots", expected["redundant_slots"], status.get("redundant_slots")),
+    ]
     if dispatch:
         checks.append(_check("dispatch algorithm", dispatch if layout else None, status.get("dispatch")))
     if recorder:
@@ -61,15 +66,27 @@ def audit(status: dict, layout_path: str | None, dispatch: str | None, recorder:
     ranks = status.get(RANKS_KEY)
     if ranks is not None:  # the status route: the checks above read EP rank 0; agreement extends them to every rank
         differ = sorted({k for r in ranks for k in AGREEMENT_KEYS if k in r and r[k] != status.get(k)})
-        checks.append(Check("every rank agrees", bool(status.get(AGREE_KEY)),
-                            f"{len(ranks)} rank(s) (EP ranks {[r.get('ep_rank') for r in ranks]}) report the same "
-                            f"{', '.join(AGREEMENT_KEYS)}" if status.get(AGREE_KEY) else f"ranks differ in {', '.join(differ) or 'a key'}"))
+        checks.append(
+            Check(
+                "every rank agrees",
+                bool(status.get(AGREE_KEY)),
+                f"{len(ranks)} rank(s) (EP ranks {[r.get('ep_rank') for r in ranks]}) report the same {', '.join(AGREEMENT_KEYS)}"
+                if status.get(AGREE_KEY)
+                else f"ranks differ in {', '.join(differ) or 'a key'}",
+            )
+        )
         skipped = sum(r.get("skipped_passes") or 0 for r in ranks)
-        checks.append(Check("no skipped passes", skipped == 0,
-                            "every rank attributed the rows of every MoE layer pass it ran" if skipped == 0 else
-                            f"{skipped} (MoE layer, pass) pairs went uncounted since startup on EP ranks "
-                            f"{[r.get('ep_rank') for r in ranks if r.get('skipped_passes')]} (rows not attributable to a "
-                            "rank's own tokens; the workers' log says why): a dump of such a record undercounts"))
+        checks.append(
+            Check(
+                "no skipped passes",
+                skipped == 0,
+                "every rank attributed the rows of every MoE layer pass it ran"
+                if skipped == 0
+                else f"{skipped} (MoE layer, pass) pairs went uncounted since startup on EP ranks "
+                f"{[r.get('ep_rank') for r in ranks if r.get('skipped_passes')]} (rows not attributable to a "
+                "rank's own tokens; the workers' log says why): a dump of such a record undercounts",
+            )
+        )
     if log_path:
         records = log_records(log_path)
         if not records:

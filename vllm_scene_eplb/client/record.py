@@ -31,7 +31,11 @@ def call(url: str, action: str, api_key: str | None = None, timeout: float = 300
             detail = json.loads(body).get("error") or json.loads(body).get("detail") or body
         except (json.JSONDecodeError, AttributeError):
             detail = body or exc.reason
-        hint = " (is the server started with VLLM_PLUGINS=scene_eplb?)" if exc.code == 404 and "not enabled" not in str(detail) else ""
+        hint = (
+            " (is the server started with VLLM_PLUGINS=scene_eplb?)"
+            if exc.code == 404 and "not enabled" not in str(detail)
+            else ""
+        )
         raise SceneEplbError(f"{action}: HTTP {exc.code}: {detail}{hint}", target) from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise SceneEplbError(f"{action}: the server's answer is not JSON", target) from None

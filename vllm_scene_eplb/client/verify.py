@@ -76,13 +76,17 @@ def totals(counts_path: str, before: str, after: str, decode: bool = False) -> V
     names = (PROMPT_TOKENS, GENERATION_TOKENS, FINISHED_REQUESTS) if decode else (PROMPT_TOKENS,)
     delta = {name: counter(pages[1], name) - counter(pages[0], name) for name in names}
     tokens = delta[PROMPT_TOKENS] + (delta[GENERATION_TOKENS] - delta[FINISHED_REQUESTS] if decode else 0)
-    what = (f"({delta[PROMPT_TOKENS]} prompt + {delta[GENERATION_TOKENS]} generated - {delta[FINISHED_REQUESTS]} requests) "
-            "tokens" if decode else f"{tokens} prompt tokens")
+    what = (
+        f"({delta[PROMPT_TOKENS]} prompt + {delta[GENERATION_TOKENS]} generated - {delta[FINISHED_REQUESTS]} requests) tokens"
+        if decode
+        else f"{tokens} prompt tokens"
+    )
     layers = [int(x) for x in counts.meta.get("moe_layers") or np.flatnonzero(counts.data.sum(axis=(0, 2)))]
     per_layer = counts.data.sum(axis=(0, 2))[layers]
     wrong = [(layer, int(t)) for layer, t in zip(layers, per_layer) if t != tokens * top_k]
-    detail = (f"{len(layers)} MoE layers x {what} x top-k {top_k} = {tokens * top_k} each"
-              + (f"; off: {wrong[:5]}{' ...' if len(wrong) > 5 else ''}" if wrong else ""))
+    detail = f"{len(layers)} MoE layers x {what} x top-k {top_k} = {tokens * top_k} each" + (
+        f"; off: {wrong[:5]}{' ...' if len(wrong) > 5 else ''}" if wrong else ""
+    )
     name = "per-layer totals = (prompt + decode) tokens x top-k" if decode else "per-layer totals = prompt tokens x top-k"
     return Verdict(name, bool(layers) and tokens > 0 and not wrong, detail)
 
@@ -101,20 +105,25 @@ def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
     ours = counts.data.sum(axis=0)[layers].astype(np.int64)
     theirs = np.asarray(answer["counts"], dtype=np.int64)
     if theirs.shape != ours.shape:
-        raise SceneEplbError(f"native counts have shape {list(theirs.shape)}, the dump's MoE layers {list(ours.shape)}", native_path)
+        raise SceneEplbError(
+            f"native counts have shape {list(theirs.shape)}, the dump's MoE layers {list(ours.shape)}", native_path
+        )
     above = int((ours > theirs).sum())
     shares = [0.5 * np.abs(o / max(o.sum(), 1) - t / max(t.sum(), 1)).sum() for o, t in zip(ours, theirs)]
     worst = int(np.argmax(shares))
-    detail = (f"ours / theirs {ours.sum() / max(theirs.sum(), 1):.4f} over {len(layers)} MoE layers; (layer, expert) pairs "
-              f"above theirs: {above}; worst share distance {shares[worst]:.4f} (layer {layers[worst]}; pass at <= {tolerance})")
+    detail = (
+        f"ours / theirs {ours.sum() / max(theirs.sum(), 1):.4f} over {len(layers)} MoE layers; (layer, expert) pairs "
+        f"above theirs: {above}; worst share distance {shares[worst]:.4f} (layer {layers[worst]}; pass at <= {tolerance})"
+    )
     return Verdict(name, above == 0 and shares[worst] <= tolerance, detail)
 
 
 THROUGHPUTS = ("prefill_throughput_per_card", "output_throughput_per_card")
 
 
-def throughput(plain: list[str], idle: list[str], min_ratio: float, seed: int = 0,
-               metric: str = "prefill_throughput_per_card") -> Verdict:
+def throughput(
+    plain: list[str], idle: list[str], min_ratio: float, seed: int = 0, metric: str = "prefill_throughput_per_card"
+) -> Verdict:
     """Throughput (``metric``: prefill on a P node, output on a D node) with the recorder idle over the
     flag off, on the same load: the ratio of the runs' means and its 95% bootstrap interval (each
     side's runs resampled, seeded)."""
@@ -133,24 +142,40 @@ def throughput(plain: list[str], idle: list[str], min_ratio: float, seed: int = 
     rng = np.random.default_rng(seed)
     draws = [rng.choice(v, size=(BOOTSTRAP, v.size)).mean(axis=1) for v in sides]
     lo, hi = np.percentile(draws[1] / draws[0], [2.5, 97.5])
-    reading = ("the interval lies above it" if lo >= min_ratio else "the interval lies below it: a real cost" if hi < min_ratio
-               else "the interval spans it: rerun with more ROUNDS to tell")
-    return Verdict(f"recorder idle vs flag off, {metric.split('_')[0]} throughput", ratio >= min_ratio,
-                   f"{ratio:.4f} [{lo:.4f}, {hi:.4f}] (idle {sides[1].mean():.1f} over {len(idle)} runs / off "
-                   f"{sides[0].mean():.1f} over {len(plain)} runs, tok/s per card; pass at >= {min_ratio}; {reading})")
+    reading = (
+        "the interval lies above it"
+        if lo >= min_ratio
+        else "the interval lies below it: a real cost"
+        if hi < min_ratio
+        else "the interval spans it: rerun with more ROUNDS to tell"
+    )
+    return Verdict(
+        f"recorder idle vs flag off, {metric.split('_')[0]} throughput",
+        ratio >= min_ratio,
+        f"{ratio:.4f} [{lo:.4f}, {hi:.4f}] (idle {sides[1].mean():.1f} over {len(idle)} runs / off "
+        f"{sides[0].mean():.1f} over {len(plain)} runs, tok/s per card; pass at >= {min_ratio}; {reading})",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.client.verify", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_scene_eplb.client.verify",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="check", required=True)
     t = sub.add_parser("totals", help="per-layer totals of a dump against the engine's prompt-token counter")
     t.add_argument("counts"), t.add_argument("metrics_before"), t.add_argument("metrics_after")
-    t.add_argument("--decode", action="store_true", help="the load generated more than one token per request: count "
-                                                          "one token per decode pass too")
+    t.add_argument(
+        "--decode",
+        action="store_true",
+        help="the load generated more than one token per request: count one token per decode pass too",
+    )
     n = sub.add_parser("native", help="a dump against vLLM-Ascend's own moe_load counters over the same record")
     n.add_argument("counts"), n.add_argument("native")
-    n.add_argument("--tolerance", type=float, default=0.02, help="largest per-layer expert-share distance that passes (default 0.02)")
+    n.add_argument(
+        "--tolerance", type=float, default=0.02, help="largest per-layer expert-share distance that passes (default 0.02)"
+    )
     p = sub.add_parser("throughput", help="recorder idle vs flag off (scene-eplb bench results, >= 2 runs a side)")
     p.add_argument("--plain", nargs="+", required=True, help="bench results with the flag off")
     p.add_argument("--idle", nargs="+", required=True, help="bench results with the plugin on, recorder idle")

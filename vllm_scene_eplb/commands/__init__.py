@@ -7,6 +7,16 @@ from __future__ import annotations
 from . import advise, audit, bench, compare, convert, fit, inspect, record, report, score, validate, watch
 
 COMMANDS = {
-    "inspect": inspect, "fit": fit, "validate": validate, "score": score, "convert": convert, "report": report,
-    "record": record, "audit": audit, "watch": watch, "advise": advise, "bench": bench, "compare": compare,
+    "inspect": inspect,
+    "fit": fit,
+    "validate": validate,
+    "score": score,
+    "convert": convert,
+    "report": report,
+    "record": record,
+    "audit": audit,
+    "watch": watch,
+    "advise": advise,
+    "bench": bench,
+    "compare": compare,
 }

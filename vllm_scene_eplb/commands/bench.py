@@ -8,9 +8,11 @@ from .common import Console, server_args
 from .options import check_output_file, integer, number
 
 HELP = "run a named scene against a server through vLLM's `vllm bench serve`"
-DESCRIPTION = ("Drive an OpenAI-compatible server with vLLM's own benchmark (random dataset, fixed lengths) and save "
-               "per-card throughput (whole run and steady state), TTFT/TPOT percentiles and the scene manifest (with the "
-               "server's status route) to one JSON file. Needs vLLM installed.")
+DESCRIPTION = (
+    "Drive an OpenAI-compatible server with vLLM's own benchmark (random dataset, fixed lengths) and save "
+    "per-card throughput (whole run and steady state), TTFT/TPOT percentiles and the scene manifest (with the "
+    "server's status route) to one JSON file. Needs vLLM installed."
+)
 SHOWN = ("output_throughput_per_card", "prefill_throughput_per_card", "output_throughput_per_card_steady", "ttft_p99_ms")
 
 
@@ -20,13 +22,27 @@ def add_arguments(p) -> None:
     p.add_argument("--scene", required=True, help="scene name, saved in the manifest")
     p.add_argument("-n", "--num-prompts", type=integer(1), required=True, help="request count N")
     p.add_argument("-c", "--concurrency", type=integer(1), required=True, help="max concurrent requests C")
-    p.add_argument("-r", "--request-rate", type=number(0, low_open=True, allow_inf=True), default=float("inf"),
-                   help="request rate r in req/s (default inf)")
+    p.add_argument(
+        "-r",
+        "--request-rate",
+        type=number(0, low_open=True, allow_inf=True),
+        default=float("inf"),
+        help="request rate r in req/s (default inf)",
+    )
     p.add_argument("--input-len", type=integer(1), required=True)
     p.add_argument("--output-len", type=integer(1), required=True)
-    p.add_argument("--prefix-share", type=number(0, 1, high_open=True), default=0.0, help="share of each prompt that is a common prefix (cache scene)")
-    p.add_argument("--cards", type=integer(1), help="all P + D cards: throughput per card divides by this (default: the "
-                   "server's own DP x TP ranks, from its status route; never fewer than those)")
+    p.add_argument(
+        "--prefix-share",
+        type=number(0, 1, high_open=True),
+        default=0.0,
+        help="share of each prompt that is a common prefix (cache scene)",
+    )
+    p.add_argument(
+        "--cards",
+        type=integer(1),
+        help="all P + D cards: throughput per card divides by this (default: the "
+        "server's own DP x TP ranks, from its status route; never fewer than those)",
+    )
     p.add_argument("--repeats", type=integer(1, 1000), default=1, help="runs; >= 2 gives a mean and a 95%% confidence interval")
     p.add_argument("--seed", type=integer(0, 2**31 - 1), default=0)
     p.add_argument("--quantization", help="for the manifest (default NOT_OBSERVED)")
@@ -40,14 +56,25 @@ def run(args, console: Console) -> None:
     from ..harness.results import Scene
 
     check_output_file(args.output)
-    scene = Scene(args.scene, args.num_prompts, args.concurrency, args.request_rate, args.input_len, args.output_len,
-                  args.prefix_share, args.cards, args.seed)
+    scene = Scene(
+        args.scene,
+        args.num_prompts,
+        args.concurrency,
+        args.request_rate,
+        args.input_len,
+        args.output_len,
+        args.prefix_share,
+        args.cards,
+        args.seed,
+    )
     extra = {"quantization": args.quantization, "chunk_size": args.chunk_size, "parallel": args.parallel}
     doc = bench(args.url, args.model, scene, Path(args.output), args.repeats, args.api_key, extra, console.say)
     agg = doc["aggregate"]
     lines = [f"wrote {args.output}  window {agg['window_s']} s  steady-state {agg['steady_state']}  failed {agg['failed']}"]
     for m in SHOWN:
         v = agg[m]
-        lines.append(f"  {m:36s} {v['mean'] if isinstance(v['mean'], str) else format(v['mean'], '.2f')}"
-                     + (f" +- {v['ci95']:.2f}" if isinstance(v.get("ci95"), float) else ""))
+        lines.append(
+            f"  {m:36s} {v['mean'] if isinstance(v['mean'], str) else format(v['mean'], '.2f')}"
+            + (f" +- {v['ci95']:.2f}" if isinstance(v.get("ci95"), float) else "")
+        )
     console.emit(doc, "\n".join(lines))

@@ -64,14 +64,20 @@ def hint(args: argparse.Namespace) -> GeometryHint:
     return GeometryHint(getattr(args, "ep_size", None), getattr(args, "num_experts", None), getattr(args, "nodes", None))
 
 
-def server_args(parser: argparse.ArgumentParser, url_default: str | None = "http://localhost:8000",
-                url_help: str | None = None, url_required: bool = False) -> None:
+def server_args(
+    parser: argparse.ArgumentParser,
+    url_default: str | None = "http://localhost:8000",
+    url_help: str | None = None,
+    url_required: bool = False,
+) -> None:
     """``--url`` and ``--api-key`` of a running server (the key defaults to $VLLM_API_KEY, as vLLM's own)."""
     if url_required:
         parser.add_argument("--url", required=True, help="server base URL")
     else:
         parser.add_argument("--url", default=url_default, help=url_help or f"server base URL (default {url_default})")
-    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="the server's --api-key (default: $VLLM_API_KEY)")
+    parser.add_argument(
+        "--api-key", default=os.environ.get("VLLM_API_KEY"), help="the server's --api-key (default: $VLLM_API_KEY)"
+    )
 
 
 def read_scenes(paths: list[str], console: Console, layout=None) -> list[Counts]:
@@ -98,19 +104,33 @@ def summary_text(ev: Evaluation) -> str:
     out = [f"layout {s['layout_hash']}  fingerprint {s['fingerprint'] or '-'}  MoE layers {s['layers']}"]
     for score in SCORES:
         st = s[score.key]
-        out.append(f"  {score.key:22s} " + ("NOT_OBSERVED" if st is None else f"median {st['median']:.4f}  worst {st['worst']:.4f}"))
+        out.append(
+            f"  {score.key:22s} " + ("NOT_OBSERVED" if st is None else f"median {st['median']:.4f}  worst {st['worst']:.4f}")
+        )
     return "\n".join(out)
 
 
 def model_args(parser: argparse.ArgumentParser) -> None:
     """``--model`` and how to price its memory."""
     g = parser.add_argument_group("model (a Hugging Face model folder: config.json and its quantisation config)")
-    g.add_argument("--model", metavar="DIR", help="the served model's folder: routing groups and top-k come from it, and "
-                                                   "the output says what the redundant slots cost in memory and KV cache")
-    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                   help="the server's --kv-cache-dtype, to price a KV token (default auto: the model's dtype)")
-    g.add_argument("--expert-bytes", type=integer(1, 1 << 50), metavar="N", help="bytes of one routed expert in one layer, when the "
-                                                                   "checkpoint's quantisation is not one this tool prices")
+    g.add_argument(
+        "--model",
+        metavar="DIR",
+        help="the served model's folder: routing groups and top-k come from it, and "
+        "the output says what the redundant slots cost in memory and KV cache",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="auto",
+        help="the server's --kv-cache-dtype, to price a KV token (default auto: the model's dtype)",
+    )
+    g.add_argument(
+        "--expert-bytes",
+        type=integer(1, 1 << 50),
+        metavar="N",
+        help="bytes of one routed expert in one layer, when the checkpoint's quantisation is not one this tool prices",
+    )
 
 
 def memory_cost(args: argparse.Namespace, geometry: Geometry | None) -> dict | None:
@@ -130,9 +150,11 @@ def dropped_table(layout, fmt: str, out) -> tuple[list[str], str]:
     bare format), for ``--json``'s ``dropped``, and the note that says so (empty when nothing is lost)."""
     if layout.static_sources is None or fmt == "native":
         return [], ""
-    return ["static_sources"], (f"\nnote: {fmt} files cannot hold the fitted static table (static_sources): an engine "
-                                f"reading {out} alone uses its own replica choice; the scene_eplb plugin, given the "
-                                "native layout, uses the fitted table")
+    return ["static_sources"], (
+        f"\nnote: {fmt} files cannot hold the fitted static table (static_sources): an engine "
+        f"reading {out} alone uses its own replica choice; the scene_eplb plugin, given the "
+        "native layout, uses the fitted table"
+    )
 
 
 def scene_names(paths: list[str]) -> list[str]:
@@ -147,8 +169,12 @@ def scenes_payload(paths: list[str], evals: list[Evaluation], weights: list[floa
     if len(evals) == 1:
         return {"summary": evals[0].summary(), "layers": evals[0].rows()}
     weights = weights or [None] * len(evals)
-    return {"scenes": [{"counts": p, "name": n, "weight": w, "summary": ev.summary(), "layers": ev.rows()}
-                       for p, n, w, ev in zip(paths, scene_names(paths), weights, evals)]}
+    return {
+        "scenes": [
+            {"counts": p, "name": n, "weight": w, "summary": ev.summary(), "layers": ev.rows()}
+            for p, n, w, ev in zip(paths, scene_names(paths), weights, evals)
+        ]
+    }
 
 
 def scenes_text(paths: list[str], evals: list[Evaluation]) -> str:

@@ -30,6 +30,12 @@ def run(args, console: Console) -> None:
     c = compare(a, b, names)
     text = markdown(c, names)
     if args.output:
-        atomic_write_files(Path(args.output), {"compare.md": text.encode(), "compare.json": json.dumps(c.to_dict(), indent=1).encode(),
-                                               "compare.png": chart_png(c, names)})
+        atomic_write_files(
+            Path(args.output),
+            {
+                "compare.md": text.encode(),
+                "compare.json": json.dumps(c.to_dict(), indent=1).encode(),
+                "compare.png": chart_png(c, names),
+            },
+        )
     console.emit(c.to_dict(), text)

@@ -65,5 +65,7 @@ def run(args, console: Console) -> None:
         obj = layout
         out = write_layout(layout, args.output, args.to)
         dropped, note = dropped_table(obj, args.to, out)
-    console.emit({"input": args.input, "kind": kind, "output": str(out), "format": args.to, "dropped": dropped},
-                 f"wrote {out} ({kind}, {args.to})" + note)
+    console.emit(
+        {"input": args.input, "kind": kind, "output": str(out), "format": args.to, "dropped": dropped},
+        f"wrote {out} ({kind}, {args.to})" + note,
+    )

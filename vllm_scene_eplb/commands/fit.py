@@ -22,9 +22,11 @@ from .common import (
 from .options import check_output_file, integer
 
 HELP = "fit a layout to counts (one scene or several)"
-DESCRIPTION = ("Fit a static layout: replica counts in the redundant-slot budget, placement, bounded swaps, the static "
-               "table, validation; prints train/holdout scores per scene. Several counts files (scenes) give one layout "
-               "for their mix, each normalised per layer.")
+DESCRIPTION = (
+    "Fit a static layout: replica counts in the redundant-slot budget, placement, bounded swaps, the static "
+    "table, validation; prints train/holdout scores per scene. Several counts files (scenes) give one layout "
+    "for their mix, each normalised per layer."
+)
 
 
 def add_arguments(p) -> None:
@@ -32,25 +34,47 @@ def add_arguments(p) -> None:
     p.add_argument("--ep-size", type=integer(1), required=True, help="expert-parallel ranks (EP size of the P node)")
     p.add_argument("--redundant", type=integer(0), required=True, help="redundant physical slots R (E + R divisible by ep-size)")
     p.add_argument("--nodes", type=integer(1), default=1, help="nodes the EP ranks span (default 1)")
-    p.add_argument("--dispatch", choices=DISPATCH_ALGORITHMS, default="static",
-                   help="ep_dispatch_algorithm the layout will run under; the fitter balances its real replica shares "
-                        "(static: it also fits how many source ranks each replica serves) (default static)")
-    p.add_argument("--robust", action="store_true",
-                   help="per layer, pick risk-weighted counts that minimise the expected per-pass peak on the train passes")
-    p.add_argument("--scene-weights", metavar="W1,W2,...",
-                   help="one weight per counts file, e.g. 0.5,0.3,0.2 (the share of traffic each scene stands for; "
-                        "default equal)")
-    p.add_argument("--objective", choices=OBJECTIVES, default="mean",
-                   help="with several scenes: balance their weighted mix (mean), or also refit the layers whose worst "
-                        "scene is furthest from balance toward it (worst) (default mean)")
-    p.add_argument("--expert-groups", type=integer(1), default=None, metavar="N",
-                   help="the model's routing groups (config.json n_group; DeepSeek-V3/R1: 8). Placement then spreads every "
-                        "group and its halvings of neighbouring ids evenly over ranks, which held up better on other scenes "
-                        "of real DeepSeek-V3 counts (benchmarks/bench_fit_vs_vllm.py). Default: from --model, else from "
-                        "the counts' metadata (the recorder writes it), else 1 (no groups)")
+    p.add_argument(
+        "--dispatch",
+        choices=DISPATCH_ALGORITHMS,
+        default="static",
+        help="ep_dispatch_algorithm the layout will run under; the fitter balances its real replica shares "
+        "(static: it also fits how many source ranks each replica serves) (default static)",
+    )
+    p.add_argument(
+        "--robust",
+        action="store_true",
+        help="per layer, pick risk-weighted counts that minimise the expected per-pass peak on the train passes",
+    )
+    p.add_argument(
+        "--scene-weights",
+        metavar="W1,W2,...",
+        help="one weight per counts file, e.g. 0.5,0.3,0.2 (the share of traffic each scene stands for; default equal)",
+    )
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="mean",
+        help="with several scenes: balance their weighted mix (mean), or also refit the layers whose worst "
+        "scene is furthest from balance toward it (worst) (default mean)",
+    )
+    p.add_argument(
+        "--expert-groups",
+        type=integer(1),
+        default=None,
+        metavar="N",
+        help="the model's routing groups (config.json n_group; DeepSeek-V3/R1: 8). Placement then spreads every "
+        "group and its halvings of neighbouring ids evenly over ranks, which held up better on other scenes "
+        "of real DeepSeek-V3 counts (benchmarks/bench_fit_vs_vllm.py). Default: from --model, else from "
+        "the counts' metadata (the recorder writes it), else 1 (no groups)",
+    )
     model_args(p)
-    p.add_argument("-o", "--output", required=True, help="layout file to write (its folder must exist; replaced atomically, "
-                                                         "and only once the fit succeeded)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="layout file to write (its folder must exist; replaced atomically, and only once the fit succeeded)",
+    )
     p.add_argument("--format", choices=LAYOUT_FORMATS, default="native", help="layout file format (default native)")
 
 
@@ -60,8 +84,9 @@ def run(args, console: Console) -> None:
     scenes = read_scenes(args.counts, console)
     routing = resolve_routing(args, scenes)
     geometry = Geometry(scenes[0].num_experts, args.redundant, args.ep_size, args.nodes)
-    options = FitOptions(geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups,
-                         objective=args.objective)
+    options = FitOptions(
+        geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups, objective=args.objective
+    )
     memory = memory_cost(args, geometry)
     with console.progress(f"fitting {scenes[0].num_layers} layers to {len(scenes)} scene(s)"):
         layout = fit(scenes, options, weights)
@@ -71,13 +96,23 @@ def run(args, console: Console) -> None:
     out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
     lines = [f"routing groups: {routing.expert_groups} (from {routing.source})"]
     if len(scenes) > 1:
-        lines.append("scene weights: " + ", ".join(f"{n} {w:.3g}" for n, w in zip(names, layout.meta["scene_weights"]))
-                     + f"; objective {args.objective}")
+        lines.append(
+            "scene weights: "
+            + ", ".join(f"{n} {w:.3g}" for n, w in zip(names, layout.meta["scene_weights"]))
+            + f"; objective {args.objective}"
+        )
     lines.append(scenes_text(args.counts, evals))
     if memory:
         lines.append(memory["summary"])
     dropped, note = dropped_table(layout, args.format, out)
     lines.append(f"wrote {out} ({args.format}){note}")
-    payload = {"output": str(out), "format": args.format, "dropped": dropped, "expert_groups": routing.expert_groups, "expert_groups_from": routing.source,
-               "memory": memory, **scenes_payload(args.counts, evals, layout.meta["scene_weights"])}
+    payload = {
+        "output": str(out),
+        "format": args.format,
+        "dropped": dropped,
+        "expert_groups": routing.expert_groups,
+        "expert_groups_from": routing.source,
+        "memory": memory,
+        **scenes_payload(args.counts, evals, layout.meta["scene_weights"]),
+    }
     console.emit(payload, "\n".join(line for line in lines if line))

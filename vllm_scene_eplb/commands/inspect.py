@@ -43,7 +43,11 @@ def run(args, console: Console) -> None:
         f"  routed layers: {active.size} (all-zero: {zero[:10]}{'...' if len(zero) > 10 else ''})\n"
         f"  assignments per routed layer: {payload['assignments_per_layer']['min']}..{payload['assignments_per_layer']['max']}\n"
         + (f"  expert load max/mean: median {np.median(skew):.2f}, worst {max(skew):.2f}\n" if skew else "")
-        + (f"  measured replica traffic: physical_count [T, L, P={c.physical.shape[2]}] (totals match)\n" if c.physical is not None else "")
+        + (
+            f"  measured replica traffic: physical_count [T, L, P={c.physical.shape[2]}] (totals match)\n"
+            if c.physical is not None
+            else ""
+        )
         + f"  sha256 {c.digest()}"
         + (f"\n  {payload['memory']['summary']}" if payload["memory"] else "")
     )

@@ -35,8 +35,9 @@ def integer(low: int, high: int = MAX_OPTION_INT) -> Callable[[str], int]:
     return parse
 
 
-def number(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False,
-           allow_inf: bool = False) -> Callable[[str], float]:
+def number(
+    low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False, allow_inf: bool = False
+) -> Callable[[str], float]:
     """An argparse type: a finite number in the range (``allow_inf``: +inf too, e.g. a request rate)."""
     lo, hi = "(" if low_open else "[", ")" if high_open else "]"
 

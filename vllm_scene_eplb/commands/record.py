@@ -9,21 +9,36 @@ from .common import Console, server_args
 from .options import number
 
 HELP = "control a running server's recorder: start | stop | dump | status | native_load"
-DESCRIPTION = ("Drive the plugin's routes on a vLLM server started with scene_eplb in --additional-config and "
-               "VLLM_PLUGINS=scene_eplb. dump answers the path of the counts file the server wrote inside its dump_dir. "
-               "native_load answers the engine's own expert-load counters over the last record in logical ids "
-               "(vLLM-Ascend with dynamic EPLB), to cross-check a dump.")
-SHOWN = ("role", "observer", "layout_hash", "redundant_slots", "dispatch", "entries_written", "passes_recorded",
-         "skipped_recorded")
+DESCRIPTION = (
+    "Drive the plugin's routes on a vLLM server started with scene_eplb in --additional-config and "
+    "VLLM_PLUGINS=scene_eplb. dump answers the path of the counts file the server wrote inside its dump_dir. "
+    "native_load answers the engine's own expert-load counters over the last record in logical ids "
+    "(vLLM-Ascend with dynamic EPLB), to cross-check a dump."
+)
+SHOWN = (
+    "role",
+    "observer",
+    "layout_hash",
+    "redundant_slots",
+    "dispatch",
+    "entries_written",
+    "passes_recorded",
+    "skipped_recorded",
+)
 
 
 def add_arguments(p) -> None:
     p.add_argument("action", choices=ACTIONS)
     server_args(p)
-    p.add_argument("--keep-skipped", action="store_true",
-                   help="dump: write the record even if a rank skipped passes whose rows it could not attribute (refused "
-                        "otherwise: the counts would undercount; the file's metadata then says how many)")
-    p.add_argument("--timeout", type=number(0, 86400, low_open=True), default=300.0, help="seconds to wait for the server (default 300)")
+    p.add_argument(
+        "--keep-skipped",
+        action="store_true",
+        help="dump: write the record even if a rank skipped passes whose rows it could not attribute (refused "
+        "otherwise: the counts would undercount; the file's metadata then says how many)",
+    )
+    p.add_argument(
+        "--timeout", type=number(0, 86400, low_open=True), default=300.0, help="seconds to wait for the server (default 300)"
+    )
 
 
 def run(args, console: Console) -> None:
@@ -33,8 +48,12 @@ def run(args, console: Console) -> None:
     if args.action == "dump":
         text = f"wrote {result.get('path')}  shape {result.get('shape')}  ring entries written {result.get('entries_written')}"
     elif args.action == "native_load":
-        text = (f"engine counters over the last record: {sum(map(sum, result['counts']))} assignments in "
-                f"{len(result['counts'])} MoE layers" if result.get("available") else f"not available: {result.get('reason')}")
+        text = (
+            f"engine counters over the last record: {sum(map(sum, result['counts']))} assignments in "
+            f"{len(result['counts'])} MoE layers"
+            if result.get("available")
+            else f"not available: {result.get('reason')}"
+        )
     else:
         text = "  ".join(f"{k}={result[k]}" for k in SHOWN if k in result)
     console.emit(result, text)

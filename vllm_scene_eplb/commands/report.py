@@ -13,8 +13,12 @@ HELP = "Markdown report plus PNG heat maps of per-rank load before/after, one or
 def add_arguments(p) -> None:
     p.add_argument("layout")
     p.add_argument("counts", nargs="+", help="counts files, one per scene: each gets its scores and heat map")
-    p.add_argument("-o", "--output", required=True, help="report directory (made if missing; its files are replaced "
-                                                         "only once every part of the report is ready)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="report directory (made if missing; its files are replaced only once every part of the report is ready)",
+    )
     geometry_args(p)
     model_args(p)
 
@@ -27,5 +31,7 @@ def run(args, console: Console) -> None:
     with console.progress("scoring and drawing heat maps"):
         evals, md, pngs = write_report(layout, scenes, args.output, memory["summary"] if memory else None)
     text = scenes_text(args.counts, evals) + (f"\n{memory['summary']}" if memory else "")
-    console.emit({"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, **scenes_payload(args.counts, evals)},
-                 text + f"\nwrote {md} and {len(pngs)} heat map(s)")
+    console.emit(
+        {"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, **scenes_payload(args.counts, evals)},
+        text + f"\nwrote {md} and {len(pngs)} heat map(s)",
+    )

@@ -28,8 +28,15 @@ def run(args, console: Console) -> None:
             raise SceneEplbError(exc.problem, args.layout) from None
         checks.append(f"matches model {args.model}: {len(model.moe_layers)} MoE layers, {model.num_experts} experts")
     g = layout.geometry
-    payload = {"file": args.layout, "valid": True, "layout_hash": layout.digest(), "geometry": g.to_dict(),
-               "moe_layers": list(layout.moe_layers), "meta": layout.meta, "checks": checks}
+    payload = {
+        "file": args.layout,
+        "valid": True,
+        "layout_hash": layout.digest(),
+        "geometry": g.to_dict(),
+        "moe_layers": list(layout.moe_layers),
+        "meta": layout.meta,
+        "checks": checks,
+    }
     text = (
         f"{args.layout}: valid layout {layout.digest()}: {layout.num_layers} layers ({len(layout.moe_layers)} MoE), "
         f"{g.num_experts} experts + {g.num_redundant} redundant, ep_size {g.ep_size}, {g.num_nodes} node(s)"

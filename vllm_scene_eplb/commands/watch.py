@@ -39,13 +39,20 @@ def render(live: dict | None, url: str) -> str:
     if not live or live.get("median") is None:
         return f"{url}: no live window with traffic yet (live fitness reads every window of traffic)"
     exp = live.get("expected_median")
-    lines = [f"{url}  window {live['window_seconds']:.1f} s  passes {live['passes']}  dispatch {live['dispatch']}",
-             f"  live      median {live['median']:.4f}  worst {live['worst']:.4f}",
-             "  expected  " + ("none (the layout carries no expectation for this dispatch: no drift alarm)" if exp is None
-                               else f"median {exp:.4f}  worst {live['expected_worst']:.4f}  alarm above {live['threshold']:.4f}"),
-             _measured_line(live), _time_line(live),
-             f"  drift     {'YES: record the new scene and refit' if live['drift'] else 'no'}",
-             f"  layers    {''.join(shade(v) for v in live['per_layer'])}   ('{SHADES[1]}' +2% ... '{SHADES[-1]}' +18% over 1.0)"]
+    lines = [
+        f"{url}  window {live['window_seconds']:.1f} s  passes {live['passes']}  dispatch {live['dispatch']}",
+        f"  live      median {live['median']:.4f}  worst {live['worst']:.4f}",
+        "  expected  "
+        + (
+            "none (the layout carries no expectation for this dispatch: no drift alarm)"
+            if exp is None
+            else f"median {exp:.4f}  worst {live['expected_worst']:.4f}  alarm above {live['threshold']:.4f}"
+        ),
+        _measured_line(live),
+        _time_line(live),
+        f"  drift     {'YES: record the new scene and refit' if live['drift'] else 'no'}",
+        f"  layers    {''.join(shade(v) for v in live['per_layer'])}   ('{SHADES[1]}' +2% ... '{SHADES[-1]}' +18% over 1.0)",
+    ]
     worst = sorted(zip(live["per_layer"], live["layers"]), reverse=True)[:5]
     lines.append("  worst     " + "  ".join(f"layer {layer}: {v:.4f}" for v, layer in worst))
     return "\n".join(lines)
@@ -56,8 +63,11 @@ def _measured_line(live: dict) -> str:
     if not m:
         return "  measured  none (this engine's adapter does not count physical slots)"
     fid = live.get("fidelity")
-    return (f"  measured  median {m['median']:.4f}  worst {m['worst']:.4f}  (replica traffic; dispatch fidelity error "
-            + ("n/a" if fid is None else f"{fid:.4f}") + ")")
+    return (
+        f"  measured  median {m['median']:.4f}  worst {m['worst']:.4f}  (replica traffic; dispatch fidelity error "
+        + ("n/a" if fid is None else f"{fid:.4f}")
+        + ")"
+    )
 
 
 def _time_line(live: dict) -> str:

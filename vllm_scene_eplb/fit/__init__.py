@@ -22,6 +22,25 @@ from .replicas import allocate_replicas
 from .several_scenes import fit_scenes
 from .static_table import even_sources, fit_static_table, move_sources, table_sources
 
-__all__ = ["FITTER_VERSION", "OBJECTIVES", "ROBUST_KAPPAS", "WORST_REFIT_SHARE", "FitOptions", "Fitted", "allocate_replicas",
-           "even_sources", "fingerprint", "fit", "fit_map", "fit_scenes", "fit_static_table", "fit_weights", "hedge_kernel",
-           "move_sources", "pick_per_layer", "place", "refine", "table_sources"]
+__all__ = [
+    "FITTER_VERSION",
+    "OBJECTIVES",
+    "ROBUST_KAPPAS",
+    "WORST_REFIT_SHARE",
+    "FitOptions",
+    "Fitted",
+    "allocate_replicas",
+    "even_sources",
+    "fingerprint",
+    "fit",
+    "fit_map",
+    "fit_scenes",
+    "fit_static_table",
+    "fit_weights",
+    "hedge_kernel",
+    "move_sources",
+    "pick_per_layer",
+    "place",
+    "refine",
+    "table_sources",
+]

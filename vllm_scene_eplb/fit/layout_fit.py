@@ -45,7 +45,9 @@ def fit(counts: Counts | Sequence[Counts], options: FitOptions, scene_weights: S
         static_sources=fitted.static_sources,
         moe_layers=moe_layers,
         meta={
-            "fingerprint": fingerprint(digests[0] if len(scenes) == 1 else sha256_hex(canonical_json([digests, weights.tolist()])), options),
+            "fingerprint": fingerprint(
+                digests[0] if len(scenes) == 1 else sha256_hex(canonical_json([digests, weights.tolist()])), options
+            ),
             "fitter": FITTER_VERSION,
             "source_counts_sha256": digests,
             "scene_weights": weights.tolist(),

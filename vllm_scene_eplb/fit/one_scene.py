@@ -27,7 +27,9 @@ def fit_weights(weights: np.ndarray, options: FitOptions) -> tuple[Fitted, np.nd
     g = options.geometry
     weights = np.where(weights.sum(axis=1, keepdims=True) > 0, weights, 1.0).astype(np.float64)
     replicas = allocate_replicas(weights, g.num_redundant, g.ep_size)
-    p2l = place(replicas, weights, g, spread_nodes=options.dispatch == "static", groups=options.expert_groups, hedge=options.group_hedge)
+    p2l = place(
+        replicas, weights, g, spread_nodes=options.dispatch == "static", groups=options.expert_groups, hedge=options.group_hedge
+    )
     if options.dispatch == "static" and g.num_redundant:  # refined with the loads its own table gives
         fitted = fit_static_table(p2l, weights, options)
         score = static_score(fitted.map, weights, g, fitted.static_sources)
@@ -38,7 +40,9 @@ def fit_weights(weights: np.ndarray, options: FitOptions) -> tuple[Fitted, np.nd
     return _no_worse_than_linear(fitted, score, weights, options)
 
 
-def _no_worse_than_linear(fitted: Fitted, score: np.ndarray, weights: np.ndarray, options: FitOptions) -> tuple[Fitted, np.ndarray]:
+def _no_worse_than_linear(
+    fitted: Fitted, score: np.ndarray, weights: np.ndarray, options: FitOptions
+) -> tuple[Fitted, np.ndarray]:
     """Keep the engines' default (linear) layout in any layer where it scores better than the fit
     (whose per-layer ``score`` is given), e.g. tiny geometries where replicating a cold expert
     beats replicating a hot one; the linear layout must be valid."""
@@ -89,6 +93,9 @@ def fit_map(train: np.ndarray, options: FitOptions) -> Fitted:
 def pick_per_layer(a: Fitted, a_score: np.ndarray, b: Fitted, b_score: np.ndarray) -> tuple[Fitted, np.ndarray]:
     """Per layer, the fit with the lower score (``a`` on ties)."""
     better = b_score < a_score - 1e-12
-    sources = None if a.static_sources is None or b.static_sources is None else \
-        np.where(better[:, None], b.static_sources, a.static_sources)
+    sources = (
+        None
+        if a.static_sources is None or b.static_sources is None
+        else np.where(better[:, None], b.static_sources, a.static_sources)
+    )
     return Fitted(np.where(better[:, None], b.map, a.map), sources), np.where(better, b_score, a_score)

@@ -43,7 +43,9 @@ class FitOptions:
         if self.objective not in OBJECTIVES:
             raise SceneEplbError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.expert_groups < 1 or self.geometry.num_experts % self.expert_groups:
-            raise SceneEplbError(f"expert_groups must be >= 1 and divide {self.geometry.num_experts} experts, got {self.expert_groups}")
+            raise SceneEplbError(
+                f"expert_groups must be >= 1 and divide {self.geometry.num_experts} experts, got {self.expert_groups}"
+            )
         if not (np.isfinite(self.group_hedge) and self.group_hedge >= 0):
             raise SceneEplbError(f"group_hedge must be >= 0, got {self.group_hedge}")
         if self.dispatch not in DISPATCH_ALGORITHMS:

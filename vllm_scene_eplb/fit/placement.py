@@ -73,7 +73,9 @@ def _repair_dead_end(layer, e, x, item_rank, experts, loads, k, rank_load, fill,
     return q
 
 
-def place(replicas: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nodes: bool, groups: int = 1, hedge: float = 0.0) -> np.ndarray:
+def place(
+    replicas: np.ndarray, weights: np.ndarray, geometry: Geometry, spread_nodes: bool, groups: int = 1, hedge: float = 0.0
+) -> np.ndarray:
     """Greedy placement: replicas heaviest first onto the least-loaded rank with a free slot that
     does not hold the expert yet. With several nodes, a node without a replica of the expert is
     preferred: always when ``spread_nodes`` (static dispatch serves each node from its own replica,

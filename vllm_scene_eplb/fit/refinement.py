@@ -42,8 +42,9 @@ def _best_swaps(expert, value, holds, load, lay, m, partners):
     return found, i, partners[np.arange(N), k], j
 
 
-def refine(p2l: np.ndarray, slot_load: np.ndarray, geometry: Geometry, max_rounds: int, tolerance: float,
-           pairs: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def refine(
+    p2l: np.ndarray, slot_load: np.ndarray, geometry: Geometry, max_rounds: int, tolerance: float, pairs: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Bounded pairwise swaps: each round, in every unfinished layer, swap one replica on the
     busiest rank with one on the 3 lightest ranks so that the larger of the two new loads is
     smallest (all ranks are tried if those cannot help). With ``pairs`` = 2 (and 8+ ranks), the
@@ -72,17 +73,17 @@ def refine(p2l: np.ndarray, slot_load: np.ndarray, geometry: Geometry, max_round
         order = np.argsort(load[active], axis=1, kind="stable")
         lay = np.concatenate([active] * pairs)
         m = np.concatenate([order[:, -1 - q] for q in range(pairs)])
-        partners = np.concatenate([order[:, q * K:(q + 1) * K] for q in range(pairs)])
+        partners = np.concatenate([order[:, q * K : (q + 1) * K] for q in range(pairs)])
         keep = load[lay, m] > limit[lay]
         lay, m, partners = lay[keep], m[keep], partners[keep]
         found, i, r, j = _best_swaps(expert, value, holds, load, lay, m, partners)
-        stuck = np.flatnonzero(~found[:active.size])  # the busiest rank: try every other rank
+        stuck = np.flatnonzero(~found[: active.size])  # the busiest rank: try every other rank
         if stuck.size and K < ep - 1:
             all_ranks = np.broadcast_to(np.arange(ep), (stuck.size, ep))
             found[stuck], i[stuck], r[stuck], j[stuck] = _best_swaps(expert, value, holds, load, lay[stuck], m[stuck], all_ranks)
             if pairs > 1:  # the retried swap may touch the second problem's ranks
-                found[active.size:] &= ~np.isin(lay[active.size:], lay[stuck])
-        alive = found[:active.size]  # a layer whose busiest rank no swap can relieve is done
+                found[active.size :] &= ~np.isin(lay[active.size :], lay[stuck])
+        alive = found[: active.size]  # a layer whose busiest rank no swap can relieve is done
         lay, m, i, r, j = lay[found], m[found], i[found], r[found], j[found]
         ea, eb = expert[lay, m, i], expert[lay, r, j]
         va, vb = value[lay, m, i], value[lay, r, j]

@@ -69,5 +69,7 @@ def _warm_refit(fitted: Fitted, weights: np.ndarray, options: FitOptions) -> Fit
     if options.dispatch == "static":
         return fit_static_table(fitted.map, weights, options, fitted.static_sources)
     replicas = replica_counts(fitted.map, g.num_experts)
-    moved, _ = refine(fitted.map, np.take_along_axis(weights / replicas, fitted.map, axis=1), g, options.max_rounds, options.tolerance)
+    moved, _ = refine(
+        fitted.map, np.take_along_axis(weights / replicas, fitted.map, axis=1), g, options.max_rounds, options.tolerance
+    )
     return Fitted(moved, None)

@@ -18,7 +18,9 @@ from .options import FitOptions, Fitted
 from .refinement import refine
 
 
-def move_sources(p2l: np.ndarray, weights: np.ndarray, sources: np.ndarray, geometry: Geometry, max_rounds: int, tolerance: float) -> np.ndarray:
+def move_sources(
+    p2l: np.ndarray, weights: np.ndarray, sources: np.ndarray, geometry: Geometry, max_rounds: int, tolerance: float
+) -> np.ndarray:
     """Static-table refinement: each round, in every unfinished layer, hand one source rank of a
     replica on the busiest rank (one serving more than its own rank) to another replica of the
     same expert, where that makes the larger of the two new loads smallest. Each move shifts
@@ -78,8 +80,9 @@ def even_sources(p2l: np.ndarray, geometry: Geometry) -> np.ndarray:
     return geometry.ep_size // c + (index < geometry.ep_size % c)
 
 
-def fit_static_table(p2l: np.ndarray, weights: np.ndarray, options: FitOptions, sources: np.ndarray | None = None,
-                      rounds: int = 4) -> Fitted:
+def fit_static_table(
+    p2l: np.ndarray, weights: np.ndarray, options: FitOptions, sources: np.ndarray | None = None, rounds: int = 4
+) -> Fitted:
     """Fit the static table with the map: start from ``sources`` (default even counts), then alternate moving
     source ranks between an expert's replicas (``move_sources``) and swapping replicas with the
     loads their sources give them (``refine``), keeping per layer whatever lowers the peak.

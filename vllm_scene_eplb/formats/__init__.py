@@ -30,8 +30,18 @@ COUNTS_FORMATS = tuple(f.name for f in FORMATS if f.kind == "counts")
 LAYOUT_FORMATS = tuple(f.name for f in FORMATS if f.kind == "layout")
 NOT_A_LAYOUT = "not a layout file (expected physical_to_logical_map or an expert_map layer_list)"
 
-__all__ = ["COUNTS_FORMATS", "FORMATS", "LAYOUT_FORMATS", "GeometryHint", "detect", "file_kind", "read_counts",
-           "read_layout", "write_counts", "write_layout"]
+__all__ = [
+    "COUNTS_FORMATS",
+    "FORMATS",
+    "LAYOUT_FORMATS",
+    "GeometryHint",
+    "detect",
+    "file_kind",
+    "read_counts",
+    "read_layout",
+    "write_counts",
+    "write_layout",
+]
 
 
 def detect(path: str | os.PathLike) -> tuple[FileFormat | None, Loaded]:

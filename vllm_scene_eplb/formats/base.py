@@ -80,8 +80,11 @@ def check_fits_memory(need: int, what: str, path: Path) -> None:
     """Refuse before allocating when ``need`` bytes would not fit in the memory left."""
     left = available_memory()
     if need > left:
-        raise SceneEplbError(f"{what} needs about {need / 2**30:.1f} GiB, more than the {left / 2**30:.1f} GiB of memory "
-                             "available: refused before reading", path)
+        raise SceneEplbError(
+            f"{what} needs about {need / 2**30:.1f} GiB, more than the {left / 2**30:.1f} GiB of memory "
+            "available: refused before reading",
+            path,
+        )
 
 
 JSON_BYTES_IN_MEMORY = 12  # a decoded JSON number list takes up to ~12x its text in Python objects and arrays
@@ -109,7 +112,10 @@ def _load_pt(path: Path) -> Any:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for truncated or foreign files
-        raise SceneEplbError(f"not a readable torch file (truncated or corrupt?): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", path) from None
+        raise SceneEplbError(
+            f"not a readable torch file (truncated or corrupt?): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            path,
+        ) from None
     return _tensors_to_numpy(obj, path)
 
 

@@ -67,7 +67,10 @@ def _check_headers(path: Path) -> None:
         if dtype.kind not in "iuf" or len(shape) not in (2, 3):
             raise SceneEplbError(f"{name} must be a [T, L, E] array of integers, the archive holds {dtype} {list(shape)}", path)
     if meta_dtype != np.uint8 or len(meta_shape) != 1 or meta_shape[0] > MAX_META_BYTES:
-        raise SceneEplbError(f"counts metadata must be JSON bytes (at most {MAX_META_BYTES} B), the archive holds {meta_dtype} {list(meta_shape)}", path)
+        raise SceneEplbError(
+            f"counts metadata must be JSON bytes (at most {MAX_META_BYTES} B), the archive holds {meta_dtype} {list(meta_shape)}",
+            path,
+        )
     # the arrays as stored, their int64 copies and the checks' masks
     elements = sum(int(np.prod(shape, dtype=object)) for shape, _ in arrays.values())
     check_fits_memory(3 * 8 * elements, f"logical_count {list(arrays['logical_count'][0])}", path)
@@ -149,8 +152,18 @@ def _write_native(counts: Counts, path: Path) -> Path:
 
 FORMATS = (
     FileFormat("counts", "native", lambda f: f.container == "npz", _read_native, _write_native),
-    FileFormat("counts", "sglang", lambda f: f.container == "json" and f.has_key("logical_count"), _read_dict,
-               lambda c, path: write_json(path, {k: v.tolist() for k, v in _arrays(c).items()})),
-    FileFormat("counts", "pt", lambda f: f.container == "pt" and f.has_key("logical_count"), _read_dict,
-               lambda c, path: write_pt(path, _arrays(c))),
+    FileFormat(
+        "counts",
+        "sglang",
+        lambda f: f.container == "json" and f.has_key("logical_count"),
+        _read_dict,
+        lambda c, path: write_json(path, {k: v.tolist() for k, v in _arrays(c).items()}),
+    ),
+    FileFormat(
+        "counts",
+        "pt",
+        lambda f: f.container == "pt" and f.has_key("logical_count"),
+        _read_dict,
+        lambda c, path: write_pt(path, _arrays(c)),
+    ),
 )

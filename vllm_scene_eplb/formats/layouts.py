@@ -68,10 +68,14 @@ def _meta(meta, path: Path) -> dict:
     if expected is not None:
         numbers_ok = isinstance(expected, dict) and all(
             expected.get(k) is None or (type(expected[k]) in (int, float) and math.isfinite(expected[k]) and expected[k] >= 1)
-            for k in ("median", "worst"))
+            for k in ("median", "worst")
+        )
         if not numbers_ok or not isinstance(expected.get("dispatch"), str):
-            raise SceneEplbError(f"meta.{EXPECTED_KEY} must be an object with a dispatch and median/worst numbers >= 1 "
-                                 f"(or null), got {expected!r}", path)
+            raise SceneEplbError(
+                f"meta.{EXPECTED_KEY} must be an object with a dispatch and median/worst numbers >= 1 "
+                f"(or null), got {expected!r}",
+                path,
+            )
     return dict(meta)
 
 
@@ -82,10 +86,16 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Layout:
     if doc.get("checksum") != doc_checksum(doc):
         raise SceneEplbError("checksum mismatch: the layout was altered or damaged", path)
     g = doc.get("geometry")
-    if not isinstance(g, dict) or not all(isinstance(g.get(k), int) for k in ("num_experts", "num_redundant", "ep_size", "num_nodes")):
+    if not isinstance(g, dict) or not all(
+        isinstance(g.get(k), int) for k in ("num_experts", "num_redundant", "ep_size", "num_nodes")
+    ):
         raise SceneEplbError("geometry must give integer num_experts, num_redundant, ep_size and num_nodes", path)
     geometry = _geometry(g["num_experts"], g["num_redundant"], g["ep_size"], g["num_nodes"], path)
-    for name, given, have in (("ep_size", hint.ep_size, geometry.ep_size), ("experts", hint.num_experts, geometry.num_experts), ("nodes", hint.num_nodes, geometry.num_nodes)):
+    for name, given, have in (
+        ("ep_size", hint.ep_size, geometry.ep_size),
+        ("experts", hint.num_experts, geometry.num_experts),
+        ("nodes", hint.num_nodes, geometry.num_nodes),
+    ):
         if given is not None and given != have:
             raise SceneEplbError(f"layout was made for {name} {have}, but {given} was asked for", path)
     p2l = int_map(doc.get(MAP_KEY), MAP_KEY, path)
@@ -122,8 +132,18 @@ def _is_native(f: Loaded) -> bool:
 
 FORMATS = (
     FileFormat("layout", "native", _is_native, _read_native, lambda layout, path: write_json(path, native_doc(layout))),
-    FileFormat("layout", "sglang", lambda f: f.container == "json" and f.has_key(MAP_KEY) and not _is_native(f), _read_bare,
-               lambda layout, path: write_json(path, {MAP_KEY: layout.physical_to_logical_map.tolist()})),
-    FileFormat("layout", "pt", lambda f: f.container == "pt" and f.has_key(MAP_KEY), _read_bare,
-               lambda layout, path: write_pt(path, {MAP_KEY: layout.physical_to_logical_map})),
+    FileFormat(
+        "layout",
+        "sglang",
+        lambda f: f.container == "json" and f.has_key(MAP_KEY) and not _is_native(f),
+        _read_bare,
+        lambda layout, path: write_json(path, {MAP_KEY: layout.physical_to_logical_map.tolist()}),
+    ),
+    FileFormat(
+        "layout",
+        "pt",
+        lambda f: f.container == "pt" and f.has_key(MAP_KEY),
+        _read_bare,
+        lambda layout, path: write_pt(path, {MAP_KEY: layout.physical_to_logical_map}),
+    ),
 )

@@ -58,7 +58,10 @@ def _rows(doc: dict, path: Path) -> tuple[list[list], int]:
             if not isinstance(experts, list):
                 raise SceneEplbError(f"layer_list[{k}].device_list[{j}].device_expert must be a list", path)
             if len(experts) != len(devices[0].get("device_expert", [])):
-                raise SceneEplbError(f"layer_list[{k}].device_list[{j}] has {len(experts)} slots, device 0 has {len(devices[0]['device_expert'])}", path)
+                raise SceneEplbError(
+                    f"layer_list[{k}].device_list[{j}] has {len(experts)} slots, device 0 has {len(devices[0]['device_expert'])}",
+                    path,
+                )
             row.extend(experts)
         rows.append(row)
     return rows, ep
@@ -72,5 +75,10 @@ def _read(loaded: Loaded, hint: GeometryHint) -> Layout:
     return bare_layout(int_map(rows, "device_expert lists", path), GeometryHint(ep, hint.num_experts, hint.num_nodes), path)
 
 
-FORMAT = FileFormat("layout", "vllm-ascend", lambda f: f.container == "json" and f.has_key("layer_list"), _read,
-                    lambda layout, path: write_json(path, expert_map_doc(layout), indent=1))
+FORMAT = FileFormat(
+    "layout",
+    "vllm-ascend",
+    lambda f: f.container == "json" and f.has_key("layer_list"),
+    _read,
+    lambda layout, path: write_json(path, expert_map_doc(layout), indent=1),
+)

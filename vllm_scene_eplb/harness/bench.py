@@ -26,13 +26,46 @@ from .results import NOT_OBSERVED, RESULT_FORMAT, Scene, aggregate, server_geome
 
 def serve_args(scene: Scene, url: str, model: str, result_dir: Path, tag: str) -> list[str]:
     """Arguments for vllm.benchmarks.serve: random dataset, fixed lengths, ignore EOS, detailed results."""
-    return ["--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
-            "--dataset-name", "random", "--random-input-len", str(scene.input_len - scene.prefix_len),
-            "--random-prefix-len", str(scene.prefix_len), "--random-output-len", str(scene.output_len),
-            "--random-range-ratio", "0", "--num-prompts", str(scene.num_prompts), "--max-concurrency", str(scene.concurrency),
-            "--request-rate", str(scene.request_rate), "--seed", str(scene.seed), "--ignore-eos", "--disable-tqdm",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--save-result",
-            "--save-detailed", "--result-dir", str(result_dir), "--result-filename", f"{tag}.vllm.json"]
+    return [
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(scene.input_len - scene.prefix_len),
+        "--random-prefix-len",
+        str(scene.prefix_len),
+        "--random-output-len",
+        str(scene.output_len),
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        str(scene.num_prompts),
+        "--max-concurrency",
+        str(scene.concurrency),
+        "--request-rate",
+        str(scene.request_rate),
+        "--seed",
+        str(scene.seed),
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        f"{tag}.vllm.json",
+    ]
 
 
 def run_vllm_bench(args: list[str], log: Path, api_key: str | None = None) -> dict:
@@ -78,30 +111,49 @@ def resolve_cards(scene: Scene, status: dict) -> tuple[Scene, str]:
     if scene.cards is None:
         if geo is None:
             raise SceneEplbError("--cards is needed: the server has no scene_eplb status route to count its ranks")
-        return replace(scene, cards=geo["ranks"]), (f"the server's {geo['ranks']} rank(s), {geo['name']} (this server only: "
-                                                    "pass --cards with every P and D card of a disaggregated deployment)")
+        return replace(scene, cards=geo["ranks"]), (
+            f"the server's {geo['ranks']} rank(s), {geo['name']} (this server only: "
+            "pass --cards with every P and D card of a disaggregated deployment)"
+        )
     if geo is not None and scene.cards < geo["ranks"]:
-        raise SceneEplbError(f"--cards {scene.cards} is fewer than the {geo['ranks']} ranks this server runs on ({geo['name']}): "
-                             "per-card throughput would be inflated")
+        raise SceneEplbError(
+            f"--cards {scene.cards} is fewer than the {geo['ranks']} ranks this server runs on ({geo['name']}): "
+            "per-card throughput would be inflated"
+        )
     return scene, "--cards"
 
 
 def manifest(scene: Scene, status: dict, extra: dict) -> dict:
     """Everything that defines a run; `compare` refuses or warns from these fields."""
     geo = server_geometry(status)
-    return {"scene": asdict(scene), "model": extra.get("model") or status.get("model", NOT_OBSERVED),
-            "quantization": extra.get("quantization") or NOT_OBSERVED, "role": status.get("role", NOT_OBSERVED),
-            "chunk_size": extra.get("chunk_size") or NOT_OBSERVED,
-            "parallel": extra.get("parallel") or (geo["name"] if geo else NOT_OBSERVED),
-            "cards_source": extra.get("cards_source", NOT_OBSERVED),
-            "ep_size": status.get("ep_size", NOT_OBSERVED), "redundant_slots": status.get("redundant_slots", NOT_OBSERVED),
-            "layout_hash": status.get("layout_hash", NOT_OBSERVED), "dispatch": status.get("dispatch", NOT_OBSERVED),
-            "recorder": status.get("observer", NOT_OBSERVED), "server_status": status,
-            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "scene": asdict(scene),
+        "model": extra.get("model") or status.get("model", NOT_OBSERVED),
+        "quantization": extra.get("quantization") or NOT_OBSERVED,
+        "role": status.get("role", NOT_OBSERVED),
+        "chunk_size": extra.get("chunk_size") or NOT_OBSERVED,
+        "parallel": extra.get("parallel") or (geo["name"] if geo else NOT_OBSERVED),
+        "cards_source": extra.get("cards_source", NOT_OBSERVED),
+        "ep_size": status.get("ep_size", NOT_OBSERVED),
+        "redundant_slots": status.get("redundant_slots", NOT_OBSERVED),
+        "layout_hash": status.get("layout_hash", NOT_OBSERVED),
+        "dispatch": status.get("dispatch", NOT_OBSERVED),
+        "recorder": status.get("observer", NOT_OBSERVED),
+        "server_status": status,
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
-def bench(url: str, model: str, scene: Scene, out: Path, repeats: int = 1, api_key: str | None = None,
-          extra: dict | None = None, progress=print) -> dict:
+def bench(
+    url: str,
+    model: str,
+    scene: Scene,
+    out: Path,
+    repeats: int = 1,
+    api_key: str | None = None,
+    extra: dict | None = None,
+    progress=print,
+) -> dict:
     """Run ``scene`` ``repeats`` times; write ``out`` (result JSON) atomically; return it."""
     status = server_status(url, api_key)
     scene, cards_source = resolve_cards(scene, status)
@@ -111,11 +163,18 @@ def bench(url: str, model: str, scene: Scene, out: Path, repeats: int = 1, api_k
     work.mkdir(parents=True, exist_ok=True)
     runs = []
     for i in range(repeats):
-        progress(f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})")
+        progress(
+            f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})"
+        )
         raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log", api_key)
         runs.append(summarise(raw, scene))
-    doc = {"format": RESULT_FORMAT, "version": 1, "manifest": manifest(scene, status, {"model": model, "cards_source": cards_source, **(extra or {})}),
-           "runs": runs, "aggregate": aggregate(runs)}
+    doc = {
+        "format": RESULT_FORMAT,
+        "version": 1,
+        "manifest": manifest(scene, status, {"model": model, "cards_source": cards_source, **(extra or {})}),
+        "runs": runs,
+        "aggregate": aggregate(runs),
+    }
     doc = json.loads(json.dumps(doc, default=str))
     doc["checksum"] = doc_checksum(doc)
     atomic_write_bytes(out, json.dumps(doc, indent=1).encode())

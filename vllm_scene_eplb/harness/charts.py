@@ -29,18 +29,25 @@ def ratio_chart(bars: list[RatioBar], title: str) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    families = [(name, [b for b in bars if HIGHER_IS_BETTER.get(b.metric, True) == higher])
-                for name, higher in (("throughput (higher is better)", True), ("latency (lower is better)", False))]
+    families = [
+        (name, [b for b in bars if HIGHER_IS_BETTER.get(b.metric, True) == higher])
+        for name, higher in (("throughput (higher is better)", True), ("latency (lower is better)", False))
+    ]
     families = [(n, fb) for n, fb in families if fb]
-    fig, axes = plt.subplots(1, max(1, len(families)), figsize=(6 * max(1, len(families)), 0.45 * max(len(bars), 4) + 1.5),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(families)), figsize=(6 * max(1, len(families)), 0.45 * max(len(bars), 4) + 1.5), squeeze=False
+    )
     for ax, (name, fam) in zip(axes[0], families):
         ys = range(len(fam))
-        err = [[max(0.0, b.ratio - b.lo) if b.lo is not None else 0.0 for b in fam],
-               [max(0.0, b.hi - b.ratio) if b.hi is not None else 0.0 for b in fam]]
+        err = [
+            [max(0.0, b.ratio - b.lo) if b.lo is not None else 0.0 for b in fam],
+            [max(0.0, b.hi - b.ratio) if b.hi is not None else 0.0 for b in fam],
+        ]
         ax.errorbar([b.ratio for b in fam], list(ys), xerr=err, fmt="o", capsize=4)
         ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
-        ax.set_yticks(list(ys), [f"{b.label}: {b.metric.replace('_per_card', '/card').replace('_', ' ')}" for b in fam], fontsize=7)
+        ax.set_yticks(
+            list(ys), [f"{b.label}: {b.metric.replace('_per_card', '/card').replace('_', ' ')}" for b in fam], fontsize=7
+        )
         ax.set_xlabel("ratio to the reference (95% interval)")
         ax.set_title(name, fontsize=9)
         ax.invert_yaxis()

@@ -29,8 +29,12 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"knobs_changed": self.knobs, "warnings": self.warnings, "deltas": self.rows,
-                "note": "one comparison; gains of different comparisons are never added"}
+        return {
+            "knobs_changed": self.knobs,
+            "warnings": self.warnings,
+            "deltas": self.rows,
+            "note": "one comparison; gains of different comparisons are never added",
+        }
 
 
 def changed_knobs(ma: dict, mb: dict) -> list[str]:
@@ -70,8 +74,16 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> Comparison
     for m in METRICS:
         ra, rb = a["aggregate"].get(m, {}), b["aggregate"].get(m, {})
         va, vb = ra.get("mean", NOT_OBSERVED), rb.get("mean", NOT_OBSERVED)
-        row = {"metric": m, names[0]: va, names[1]: vb, "ratio": NOT_OBSERVED, "delta_pct": NOT_OBSERVED, "verdict": NOT_OBSERVED,
-               "ci95_" + names[0]: ra.get("ci95"), "ci95_" + names[1]: rb.get("ci95")}
+        row = {
+            "metric": m,
+            names[0]: va,
+            names[1]: vb,
+            "ratio": NOT_OBSERVED,
+            "delta_pct": NOT_OBSERVED,
+            "verdict": NOT_OBSERVED,
+            "ci95_" + names[0]: ra.get("ci95"),
+            "ci95_" + names[1]: rb.get("ci95"),
+        }
         if NOT_OBSERVED in (va, vb) or not va:
             warnings.append(f"{m}: not observed on {'both sides' if va == vb == NOT_OBSERVED else 'one side'}")
         else:
@@ -96,7 +108,9 @@ def _fmt(v) -> str:
 def markdown(c: Comparison, names: tuple[str, str] = ("A", "B")) -> str:
     lines = [f"| metric | {names[0]} | {names[1]} | {names[1]}/{names[0]} | delta % | verdict |", "|---|---|---|---|---|---|"]
     for r in c.rows:
-        lines.append(f"| {r['metric']} | {_fmt(r[names[0]])} | {_fmt(r[names[1]])} | {_fmt(r['ratio'])} | {_fmt(r['delta_pct'])} | {r['verdict']} |")
+        lines.append(
+            f"| {r['metric']} | {_fmt(r[names[0]])} | {_fmt(r[names[1]])} | {_fmt(r['ratio'])} | {_fmt(r['delta_pct'])} | {r['verdict']} |"
+        )
     lines.append("")
     lines.append(f"Knobs changed: {', '.join(c.knobs) or 'none'}.")
     lines += [f"- warning: {w}" for w in c.warnings]

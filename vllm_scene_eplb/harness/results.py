@@ -26,9 +26,18 @@ STEADY_MIN_S = 60.0
 RESULT_FORMAT = "scene-eplb-bench"
 # Student t, two-sided 95%, by degrees of freedom.
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-METRICS = ("output_throughput_per_card", "output_throughput_per_card_steady", "prefill_throughput_per_card",
-           "prefill_throughput_per_card_steady", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
-           "itl_p50_ms", "itl_p99_ms")  # TPOT: per request, mean time per output token; ITL: between any two tokens
+METRICS = (
+    "output_throughput_per_card",
+    "output_throughput_per_card_steady",
+    "prefill_throughput_per_card",
+    "prefill_throughput_per_card_steady",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+)  # TPOT: per request, mean time per output token; ITL: between any two tokens
 # Higher is better for throughput; lower for latencies.
 HIGHER_IS_BETTER = {m: "throughput" in m for m in METRICS}
 
@@ -48,8 +57,13 @@ class Scene:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if (self.num_prompts < 1 or self.concurrency < 1 or self.input_len < 1 or self.output_len < 1
-                or (self.cards is not None and self.cards < 1)):
+        if (
+            self.num_prompts < 1
+            or self.concurrency < 1
+            or self.input_len < 1
+            or self.output_len < 1
+            or (self.cards is not None and self.cards < 1)
+        ):
             raise SceneEplbError("scene: N, C, input/output lengths and cards must be >= 1")
         if not (self.request_rate > 0):
             raise SceneEplbError("scene: request rate must be > 0 (inf = all at once)")
@@ -67,7 +81,13 @@ def server_geometry(status: dict) -> dict | None:
     if not isinstance(ranks, list) or not ranks:
         return None
     dp, tp = 1 + max(r.get("dp_rank") or 0 for r in ranks), 1 + max(r.get("tp_rank") or 0 for r in ranks)
-    return {"ranks": len(ranks), "dp": dp, "tp": tp, "ep": status.get("ep_size"), "name": f"DP{dp}-TP{tp}-EP{status.get('ep_size')}"}
+    return {
+        "ranks": len(ranks),
+        "dp": dp,
+        "tp": tp,
+        "ep": status.get("ep_size"),
+        "name": f"DP{dp}-TP{tp}-EP{status.get('ep_size')}",
+    }
 
 
 def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
@@ -94,8 +114,11 @@ def summarise(result: dict, scene: Scene) -> dict:
     if scene.cards is None:
         raise SceneEplbError("scene: the number of cards is not known (pass --cards)")
     dur = result.get("duration")
-    out: dict = {"completed": result.get("completed", NOT_OBSERVED), "failed": result.get("failed", NOT_OBSERVED),
-                 "duration_s": dur if dur else NOT_OBSERVED}
+    out: dict = {
+        "completed": result.get("completed", NOT_OBSERVED),
+        "failed": result.get("failed", NOT_OBSERVED),
+        "duration_s": dur if dur else NOT_OBSERVED,
+    }
     if dur:
         out["output_throughput_per_card"] = result["total_output_tokens"] / dur / scene.cards
         out["prefill_throughput_per_card"] = result["total_input_tokens"] / dur / scene.cards
@@ -149,7 +172,9 @@ def read_result(path: str | Path) -> dict:
     path = Path(path)
     doc = load_json(path, "bench result")
     if not isinstance(doc, dict) or doc.get("format") != RESULT_FORMAT:
-        raise SceneEplbError(f"not a scene-eplb bench result (format {doc.get('format') if isinstance(doc, dict) else None!r})", path)
+        raise SceneEplbError(
+            f"not a scene-eplb bench result (format {doc.get('format') if isinstance(doc, dict) else None!r})", path
+        )
     if doc.get("checksum") != doc_checksum(doc):
         raise SceneEplbError("checksum mismatch: the result was changed or truncated", path)
     for key, kind in (("manifest", dict), ("runs", list), ("aggregate", dict)):
@@ -161,7 +186,9 @@ def read_result(path: str | Path) -> dict:
         value = doc["aggregate"].get(m, {})
         ok = isinstance(value, dict) and all(_number_or_unobserved(value.get(k)) for k in ("mean", "ci95"))
         if not ok:
-            raise SceneEplbError(f"bench result's aggregate {m} must hold a mean and ci95 (numbers, null or {NOT_OBSERVED})", path)
+            raise SceneEplbError(
+                f"bench result's aggregate {m} must hold a mean and ci95 (numbers, null or {NOT_OBSERVED})", path
+            )
     return doc
 
 

@@ -93,7 +93,9 @@ def make_tiny_moe(out_dir: str | Path, spec: TinyMoeSpec = TinyMoeSpec()) -> Pat
                 layer.mlp.experts.down_proj[:, 0] = 0.0
                 # hottest half of the profile on ids [0, E/2): the ranks that own low ids under the
                 # engines' linear layout get most of the work, the case a fitted layout fixes
-                order = torch.cat([torch.randperm(half, generator=gen), half + torch.randperm(spec.num_experts - half, generator=gen)])
+                order = torch.cat(
+                    [torch.randperm(half, generator=gen), half + torch.randperm(spec.num_experts - half, generator=gen)]
+                )
                 layer.mlp.gate.weight.mul_(0.3)  # weaker token-dependent routing: the skew dominates
                 layer.mlp.gate.weight[order, 0] = spec.skew * profile
     model.save_pretrained(out, safe_serialization=True)
@@ -129,8 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skew", type=float, default=0.0, help="router skew (0 = near-uniform routing)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    spec = TinyMoeSpec(num_experts=a.experts, top_k=a.top_k, num_layers=a.layers, hidden_size=a.hidden,
-                       moe_intermediate_size=a.moe_intermediate, skew=a.skew, seed=a.seed)
+    spec = TinyMoeSpec(
+        num_experts=a.experts,
+        top_k=a.top_k,
+        num_layers=a.layers,
+        hidden_size=a.hidden,
+        moe_intermediate_size=a.moe_intermediate,
+        skew=a.skew,
+        seed=a.seed,
+    )
     print(make_tiny_moe(a.out_dir, spec))
     return 0
 

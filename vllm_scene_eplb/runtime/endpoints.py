@@ -123,8 +123,11 @@ class SceneEplbEndpoints:
         try:
             results = await asyncio.wait_for(self.call_every_worker((action, *args)), timeout)
         except asyncio.TimeoutError:
-            raise RouteError(504, f"{action}: not every engine answered within {timeout:.0f} s (an engine is stuck or "
-                                  "gone); the server keeps serving") from None
+            raise RouteError(
+                504,
+                f"{action}: not every engine answered within {timeout:.0f} s (an engine is stuck or "
+                "gone); the server keeps serving",
+            ) from None
         except Exception as exc:  # noqa: BLE001 - the engine answered with an error; keep serving
             raise RouteError(500, f"{action} failed in the engine: {exc}") from None
         if not results or not all(isinstance(r, dict) for r in results):
@@ -137,7 +140,9 @@ class SceneEplbEndpoints:
         refused = [r for r in results if not r.get("ok")]
         if refused:
             errors = sorted({str(r.get("error")) for r in refused})
-            partial = f" ({len(results) - len(refused)} of {len(results)} ranks accepted it)" if len(refused) < len(results) else ""
+            partial = (
+                f" ({len(results) - len(refused)} of {len(results)} ranks accepted it)" if len(refused) < len(results) else ""
+            )
             raise RouteError(refused[0].get("http_status", 409), "; ".join(errors) + partial)
         return [{k: v for k, v in r.items() if k != "ok"} for r in results]
 
@@ -155,25 +160,41 @@ class SceneEplbEndpoints:
             answers = await self._all_ok("status", timeout=min(CALL_TIMEOUT_S, timeout))
             skipped = sum(st.get("skipped_recorded", 0) for st in answers)
             if skipped and not keep_skipped:
-                raise RouteError(409, f"this record skipped {skipped} (MoE layer, pass) pairs: rows a rank could not attribute "
-                                      "to its own tokens were not counted (the workers' log says why), so the dump would "
-                                      f"undercount; dump with ?{KEEP_SKIPPED}=true to write it anyway (its metadata says so)")
-            started = await self._all_ok("dump", export_id, time.time() + export_s, skipped,
-                                         timeout=max(0.1, min(CALL_TIMEOUT_S, deadline - time.monotonic())))
+                raise RouteError(
+                    409,
+                    f"this record skipped {skipped} (MoE layer, pass) pairs: rows a rank could not attribute "
+                    "to its own tokens were not counted (the workers' log says why), so the dump would "
+                    f"undercount; dump with ?{KEEP_SKIPPED}=true to write it anyway (its metadata says so)",
+                )
+            started = await self._all_ok(
+                "dump",
+                export_id,
+                time.time() + export_s,
+                skipped,
+                timeout=max(0.1, min(CALL_TIMEOUT_S, deadline - time.monotonic())),
+            )
         pause = POLL_S[0]
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RouteError(504, f"dump {export_id}: not every rank finished its export within {timeout:.0f} s; "
-                                      "no rank writes after the export's deadline; the server keeps serving")
+                raise RouteError(
+                    504,
+                    f"dump {export_id}: not every rank finished its export within {timeout:.0f} s; "
+                    "no rank writes after the export's deadline; the server keeps serving",
+                )
             jobs = await self._all_ok(EXPORT_STATUS_ACTION, export_id, timeout=left)
             failed = sorted({j["error"] for j in jobs if j["state"] == "failed"})
             if failed:
                 raise RouteError(500, f"dump {export_id} failed: {'; '.join(failed)}; no file was written")
             if all(j["state"] == "done" for j in jobs):
                 first = min(started, key=lambda r: r.get("ep_rank", 0))
-                return {**first, "state": "done", "ranks": len(jobs), "export_seconds": max(j["export_seconds"] for j in jobs),
-                        "local_total": sum(r["local_total"] for r in started)}
+                return {
+                    **first,
+                    "state": "done",
+                    "ranks": len(jobs),
+                    "export_seconds": max(j["export_seconds"] for j in jobs),
+                    "local_total": sum(r["local_total"] for r in started),
+                }
             await asyncio.sleep(min(pause, max(left, 0)))
             pause = min(2 * pause, POLL_S[1])
 
@@ -236,8 +257,9 @@ class SceneEplbEndpoints:
         if st["layout_path"]:
             layout = read_layout(st["layout_path"], GeometryHint(ep_size=st["ep_size"], num_experts=num_experts))
         cfg = self._settings()
-        return LiveFitness.for_server(layout, num_experts, st["ep_size"], st["dispatch"], tuple(st["moe_layers"]),
-                                      cfg.drift_margin, cfg.drift_windows)
+        return LiveFitness.for_server(
+            layout, num_experts, st["ep_size"], st["dispatch"], tuple(st["moe_layers"]), cfg.drift_margin, cfg.drift_windows
+        )
 
     def _settings(self) -> PluginConfig:
         """The server's plugin settings (live fitness runs only on servers with the flag)."""
@@ -277,6 +299,14 @@ def live_sample(answers: list[dict]) -> LiveSample:
     ranked = sorted(answers, key=lambda a: a["ep_rank"])
     times: tuple[RankTime, ...] = ()
     if all(a.get("moe_seconds") is not None for a in ranked):
-        times = tuple(RankTime(np.asarray(a["moe_seconds"], dtype=np.float64), a["moe_passes"], a["steps"], a["step_seconds"],
-                               a["step_moe_seconds"]) for a in ranked)
+        times = tuple(
+            RankTime(
+                np.asarray(a["moe_seconds"], dtype=np.float64),
+                a["moe_passes"],
+                a["steps"],
+                a["step_seconds"],
+                a["step_moe_seconds"],
+            )
+            for a in ranked
+        )
     return LiveSample(logical, sum(a["passes"] for a in counting), physical, sources, times)

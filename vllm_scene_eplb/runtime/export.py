@@ -53,8 +53,7 @@ def export_group(export_id: str, rank: int, size: int, timeout_s: float, store=N
     """A Gloo group of ``size`` ranks for one export alone, rendezvous under ``export_id`` in
     ``store`` (default: the world's store); every wait in it, rendezvous included, ends at ``timeout_s``."""
     store = store if store is not None else dist.distributed_c10d._get_default_store()
-    return dist.ProcessGroupGloo(dist.PrefixStore(EXPORT_PREFIX + export_id, store), rank, size,
-                                 timedelta(seconds=timeout_s))
+    return dist.ProcessGroupGloo(dist.PrefixStore(EXPORT_PREFIX + export_id, store), rank, size, timedelta(seconds=timeout_s))
 
 
 def group_maker(rank: int, size: int):
@@ -107,14 +106,24 @@ def _check_aligned(group, record: RankRecord, first: int, entries: int, steps_pe
     differ = (seen & (low != high)).any(dim=1).nonzero().flatten().tolist()
     if differ:
         i = differ[0]
-        raise SceneEplbError(f"ring entries do not line up across DP engines: {len(differ)} entries differ, the first at global "
-                             f"step {(first + i) * steps_per_entry} (tokens per DP rank {low[i].tolist()} on one rank, "
-                             f"{high[i].tolist()} on another); nothing written")
+        raise SceneEplbError(
+            f"ring entries do not line up across DP engines: {len(differ)} entries differ, the first at global "
+            f"step {(first + i) * steps_per_entry} (tokens per DP rank {low[i].tolist()} on one rank, "
+            f"{high[i].tolist()} on another); nothing written"
+        )
     return True
 
 
-def export_counts(record: RankRecord, group, path: str | Path, meta: dict, entries: int, shape: tuple[int, int],
-                  deadline: float | None = None, split: int | None = None) -> Path:
+def export_counts(
+    record: RankRecord,
+    group,
+    path: str | Path,
+    meta: dict,
+    entries: int,
+    shape: tuple[int, int],
+    deadline: float | None = None,
+    split: int | None = None,
+) -> Path:
     """Line every rank's entries up by stamp, sum them over ``group`` (Gloo) into [entries, L, W] and
     have group rank 0 write ``path``.
 
@@ -132,8 +141,10 @@ def export_counts(record: RankRecord, group, path: str | Path, meta: dict, entri
     try:
         cpu = record.counts.detach().to("cpu", torch.int64).contiguous()
         if tuple(cpu.shape[1:]) != tuple(shape) or cpu.shape[0] != record.stamps.size or np.any(np.diff(record.stamps) <= 0):
-            raise SceneEplbError(f"rank {rank}: counts buffer {list(cpu.shape)} with {record.stamps.size} ascending stamps "
-                                 f"expected, [n, {shape[0]}, {shape[1]}]")
+            raise SceneEplbError(
+                f"rank {rank}: counts buffer {list(cpu.shape)} with {record.stamps.size} ascending stamps "
+                f"expected, [n, {shape[0]}, {shape[1]}]"
+            )
     except Exception as exc:  # noqa: BLE001 - reported to every rank below
         error = exc
         record = RankRecord(torch.zeros((0, *shape), dtype=torch.int64), np.zeros(0, dtype=np.int64), None, 0)
@@ -157,11 +168,17 @@ def export_counts(record: RankRecord, group, path: str | Path, meta: dict, entri
             if deadline is not None and time.time() >= deadline:
                 raise SceneEplbError("the export's deadline passed before the write: nothing written")
             data = summed.numpy()
-            logical, physical = (data, None) if split is None or split == data.shape[2] else (data[..., :split], data[..., split:])
-            extra = {"ranks_summed": size, "steps_per_entry": record.steps_per_entry, "passes_per_rank": per_rank[0].tolist(),
-                     "scheduled_tokens": int(per_rank[1].sum()),
-                     "entry_steps": [(first + i) * record.steps_per_entry for i in range(span)],
-                     "aligned_by": "stamps and DP signatures" if checked else "stamps"}
+            logical, physical = (
+                (data, None) if split is None or split == data.shape[2] else (data[..., :split], data[..., split:])
+            )
+            extra = {
+                "ranks_summed": size,
+                "steps_per_entry": record.steps_per_entry,
+                "passes_per_rank": per_rank[0].tolist(),
+                "scheduled_tokens": int(per_rank[1].sum()),
+                "entry_steps": [(first + i) * record.steps_per_entry for i in range(span)],
+                "aligned_by": "stamps and DP signatures" if checked else "stamps",
+            }
             write_counts(Counts(logical, {**meta, **extra}, physical=physical), path)
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             error = exc
@@ -188,8 +205,13 @@ class ExportJob:
     seconds: float | None = None
 
     def to_dict(self) -> dict:
-        return {"export_id": self.export_id, "state": self.state, "path": str(self.path), "error": self.error,
-                "export_seconds": self.seconds}
+        return {
+            "export_id": self.export_id,
+            "state": self.state,
+            "path": str(self.path),
+            "error": self.error,
+            "export_seconds": self.seconds,
+        }
 
 
 class Exporter:
@@ -205,8 +227,17 @@ class Exporter:
         self._jobs: dict[str, ExportJob] = {}
         self._running: str | None = None
 
-    def begin(self, export_id: str, record: RankRecord, path: Path, meta: dict, entries: int, shape: tuple[int, int],
-              deadline: float, split: int | None = None) -> ExportJob:
+    def begin(
+        self,
+        export_id: str,
+        record: RankRecord,
+        path: Path,
+        meta: dict,
+        entries: int,
+        shape: tuple[int, int],
+        deadline: float,
+        split: int | None = None,
+    ) -> ExportJob:
         """Start exporting ``record`` (CPU copies this exporter now owns) as export ``export_id``,
         to be finished by ``deadline`` (wall clock): every wait of it ends there (``entries``,
         ``shape``, ``split``: see ``export_counts``)."""
@@ -219,11 +250,17 @@ class Exporter:
                 del self._jobs[next(iter(self._jobs))]
             job = self._jobs[export_id] = ExportJob(export_id, path, time.monotonic())
             self._running = export_id
-        threading.Thread(target=self._run, args=(job, record, meta, entries, shape, deadline, split),
-                         name=f"scene-eplb-export-{export_id}", daemon=True).start()
+        threading.Thread(
+            target=self._run,
+            args=(job, record, meta, entries, shape, deadline, split),
+            name=f"scene-eplb-export-{export_id}",
+            daemon=True,
+        ).start()
         return job
 
-    def _run(self, job: ExportJob, record: RankRecord, meta: dict, entries: int, shape, deadline: float, split: int | None) -> None:
+    def _run(
+        self, job: ExportJob, record: RankRecord, meta: dict, entries: int, shape, deadline: float, split: int | None
+    ) -> None:
         state, error = "done", None
         try:
             group = self._make_group(job.export_id, max(0.1, deadline - time.time()))

@@ -18,6 +18,9 @@ def layout_for_server(path: str, model: ModelGeometry, ep_size: int, model_layer
         if model_layer_axis and layout.num_layers != model.num_layers:
             raise SceneEplbError(f"layout has {layout.num_layers} layer rows, the model has {model.num_layers} layers")
     except SceneEplbError as exc:
-        raise SceneEplbError(f"scene_eplb.layout does not fit this server (model {model.num_experts} experts, "
-                             f"MoE layers {list(model.moe_layers)}, ep_size {ep_size}): {exc.problem}", path) from None
+        raise SceneEplbError(
+            f"scene_eplb.layout does not fit this server (model {model.num_experts} experts, "
+            f"MoE layers {list(model.moe_layers)}, ep_size {ep_size}): {exc.problem}",
+            path,
+        ) from None
     return layout

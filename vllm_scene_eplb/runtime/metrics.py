@@ -45,11 +45,15 @@ def publish(live: dict, per_layer: bool) -> None:
         for stat in ("median", "worst"):
             value = source.get(key.format(stat))
             gauge.labels(stat=stat).set(nan if value is None else value)
-    _gauge(FIDELITY, "Largest difference between a slot's measured and modelled share of its expert in the last window"
-           ).set(nan if live.get("fidelity") is None else live["fidelity"])
+    _gauge(FIDELITY, "Largest difference between a slot's measured and modelled share of its expert in the last window").set(
+        nan if live.get("fidelity") is None else live["fidelity"]
+    )
     _gauge(MOE_SHARE, "Local expert time over step wall time in the last window (time_moe)").set(
-        nan if timed.get("moe_share") is None else timed["moe_share"])
-    _gauge(DRIFT, "1 while the live median stays above the expected median by the drift margin").set(1 if live.get("drift") else 0)
+        nan if timed.get("moe_share") is None else timed["moe_share"]
+    )
+    _gauge(DRIFT, "1 while the live median stays above the expected median by the drift margin").set(
+        1 if live.get("drift") else 0
+    )
     if per_layer and live.get("per_layer") is not None:
         layer = _gauge(LAYER, "Max/mean EP rank load of one MoE layer in the last live window", ("layer",))
         for idx, value in zip(live["layers"], live["per_layer"]):

@@ -107,15 +107,25 @@ class RoutingObserver:
     takes slot ids and logical counts are derived. ``dp_size`` > 1 keeps a DP signature per entry.
     """
 
-    def __init__(self, num_moe_layers: int, num_experts: int, entries: int, device: torch.device | str = "cpu",
-                 slot_to_expert: torch.Tensor | None = None, time_moe: bool = False, live: bool = True,
-                 steps_per_entry: int = 1, dp_size: int = 1):
+    def __init__(
+        self,
+        num_moe_layers: int,
+        num_experts: int,
+        entries: int,
+        device: torch.device | str = "cpu",
+        slot_to_expert: torch.Tensor | None = None,
+        time_moe: bool = False,
+        live: bool = True,
+        steps_per_entry: int = 1,
+        dp_size: int = 1,
+    ):
         self.num_moe_layers, self.num_experts, self.entries = num_moe_layers, num_experts, entries
         self.time_moe, self.live_on, self.steps_per_entry = time_moe, live, steps_per_entry
         L = num_moe_layers
         self.slot_to_expert = None if slot_to_expert is None else slot_to_expert.to(device=device, dtype=torch.int64)
-        if self.slot_to_expert is not None and (self.slot_to_expert.shape[0] != L or self.slot_to_expert.min() < 0
-                                                or self.slot_to_expert.max() >= num_experts):
+        if self.slot_to_expert is not None and (
+            self.slot_to_expert.shape[0] != L or self.slot_to_expert.min() < 0 or self.slot_to_expert.max() >= num_experts
+        ):
             raise SceneEplbError(f"slot_to_expert must be [{L}, P] of expert ids below {num_experts}")
         self.num_physical = None if self.slot_to_expert is None else self.slot_to_expert.shape[1]
         W = self.width = self.num_physical or num_experts
@@ -143,8 +153,9 @@ class RoutingObserver:
         self._pass_seconds = [0.0] * L
         self._step_started: float | None = None
 
-    def capture(self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None,
-                own_rows: torch.Tensor | None = None) -> None:
+    def capture(
+        self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None, own_rows: torch.Tensor | None = None
+    ) -> None:
         """Add one pass's ids [M, k] of MoE layer ``moe_idx``; traceable, at most four device ops.
         Rows are left out where ``padding_rows`` [>= M] is True or ``own_rows`` [>= M] is False (at
         most one of the two); ids outside [0, W) go to the not-counted column."""
@@ -237,8 +248,16 @@ class RoutingObserver:
         if not self.live_on:
             return None
         logical, physical = self._views(self.live)
-        return LiveCounts(logical, physical, self.live_passes, list(self.moe_seconds) if self.time_moe else None,
-                          self.moe_passes, self.steps, self.step_seconds, self.step_moe_seconds)
+        return LiveCounts(
+            logical,
+            physical,
+            self.live_passes,
+            list(self.moe_seconds) if self.time_moe else None,
+            self.moe_passes,
+            self.steps,
+            self.step_seconds,
+            self.step_moe_seconds,
+        )
 
     def skipped_passes(self) -> tuple[int, int]:
         """(layer, pass) pairs skipped since bind and in the current or last record (a host sync:
@@ -270,9 +289,16 @@ class RoutingObserver:
         order = np.flatnonzero(self.stamps >= 0)
         order = order[np.argsort(self.stamps[order], kind="stable")]
         logical, physical = self._views(self.ring[torch.from_numpy(order).to(self.ring.device)])
-        return Record(logical, physical, self.stamps[order].copy(),
-                      None if self.signature is None else self.signature[order].copy(), self.steps_per_entry,
-                      self.passes_recorded, self.tokens_recorded, self.entries_written > self.entries)
+        return Record(
+            logical,
+            physical,
+            self.stamps[order].copy(),
+            None if self.signature is None else self.signature[order].copy(),
+            self.steps_per_entry,
+            self.passes_recorded,
+            self.tokens_recorded,
+            self.entries_written > self.entries,
+        )
 
     def status(self) -> ObserverStatus:
         total, record = self.skipped_passes()

@@ -59,8 +59,9 @@ class LayerReplicaMap:
         return phys.to(topk_ids.dtype)
 
 
-def layer_maps(layout: Layout, algorithm: str, device: torch.device | str = "cpu",
-               source: SourceRanks | None = None) -> dict[int, LayerReplicaMap]:
+def layer_maps(
+    layout: Layout, algorithm: str, device: torch.device | str = "cpu", source: SourceRanks | None = None
+) -> dict[int, LayerReplicaMap]:
     """A replica map for every MoE layer of ``layout``, keyed by model layer index; ``source``
     defaults to every EP rank seeing the same batch (TP>1, DP=1)."""
     if algorithm not in DISPATCH_ALGORITHMS:
@@ -77,8 +78,9 @@ def layer_maps(layout: Layout, algorithm: str, device: torch.device | str = "cpu
     else:
         l2p, replicas = dynamic_tables(p2l, g.num_experts)
         for layer in layout.moe_layers:
-            maps[layer] = LayerReplicaMap("dynamic", source, l2p=_tensor(np.maximum(l2p[layer], 0), device),
-                                          replicas=_tensor(replicas[layer], device))
+            maps[layer] = LayerReplicaMap(
+                "dynamic", source, l2p=_tensor(np.maximum(l2p[layer], 0), device), replicas=_tensor(replicas[layer], device)
+            )
     return maps
 
 

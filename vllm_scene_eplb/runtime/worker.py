@@ -120,10 +120,17 @@ class RecorderRuntime:
     def make_observer(self, device, slot_to_expert=None, dp_size: int = 1) -> RoutingObserver:
         """The observer of the bound model, on every role; ``slot_to_expert`` [L_moe, P]: the adapter
         captures physical slot ids (None: logical ids); ``dp_size`` > 1: it reports DP tokens per step."""
-        self.observer = RoutingObserver(len(self.moe_layer_ids), self.model.num_experts, self.config.ring_entries, device,
-                                        slot_to_expert=slot_to_expert, time_moe=self.config.time_moe,
-                                        live=self.config.live_counts, steps_per_entry=self.config.entry_steps(self.role),
-                                        dp_size=dp_size)
+        self.observer = RoutingObserver(
+            len(self.moe_layer_ids),
+            self.model.num_experts,
+            self.config.ring_entries,
+            device,
+            slot_to_expert=slot_to_expert,
+            time_moe=self.config.time_moe,
+            live=self.config.live_counts,
+            steps_per_entry=self.config.entry_steps(self.role),
+            dp_size=dp_size,
+        )
         return self.observer
 
     # ------------------------------------------------------------ control (the engine's worker RPC)
@@ -155,8 +162,10 @@ class RecorderRuntime:
     def native_load(self) -> dict:
         """The engine's own expert-load counters over the last record, in logical ids (``available``,
         ``counts`` [L_moe, E] or ``reason``); engines whose counters the plugin does not read say so."""
-        return {"available": False, "reason": f"{self.engine}: the plugin reads the engine's own load counters on "
-                                              "vLLM-Ascend with dynamic EPLB only"}
+        return {
+            "available": False,
+            "reason": f"{self.engine}: the plugin reads the engine's own load counters on vLLM-Ascend with dynamic EPLB only",
+        }
 
     def _live(self) -> dict:
         """This rank's cumulative live counts [L_moe, E] and physical [L_moe, P] (MoE layers in order),
@@ -164,11 +173,20 @@ class RecorderRuntime:
         live = self.observer.live_counts()
         if live is None:
             raise SceneEplbError("no live counts on this server (live_counts is off, or the model is not bound yet)")
-        return {"counts": live.logical.tolist(), "physical": None if live.physical is None else live.physical.tolist(),
-                "passes": live.passes, "moe_seconds": live.moe_seconds, "moe_passes": live.moe_passes,
-                "steps": live.steps, "step_seconds": live.step_seconds, "step_moe_seconds": live.step_moe_seconds,
-                "contributes": self.contributes, "ep_rank": self.ep_rank, "source": self.source_ranks(),
-                "moe_layers": self.moe_layer_ids}
+        return {
+            "counts": live.logical.tolist(),
+            "physical": None if live.physical is None else live.physical.tolist(),
+            "passes": live.passes,
+            "moe_seconds": live.moe_seconds,
+            "moe_passes": live.moe_passes,
+            "steps": live.steps,
+            "step_seconds": live.step_seconds,
+            "step_moe_seconds": live.step_moe_seconds,
+            "contributes": self.contributes,
+            "ep_rank": self.ep_rank,
+            "source": self.source_ranks(),
+            "moe_layers": self.moe_layer_ids,
+        }
 
     def source_ranks(self) -> list[int] | None:
         """[base, span]: the EP ranks whose static-table rows route this rank's batch, split evenly
@@ -194,12 +212,18 @@ class RecorderRuntime:
                 local[:, self.moe_layer_ids, E:] = rec.physical
         st = self.status()
         meta = {k: st[k] for k in DUMP_META_KEYS}
-        meta.update(ring_wrapped=rec.wrapped, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    skipped_passes=int(skipped))
+        meta.update(ring_wrapped=rec.wrapped, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), skipped_passes=int(skipped))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
-        record = RankRecord(local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry,
-                            rec.tokens if self.contributes else 0)
+        record = RankRecord(
+            local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry, rec.tokens if self.contributes else 0
+        )
         job = self.exporter.begin(export_id, record, path, meta, T, (L, E + P), deadline, split=E)
-        return {**job.to_dict(), "ep_rank": self.ep_rank, "shape": [T, L, E], "physical_shape": [T, L, P] if P else None,
-                "entries_written": st["entries_written"], "passes_recorded": st["passes_recorded"],
-                "local_total": int(local[..., :E].sum())}
+        return {
+            **job.to_dict(),
+            "ep_rank": self.ep_rank,
+            "shape": [T, L, E],
+            "physical_shape": [T, L, P] if P else None,
+            "entries_written": st["entries_written"],
+            "passes_recorded": st["passes_recorded"],
+            "local_total": int(local[..., :E].sum()),
+        }

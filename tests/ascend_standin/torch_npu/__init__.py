@@ -56,8 +56,9 @@ def _attr(name: str, item: str):
         raise AttributeError(item)
     if item[:1].isupper():
         if name not in _classes:
-            _classes[name] = type(item, (), {"__init__": lambda self, *a, **k: None,
-                                             "__getattr__": lambda self, i, n=name: _attr(f"{n}().{i}", i)})
+            _classes[name] = type(
+                item, (), {"__init__": lambda self, *a, **k: None, "__getattr__": lambda self, i, n=name: _attr(f"{n}().{i}", i)}
+            )
         return _classes[name]
     return _Inert(name)
 

@@ -72,8 +72,9 @@ def _gather_one(comm, tensor: torch.Tensor, dim: int, sizes: list[int] | None) -
     return _all_gatherv_op(moved, sizes, _register(comm)).movedim(0, dim)
 
 
-def all_gatherv(comm, input_: torch.Tensor | list[torch.Tensor], dim: int = 0,
-                sizes: list[int] | None = None) -> torch.Tensor | list[torch.Tensor]:
+def all_gatherv(
+    comm, input_: torch.Tensor | list[torch.Tensor], dim: int = 0, sizes: list[int] | None = None
+) -> torch.Tensor | list[torch.Tensor]:
     """Concatenate every rank's ``input_`` along ``dim`` in rank order; rank r holds ``sizes[r]`` rows."""
     if isinstance(input_, (list, tuple)):
         return [_gather_one(comm, t, dim, sizes) for t in input_]

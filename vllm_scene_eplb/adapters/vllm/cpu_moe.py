@@ -20,10 +20,21 @@ from . import runtime
 
 
 @torch.library.custom_op("scene_eplb::cpu_local_fused_moe", mutates_args=("output",))
-def cpu_local_fused_moe(output: torch.Tensor, hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                        w13_bias: torch.Tensor | None, w2_bias: torch.Tensor | None, topk_weights: torch.Tensor,
-                        topk_ids: torch.Tensor, expert_map: torch.Tensor, activation: str, isa: str,
-                        skip_weighted: bool, timed_layer: int) -> None:
+def cpu_local_fused_moe(
+    output: torch.Tensor,
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_map: torch.Tensor,
+    activation: str,
+    isa: str,
+    skip_weighted: bool,
+    timed_layer: int,
+) -> None:
     """``output`` = sum over this rank's assignments of weight x expert(token); others contribute 0."""
     started = time.perf_counter() if timed_layer >= 0 else None
     local = expert_map[topk_ids.to(torch.int64)]
@@ -31,23 +42,70 @@ def cpu_local_fused_moe(output: torch.Tensor, hidden_states: torch.Tensor, w13: 
     output.zero_()
     if token.numel():
         rows_out = torch.empty((token.numel(), output.shape[1]), dtype=output.dtype)
-        cpu_fused_moe(rows_out, hidden_states[token].contiguous(), w13, w2, w13_bias, w2_bias,
-                      topk_weights[token, k].reshape(-1, 1).contiguous(),
-                      local[token, k].to(torch.int32).reshape(-1, 1).contiguous(), activation, isa, skip_weighted)
+        cpu_fused_moe(
+            rows_out,
+            hidden_states[token].contiguous(),
+            w13,
+            w2,
+            w13_bias,
+            w2_bias,
+            topk_weights[token, k].reshape(-1, 1).contiguous(),
+            local[token, k].to(torch.int32).reshape(-1, 1).contiguous(),
+            activation,
+            isa,
+            skip_weighted,
+        )
         output.index_add_(0, token, rows_out)
     if started is not None:
         runtime.current().add_moe_seconds(timed_layer, time.perf_counter() - started)
 
 
 @cpu_local_fused_moe.register_fake
-def _(output, hidden_states, w13, w2, w13_bias, w2_bias, topk_weights, topk_ids, expert_map, activation, isa,
-      skip_weighted, timed_layer) -> None:
+def _(
+    output,
+    hidden_states,
+    w13,
+    w2,
+    w13_bias,
+    w2_bias,
+    topk_weights,
+    topk_ids,
+    expert_map,
+    activation,
+    isa,
+    skip_weighted,
+    timed_layer,
+) -> None:
     return None
 
 
-def local_apply(experts, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, expert_map,
-                apply_router_weight_on_input, timed_layer: int = -1) -> None:
+def local_apply(
+    experts,
+    output,
+    hidden_states,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    activation,
+    expert_map,
+    apply_router_weight_on_input,
+    timed_layer: int = -1,
+) -> None:
     """The body of a patched ``CPUUnquantizedExperts.apply`` when an expert map is set (``timed_layer``:
     the MoE layer's index to time, -1 for none)."""
-    cpu_local_fused_moe(output, hidden_states, w1, w2, experts.w1_bias, experts.w2_bias, topk_weights, topk_ids,
-                        expert_map, str(activation.value), experts.isa, bool(apply_router_weight_on_input), timed_layer)
+    cpu_local_fused_moe(
+        output,
+        hidden_states,
+        w1,
+        w2,
+        experts.w1_bias,
+        experts.w2_bias,
+        topk_weights,
+        topk_ids,
+        expert_map,
+        str(activation.value),
+        experts.isa,
+        bool(apply_router_weight_on_input),
+        timed_layer,
+    )

@@ -81,9 +81,19 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
         if runtime.current().cpu_support() and kw.get("expert_map") is not None and not args and not self._use_zentorch:
             from .cpu_moe import local_apply
 
-            return local_apply(self, kw["output"], kw["hidden_states"], kw["w1"], kw["w2"], kw["topk_weights"],
-                               kw["topk_ids"], kw["activation"], kw["expert_map"], kw["apply_router_weight_on_input"],
-                               self.__dict__.get("_scene_eplb_timed_layer", -1))
+            return local_apply(
+                self,
+                kw["output"],
+                kw["hidden_states"],
+                kw["w1"],
+                kw["w2"],
+                kw["topk_weights"],
+                kw["topk_ids"],
+                kw["activation"],
+                kw["expert_map"],
+                kw["apply_router_weight_on_input"],
+                self.__dict__.get("_scene_eplb_timed_layer", -1),
+            )
         return orig(self, *args, **kw)
 
     CPUUnquantizedExperts.apply = apply

@@ -23,8 +23,9 @@ class VllmEndpoints(SceneEplbEndpoints):
     async def call_every_worker(self, args: tuple) -> list:
         core: Any = getattr(self.engine_client, "engine_core", None)
         if hasattr(core, "call_utility_all_async"):  # every DP engine, each running collective_rpc on its workers
-            return [r for engine in await core.call_utility_all_async("collective_rpc", CONTROL, None, args, None)
-                    for r in engine]
+            return [
+                r for engine in await core.call_utility_all_async("collective_rpc", CONTROL, None, args, None) for r in engine
+            ]
         return list(await self.engine_client.collective_rpc(CONTROL, args=args))
 
 

@@ -67,7 +67,9 @@ class WorkerRuntime(RecorderRuntime):
         if self.layout is None:
             return 0
         if num_experts != self.layout.geometry.num_experts:
-            raise SceneEplbError(f"a MoE layer has {num_experts} experts, the layout {self.layout.geometry.num_experts}", self.layout_path)
+            raise SceneEplbError(
+                f"a MoE layer has {num_experts} experts, the layout {self.layout.geometry.num_experts}", self.layout_path
+            )
         return self.layout.geometry.num_redundant
 
     def layer_row(self, layer_name: str) -> np.ndarray | None:
@@ -104,26 +106,33 @@ class WorkerRuntime(RecorderRuntime):
             for r in runners:
                 emap = r.routed_experts.expert_map
                 if emap is None or emap.numel() != g.num_physical or (emap >= 0).nonzero().flatten().tolist() != own:
-                    raise SceneEplbError(f"layer {r.layer_id}: vLLM gave EP rank {self.ep_rank} the slots "
-                                         f"{None if emap is None else (emap >= 0).nonzero().flatten().tolist()} of "
-                                         f"{None if emap is None else emap.numel()}; the layout needs slots {own[0]}-{own[-1]} "
-                                         f"of {g.num_physical}")
+                    raise SceneEplbError(
+                        f"layer {r.layer_id}: vLLM gave EP rank {self.ep_rank} the slots "
+                        f"{None if emap is None else (emap >= 0).nonzero().flatten().tolist()} of "
+                        f"{None if emap is None else emap.numel()}; the layout needs slots {own[0]}-{own[-1]} "
+                        f"of {g.num_physical}"
+                    )
                 r.router._scene_eplb_map = maps[int(r.layer_id)]
         # the router's physical slot ids are counted (the measured replica traffic); logical counts
         # follow from them (without a layout the slots are the experts)
         import torch
 
         E, L = self.model.num_experts, len(runners)
-        slots = (torch.as_tensor(self.layout.physical_to_logical_map[self.moe_layer_ids]) if self.layout
-                 else torch.arange(E).expand(L, E))
+        slots = (
+            torch.as_tensor(self.layout.physical_to_logical_map[self.moe_layer_ids])
+            if self.layout
+            else torch.arange(E).expand(L, E)
+        )
         observer = self.make_observer(device, slots, self.dp_size)
         padding = getattr(model_runner, "is_padding", None)
         for idx, r in enumerate(runners):
             r.router._scene_eplb_physical = functools.partial(observer.capture, idx, padding_rows=padding)
             if self.config.time_moe:
                 if str(device) != "cpu":
-                    raise SceneEplbError("scene_eplb.time_moe times the CPU expert path only; on CUDA it is not built yet "
-                                         "(device events in eager passes): remove it from --additional-config")
+                    raise SceneEplbError(
+                        "scene_eplb.time_moe times the CPU expert path only; on CUDA it is not built yet "
+                        "(device events in eager passes): remove it from --additional-config"
+                    )
                 experts = fused_experts_of(r)
                 if experts is None:
                     raise SceneEplbError(f"layer {r.layer_id}: time_moe found no fused experts to time in this build")
@@ -162,11 +171,22 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
     # DP rank d's tokens are routed by its TP ranks, EP ranks d*tp .. d*tp+tp-1 (vLLM's numbering).
     source = SourceRanks(ep_rank, 1) if seq_parallel else SourceRanks(ep_rank - tp_rank, tp_size)
     # The export sums over every rank of vLLM's EP group (DP x TP), which exists with or without EP.
-    rt = WorkerRuntime(config=cfg, role=role, engine=f"vllm {engine_version()}", model=model,
-                       model_name=str(vllm_config.model_config.model), ep_size=ep_size, ep_rank=ep_rank,
-                       dp_rank=pc.data_parallel_rank, dp_size=pc.data_parallel_size, tp_rank=tp_rank, source=source,
-                       contributes=tp_rank == 0 or seq_parallel, observer=NullObserver(role, cfg.ring_entries),
-                       exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)))
+    rt = WorkerRuntime(
+        config=cfg,
+        role=role,
+        engine=f"vllm {engine_version()}",
+        model=model,
+        model_name=str(vllm_config.model_config.model),
+        ep_size=ep_size,
+        ep_rank=ep_rank,
+        dp_rank=pc.data_parallel_rank,
+        dp_size=pc.data_parallel_size,
+        tp_rank=tp_rank,
+        source=source,
+        contributes=tp_rank == 0 or seq_parallel,
+        observer=NullObserver(role, cfg.ring_entries),
+        exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
+    )
     if cfg.layout:
         check_drafter(vllm_config)
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
@@ -184,14 +204,18 @@ def check_drafter(vllm_config) -> None:
     (it binds to the target model), and its verification passes are the target's own."""
     spec = getattr(vllm_config, "speculative_config", None)
     draft = getattr(spec, "draft_model_config", None) if spec is not None else None
-    if spec is None or draft is None or spec.method in MODEL_FREE_DRAFTS:  # vLLM gives n-gram drafts the target's config: no model runs
+    if (
+        spec is None or draft is None or spec.method in MODEL_FREE_DRAFTS
+    ):  # vLLM gives n-gram drafts the target's config: no model runs
         return
     hf = draft.hf_config.to_dict()
     text = hf.get("text_config") or {}
     if any((src.get(k) or 0) > 0 for src in (hf, text) for k in ("n_routed_experts", "num_experts", "num_local_experts")):
-        raise SceneEplbError(f"scene_eplb.layout with a speculative drafter that has MoE layers ({spec.method}): vLLM gives the "
-                             "drafter's MoE layers the layout's slot count and the layout has no rows for them; record and "
-                             "fit with it, then serve the layout without the MoE drafter (or use n-gram drafts)")
+        raise SceneEplbError(
+            f"scene_eplb.layout with a speculative drafter that has MoE layers ({spec.method}): vLLM gives the "
+            "drafter's MoE layers the layout's slot count and the layout has no rows for them; record and "
+            "fit with it, then serve the layout without the MoE drafter (or use n-gram drafts)"
+        )
 
 
 def load_layout_for(path: str, model: ModelGeometry, ep_size: int, pc) -> Layout:

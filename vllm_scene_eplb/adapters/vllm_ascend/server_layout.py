@@ -29,8 +29,12 @@ def layout_of(vllm_config) -> Layout:
     if path is None:
         raise SceneEplbError("scene_eplb.layout is not set: no layout to read")
     if path not in _loaded:
-        _loaded[path] = layout_for_server(path, from_hf_config(vllm_config.model_config.hf_config.to_dict()),
-                                          ep_size_of(vllm_config.parallel_config), model_layer_axis=False)
+        _loaded[path] = layout_for_server(
+            path,
+            from_hf_config(vllm_config.model_config.hf_config.to_dict()),
+            ep_size_of(vllm_config.parallel_config),
+            model_layer_axis=False,
+        )
     return _loaded[path]
 
 

@@ -39,8 +39,9 @@ from .version import check_versions
 logger = logging.getLogger("vllm.scene_eplb")
 
 
-def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, kv_role: str | None = None,
-                       returns_routed_experts: bool = False) -> tuple[Layout, Path]:
+def prepare_layout_run(
+    additional_config: dict, hf_config: dict, ep_size: int, kv_role: str | None = None, returns_routed_experts: bool = False
+) -> tuple[Layout, Path]:
     """Check the settings and the layout, write the expert map file and set ``eplb_config`` to it.
 
     Returns (layout, expert_map_path); changes ``additional_config`` only when everything holds.
@@ -52,19 +53,25 @@ def prepare_layout_run(additional_config: dict, hf_config: dict, ep_size: int, k
     if cfg.layout is None:
         raise SceneEplbError("scene_eplb.layout is not set: a collection run has no layout to prepare")
     if cfg.dispatch == "dynamic" and returns_routed_experts:
-        raise SceneEplbError('scene_eplb.dispatch "dynamic" on vLLM-Ascend rewrites top-k ids to virtual replica ids, which '
-                             'enable_return_routed_experts would hand to clients: turn one of them off')
+        raise SceneEplbError(
+            'scene_eplb.dispatch "dynamic" on vLLM-Ascend rewrites top-k ids to virtual replica ids, which '
+            "enable_return_routed_experts would hand to clients: turn one of them off"
+        )
     eplb = additional_config.get("eplb_config") or {}
     if not isinstance(eplb, dict):
         raise SceneEplbError("additional_config.eplb_config must be a JSON object")
     if eplb.get("dynamic_eplb") or eplb.get("expert_map_record_path"):
         raise SceneEplbError("scene_eplb.layout and vLLM-Ascend's dynamic EPLB both move experts: use one of them")
     if eplb.get("expert_map_path"):
-        raise SceneEplbError("eplb_config.expert_map_path is set by hand: give the layout as scene_eplb.layout only "
-                             "(the plugin writes the expert map from it)")
+        raise SceneEplbError(
+            "eplb_config.expert_map_path is set by hand: give the layout as scene_eplb.layout only "
+            "(the plugin writes the expert map from it)"
+        )
     if additional_config.get("mix_placement"):
         raise SceneEplbError("scene_eplb.layout places routed experts only: turn off mix_placement")
-    layout = layout_for_server(cfg.layout, from_hf_config(hf_config), ep_size, model_layer_axis=False)  # the map file holds MoE rows only
+    layout = layout_for_server(
+        cfg.layout, from_hf_config(hf_config), ep_size, model_layer_axis=False
+    )  # the map file holds MoE rows only
     path = write_layout(layout, Path(cfg.dump_dir) / f"expert_map-{layout.digest()[:16]}.json", "vllm-ascend")
     additional_config["eplb_config"] = {**eplb, "expert_map_path": str(path)}
     return layout, path
@@ -94,12 +101,21 @@ def check_run(vllm_config) -> None:
     if cfg.layout is None:
         logger.info("scene-eplb: collection run (role %s, %d ring entries, dumps in %s)", role, cfg.ring_entries, cfg.dump_dir)
         return
-    layout, path = prepare_layout_run(vllm_config.additional_config, vllm_config.model_config.hf_config.to_dict(),
-                                      ep_size_of(vllm_config.parallel_config), kv_role_of(vllm_config),
-                                      bool(getattr(vllm_config.model_config, "enable_return_routed_experts", False)))
+    layout, path = prepare_layout_run(
+        vllm_config.additional_config,
+        vllm_config.model_config.hf_config.to_dict(),
+        ep_size_of(vllm_config.parallel_config),
+        kv_role_of(vllm_config),
+        bool(getattr(vllm_config.model_config, "enable_return_routed_experts", False)),
+    )
     remember(cfg.layout, layout)  # read as layout_of reads it: a worker in this process reads it no more
-    logger.info("scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
-                layout.digest(), layout.geometry.num_redundant, cfg.dispatch, path)
+    logger.info(
+        "scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
+        layout.digest(),
+        layout.geometry.num_redundant,
+        cfg.dispatch,
+        path,
+    )
 
 
 def _wrap_config(vllm_config_cls) -> None:

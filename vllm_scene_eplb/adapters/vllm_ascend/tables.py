@@ -46,7 +46,9 @@ def rank_expert_maps(layout: Layout) -> np.ndarray:
 
 def log2phy_static(layout: Layout) -> np.ndarray:
     """Our ``static`` choice per MoE layer, source rank and expert: global slot id, int32 [L_moe, ep, E]."""
-    return static_table(layout.physical_to_logical_map, layout.geometry, layout.static_sources)[list(layout.moe_layers)].astype(np.int32)
+    return static_table(layout.physical_to_logical_map, layout.geometry, layout.static_sources)[list(layout.moe_layers)].astype(
+        np.int32
+    )
 
 
 def log2phy_dynamic(layout: Layout) -> tuple[np.ndarray, np.ndarray]:
@@ -80,8 +82,9 @@ def _map_from_rank_maps(global_expert_map: np.ndarray) -> tuple[np.ndarray, Geom
     return p2l[None, :], Geometry(num_experts=E, num_redundant=ep * S - E, ep_size=ep)
 
 
-def static_log2phy_from_rank_maps(global_expert_map: np.ndarray, ep_rank: int, layout: Layout | None = None,
-                                  moe_index: int | None = None) -> np.ndarray:
+def static_log2phy_from_rank_maps(
+    global_expert_map: np.ndarray, ep_rank: int, layout: Layout | None = None, moe_index: int | None = None
+) -> np.ndarray:
     """Our static choice for ``ep_rank`` from vLLM-Ascend's per-rank maps [ep, E]: global slot ids
     int32 [E]. Given the layout and the MoE layer's index, the layout's fitted table for that layer
     (the maps must be that layer's); else (the MTP layer, a layout without one) the even split."""

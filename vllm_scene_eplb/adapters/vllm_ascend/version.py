@@ -32,7 +32,9 @@ def check_versions(ascend_version: str, vllm_version: str) -> None:
     ours, want = _release(ascend_version), _release(SUPPORTED["vllm-ascend"])
     vllm = _release(vllm_version)
     if ours is None or ours[:2] != want[:2] or vllm is None or vllm[0][:2] != _release(SUPPORTED["vllm"])[0][:2]:
-        raise SceneEplbError(f"vllm_scene_eplb's Ascend adapter is written for vllm-ascend {SUPPORTED['vllm-ascend']} with "
-                             f"vLLM {SUPPORTED['vllm']}.x, found vllm-ascend {ascend_version} with vLLM {vllm_version}")
+        raise SceneEplbError(
+            f"vllm_scene_eplb's Ascend adapter is written for vllm-ascend {SUPPORTED['vllm-ascend']} with "
+            f"vLLM {SUPPORTED['vllm']}.x, found vllm-ascend {ascend_version} with vLLM {vllm_version}"
+        )
     if ours[2]:
         logger.info("scene-eplb: vllm-ascend %s is a local build (%s) of %s", ascend_version, ours[2], SUPPORTED["vllm-ascend"])
