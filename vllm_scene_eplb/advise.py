@@ -32,7 +32,7 @@ from .layout import Layout
 from .measured import rank_loads
 from .score import ideal_rank_loads, static_rank_loads
 
-NOISE_FLOOR = 0.02  # below a 2% predicted gain, no single A/B here separates it from noise (README, Benchmarks)
+NOISE_FLOOR = 0.02  # below a 2% predicted gain, no single A/B here separates it from noise (docs/benchmarks.md)
 VERDICTS = ("trial", "skip", "insufficient_evidence")
 
 

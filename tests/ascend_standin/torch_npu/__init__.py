@@ -14,7 +14,7 @@ package lets its real Python code import and run on CPU:
 
 No NPU kernel is implemented: a test that reaches one gets an inert object back, and the tests only
 drive paths that are plain torch on CPU (``_native_select_experts``, vLLM-Ascend's own Python).
-The README says which of vLLM-Ascend's paths ran here against this stand-in.
+docs/ascend.md says which of vLLM-Ascend's paths ran here against this stand-in.
 """
 
 from __future__ import annotations
