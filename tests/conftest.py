@@ -66,6 +66,28 @@ def cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)
 
 
+def tiny_model_and_layout(root: Path, entries: int, num_redundant: int, ep_size: int):
+    """The generated tiny Qwen3-MoE in ``root/model`` and a layout fitted for it on skewed counts of
+    ``entries`` passes: (model folder, layout, the layout's native file)."""
+    from vllm_scene_eplb.counts import Counts
+    from vllm_scene_eplb.fit import FitOptions, fit
+    from vllm_scene_eplb.formats import write_layout
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.layout import Geometry
+
+    spec = TinyMoeSpec()
+    model = make_tiny_moe(root / "model", spec)
+    counts = Counts(skewed_counts(entries, spec.num_layers, spec.num_experts, top_k=2))
+    layout = fit(counts, FitOptions(Geometry(spec.num_experts, num_redundant=num_redundant, ep_size=ep_size)))
+    return model, layout, write_layout(layout, root / "layout.json")
+
+
+def bench_cli(srv, scene: str, out, n: int, c: int, input_len: int, output_len: int, *extra) -> subprocess.CompletedProcess:
+    """`scene-eplb bench` against a test server (``srv``), JSON on stdout, no progress lines."""
+    args = ["--url", srv.url, "--model", srv.model, "--scene", scene, "-n", n, "-c", c, "--input-len", input_len]
+    return cli("bench", *args, "--output-len", output_len, "-o", out, "--json", "-q", *extra)
+
+
 def plugin_flag(**cfg) -> list[str]:
     """The plugin's flag with settings ``cfg``."""
     return ["--additional-config", json.dumps({"scene_eplb": cfg})]

@@ -95,24 +95,10 @@ def _command(script: str, *args: str, **env_extra: str) -> dict:
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
     """Every recipe (and two that must fail) through the released code, in one process."""
-    from vllm_scene_eplb.counts import Counts
-    from vllm_scene_eplb.fit import FitOptions, fit
-    from vllm_scene_eplb.formats import write_layout
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
-    from vllm_scene_eplb.layout import Geometry
-
-    from .conftest import skewed_counts
+    from .conftest import tiny_model_and_layout
 
     root = tmp_path_factory.mktemp("recipes")
-    spec = TinyMoeSpec()
-    model = make_tiny_moe(root / "model", spec)
-    layout = write_layout(
-        fit(
-            Counts(skewed_counts(3, spec.num_layers, spec.num_experts, top_k=2)),
-            FitOptions(Geometry(spec.num_experts, num_redundant=8, ep_size=16)),
-        ),
-        root / "layout.json",
-    )
+    model, _, layout = tiny_model_and_layout(root, entries=3, num_redundant=8, ep_size=16)
     # the plugin-off layout run reads the expert map the recipe converts before starting
     subprocess.run(
         [

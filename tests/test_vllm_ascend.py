@@ -190,18 +190,10 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def ascend_model(tmp_path_factory):
     """A generated Qwen3-MoE checkpoint (8 experts, 2 MoE layers) and a layout fitted for EP=2, R=2."""
-    from vllm_scene_eplb.counts import Counts
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
-
-    from .conftest import skewed_counts
+    from .conftest import tiny_model_and_layout
 
     root = tmp_path_factory.mktemp("ascend-startup")
-    spec = TinyMoeSpec()
-    model = make_tiny_moe(root / "model", spec)
-    layout = fit(
-        Counts(skewed_counts(2, spec.num_layers, spec.num_experts, top_k=2)), FitOptions(Geometry(spec.num_experts, 2, 2))
-    )
-    path = write_layout(layout, root / "layout.json")
+    model, layout, path = tiny_model_and_layout(root, entries=2, num_redundant=2, ep_size=2)
     return model, layout, path, root
 
 

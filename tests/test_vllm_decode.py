@@ -23,7 +23,7 @@ from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.formats import read_counts, read_layout
 from vllm_scene_eplb.harness.local_server import http, start_server
 
-from .conftest import cli, plugin_flag
+from .conftest import bench_cli, cli, plugin_flag
 
 pytestmark = pytest.mark.engine
 
@@ -92,29 +92,7 @@ def layout_run(tiny_moe, workdir, recorded):
             "status": http("GET", srv.url + "/scene_eplb/status")[1],
         }
         # the D bench scene: short prompts, long outputs, drafts on
-        run["bench"] = cli(
-            "bench",
-            "--url",
-            srv.url,
-            "--model",
-            srv.model,
-            "--scene",
-            "decode-heavy",
-            "-n",
-            6,
-            "-c",
-            3,
-            "--input-len",
-            16,
-            "--output-len",
-            48,
-            "--cards",
-            2,
-            "-o",
-            workdir / "bench-d.json",
-            "--json",
-            "-q",
-        )
+        run["bench"] = bench_cli(srv, "decode-heavy", workdir / "bench-d.json", 6, 3, 16, 48, "--cards", 2)
         return run
 
 

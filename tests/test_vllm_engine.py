@@ -17,7 +17,7 @@ import pytest
 from vllm_scene_eplb.formats import read_counts, read_layout
 from vllm_scene_eplb.harness.local_server import ENGINE_ARGS, http, start_server
 
-from .conftest import cli, layout_for_another_ep_size_stops_startup, plugin_flag, require_vllm
+from .conftest import bench_cli, cli, layout_for_another_ep_size_stops_startup, plugin_flag, require_vllm
 
 pytestmark = pytest.mark.engine
 
@@ -80,29 +80,7 @@ def recorded(tiny_model, workdir):
         obs["status"] = _cli(srv.url, "status")
         obs["native"] = _cli(srv.url, "native_load")
         obs["after_misuse_outputs"] = srv.complete(PROMPTS[:1], MAX_TOKENS)
-        obs["bench_with_key"] = cli(
-            "bench",
-            "--url",
-            srv.url,
-            "--model",
-            srv.model,
-            "--scene",
-            "keyed",
-            "-n",
-            4,
-            "-c",
-            2,
-            "--input-len",
-            32,
-            "--output-len",
-            2,
-            "-o",
-            workdir / "keyed.json",
-            "--api-key",
-            API_KEY,
-            "--json",
-            "-q",
-        )
+        obs["bench_with_key"] = bench_cli(srv, "keyed", workdir / "keyed.json", 4, 2, 32, 2, "--api-key", API_KEY)
         obs["log"] = srv.log_text()
         return obs
     finally:
@@ -160,29 +138,7 @@ def _layout_server(tiny_model, workdir, layout, dispatch, role):
         if dispatch == "static":
             run["audit_ok"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "static", "--log", srv.log)
             run["audit_bad"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "dynamic", "--json")
-            run["bench"] = cli(
-                "bench",
-                "--url",
-                srv.url,
-                "--model",
-                srv.model,
-                "--scene",
-                "smoke",
-                "-n",
-                8,
-                "-c",
-                4,
-                "--input-len",
-                64,
-                "--output-len",
-                4,
-                "--cards",
-                2,
-                "-o",
-                workdir / "bench.json",
-                "--json",
-                "-q",
-            )
+            run["bench"] = bench_cli(srv, "smoke", workdir / "bench.json", 8, 4, 64, 4, "--cards", 2)
         run["start"] = http("POST", srv.url + "/start_expert_distribution_record")
         run["log"] = srv.log_text()
         return run

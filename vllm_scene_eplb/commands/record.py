@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..client.record import call
 from ..errors import SceneEplbError
-from ..protocol import ACTIONS
+from ..protocol import ACTIONS, RANK_KEYS
 from .common import Console, server_args
 from .options import number
 
@@ -15,16 +15,8 @@ DESCRIPTION = (
     "native_load answers the engine's own expert-load counters over the last record in logical ids "
     "(vLLM-Ascend with dynamic EPLB), to cross-check a dump."
 )
-SHOWN = (
-    "role",
-    "observer",
-    "layout_hash",
-    "redundant_slots",
-    "dispatch",
-    "entries_written",
-    "passes_recorded",
-    "skipped_recorded",
-)
+# what a status line shows: the role, then what each rank reports of its recorder and layout
+SHOWN = ("role", *(k for k in RANK_KEYS if k not in ("ep_rank", "dp_rank", "tp_rank", "skipped_passes")))
 
 
 def add_arguments(p) -> None:
