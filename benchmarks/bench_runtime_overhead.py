@@ -12,7 +12,7 @@ alternating between them (one server after the other read 1.149 for two identica
 The export's cost (field-size ring, 2 and 16 ranks) is measured by ``bench_export_dp.py``.
 
     python benchmarks/bench_runtime_overhead.py [--rounds 8]     (needs the .venv from scripts/setup.sh)
-Exits 1 when a target is missed: plugin on (live fitness) / flag off >= 0.99, recording/off >= 0.97.
+Exits 1 when a target is missed: plugin on (live fitness) / flag off >= 0.99, recording/off >= 0.99 (the capture: at most four device ops per MoE layer and pass).
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ def main() -> int:
     live = math.sqrt(math.prod(tp["live"] / tp["flag_off"] for tp in phases))
     rec = math.sqrt(math.prod(tp["recording"] / tp["live"] for tp in phases))
     print(f"  plugin on (live fitness) / flag off   {live:.3f}  (geometric mean of both core assignments; target >= 0.99)")
-    print(f"  recording / not recording             {rec:.3f}  (target >= 0.97)")
-    misses = [m for m, ok in (("live/flag-off < 0.99", live >= 0.99), ("recording/off < 0.97", rec >= 0.97)) if not ok]
+    print(f"  recording / not recording             {rec:.3f}  (target >= 0.99)")
+    misses = [m for m, ok in (("live/flag-off < 0.99", live >= 0.99), ("recording/off < 0.99", rec >= 0.99)) if not ok]
     if misses:
         print("MISSED: " + "; ".join(misses))
     return 1 if misses else 0
