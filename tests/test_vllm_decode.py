@@ -21,7 +21,7 @@ import pytest
 from vllm_scene_eplb.client.verify import counter
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.formats import read_counts, read_layout
-from vllm_scene_eplb.harness.local_server import http, start_server
+from vllm_scene_eplb.harness.local_server import ENGINE_ARGS, http, start_server
 
 from .conftest import bench_cli, cli, plugin_flag
 
@@ -57,6 +57,7 @@ def _decode_server(model, workdir, name, **cfg):
         workdir,
         name,
         extra=["--enable-expert-parallel", *SPEC, *plugin_flag(role="decode", dump_dir=str(workdir / "dumps"), **cfg)],
+        engine_args=(*ENGINE_ARGS, "--enforce-eager"),  # what decode passes count, not the compiled path: a faster start
     )
 
 

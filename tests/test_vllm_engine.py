@@ -1,8 +1,8 @@
 """The plugin in real vLLM 0.32 CPU servers: a generated Qwen3-MoE checkpoint, TP=2 with expert parallel.
 
 One server at a time (two cores): the baseline without any plugin, a P-role recording server behind
---api-key, a server with the fitted layout under ``static`` and one under ``dynamic`` (decode role, which records too),
-and one started with a layout for another geometry, which must refuse to start.
+--api-key, a server with the fitted layout under ``static`` and one under ``dynamic`` (decode role, which records too).
+A layout for another geometry must stop startup: tests/test_vllm_engine_dp.py starts that server.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.formats import read_counts, read_layout
-from vllm_scene_eplb.harness.local_server import ENGINE_ARGS, http, start_server
+from vllm_scene_eplb.harness.local_server import http, start_server
 
-from .conftest import bench_cli, cli, layout_for_another_ep_size_stops_startup, plugin_flag, require_vllm
+from .conftest import bench_cli, cli, plugin_flag, require_vllm
 
 pytestmark = pytest.mark.engine
 
@@ -292,10 +292,3 @@ def test_decode_role_records_too(dynamic_run):
     code, body = dynamic_run["start"]
     assert code == 200 and body["observer"] == "recording" and body["role"] == "decode"
     assert dynamic_run["status"][1]["steps_per_entry"] == 16  # the decode default: a ring of minutes
-
-
-def test_layout_for_another_geometry_stops_startup(tiny_model, workdir):
-    log = layout_for_another_ep_size_stops_startup(
-        tiny_model, workdir, "bad-layout", ENGINE_ARGS + ("--enable-expert-parallel",), EXPERTS, LAYERS
-    )
-    assert "scene_eplb.layout does not fit this server" in log and "ep_size 4" in log

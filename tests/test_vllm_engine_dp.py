@@ -201,7 +201,9 @@ def _layout_run(tiny_moe, workdir, layout, dispatch):
         tiny_moe,
         workdir,
         f"dp-layout-{dispatch}",
-        engine_args=DP2,
+        # with DP the MoE layer is vLLM's opaque moe_forward op, so the layout's maps run eagerly
+        # either way: an eager engine starts faster and runs the same plugin code
+        engine_args=(*DP2, "--enforce-eager"),
         extra=plugin_flag(
             role="prefill", layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2"), live_window_s=LIVE_WINDOW_S
         ),

@@ -30,7 +30,9 @@ pytestmark = pytest.mark.engine
 
 SPEC = TinyMoeSpec(num_experts=8, top_k=2, num_layers=2, skew=2.0)
 WINDOW_S, DRIFT_WINDOWS = 2.0, 2
-ENGINE = engine_args("tp2") + ("--enable-expert-parallel",)
+# eager: live fitness reads counts and times between steps, whatever the engine compiled (recording
+# under torch.compile is tested in test_vllm_engine.py); an eager engine starts faster
+ENGINE = engine_args("tp2") + ("--enable-expert-parallel", "--enforce-eager")
 RNG = np.random.default_rng(5)
 # Six prompts, twice in the same order: the two halves of every batch's rows (the two TP ranks' source
 # rows under static dispatch) hold the same tokens, so the dispatch model's even split is exact and

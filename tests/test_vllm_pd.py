@@ -51,7 +51,10 @@ def pair(tiny_moe, tmp_path_factory):
     """P and D started together, a record on both around P's prefill and D's generation."""
     work = tmp_path_factory.mktemp("engine-pd")
     flag = plugin_flag(role="auto", dump_dir=str(work / "dumps"))
-    tp1 = engine_args("tp1")
+    tp1 = (
+        *engine_args("tp1"),
+        "--enforce-eager",
+    )  # recording semantics, not the compiled path (tested elsewhere): a faster start
     p = start_server(tiny_moe, work, "p", extra=[*_kv("kv_producer", work / "kv"), *flag], engine_args=tp1, cores="0")
     d = start_server(tiny_moe, work, "d", extra=[*_kv("kv_consumer", work / "kv"), *flag], engine_args=tp1, cores="1")
     try:
