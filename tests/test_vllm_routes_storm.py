@@ -46,7 +46,7 @@ def server(tiny_moe, workdir):
         tiny_moe,
         workdir,
         "storm",
-        engine_args=(*DP2, "--enforce-eager"),  # the routes under load, not the compiled path: a faster start
+        engine_args=DP2,
         api_key=KEY,
         extra=plugin_flag(role="prefill", ring_entries=RING, dump_dir=str(workdir / "dumps"), export_timeout_s=10),
     )
