@@ -82,6 +82,17 @@ def tiny_model_and_layout(root: Path, entries: int, num_redundant: int, ep_size:
     return model, layout, write_layout(layout, root / "layout.json")
 
 
+def engine_counters(srv, names) -> dict[str, int]:
+    """vLLM's counters ``names`` on a test server's ``/metrics``, each summed over its series."""
+    import urllib.request
+
+    from vllm_scene_eplb.client.verify import counter
+
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {name: counter(text, name) for name in names}
+
+
 def bench_cli(srv, scene: str, out, n: int, c: int, input_len: int, output_len: int, *extra) -> subprocess.CompletedProcess:
     """`scene-eplb bench` against a test server (``srv``), JSON on stdout, no progress lines."""
     args = ["--url", srv.url, "--model", srv.model, "--scene", scene, "-n", n, "-c", c, "--input-len", input_len]

@@ -327,6 +327,7 @@ async def main():
         out["refused"] = [refused.status_code, refused.json()["error"]]
         bad = await http.post("/dump_expert_distribution_record?keep_skipped=maybe")
         out["bad_flag"] = bad.status_code
+        out["flag_elsewhere"] = (await http.post("/start_expert_distribution_record?keep_skipped=true")).status_code
         kept = await http.post("/dump_expert_distribution_record?keep_skipped=true")
         out["kept"] = [kept.status_code, kept.json().get("error", "")]
     print(json.dumps(out))
@@ -357,7 +358,7 @@ def test_routes_on_vllm_0_23_api_server_reach_every_dp_engine(tmp_path):
     ranks = out["skipped_status"]["ranks"]
     assert [(r["skipped_passes"], r["skipped_recorded"]) for r in ranks] == [(0, 0), (1, 1)]
     assert out["refused"][0] == 409 and "this record skipped 1 (MoE layer, pass) pairs" in out["refused"][1]
-    assert "keep_skipped=true" in out["refused"][1] and out["bad_flag"] == 400
+    assert "keep_skipped=true" in out["refused"][1] and out["bad_flag"] == 400 and out["flag_elsewhere"] == 400
     assert "skipped" not in out["kept"][1]  # past the gate (the stand-in engine has no export group)
     assert out["recorded"] == [2, 2]
     # not bound to a model with vLLM-Ascend's counters: the route says why, for all ranks

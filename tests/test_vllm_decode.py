@@ -12,18 +12,16 @@ exact but for the drafts accepted past ``max_tokens`` (counted as accepted, then
 from __future__ import annotations
 
 import json
-import urllib.request
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.client.verify import counter
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.formats import read_counts, read_layout
 from vllm_scene_eplb.harness.local_server import ENGINE_ARGS, http, start_server
 
-from .conftest import bench_cli, cli, plugin_flag
+from .conftest import bench_cli, cli, engine_counters, plugin_flag
 
 pytestmark = pytest.mark.engine
 
@@ -43,12 +41,6 @@ COUNTERS = (
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
 )
-
-
-def _metrics(srv) -> dict:
-    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    return {name: counter(text, name) for name in COUNTERS}
 
 
 def _decode_server(model, workdir, name, **cfg):
@@ -71,11 +63,11 @@ def recorded(tiny_moe, workdir):
     """A decode server with n-gram drafts: a record of a generation-heavy load, dumped."""
     with _decode_server(tiny_moe, workdir, "decode-record", ring_entries=64) as srv:
         srv.complete(PROMPTS, 4)  # warm-up
-        out = {"status": http("GET", srv.url + "/scene_eplb/status")[1], "before": _metrics(srv)}
+        out = {"status": http("GET", srv.url + "/scene_eplb/status")[1], "before": engine_counters(srv, COUNTERS)}
         out["start"] = http("POST", srv.url + "/start_expert_distribution_record")
         out["outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
         out["stop"] = http("POST", srv.url + "/stop_expert_distribution_record")
-        out["after"] = _metrics(srv)
+        out["after"] = engine_counters(srv, COUNTERS)
         out["dump"] = http("POST", srv.url + "/dump_expert_distribution_record")
         return out
 

@@ -12,15 +12,13 @@ core each): a layout needs EP >= 2 per side, which this machine runs for one ser
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 
-from vllm_scene_eplb.client.verify import counter
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
 
-from .conftest import plugin_flag
+from .conftest import engine_counters, plugin_flag
 
 pytestmark = pytest.mark.engine
 
@@ -39,11 +37,7 @@ def _kv(role: str, store) -> list[str]:
     return ["--kv-transfer-config", json.dumps(config)]
 
 
-def _counters(srv) -> dict:
-    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    names = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:external_prefix_cache_hits_total")
-    return {name: counter(text, name) for name in names}
+COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:external_prefix_cache_hits_total")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +61,7 @@ def pair(tiny_moe, tmp_path_factory):
         out["d_tokens"] = d.complete(PROMPTS, DECODE_TOKENS)  # D: loads those blocks, computes the rest
         for s in (p, d):
             http("POST", s.url + "/stop_expert_distribution_record")
-        out["counters"] = [_counters(s) for s in (p, d)]
+        out["counters"] = [engine_counters(s, COUNTERS) for s in (p, d)]
         out["dumps"] = [http("POST", s.url + "/dump_expert_distribution_record") for s in (p, d)]
         return out
     finally:

@@ -273,6 +273,8 @@ class SceneEplbEndpoints:
                 return JSONResponse({"error": "Unauthorized"}, status_code=401)
             if self.engine_client is None:
                 return JSONResponse({"error": "no engine behind this server"}, status_code=503)
+            if KEEP_SKIPPED in request.query_params and action != "dump":
+                return JSONResponse({"error": f"{KEEP_SKIPPED} applies to the dump route only"}, status_code=400)
             keep = request.query_params.get(KEEP_SKIPPED, "false").lower()
             if keep not in ("true", "false", "1", "0"):
                 return JSONResponse({"error": f"{KEEP_SKIPPED} must be true or false, got {keep!r}"}, status_code=400)

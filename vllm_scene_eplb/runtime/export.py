@@ -84,7 +84,7 @@ def _window(group, stamps: np.ndarray, entries: int) -> tuple[int, int] | None:
     return max(int(bounds[0]), last - entries + 1), last
 
 
-def _check_aligned(group, record: RankRecord, first: int, entries: int, steps_per_entry: int) -> bool:
+def _check_aligned(group, record: RankRecord, first: int, entries: int) -> bool:
     """Raise (on every rank alike) when two ranks' DP signatures of one entry differ; False when not
     every rank has signatures (nothing to compare)."""
     signature = record.signature
@@ -108,7 +108,7 @@ def _check_aligned(group, record: RankRecord, first: int, entries: int, steps_pe
         i = differ[0]
         raise SceneEplbError(
             f"ring entries do not line up across DP engines: {len(differ)} entries differ, the first at global "
-            f"step {(first + i) * steps_per_entry} (tokens per DP rank {low[i].tolist()} on one rank, "
+            f"step {(first + i) * record.steps_per_entry} (tokens per DP rank {low[i].tolist()} on one rank, "
             f"{high[i].tolist()} on another); nothing written"
         )
     return True
@@ -154,7 +154,7 @@ def export_counts(
     window = _window(group, record.stamps, entries)
     summed = torch.zeros((entries, *shape), dtype=torch.int64)
     first, span = (window[0], window[1] - window[0] + 1) if window else (0, 0)
-    checked = _check_aligned(group, record, first, entries, record.steps_per_entry)
+    checked = _check_aligned(group, record, first, entries)
     at = record.stamps - first
     keep = np.flatnonzero((at >= 0) & (at < span))
     summed[torch.from_numpy(at[keep])] = cpu[torch.from_numpy(keep)]

@@ -10,11 +10,12 @@ Glossary:
   zeros), so entry k means the same steps on every DP engine and an export lines ranks up by stamp;
 - **DP signature**: where the adapter reports each step's tokens per DP rank (``note_dp_tokens``,
   the same vector on every engine for the same step), their sum per entry; an export compares the
-  engines' signatures of each entry, so entries that do not line up fail the dump. ``capture`` runs inside the model's forward (traced by
-torch.compile or recorded into a device graph): at most four fixed-shape device ops per MoE layer
-and pass, no host sync, no Python state that changes per step. ``end_step`` runs between forward
-passes on the host: it adds the pass to the live counts, commits it to the next ring entry while
-recording, and clears it. Engine-neutral: the adapters bind ``capture`` to their routers and
+  engines' signatures of each entry, so entries that do not line up fail the dump.
+
+``capture`` runs inside the model's forward (traced by torch.compile or recorded into a device
+graph): at most four fixed-shape device ops per MoE layer and pass, no host sync, no Python state
+that changes per step. ``end_step`` runs between forward passes on the host: it adds the pass to
+the live counts and, while recording, to the ring entry of its global step, and clears it. Engine-neutral: the adapters bind ``capture`` to their routers and
 ``end_step`` to their step boundary.
 
 What ``capture`` counts is the id space the adapter sees:
@@ -129,7 +130,7 @@ class RoutingObserver:
             raise SceneEplbError(f"slot_to_expert must be [{L}, P] of expert ids below {num_experts}")
         self.num_physical = None if self.slot_to_expert is None else self.slot_to_expert.shape[1]
         W = self.width = self.num_physical or num_experts
-        self.not_counted, self.skipped_col = W, W + 1  # the pass buffer's two extra columns
+        self.skipped_col = W + 1  # the pass buffer's two extra columns: W not counted, W + 1 skipped passes
         self.pass_counts = torch.zeros((L, W + 2), dtype=torch.int32, device=device)
         self._one = torch.ones(1, dtype=torch.int32, device=device)  # expanded (a view) as index_add_'s source
         self.live = torch.zeros((L, W + 2) if live else (0, W + 2), dtype=torch.int64, device=device)
@@ -183,8 +184,8 @@ class RoutingObserver:
         self._pass_seconds[moe_idx] += seconds
 
     def note_dp_tokens(self, tokens) -> None:
-        """This step's tokens per DP rank (host), as every DP engine agreed them for the step."""
-        self._dp_tokens = [int(t) for t in tokens]
+        """This step's tokens per DP rank (host; a list or a CPU tensor), as every DP engine agreed them for the step."""
+        self._dp_tokens = [int(t) for t in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)]
 
     def end_step(self, is_dummy: bool = False) -> None:
         """Close one forward pass: add it to the live counts and, while recording, to its ring entry

@@ -109,7 +109,7 @@ class RecorderRuntime:
 
     def note_dp_tokens(self, tokens) -> None:
         """This step's tokens per DP rank, as the DP engines agreed them (the ring's DP signature)."""
-        self.observer.note_dp_tokens(tokens.tolist() if hasattr(tokens, "tolist") else tokens)
+        self.observer.note_dp_tokens(tokens)
 
     def check_moe_layers(self, found: list[int]) -> None:
         """Keep the MoE layer ids the engine built, refusing a model that disagrees with its config."""
