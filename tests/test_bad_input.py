@@ -14,10 +14,13 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from vllm_scene_eplb import cli
 from vllm_scene_eplb.counts import Counts
@@ -96,8 +99,6 @@ def _npz_claiming(d: Path, shape: tuple[int, ...]) -> Path:
 
 
 def _pt(d: Path, name: str, tensor) -> Path:
-    import torch
-
     p = d / name
     torch.save({"logical_count": tensor}, p)
     return p
@@ -118,216 +119,264 @@ def _model_with(files, name: str, **changes) -> Path:
     return d
 
 
-def bad_inputs(files) -> list[tuple[str, list, str]]:
-    """(name, command line, text the error line must hold)."""
-    import torch
+@dataclass(frozen=True)
+class Corpus:
+    """The files a hostile case may point at or mutate (from the ``files`` fixture)."""
 
-    d, counts, layout = files["dir"], files["counts"], files["layout"]
-    deep = 100_000
-    bench = {"format": "scene-eplb-bench", "manifest": 1, "runs": [], "aggregate": {}}
-    bench = _json(d, "bench.json", {**bench, "checksum": doc_checksum(bench)})
-    zero = _json(d, "zero.json", {"logical_count": np.zeros((2, L, E), dtype=int).tolist()})
-    big = 2**52
-    cases = [
-        # counts files
-        ("all-zero counts fit", ["fit", zero, *FIT], "every count is zero"),
-        ("all-zero counts score", ["score", layout, zero], "every count is zero"),
-        (
-            "integer too long to parse",
-            ["inspect", _json(d, "long.json", '{"logical_count": [[1' + "9" * 5000 + "]]}")],
-            "not valid JSON",
-        ),
-        (
-            "JSON nested too deep",
-            ["inspect", _json(d, "deep.json", '{"logical_count": ' + "[" * deep + "]" * deep + "}")],
-            "nested deeper",
-        ),
-        ("npz header claims terabytes", ["inspect", _npz_claiming(d, (10**6, 10**6, 256))], "more than the"),
-        ("bfloat16 counts in .pt", ["inspect", _pt(d, "bf16.pt", torch.ones((L, E), dtype=torch.bfloat16))], "bfloat16"),
-        ("sparse counts in .pt", ["inspect", _pt(d, "sparse.pt", torch.eye(E, dtype=torch.int64).to_sparse())], "sparse"),
-        ("booleans among counts", ["inspect", _json(d, "bool.json", '{"logical_count": [[1, true, 2]]}')], "true/false"),
-        ("a string among counts", ["inspect", _json(d, "str.json", '{"logical_count": [[1, "2", 3]]}')], "str values"),
-        ("null among counts", ["inspect", _json(d, "null.json", '{"logical_count": [[1, null, 3]]}')], "NoneType values"),
-        (
-            "counts wider than int64",
-            ["inspect", _json(d, "wide.json", '{"logical_count": [[1, 2, 99999999999999999999999]]}')],
-            "out of range",
-        ),
-        ("counts whose sum overflows", ["inspect", _json(d, "sum.json", {"logical_count": [[big] * 64] * 8})], "sums to"),
-        ("ragged counts", ["inspect", _json(d, "ragged.json", '{"logical_count": [[1, 2], [3]]}')], "rectangular"),
-        # layouts
-        (
-            "moe_layers holds a boolean",
-            ["validate", _layout_with(files, "boolmoe.json", lambda x: x.update(moe_layers=[True, 1, 2]))],
-            "moe_layers",
-        ),
-        (
-            "meta is not an object",
-            ["validate", _layout_with(files, "meta.json", lambda x: x.update(meta=[1, 2]))],
-            "meta must be a JSON object",
-        ),
-        (
-            "meta expectation is not an object",
-            ["validate", _layout_with(files, "exp.json", lambda x: x["meta"].update(expected_balancedness=3))],
-            "expected_balancedness",
-        ),
-        (
-            "geometry with a boolean",
-            ["validate", _layout_with(files, "geo.json", lambda x: x["geometry"].update(num_nodes=True))],
-            "nodes",
-        ),
-        (
-            "geometry beyond any cluster",
-            ["validate", _layout_with(files, "geobig.json", lambda x: x["geometry"].update(ep_size=10**12))],
-            "ep_size",
-        ),
-        (
-            "SGLang id written as 1e20",
-            ["validate", _json(d, "sg.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, 6, 1e20, 0, 1]]}), "--ep-size", 2],
-            "above 2147483647",
-        ),
-        (
-            "boolean in a map",
-            ["validate", _json(d, "sgb.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, 6, True, 0, 1]]}), "--ep-size", 2],
-            "true/false",
-        ),
-        (
-            "report on a layout for other counts",
-            ["report", layout, _json(d, "e4.json", {"logical_count": [[1, 2, 3, 4]] * L}), "-o", d / "rep-bad"],
-            "e4.json: layout is for 8 experts",
-        ),
-        # model configs
-        (
-            "quantization_config a string",
-            ["inspect", counts, "--model", _model_with(files, "q", quantization_config="fp8")],
-            "quantization_config must be a JSON object",
-        ),
-        (
-            "zero block size",
-            [
-                "inspect",
-                counts,
-                "--model",
-                _model_with(files, "b", quantization_config={"quant_method": "fp8", "weight_block_size": [0, 128]}),
-            ],
-            "weight_block_size",
-        ),
-        (
-            "zero attention heads",
-            ["inspect", counts, "--model", _model_with(files, "h", num_attention_heads=0)],
-            "num_attention_heads",
-        ),
-        (
-            "non-numeric moe_layer_freq",
-            ["validate", layout, "--model", _model_with(files, "f", first_k_dense_replace=0, moe_layer_freq="x")],
-            "moe_layer_freq",
-        ),
-        ("text_config a string", ["validate", layout, "--model", _model_with(files, "t", text_config="x")], "text_config"),
-        (
-            "scalar mlp_only_layers",
-            ["validate", layout, "--model", _model_with(files, "m", mlp_only_layers=3)],
-            "mlp_only_layers",
-        ),
-        ("zero layers", ["validate", layout, "--model", _model_with(files, "z", num_hidden_layers=0)], "num_hidden_layers"),
-        (
-            "no MoE layer at all",
-            ["inspect", counts, "--model", _model_with(files, "d", mlp_only_layers=[0, 1, 2])],
-            "no MoE layer",
-        ),
-        ("boolean expert count", ["inspect", counts, "--model", _model_with(files, "e", num_experts=True)], "num_experts"),
-        # options
-        ("negative --expert-bytes", ["inspect", counts, "--model", files["model"], "--expert-bytes", "-5"], "--expert-bytes"),
-        ("--expert-bytes without --model", ["inspect", counts, "--expert-bytes", "100"], "give --model"),
-        ("reversed --moe-layers", ["convert", layout, "--to", "vllm-ascend", "--moe-layers", "5-2"], "runs backwards"),
-        ("--moe-layers beyond the map", ["convert", layout, "--to", "vllm-ascend", "--moe-layers", "0-9"], "--moe-layers"),
-        ("--moe-layers on counts", ["convert", counts, "--to", "sglang", "--moe-layers", "0-1"], "applies to layouts"),
-        ("--ep-size 0", ["fit", counts, "--ep-size", "0", "--redundant", "0"], "argument --ep-size"),
-        ("--redundant -1", ["fit", counts, "--ep-size", "2", "--redundant", "-1"], "argument --redundant"),
-        ("--nodes not a number", ["fit", counts, *FIT, "--nodes", "two"], "argument --nodes"),
-        ("--expert-groups 0", ["fit", counts, *FIT, "--expert-groups", "0"], "argument --expert-groups"),
-        ("--scene-weights with NaN", ["fit", counts, counts, *FIT, "--scene-weights", "nan,1"], "--scene-weights"),
-        ("--scene-weights with inf", ["fit", counts, counts, *FIT, "--scene-weights", "inf,1"], "--scene-weights"),
-        ("--scene-weights zero", ["fit", counts, counts, *FIT, "--scene-weights", "0,1"], "--scene-weights"),
-        ("--scene-weights miscounted", ["fit", counts, counts, *FIT, "--scene-weights", "1"], "1 scene weight(s) given for 2"),
-        ("--num-experts 0", ["validate", layout, "--num-experts", "0"], "argument --num-experts"),
-        ("watch --interval nan", ["watch", "--interval", "nan", "--once"], "argument --interval"),
-        ("record --timeout -1", ["record", "status", "--timeout", "-1"], "argument --timeout"),
-        (
-            "bench --prefix-share 1.5",
-            [
-                "bench",
-                "--model",
-                "m",
-                "--scene",
-                "s",
-                "-n",
-                "1",
-                "-c",
-                "1",
-                "--input-len",
-                "1",
-                "--output-len",
-                "1",
-                "--prefix-share",
-                "1.5",
-            ],
-            "argument --prefix-share",
-        ),
-        (
-            "bench -n 0",
-            ["bench", "--model", "m", "--scene", "s", "-n", "0", "-c", "1", "--input-len", "1", "--output-len", "1"],
-            "argument -n",
-        ),
-        ("unknown option", ["inspect", counts, "--frobnicate"], "unrecognized arguments"),
-        # servers, logs and bench results
-        ("a URL without a scheme", ["record", "status", "--url", "localhost:8000"], "expected a server base URL"),
-        ("a malformed URL", ["record", "status", "--url", "http://[::1"], "cannot reach the server"),
-        ("a missing server log", ["audit", "--log", d / "no.log"], "cannot read server log"),
-        ("a bench result of the wrong shape", ["compare", bench, bench], "bench result has no 'manifest' dict"),
-        ("a bench result that is a counts file", ["compare", counts, counts], "cannot read bench result"),
-    ]
-    return cases
+    files: dict
+    bench: Path
+    zero: Path
+
+    @property
+    def d(self) -> Path:
+        return self.files["dir"]
+
+    @property
+    def counts(self) -> Path:
+        return self.files["counts"]
+
+    @property
+    def layout(self) -> Path:
+        return self.files["layout"]
 
 
-def test_every_bad_input_gets_one_line_and_leaves_the_output_untouched(files):
-    out = files["dir"] / "existing-output.json"
-    failures = []
-    for name, args, expected in bad_inputs(files):
-        out.write_bytes(SENTINEL)
-        cmd = list(args)
-        if cmd[0] in ("fit", "convert"):
-            cmd += ["-o", out]
-        if cmd[0] == "bench":
-            cmd += ["-o", out]
-        code, stdout, err = run(*cmd, "-q")
-        try:
-            assert_one_line_error(code, err, expected, name)
-            assert out.read_bytes() == SENTINEL, name
-        except AssertionError as exc:
-            failures.append(f"{name}: {exc}")
-    assert not failures, "\n".join(failures)
+DEEP = 100_000
+BIG = 2**52
+
+# (name: the test id, the command line built from the corpus, text the error line must hold)
+BAD_INPUTS: list[tuple[str, Callable[[Corpus], list], str]] = [
+    ("all-zero counts fit", lambda c: ["fit", c.zero, *FIT], "every count is zero"),
+    ("all-zero counts score", lambda c: ["score", c.layout, c.zero], "every count is zero"),
+    (
+        "integer too long to parse",
+        lambda c: ["inspect", _json(c.d, "long.json", '{"logical_count": [[1' + "9" * 5000 + "]]}")],
+        "not valid JSON",
+    ),
+    (
+        "JSON nested too deep",
+        lambda c: ["inspect", _json(c.d, "deep.json", '{"logical_count": ' + "[" * DEEP + "]" * DEEP + "}")],
+        "nested deeper",
+    ),
+    ("npz header claims terabytes", lambda c: ["inspect", _npz_claiming(c.d, (10**6, 10**6, 256))], "more than the"),
+    ("bfloat16 counts in .pt", lambda c: ["inspect", _pt(c.d, "bf16.pt", torch.ones((L, E), dtype=torch.bfloat16))], "bfloat16"),
+    ("sparse counts in .pt", lambda c: ["inspect", _pt(c.d, "sparse.pt", torch.eye(E, dtype=torch.int64).to_sparse())], "sparse"),
+    ("booleans among counts", lambda c: ["inspect", _json(c.d, "bool.json", '{"logical_count": [[1, true, 2]]}')], "true/false"),
+    ("a string among counts", lambda c: ["inspect", _json(c.d, "str.json", '{"logical_count": [[1, "2", 3]]}')], "str values"),
+    ("null among counts", lambda c: ["inspect", _json(c.d, "null.json", '{"logical_count": [[1, null, 3]]}')], "NoneType values"),
+    (
+        "counts wider than int64",
+        lambda c: ["inspect", _json(c.d, "wide.json", '{"logical_count": [[1, 2, 99999999999999999999999]]}')],
+        "out of range",
+    ),
+    ("counts whose sum overflows", lambda c: ["inspect", _json(c.d, "sum.json", {"logical_count": [[BIG] * 64] * 8})], "sums to"),
+    ("ragged counts", lambda c: ["inspect", _json(c.d, "ragged.json", '{"logical_count": [[1, 2], [3]]}')], "rectangular"),
+    (
+        "moe_layers holds a boolean",
+        lambda c: ["validate", _layout_with(c.files, "boolmoe.json", lambda x: x.update(moe_layers=[True, 1, 2]))],
+        "moe_layers",
+    ),
+    (
+        "meta is not an object",
+        lambda c: ["validate", _layout_with(c.files, "meta.json", lambda x: x.update(meta=[1, 2]))],
+        "meta must be a JSON object",
+    ),
+    (
+        "meta expectation is not an object",
+        lambda c: ["validate", _layout_with(c.files, "exp.json", lambda x: x["meta"].update(expected_balancedness=3))],
+        "expected_balancedness",
+    ),
+    (
+        "geometry with a boolean",
+        lambda c: ["validate", _layout_with(c.files, "geo.json", lambda x: x["geometry"].update(num_nodes=True))],
+        "nodes",
+    ),
+    (
+        "geometry beyond any cluster",
+        lambda c: ["validate", _layout_with(c.files, "geobig.json", lambda x: x["geometry"].update(ep_size=10**12))],
+        "ep_size",
+    ),
+    (
+        "SGLang id written as 1e20",
+        lambda c: [
+            "validate",
+            _json(c.d, "sg.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, 6, 1e20, 0, 1]]}),
+            "--ep-size",
+            2,
+        ],
+        "above 2147483647",
+    ),
+    (
+        "boolean in a map",
+        lambda c: [
+            "validate",
+            _json(c.d, "sgb.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, 6, True, 0, 1]]}),
+            "--ep-size",
+            2,
+        ],
+        "true/false",
+    ),
+    (
+        "report on a layout for other counts",
+        lambda c: ["report", c.layout, _json(c.d, "e4.json", {"logical_count": [[1, 2, 3, 4]] * L}), "-o", c.d / "rep-bad"],
+        "e4.json: layout is for 8 experts",
+    ),
+    (
+        "quantization_config a string",
+        lambda c: ["inspect", c.counts, "--model", _model_with(c.files, "q", quantization_config="fp8")],
+        "quantization_config must be a JSON object",
+    ),
+    (
+        "zero block size",
+        lambda c: [
+            "inspect",
+            c.counts,
+            "--model",
+            _model_with(c.files, "b", quantization_config={"quant_method": "fp8", "weight_block_size": [0, 128]}),
+        ],
+        "weight_block_size",
+    ),
+    (
+        "zero attention heads",
+        lambda c: ["inspect", c.counts, "--model", _model_with(c.files, "h", num_attention_heads=0)],
+        "num_attention_heads",
+    ),
+    (
+        "non-numeric moe_layer_freq",
+        lambda c: ["validate", c.layout, "--model", _model_with(c.files, "f", first_k_dense_replace=0, moe_layer_freq="x")],
+        "moe_layer_freq",
+    ),
+    (
+        "text_config a string",
+        lambda c: ["validate", c.layout, "--model", _model_with(c.files, "t", text_config="x")],
+        "text_config",
+    ),
+    (
+        "scalar mlp_only_layers",
+        lambda c: ["validate", c.layout, "--model", _model_with(c.files, "m", mlp_only_layers=3)],
+        "mlp_only_layers",
+    ),
+    (
+        "zero layers",
+        lambda c: ["validate", c.layout, "--model", _model_with(c.files, "z", num_hidden_layers=0)],
+        "num_hidden_layers",
+    ),
+    (
+        "no MoE layer at all",
+        lambda c: ["inspect", c.counts, "--model", _model_with(c.files, "d", mlp_only_layers=[0, 1, 2])],
+        "no MoE layer",
+    ),
+    (
+        "boolean expert count",
+        lambda c: ["inspect", c.counts, "--model", _model_with(c.files, "e", num_experts=True)],
+        "num_experts",
+    ),
+    (
+        "negative --expert-bytes",
+        lambda c: ["inspect", c.counts, "--model", c.files["model"], "--expert-bytes", "-5"],
+        "--expert-bytes",
+    ),
+    ("--expert-bytes without --model", lambda c: ["inspect", c.counts, "--expert-bytes", "100"], "give --model"),
+    ("reversed --moe-layers", lambda c: ["convert", c.layout, "--to", "vllm-ascend", "--moe-layers", "5-2"], "runs backwards"),
+    (
+        "--moe-layers beyond the map",
+        lambda c: ["convert", c.layout, "--to", "vllm-ascend", "--moe-layers", "0-9"],
+        "--moe-layers",
+    ),
+    ("--moe-layers on counts", lambda c: ["convert", c.counts, "--to", "sglang", "--moe-layers", "0-1"], "applies to layouts"),
+    ("--ep-size 0", lambda c: ["fit", c.counts, "--ep-size", "0", "--redundant", "0"], "argument --ep-size"),
+    ("--redundant -1", lambda c: ["fit", c.counts, "--ep-size", "2", "--redundant", "-1"], "argument --redundant"),
+    ("--nodes not a number", lambda c: ["fit", c.counts, *FIT, "--nodes", "two"], "argument --nodes"),
+    ("--expert-groups 0", lambda c: ["fit", c.counts, *FIT, "--expert-groups", "0"], "argument --expert-groups"),
+    ("--scene-weights with NaN", lambda c: ["fit", c.counts, c.counts, *FIT, "--scene-weights", "nan,1"], "--scene-weights"),
+    ("--scene-weights with inf", lambda c: ["fit", c.counts, c.counts, *FIT, "--scene-weights", "inf,1"], "--scene-weights"),
+    ("--scene-weights zero", lambda c: ["fit", c.counts, c.counts, *FIT, "--scene-weights", "0,1"], "--scene-weights"),
+    (
+        "--scene-weights miscounted",
+        lambda c: ["fit", c.counts, c.counts, *FIT, "--scene-weights", "1"],
+        "1 scene weight(s) given for 2",
+    ),
+    ("--num-experts 0", lambda c: ["validate", c.layout, "--num-experts", "0"], "argument --num-experts"),
+    ("watch --interval nan", lambda c: ["watch", "--interval", "nan", "--once"], "argument --interval"),
+    ("record --timeout -1", lambda c: ["record", "status", "--timeout", "-1"], "argument --timeout"),
+    (
+        "bench --prefix-share 1.5",
+        lambda c: [
+            "bench",
+            "--model",
+            "m",
+            "--scene",
+            "s",
+            "-n",
+            "1",
+            "-c",
+            "1",
+            "--input-len",
+            "1",
+            "--output-len",
+            "1",
+            "--prefix-share",
+            "1.5",
+        ],
+        "argument --prefix-share",
+    ),
+    (
+        "bench -n 0",
+        lambda c: ["bench", "--model", "m", "--scene", "s", "-n", "0", "-c", "1", "--input-len", "1", "--output-len", "1"],
+        "argument -n",
+    ),
+    ("unknown option", lambda c: ["inspect", c.counts, "--frobnicate"], "unrecognized arguments"),
+    ("a URL without a scheme", lambda c: ["record", "status", "--url", "localhost:8000"], "expected a server base URL"),
+    ("a malformed URL", lambda c: ["record", "status", "--url", "http://[::1"], "cannot reach the server"),
+    ("a missing server log", lambda c: ["audit", "--log", c.d / "no.log"], "cannot read server log"),
+    ("a bench result of the wrong shape", lambda c: ["compare", c.bench, c.bench], "bench result has no 'manifest' dict"),
+    ("a bench result that is a counts file", lambda c: ["compare", c.counts, c.counts], "cannot read bench result"),
+]
 
 
-def output_cases(files) -> list[tuple[str, Path | str, str]]:
-    """(name, -o value, text the error line must hold) for paths no command can write."""
+@pytest.fixture(scope="module")
+def corpus(files) -> Corpus:
     d = files["dir"]
-    (d / "a-file").write_text("x")
-    (d / "a-dir").mkdir(exist_ok=True)
-    return [
-        ("a directory", d / "a-dir", "is a directory"),
-        ("under a regular file", d / "a-file" / "l.json", "is not a directory"),
-        ("an empty string", "", "output path is empty"),
-        ("a missing folder", d / "no-such-folder" / "l.json", "does not exist"),
-        ("an input file", files["counts"], "would replace an input"),
-    ]
+    bench = {"format": "scene-eplb-bench", "manifest": 1, "runs": [], "aggregate": {}}
+    bench_file = _json(d, "bench.json", {**bench, "checksum": doc_checksum(bench)})
+    zero = _json(d, "zero.json", {"logical_count": np.zeros((2, L, E), dtype=int).tolist()})
+    return Corpus(files, bench_file, zero)
 
 
-def test_output_paths_are_checked_before_any_work(files):
-    for name, out, expected in output_cases(files):
-        for cmd in (["fit", files["counts"], *FIT], ["convert", files["counts"], "--to", "native"]):
-            code, _, err = run(*cmd, "-o", out, "-q")
-            assert_one_line_error(code, err, expected, f"{cmd[0]}: {name}")
-    assert files["counts"].stat().st_size > 0
+@pytest.mark.parametrize(("name", "build", "expected"), BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS])
+def test_bad_input_gets_one_line_and_leaves_the_output_untouched(corpus, name, build, expected):
+    out = corpus.d / "existing-output.json"
+    out.write_bytes(SENTINEL)
+    cmd = list(build(corpus))
+    if cmd[0] in ("fit", "convert", "bench"):
+        cmd += ["-o", out]
+    code, _, err = run(*cmd, "-q")
+    assert_one_line_error(code, err, expected, name)
+    assert out.read_bytes() == SENTINEL, name
+
+
+# (name: the test id, the -o value built from the corpus, text the error line must hold): paths no command can write
+OUTPUT_CASES: list[tuple[str, Callable[[Corpus], Path | str], str]] = [
+    ("a directory", lambda c: c.d / "a-dir", "is a directory"),
+    ("under a regular file", lambda c: c.d / "a-file" / "l.json", "is not a directory"),
+    ("an empty string", lambda c: "", "output path is empty"),
+    ("a missing folder", lambda c: c.d / "no-such-folder" / "l.json", "does not exist"),
+    ("an input file", lambda c: c.counts, "would replace an input"),
+]
+
+
+@pytest.mark.parametrize("command", ["fit", "convert"])
+@pytest.mark.parametrize(("name", "build", "expected"), OUTPUT_CASES, ids=[case[0] for case in OUTPUT_CASES])
+def test_an_output_path_no_command_can_write_is_refused_before_any_work(corpus, command, name, build, expected):
+    (corpus.d / "a-file").write_text("x")
+    (corpus.d / "a-dir").mkdir(exist_ok=True)
+    cmd = ["fit", corpus.counts, *FIT] if command == "fit" else ["convert", corpus.counts, "--to", "native"]
+    code, _, err = run(*cmd, "-o", build(corpus), "-q")
+    assert_one_line_error(code, err, expected, f"{command}: {name}")
+    assert corpus.counts.stat().st_size > 0
+
+
+def test_a_report_into_a_regular_file_is_refused(files):
+    (files["dir"] / "a-file").write_text("x")
     code, _, err = run("report", files["layout"], files["counts"], "-o", files["dir"] / "a-file", "-q")
     assert_one_line_error(code, err, "not a directory", "report into a file")
 
@@ -410,8 +459,6 @@ class _Payload:
 
 
 def test_what_held_keeps_holding_code_never_runs_symlinks_are_replaced_concurrent_writes_leave_one_file(files, tmp_path):
-    import torch
-
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.pt"
     torch.save({"logical_count": _Payload(marker)}, evil)
