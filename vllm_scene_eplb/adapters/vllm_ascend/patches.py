@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -63,7 +64,8 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Runs ``patch(module)`` right after module ``name`` is first executed."""
 
     def __init__(self, name: str, patch: Callable):
-        self.name, self.patch, self._spec = name, patch, None
+        self.name, self.patch = name, patch
+        self._spec: importlib.machinery.ModuleSpec | None = None
 
     def find_spec(self, fullname, path, target=None):
         if fullname != self.name or self._spec is not None:
@@ -80,14 +82,21 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             fullname, self, origin=spec.origin, is_package=spec.submodule_search_locations is not None
         )
 
+    def _found(self) -> tuple[importlib.machinery.ModuleSpec, importlib.abc.Loader]:
+        """The real module's spec and loader (find_spec set them before the import system calls on)."""
+        assert self._spec is not None and self._spec.loader is not None, "find_spec runs first"
+        return self._spec, self._spec.loader
+
     def create_module(self, spec):
-        return self._spec.loader.create_module(self._spec)
+        found, loader = self._found()
+        return loader.create_module(found)
 
     def exec_module(self, module):
-        module.__spec__, module.__loader__ = self._spec, self._spec.loader
-        if self._spec.origin:
-            module.__file__ = self._spec.origin
-        self._spec.loader.exec_module(module)
+        found, loader = self._found()
+        module.__spec__, module.__loader__ = found, loader
+        if found.origin:
+            module.__file__ = found.origin
+        loader.exec_module(module)
         sys.meta_path.remove(self)
         self.patch(module)
 
