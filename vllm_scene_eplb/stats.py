@@ -1,19 +1,20 @@
 """The one statistics of an A/B over rounds: within-round log ratios, a Student t interval over
 rounds, and a verdict. Pure (numpy and the standard library); the factorial A/B and the throughput
-check of ``verify.sh`` both use it.
+check of ``verify.sh`` both use it (``block_effects``).
 
-A round runs every arm once (each its own server start, in an order random per round), so each
-round gives one log ratio per contrast, and a machine's slow drift or a bad hour falls on both sides
-of it alike. Rounds are independent, so the contrasts are independent draws; with multiplicative
-run-to-run noise their logs are close to normal, and ``mean +- t(0.975, n-1) x sd / sqrt(n)`` is
-exact at any n under normality. Why t and not an exact sign-flip permutation test over rounds: the
+A round runs every arm once (each its own server start, in an order that varies between rounds and
+is recorded), so each round gives one log ratio per contrast, and a machine's slow drift or a bad
+hour falls on both sides of it alike. Rounds are independent; with multiplicative run-to-run noise
+the logs are close to normal, and the block model's t interval is exact at any number of rounds
+under normality (``block_effects`` says how a drift between the places in a round is taken out).
+Why t and not an exact sign-flip permutation test over rounds: the
 sign-flip test has only 2^n equally likely outcomes, so its smallest two-sided p is 2 / 2^n (0.25 at
 3 rounds, 0.0625 at 5): below 6 rounds it can never reach 5%, and the rounds a hardware A/B
 affords are 3 to 5. The t quantile is computed here (no scipy): the regularised incomplete beta by
 its continued fraction, inverted by bisection (``t_quantile``, checked against tables in the tests).
 
-Fewer than ``MIN_ROUNDS`` rounds give the ratio (and, at 2, its interval) but no positive/negative
-verdict: at 2 rounds the interval rests on one degree of freedom, and a single odd round decides it.
+Fewer than ``MIN_ROUNDS`` rounds give the ratio (and its interval where the model leaves a residual
+degree of freedom) but no positive/negative verdict: at 2 rounds a single odd round decides it.
 """
 
 from __future__ import annotations
@@ -93,14 +94,16 @@ def t_quantile(p: float, df: float) -> float:
 
 @dataclass(frozen=True)
 class Effect:
-    """One contrast over rounds: ``ratio`` = exp(mean log ratio), its ``ci`` (None under 2 rounds),
-    ``verdict`` (positive / negative / inconclusive, read in the metric's better direction), the
-    ``rounds`` it rests on and ``note`` (why there is no verdict, if there is none)."""
+    """One contrast over rounds: ``ratio`` = exp(its estimate on the log scale), its ``ci`` (None where
+    the rounds leave no residual degree of freedom), ``verdict`` (positive / negative / inconclusive,
+    read in the metric's better direction), the ``rounds`` it rests on, the residual degrees of
+    freedom ``dof`` and ``note`` (why there is no verdict, if there is none)."""
 
     ratio: float
     ci: tuple[float, float] | None
     verdict: str
     rounds: int
+    dof: int
     note: str = ""
 
     def to_dict(self) -> dict:
@@ -109,6 +112,7 @@ class Effect:
             "ci": list(self.ci) if self.ci else None,
             "verdict": self.verdict,
             "rounds": self.rounds,
+            "dof": self.dof,
             "note": self.note,
         }
 
@@ -123,20 +127,71 @@ def check_positive(values, what: str) -> np.ndarray:
     return arr
 
 
-def effect(log_ratios, higher_is_better: bool = True, level: float = LEVEL) -> Effect:
-    """The effect of one contrast from its within-round log ratios (shape [rounds]): the t interval
-    over rounds and, from ``MIN_ROUNDS`` rounds on, whether it lies on the better or worse side of 1."""
-    x = np.asarray(log_ratios, dtype=np.float64)
-    if x.ndim != 1 or x.size < 1 or not np.isfinite(x).all():
-        raise SceneEplbError(f"an effect needs one finite log ratio per round, got {x.tolist()!r}")
-    n = x.size
-    ratio = float(np.exp(x.mean()))
-    if n < 2:
-        return Effect(ratio, None, INCONCLUSIVE, n, "1 round: no interval and no verdict (3 rounds or more give one)")
-    half = t_quantile(0.5 + level / 2.0, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
-    lo, hi = float(np.exp(x.mean() - half)), float(np.exp(x.mean() + half))
-    if n < MIN_ROUNDS:
-        return Effect(ratio, (lo, hi), INCONCLUSIVE, n, f"{n} rounds: no verdict below {MIN_ROUNDS} rounds")
-    if lo > 1.0 or hi < 1.0:
-        return Effect(ratio, (lo, hi), POSITIVE if (lo > 1.0) == higher_is_better else NEGATIVE, n)
-    return Effect(ratio, (lo, hi), INCONCLUSIVE, n, "the interval spans 1")
+def _design(rounds: int, arms: int, positions: np.ndarray | None) -> np.ndarray:
+    """The block model's design matrix, one row per run (round-major): a level per round, an effect
+    per arm but the last, and with ``positions`` an effect per position in the round but the last."""
+    eye_r, eye_a = np.eye(rounds), np.eye(arms)
+    cols = [np.repeat(eye_r, arms, axis=0), np.tile(eye_a[:, :-1], (rounds, 1))]
+    if positions is not None:
+        cols.append(eye_a[positions.reshape(-1)][:, :-1])
+    return np.hstack(cols)
+
+
+def block_effects(
+    log_y, contrasts, positions=None, higher_is_better: bool = True, level: float = LEVEL
+) -> tuple[list[Effect], str]:
+    """Contrasts between arms run in rounds, with a t interval over rounds and a verdict.
+
+    ``log_y`` [rounds, arms]: the log of each arm's value in each round (every arm once a round);
+    ``contrasts`` [C, arms]: weights over the arms summing to 0 per contrast; ``positions``
+    [rounds, arms] (optional): where in its round each run ran (0 = first). The model is
+    ``log y = round + arm (+ position) + noise``, fitted by least squares: each contrast's estimate is
+    then the mean of its within-round log ratios (exactly, without ``positions``), a level shift of a
+    whole round cancels, and with ``positions`` so does a drift between the places in a round (the
+    first run after a start always slow, say) that a random order would only cancel on average (and
+    at 3 rounds, not at its stated level). The interval is ``estimate +- t(dof) x its standard
+    error`` from the pooled residual; a position term the order cannot separate from the arms (or
+    that leaves no residual degree of freedom, as at 2 rounds) is dropped, said in the returned note. From ``MIN_ROUNDS`` rounds on, an interval clear of 1 is a
+    verdict. Returns the effects in ``contrasts``' order and a note on the model used."""
+    y = np.asarray(log_y, dtype=np.float64)
+    c = np.asarray(contrasts, dtype=np.float64)
+    if y.ndim != 2 or y.shape[0] < 1 or y.shape[1] < 2 or not np.isfinite(y).all():
+        raise SceneEplbError(f"block effects need one finite log value per round and arm, got shape {list(y.shape)}")
+    if c.ndim != 2 or c.shape[1] != y.shape[1] or np.abs(c.sum(axis=1)).max() > 1e-9:
+        raise SceneEplbError("each contrast needs one weight per arm, summing to 0")
+    rounds, arms = y.shape
+    note = "rounds and arms"
+    x = _design(rounds, arms, None)
+    if positions is not None:
+        pos = np.asarray(positions)
+        if pos.shape != y.shape or any(sorted(row) != list(range(arms)) for row in pos.tolist()):
+            raise SceneEplbError("positions must place every arm once in each round")
+        with_pos = _design(rounds, arms, pos)
+        if np.linalg.matrix_rank(with_pos) == with_pos.shape[1] < with_pos.shape[0]:
+            x, note = with_pos, "rounds, arms and positions in the round"
+        else:
+            note = "rounds and arms (the order does not separate the positions from the arms with a degree of freedom left)"
+    beta, *_ = np.linalg.lstsq(x, y.reshape(-1), rcond=None)
+    dof = x.shape[0] - x.shape[1]
+    arm_cols = slice(rounds, rounds + arms - 1)
+    estimates = c[:, :-1] @ beta[arm_cols]  # the last arm is the reference (its effect 0)
+    if dof > 0:
+        resid = y.reshape(-1) - x @ beta
+        cov = np.linalg.inv(x.T @ x)[arm_cols, arm_cols] * float(resid @ resid) / dof
+        se = np.sqrt(np.maximum(np.einsum("ci,ij,cj->c", c[:, :-1], cov, c[:, :-1]), 0.0))
+        half = t_quantile(0.5 + level / 2.0, dof) * se
+    out = []
+    for k, est in enumerate(estimates):
+        ratio = float(np.exp(est))
+        if dof <= 0:
+            out.append(Effect(ratio, None, INCONCLUSIVE, rounds, 0, f"{rounds} round(s): no interval and no verdict"))
+            continue
+        lo, hi = float(np.exp(est - half[k])), float(np.exp(est + half[k]))
+        if rounds < MIN_ROUNDS:
+            verdict, why = INCONCLUSIVE, f"{rounds} rounds: no verdict below {MIN_ROUNDS} rounds"
+        elif lo > 1.0 or hi < 1.0:
+            verdict, why = (POSITIVE if (lo > 1.0) == higher_is_better else NEGATIVE), ""
+        else:
+            verdict, why = INCONCLUSIVE, "the interval spans 1"
+        out.append(Effect(ratio, (lo, hi), verdict, rounds, dof, why))
+    return out, note

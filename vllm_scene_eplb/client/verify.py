@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..harness.results import NOT_OBSERVED, read_result
-from ..stats import MIN_ROUNDS, check_positive, effect
+from ..stats import MIN_ROUNDS, block_effects, check_positive
 
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
@@ -138,13 +138,13 @@ def throughput(plain: list[str], idle: list[str], min_ratio: float, metric: str 
     """Throughput (``metric``: prefill on a P node, output on a D node) with the recorder idle over the
     flag off, on the same load, in rounds (``plain[i]`` and ``idle[i]`` ran in round i, a restart
     each): the geometric mean of the within-round ratios and its t interval over rounds
-    (``stats.effect``); it passes at ``min_ratio``, and the line says whether the interval could tell."""
+    (``stats.block_effects``); it passes at ``min_ratio``, and the line says whether the interval could tell."""
     if len(plain) != len(idle) or len(plain) < 2:
         raise SceneEplbError(
             f"{len(plain)} plain and {len(idle)} idle run(s): one of each per round, at least 2 rounds"
         )
     sides = [np.asarray(_throughputs(paths, metric)) for paths in (plain, idle)]
-    eff = effect(np.log(sides[1]) - np.log(sides[0]))
+    (eff,), _ = block_effects(np.log(np.stack(sides, axis=1)), [(-1.0, 1.0)])  # idle over plain, round by round
     lo, hi = eff.ci or (float("nan"), float("nan"))
     if eff.rounds < MIN_ROUNDS:
         reading = f"{eff.rounds} rounds cannot tell: rerun with ROUNDS >= {MIN_ROUNDS}"

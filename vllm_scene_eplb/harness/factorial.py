@@ -3,20 +3,21 @@ same load, in rounds that are blocks.
 
 The field report could not say how much of +14.18% came from the layout and how much from the
 switch to static dispatch, because only two of these four arms ran. With all four, per metric and
-per round (each round runs the four arms once, in an order drawn at random for that round and
-recorded, each run its own server start):
+per round (each round runs the four arms once, each run its own server start, in the order of a row
+of a randomised Williams square, recorded):
 
 - **layout** effect: candidate / baseline, the geometric mean of its ratio under each dispatch;
 - **dispatch** effect: static / dynamic, the geometric mean of its ratio under each layout;
 - **interaction**: (candidate / baseline under static) / (candidate / baseline under dynamic):
   1 when the layout's effect does not depend on the dispatch.
 
-Each effect is the mean of its within-round log ratios, with a Student t interval over rounds and a
-verdict (``stats.effect``: positive / negative / inconclusive; none under 3 rounds). A drift between
-the positions in a round (the first run of a round always slower, say) falls on random arms and
-cancels in expectation; an order kept the same every round is warned about. Arms that differ in
-anything but the layout and the dispatch are refused, naming the field (``FIXED``), and so are two
-results from one server start. Pure: numpy and the result files.
+Each effect comes from the within-round log ratios, with a Student t interval over rounds and a
+verdict (``stats.block_effects``: positive / negative / inconclusive; none under 3 rounds). Where
+the order is known, the model also takes out the place in the round, so a drift between the
+positions of a round (the first run of a round always slower, say) cancels exactly, not only on
+average; an order kept the same every round cannot separate the two and is warned about. Arms that
+differ in anything but the layout and the dispatch are refused, naming the field (``FIXED``), and so
+are two results from one server start. Pure: numpy and the result files.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from datetime import datetime
 import numpy as np
 
 from ..errors import SceneEplbError
-from ..stats import MIN_ROUNDS, check_positive, effect
+from ..stats import MIN_ROUNDS, block_effects, check_positive
 from .charts import RatioBar, ratio_chart
 from .results import HIGHER_IS_BETTER, METRICS, NOT_OBSERVED
 
@@ -44,29 +45,49 @@ FIXED = SCENE_FIXED + RUN_FIXED
 SERVER_START = "server_start"
 
 
+# A Williams square: a Latin square in which every arm also follows every other once (carry-over balanced).
+_WILLIAMS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
+# Weights over ARMS (baseline-static, baseline-dynamic, candidate-static, candidate-dynamic) on the log scale.
+CONTRASTS = {
+    "layout": (-0.5, -0.5, 0.5, 0.5),
+    "dispatch": (0.5, -0.5, 0.5, -0.5),
+    "interaction": (-1.0, 1.0, 1.0, -1.0),
+}
+
+
 def round_orders(rounds: int, seed: int = 0) -> list[list[str]]:
-    """The order of the four arms in each of ``rounds`` rounds: a seeded random permutation per round."""
+    """The order of the four arms in each of ``rounds`` rounds: every 4 rounds the rows, in random order,
+    of a Williams square with the arms randomly relabelled (seeded), so each arm runs in every place of
+    a round equally often and the place can be told from the arm from 3 rounds on."""
     rng = np.random.default_rng(seed)
-    return [[ARMS[i] for i in rng.permutation(len(ARMS))] for _ in range(rounds)]
+    out: list[list[str]] = []
+    while len(out) < rounds:
+        labels = rng.permutation(len(ARMS))
+        out += [[ARMS[labels[i]] for i in _WILLIAMS[row]] for row in rng.permutation(len(_WILLIAMS))]
+    return out[:rounds]
 
 
-def contrasts(logs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The three effects' log ratios from each arm's log values (arrays of one shape, e.g. [rounds])."""
-    bs, bd, cs, cd = (logs[a] for a in ARMS)
-    return {
-        "layout": 0.5 * ((cs - bs) + (cd - bd)),
-        "dispatch": 0.5 * ((bs - bd) + (cs - cd)),
-        "interaction": (cs - bs) - (cd - bd),
-    }
+def positions_of(order: list[list[str]]) -> np.ndarray:
+    """[rounds, arms]: where in its round each arm (in ``ARMS`` order) ran, 0 = first."""
+    return np.asarray([[o.index(a) for a in ARMS] for o in order])
 
 
-def effects(values: dict[str, list[float]], higher_is_better: bool = True) -> dict:
-    """The layout, dispatch and interaction effects of one metric; ``values[arm][i]`` is round i's run."""
+def effects(values: dict[str, list[float]], higher_is_better: bool = True, order=None) -> dict:
+    """The layout, dispatch and interaction effects of one metric (``stats.block_effects``);
+    ``values[arm][i]`` is round i's run, ``order`` (optional) each round's arms in the order they ran."""
+    return effects_and_model(values, higher_is_better, order)[0]
+
+
+def effects_and_model(values: dict[str, list[float]], higher_is_better: bool = True, order=None) -> tuple[dict, str]:
+    """``effects`` and the block model they came from (whether it took out the place in the round)."""
     rounds = {len(values.get(a, ())) for a in ARMS}
     if len(rounds) != 1 or 0 in rounds:
         raise SceneEplbError(f"factorial A/B: every arm needs one run per round, got {[len(values.get(a, ())) for a in ARMS]}")
-    logs = {a: np.log(check_positive(values[a], f"factorial A/B: arm {a}")) for a in ARMS}
-    return {name: effect(x, higher_is_better) for name, x in contrasts(logs).items()}
+    logs = np.log(np.stack([check_positive(values[a], f"factorial A/B: arm {a}") for a in ARMS], axis=1))
+    found, model = block_effects(
+        logs, [CONTRASTS[e] for e in EFFECTS], None if order is None else positions_of(order), higher_is_better
+    )
+    return dict(zip(EFFECTS, found)), model
 
 
 def _field(manifest: dict, key: str):
@@ -131,14 +152,18 @@ def check_arms(results: dict[str, list[dict]]) -> None:
         )
 
 
-def run_value(doc: dict, metric: str, where: str):
+def run_value(doc: dict, metric: str, where: str, primary: bool = True):
     """One server start's value of ``metric``: the mean of its runs (repeats inside one start are one
-    observation), or None when a run did not observe it. Refuses a value that is not a positive number."""
+    observation), or None when a run did not observe it. A value that is not a positive number is
+    refused for the ``primary`` metric and counts as not observed for the others (a TPOT of 0 when
+    one token is generated)."""
     runs = doc.get("runs")
     if not isinstance(runs, list) or not runs:
         raise SceneEplbError(f"factorial A/B: {where} holds no runs")
     values = [r.get(metric, NOT_OBSERVED) if isinstance(r, dict) else NOT_OBSERVED for r in runs]
     if any(v == NOT_OBSERVED or v is None for v in values):
+        return None
+    if not primary and not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in values):
         return None
     if any(type(v) not in (int, float) for v in values):
         raise SceneEplbError(f"factorial A/B: {where}: {metric} is not a number ({values!r})")
@@ -178,15 +203,19 @@ def analyse(results: dict[str, list[dict]], primary: str = "prefill_throughput_p
     check_arms(results)
     rounds = len(results[ARMS[0]])
     values: dict[str, dict[str, list]] = {
-        m: {a: [run_value(doc, m, _where(a, i)) for i, doc in enumerate(results[a])] for a in ARMS} for m in METRICS
+        m: {a: [run_value(doc, m, _where(a, i), m == primary) for i, doc in enumerate(results[a])] for a in ARMS}
+        for m in METRICS
     }
     for a in ARMS:
         for i, v in enumerate(values[primary][a]):
             if v is None:
                 raise SceneEplbError(f"factorial A/B: {_where(a, i)} did not observe {primary}, the primary metric")
     observed = [m for m in METRICS if all(v is not None for vs in values[m].values() for v in vs)]
-    by_metric = {m: {k: e.to_dict() for k, e in effects(values[m], HIGHER_IS_BETTER[m]).items()} for m in observed}
     order = order if order is not None else observed_order(results)
+    if order is not None and (len(order) != rounds or any(sorted(o) != sorted(ARMS) for o in order)):
+        raise SceneEplbError(f"factorial A/B: the order must list the four arms once for each of the {rounds} rounds")
+    fitted = {m: effects_and_model(values[m], HIGHER_IS_BETTER[m], order) for m in observed}
+    by_metric = {m: {k: e.to_dict() for k, e in eff.items()} for m, (eff, _) in fitted.items()}
     warnings = []
     if rounds < MIN_ROUNDS:
         warnings.append(f"{rounds} round(s): effects without a positive/negative verdict (it needs {MIN_ROUNDS})")
@@ -194,6 +223,8 @@ def analyse(results: dict[str, list[dict]], primary: str = "prefill_throughput_p
         warnings.append("the order the arms ran in is not known: a drift between positions may not cancel")
     elif rounds > 1 and all(o == order[0] for o in order):
         warnings.append("every round ran the arms in the same order: a drift between positions does not cancel")
+    elif "positions" not in fitted[primary][1] and rounds >= MIN_ROUNDS:
+        warnings.append("the order does not separate the places in a round from the arms: a drift between them may not cancel")
     arms = {
         a: {
             "runs": rounds,
@@ -208,6 +239,7 @@ def analyse(results: dict[str, list[dict]], primary: str = "prefill_throughput_p
         "order": order,
         "arms": arms,
         "metric": primary,
+        "model": f"log value = effects of {fitted[primary][1]} + noise",
         "effects": by_metric[primary],
         "by_metric": by_metric,
         "not_observed": [m for m in METRICS if m not in observed],
