@@ -65,7 +65,9 @@ def factorial_calibration(nulls: int, noise: float, drift: float) -> bool:
         f"factorial A/B: layout verdicts over {nulls} seeded A/Bs per row, {noise:.0%} run noise, 5% round levels, "
         f"a {drift:.0%}-per-place drift in each round"
     )
-    print("| rounds | null: called (pos / neg) | null, A B C D every round: called | power vs a true +10% | mean layout ratio (null) |")
+    print(
+        "| rounds | null: called (pos / neg) | null, A B C D every round: called | power vs a true +10% | mean layout ratio (null) |"
+    )
     print("|---|---|---|---|---|")
     ok = True
     for rounds in ROUNDS:
@@ -109,9 +111,7 @@ def main() -> int:
     ap.add_argument("--nulls", type=int, default=4000, help="seeded A/Bs per row (default 4000; the target needs >= 1000)")
     ap.add_argument("--noise", type=float, default=0.05, help="run-to-run noise, lognormal sd (default 0.05)")
     ap.add_argument("--drift", type=float, default=0.03, help="slowdown per place in a round (default 0.03)")
-    ap.add_argument(
-        "--skip-engine", action="store_true", help="skip verdicts_advise.engine_calibration (it starts vLLM servers)"
-    )
+    ap.add_argument("--skip-engine", action="store_true", help="skip verdicts_advise.engine_calibration (it starts vLLM servers)")
     args = ap.parse_args()
     if args.nulls < 1000:
         ap.error("--nulls must be at least 1000 (the target is stated over >= 1000 nulls)")

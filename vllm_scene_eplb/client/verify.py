@@ -140,9 +140,7 @@ def throughput(plain: list[str], idle: list[str], min_ratio: float, metric: str 
     each): the geometric mean of the within-round ratios and its t interval over rounds
     (``stats.block_effects``); it passes at ``min_ratio``, and the line says whether the interval could tell."""
     if len(plain) != len(idle) or len(plain) < 2:
-        raise SceneEplbError(
-            f"{len(plain)} plain and {len(idle)} idle run(s): one of each per round, at least 2 rounds"
-        )
+        raise SceneEplbError(f"{len(plain)} plain and {len(idle)} idle run(s): one of each per round, at least 2 rounds")
     sides = [np.asarray(_throughputs(paths, metric)) for paths in (plain, idle)]
     (eff,), _ = block_effects(np.log(np.stack(sides, axis=1)), [(-1.0, 1.0)])  # idle over plain, round by round
     lo, hi = eff.ci or (float("nan"), float("nan"))
@@ -181,9 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument(
         "--tolerance", type=float, default=0.02, help="largest per-layer expert-share distance that passes (default 0.02)"
     )
-    p = sub.add_parser("throughput", help="recorder idle vs flag off (scene-eplb bench results, one a side per round, >= 2 rounds)")
+    p = sub.add_parser(
+        "throughput", help="recorder idle vs flag off (scene-eplb bench results, one a side per round, >= 2 rounds)"
+    )
     p.add_argument("--plain", nargs="+", required=True, help="bench results with the flag off, one per round")
-    p.add_argument("--idle", nargs="+", required=True, help="bench results with the plugin on, recorder idle, one per round (in the rounds' order)")
+    p.add_argument(
+        "--idle",
+        nargs="+",
+        required=True,
+        help="bench results with the plugin on, recorder idle, one per round (in the rounds' order)",
+    )
     p.add_argument("--metric", choices=THROUGHPUTS, default=THROUGHPUTS[0], help="prefill (P node, default) or output (D node)")
     p.add_argument("--min-ratio", type=float, default=0.98, help="lowest idle/off throughput that passes (default 0.98)")
     args = parser.parse_args(argv)

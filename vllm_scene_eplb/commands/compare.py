@@ -52,7 +52,9 @@ def parse_arms(specs: list[str]) -> dict[str, list[str]]:
     for spec in specs:
         arm, sep, files = spec.partition("=")
         if not sep or arm not in factorial.ARMS or not files:
-            raise SceneEplbError(f"--factorial {spec!r}: expected ARM=R1.json,R2.json with ARM one of {', '.join(factorial.ARMS)}")
+            raise SceneEplbError(
+                f"--factorial {spec!r}: expected ARM=R1.json,R2.json with ARM one of {', '.join(factorial.ARMS)}"
+            )
         if arm in arms:
             raise SceneEplbError(f"--factorial: arm {arm} given twice")
         arms[arm] = [f for f in files.split(",") if f]

@@ -275,9 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.factorial and a.repeats < 2:
         ap.error("--factorial needs --repeats 2 or more (an interval needs two rounds; a verdict three)")
-    run(
-        Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats, a.geometry, a.factorial, a.seed
-    )
+    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats, a.geometry, a.factorial, a.seed)
     return 0
 
 

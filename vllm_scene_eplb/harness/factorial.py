@@ -163,17 +163,20 @@ def run_value(doc: dict, metric: str, where: str, primary: bool = True):
     values = [r.get(metric, NOT_OBSERVED) if isinstance(r, dict) else NOT_OBSERVED for r in runs]
     if any(v == NOT_OBSERVED or v is None for v in values):
         return None
-    if not primary and not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in values):
+    numbers = [float(v) for v in values if type(v) in (int, float)]
+    if not primary and not all(math.isfinite(v) and v > 0 for v in numbers):
         return None
-    if any(type(v) not in (int, float) for v in values):
+    if len(numbers) < len(values):
+        if not primary:
+            return None
         raise SceneEplbError(f"factorial A/B: {where}: {metric} is not a number ({values!r})")
-    return float(check_positive(values, f"factorial A/B: {where}: {metric}").mean())
+    return float(check_positive(numbers, f"factorial A/B: {where}: {metric}").mean())
 
 
 def _finished_at(manifest: dict) -> float | None:
     """When a run's result was written (seconds since the epoch), from its manifest, None if unknown."""
     unix = manifest.get("recorded_unix")
-    if type(unix) in (int, float) and math.isfinite(unix):
+    if isinstance(unix, (int, float)) and not isinstance(unix, bool) and math.isfinite(unix):
         return float(unix)
     try:
         return datetime.strptime(str(manifest.get("recorded_at")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
@@ -185,10 +188,11 @@ def observed_order(results: dict[str, list[dict]]) -> list[list[str]] | None:
     """Each round's arms in the order their results were written, None where a time is missing."""
     order = []
     for i in range(len(results[ARMS[0]])):
-        times = {a: _finished_at(results[a][i]["manifest"]) for a in ARMS}
-        if any(t is None for t in times.values()):
+        found = {a: _finished_at(results[a][i]["manifest"]) for a in ARMS}
+        times = {a: t for a, t in found.items() if t is not None}
+        if len(times) < len(ARMS):
             return None
-        order.append(sorted(ARMS, key=lambda a: times[a]))
+        order.append(sorted(ARMS, key=times.__getitem__))
     return order
 
 
@@ -203,8 +207,7 @@ def analyse(results: dict[str, list[dict]], primary: str = "prefill_throughput_p
     check_arms(results)
     rounds = len(results[ARMS[0]])
     values: dict[str, dict[str, list]] = {
-        m: {a: [run_value(doc, m, _where(a, i), m == primary) for i, doc in enumerate(results[a])] for a in ARMS}
-        for m in METRICS
+        m: {a: [run_value(doc, m, _where(a, i), m == primary) for i, doc in enumerate(results[a])] for a in ARMS} for m in METRICS
     }
     for a in ARMS:
         for i, v in enumerate(values[primary][a]):
