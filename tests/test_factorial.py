@@ -289,3 +289,15 @@ def test_compare_factorial_refuses_another_input_length_in_one_line(tmp_path, ca
 def test_compare_factorial_plan_prints_the_seeded_order(capsys):
     assert main(["compare", "--factorial-plan", "3", "--seed", "7", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["order"] == round_orders(3, 7)
+
+
+def test_bench_manifests_carry_what_the_factorial_checks():
+    from vllm_scene_eplb.harness.bench import manifest
+    from vllm_scene_eplb.harness.results import Scene
+
+    status = {"plugin_version": "0.1.0", "engine": "vllm 0.32.0", "server_start": "abc", "observer": "idle", "ep_size": 2}
+    m = manifest(Scene("s", 10, 2, float("inf"), 64, 4, cards=2), status, {"model": "m"})
+    assert (m["plugin_version"], m["engine"], m["server_start"], m["recorder"]) == ("0.1.0", "vllm 0.32.0", "abc", "idle")
+    assert isinstance(m["recorded_unix"], float)
+    assert all(k in m or k in m["scene"] for k in FIXED)
+    assert manifest(Scene("s", 10, 2, float("inf"), 64, 4, cards=2), {}, {})["server_start"] == NOT_OBSERVED
