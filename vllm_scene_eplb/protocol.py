@@ -57,6 +57,7 @@ STATUS_KEYS = (
     "moe_layers",
     "top_k",
     "expert_groups",
+    "server_start",  # a random id drawn when the worker started: which server start a bench run measured
 )
 # Every rank's view, one entry per worker, under this key of the status answer.
 RANKS_KEY = "ranks"

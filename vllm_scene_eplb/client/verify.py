@@ -13,10 +13,11 @@ nothing but the recorded load ran, prefix caching is off and no drafts are verif
 them for any (layer, expert), and each layer's expert shares within ``tolerance`` (half the L1
 distance); vLLM-Ascend also counts padding and idle-DP dummy rows, so they are not equal. Skipped
 (a SKIP line, exit 0) where those counters do not exist. ``throughput``: prefill throughput with the
-plugin on and the recorder idle over the same load with the flag off, the ratio of the runs' means
-with a seeded 95% bootstrap interval (single runs vary by 15% and more: at least 2 runs a side, 3
-interleaved in verify.sh); it passes when the ratio reaches ``--min-ratio``, and the line says
-whether the interval could tell. Exit status 1 if a check fails.
+plugin on and the recorder idle over the same load with the flag off, in rounds (the i-th
+``--idle`` and ``--plain`` result ran in round i, a restart each; single runs vary by 15% and more,
+so verify.sh runs 3 rounds): the geometric mean of the within-round ratios with a 95% t interval
+over rounds (``vllm_scene_eplb.stats``, the factorial A/B's statistics); it passes when the ratio
+reaches ``--min-ratio``, and the line says whether the interval could tell (never under 3 rounds). Exit status 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ import numpy as np
 from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..harness.results import NOT_OBSERVED, read_result
+from ..stats import MIN_ROUNDS, block_effects, check_positive
 
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 FINISHED_REQUESTS = "vllm:request_success_total"
-BOOTSTRAP = 4000
 
 
 @dataclass(frozen=True)
@@ -121,39 +122,41 @@ def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
 THROUGHPUTS = ("prefill_throughput_per_card", "output_throughput_per_card")
 
 
-def throughput(
-    plain: list[str], idle: list[str], min_ratio: float, seed: int = 0, metric: str = "prefill_throughput_per_card"
-) -> Verdict:
+def _throughputs(paths: list[str], metric: str) -> list[float]:
+    """Each result's mean ``metric``, refused in one line where it is missing or not a positive number."""
+    values = []
+    for path in paths:
+        mean = read_result(path)["aggregate"][metric]["mean"]
+        if mean in (NOT_OBSERVED, None):
+            raise SceneEplbError(f"no {metric} in this result", path)
+        check_positive([mean], f"{path}: {metric}")
+        values.append(float(mean))
+    return values
+
+
+def throughput(plain: list[str], idle: list[str], min_ratio: float, metric: str = "prefill_throughput_per_card") -> Verdict:
     """Throughput (``metric``: prefill on a P node, output on a D node) with the recorder idle over the
-    flag off, on the same load: the ratio of the runs' means and its 95% bootstrap interval (each
-    side's runs resampled, seeded)."""
-    if len(plain) < 2 or len(idle) < 2:
-        raise SceneEplbError(f"{len(plain)} plain and {len(idle)} idle run(s): an interval needs at least 2 a side")
-    sides = []
-    for paths in (plain, idle):
-        values = []
-        for path in paths:
-            mean = read_result(path)["aggregate"][metric]["mean"]
-            if mean == NOT_OBSERVED:
-                raise SceneEplbError(f"no {metric} in this result", path)
-            values.append(float(mean))
-        sides.append(np.asarray(values))
-    ratio = sides[1].mean() / sides[0].mean()
-    rng = np.random.default_rng(seed)
-    draws = [rng.choice(v, size=(BOOTSTRAP, v.size)).mean(axis=1) for v in sides]
-    lo, hi = np.percentile(draws[1] / draws[0], [2.5, 97.5])
-    reading = (
-        "the interval lies above it"
-        if lo >= min_ratio
-        else "the interval lies below it: a real cost"
-        if hi < min_ratio
-        else "the interval spans it: rerun with more ROUNDS to tell"
-    )
+    flag off, on the same load, in rounds (``plain[i]`` and ``idle[i]`` ran in round i, a restart
+    each): the geometric mean of the within-round ratios and its t interval over rounds
+    (``stats.block_effects``); it passes at ``min_ratio``, and the line says whether the interval could tell."""
+    if len(plain) != len(idle) or len(plain) < 2:
+        raise SceneEplbError(f"{len(plain)} plain and {len(idle)} idle run(s): one of each per round, at least 2 rounds")
+    sides = [np.asarray(_throughputs(paths, metric)) for paths in (plain, idle)]
+    (eff,), _ = block_effects(np.log(np.stack(sides, axis=1)), [(-1.0, 1.0)])  # idle over plain, round by round
+    lo, hi = eff.ci or (float("nan"), float("nan"))
+    if eff.rounds < MIN_ROUNDS:
+        reading = f"{eff.rounds} rounds cannot tell: rerun with ROUNDS >= {MIN_ROUNDS}"
+    elif lo >= min_ratio:
+        reading = "the interval lies above it"
+    elif hi < min_ratio:
+        reading = "the interval lies below it: a real cost"
+    else:
+        reading = "the interval spans it: rerun with more ROUNDS to tell"
     return Verdict(
         f"recorder idle vs flag off, {metric.split('_')[0]} throughput",
-        ratio >= min_ratio,
-        f"{ratio:.4f} [{lo:.4f}, {hi:.4f}] (idle {sides[1].mean():.1f} over {len(idle)} runs / off "
-        f"{sides[0].mean():.1f} over {len(plain)} runs, tok/s per card; pass at >= {min_ratio}; {reading})",
+        eff.ratio >= min_ratio,
+        f"{eff.ratio:.4f} [{lo:.4f}, {hi:.4f}] over {eff.rounds} rounds (idle {sides[1].mean():.1f} / off "
+        f"{sides[0].mean():.1f} tok/s per card; pass at >= {min_ratio}; {reading})",
     )
 
 
@@ -176,9 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument(
         "--tolerance", type=float, default=0.02, help="largest per-layer expert-share distance that passes (default 0.02)"
     )
-    p = sub.add_parser("throughput", help="recorder idle vs flag off (scene-eplb bench results, >= 2 runs a side)")
-    p.add_argument("--plain", nargs="+", required=True, help="bench results with the flag off")
-    p.add_argument("--idle", nargs="+", required=True, help="bench results with the plugin on, recorder idle")
+    p = sub.add_parser(
+        "throughput", help="recorder idle vs flag off (scene-eplb bench results, one a side per round, >= 2 rounds)"
+    )
+    p.add_argument("--plain", nargs="+", required=True, help="bench results with the flag off, one per round")
+    p.add_argument(
+        "--idle",
+        nargs="+",
+        required=True,
+        help="bench results with the plugin on, recorder idle, one per round (in the rounds' order)",
+    )
     p.add_argument("--metric", choices=THROUGHPUTS, default=THROUGHPUTS[0], help="prefill (P node, default) or output (D node)")
     p.add_argument("--min-ratio", type=float, default=0.98, help="lowest idle/off throughput that passes (default 0.98)")
     args = parser.parse_args(argv)

@@ -139,8 +139,13 @@ def manifest(scene: Scene, status: dict, extra: dict) -> dict:
         "layout_hash": status.get("layout_hash", NOT_OBSERVED),
         "dispatch": status.get("dispatch", NOT_OBSERVED),
         "recorder": status.get("observer", NOT_OBSERVED),
+        "plugin_version": status.get("plugin_version", NOT_OBSERVED),
+        "engine": status.get("engine", NOT_OBSERVED),
+        # which server start this run measured: the factorial A/B counts one run per start
+        "server_start": status.get("server_start", NOT_OBSERVED),
         "server_status": status,
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "recorded_unix": time.time(),
     }
 
 

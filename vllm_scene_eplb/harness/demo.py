@@ -13,8 +13,9 @@
 
 With ``--factorial --repeats R``, steps 4-5 become the factorial A/B (``factorial``): the linear layout
 with the same redundant slots (baseline) and the fitted one (candidate), each under static and
-dynamic dispatch, R interleaved rounds with a restart per run; ``report/summary.json`` then holds
-``arms`` and ``effects`` (``layout`` / ``dispatch`` / ``interaction``: ``ratio``, ``ci``, ``verdict``).
+dynamic dispatch, R rounds that each run the four arms once in a seeded random order (``--seed``), a
+server start per run; ``report/summary.json`` then holds ``order``, ``arms`` and ``effects``
+(``layout`` / ``dispatch`` / ``interaction``: ``ratio``, ``ci``, ``verdict``; no verdict under 3 rounds).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..layout import Geometry, Layout, linear_map
 from ..report import write_report
 from .bench import bench
 from .compare import chart_png, compare, markdown
-from .factorial import ARMS, analyse
+from .factorial import ARMS, analyse, effect_line, round_orders
 from .factorial import chart_png as factorial_png
 from .factorial import markdown as markdown_effects
 from .local_server import GEOMETRIES, engine_args, start_server
@@ -78,14 +79,16 @@ def _measure(srv, model: Path, scene: Scene, out: Path, name: str, repeats: int)
 
 
 def _factorial(
-    model: Path, out: Path, geometry: str, layouts: dict[str, Path], target: Scene, small: Scene, repeats: int
+    model: Path, out: Path, geometry: str, layouts: dict[str, Path], target: Scene, small: Scene, rounds: int, seed: int
 ) -> dict:
-    """The four arms (baseline and candidate layout x static and dynamic dispatch), ``repeats`` rounds
-    of A B C D with a restart per run, then their effects (``factorial.analyse``)."""
+    """The four arms (baseline and candidate layout x static and dynamic dispatch), ``rounds`` rounds
+    each running every arm once in a seeded random order, a server start per run, then their effects
+    (``factorial.analyse``, the same code as ``scene-eplb compare --factorial``)."""
     results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
-    order = []
-    for rep in range(repeats):
-        for arm in ARMS:
+    order = round_orders(rounds, seed)
+    for rep, arms in enumerate(order):
+        say(f"factorial round {rep + 1}/{rounds}: {' -> '.join(arms)}")
+        for arm in arms:
             layout, dispatch = arm.split("-")
             name = f"{arm}-{rep + 1}"
             srv = _server(
@@ -106,12 +109,13 @@ def _factorial(
                 results[arm].append(_measure(srv, model, target, out, name, 1))
             finally:
                 srv.stop()
-            order.append(name)
     try:
-        summary = analyse(results, "prefill_throughput_per_card_steady")
-    except SceneEplbError:  # a steady window was not observed in every run: the whole-run throughput
-        summary = analyse(results, "prefill_throughput_per_card")
-    return {**summary, "order": order, "layouts": {k: str(v) for k, v in layouts.items()}}
+        summary = analyse(results, "prefill_throughput_per_card_steady", order)
+    except SceneEplbError as exc:  # no steady window (or none with prefill) in some run: the whole-run throughput
+        if "prefill_throughput_per_card_steady" not in str(exc):
+            raise
+        summary = analyse(results, "prefill_throughput_per_card", order)
+    return {**summary, "seed": seed, "layouts": {k: str(v) for k, v in layouts.items()}}
 
 
 def run(
@@ -124,6 +128,7 @@ def run(
     repeats: int = 1,
     geometry: str = "tp2",
     factorial: bool = False,
+    seed: int = 0,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     say(f"geometry {GEOMETRY_NAMES[geometry]}")
@@ -163,7 +168,7 @@ def run(
     if factorial:
         g = fitted.geometry
         baseline = write_layout(Layout(linear_map(g, fitted.num_layers), g, fitted.moe_layers), out / "baseline.json")
-        summary = _factorial(model, out, geometry, {"baseline": baseline, "candidate": layout}, target, small, repeats)
+        summary = _factorial(model, out, geometry, {"baseline": baseline, "candidate": layout}, target, small, repeats, seed)
         summary.update(skew=skew, geometry=GEOMETRY_NAMES[geometry], counts=dump["path"], advice=advice)
         text = markdown_effects(summary)
         atomic_write_files(
@@ -175,10 +180,9 @@ def run(
             },
         )
         print(text)
-        eff = summary["effects"]
         print(
-            f"factorial A/B on {GEOMETRY_NAMES[geometry]} ({summary['metric']}, {repeats} interleaved rounds): "
-            + ", ".join(f"{k} {v['ratio']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] {v['verdict']}" for k, v in eff.items())
+            f"factorial A/B on {GEOMETRY_NAMES[geometry]} ({summary['metric']}, {repeats} rounds in random order): "
+            + effect_line(summary)
             + f"; report in {report}"
         )
         return summary
@@ -251,14 +255,16 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="measured runs per side (>= 2 gives confidence intervals); with "
-        "--factorial, the interleaved rounds of all four arms (>= 2)",
+        "--factorial, the rounds of all four arms (>= 2; a verdict needs 3)",
     )
+    ap.add_argument("--seed", type=int, default=0, help="with --factorial: the seed of each round's random arm order")
     ap.add_argument(
         "--factorial",
         action="store_true",
         help="instead of linear vs fitted: the factorial A/B, layouts {baseline (linear, same redundant slots), "
-        "fitted} x dispatch {static, dynamic}, arms interleaved with a restart per run; reports the layout "
-        "effect, the dispatch effect and their interaction with bootstrap intervals (report/factorial.md)",
+        "fitted} x dispatch {static, dynamic}, each round the four arms in a seeded random order with a restart "
+        "per run; reports the layout effect, the dispatch effect and their interaction with t intervals over "
+        "rounds (report/factorial.md)",
     )
     ap.add_argument(
         "--geometry",
@@ -268,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
     if a.factorial and a.repeats < 2:
-        ap.error("--factorial needs --repeats 2 or more (an interval needs two runs per arm)")
-    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats, a.geometry, a.factorial)
+        ap.error("--factorial needs --repeats 2 or more (an interval needs two rounds; a verdict three)")
+    run(Path(a.out), a.skew, a.num_prompts, a.concurrency, a.input_len, a.redundant, a.repeats, a.geometry, a.factorial, a.seed)
     return 0
 
 

@@ -20,12 +20,11 @@ import numpy as np
 from ..errors import SceneEplbError
 from ..fileio import doc_checksum, load_json
 from ..protocol import RANKS_KEY
+from ..stats import t_quantile
 
 NOT_OBSERVED = "NOT_OBSERVED"
 STEADY_MIN_S = 60.0
 RESULT_FORMAT = "scene-eplb-bench"
-# Student t, two-sided 95%, by degrees of freedom.
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 METRICS = (
     "output_throughput_per_card",
     "output_throughput_per_card_steady",
@@ -158,7 +157,7 @@ def aggregate(runs: list[dict]) -> dict:
             agg[m] = {"mean": NOT_OBSERVED, "ci95": NOT_OBSERVED, "n": len(vals)}
             continue
         mean = statistics.fmean(vals)
-        ci = _T95.get(len(vals) - 1, 2.0) * statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else None
+        ci = t_quantile(0.975, len(vals) - 1) * statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else None
         agg[m] = {"mean": mean, "ci95": ci, "n": len(vals)}
     agg["steady_state"] = all(r["steady_state"] for r in runs)
     agg["window_s"] = min((r["window_s"] for r in runs if r["window_s"] != NOT_OBSERVED), default=NOT_OBSERVED)

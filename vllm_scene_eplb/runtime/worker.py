@@ -9,6 +9,7 @@ never waits for a peer and never raises: the export of a dump runs on the ``Expo
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,8 @@ class RecorderRuntime:
     layout: Layout | None = None
     layout_path: str | None = None
     moe_layer_ids: list[int] = field(default_factory=list)
+    # Drawn once per worker process: a new server start, a new id (bench records it per run).
+    server_start: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def status(self) -> dict:
         """What the status route and the startup log line report (``protocol.STATUS_KEYS``)."""
@@ -93,6 +96,7 @@ class RecorderRuntime:
             "live_counts": self.config.live_counts,
             "moe_layers": self.moe_layer_ids,
             **self.model.routing(),
+            "server_start": self.server_start,
         }
 
     def begin_step(self, tokens: int = 0) -> None:
