@@ -6,8 +6,12 @@ both import it, so a route or key renamed here is renamed everywhere. Stdlib onl
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, NoReturn
+
+from .errors import SceneEplbError
 
 
 @dataclass(frozen=True)
@@ -153,3 +157,366 @@ def aggregate_status(statuses: list[dict]) -> dict:
         RANKS_KEY: [{k: st.get(k) for k in RANK_KEYS} for st in ranked],
         AGREE_KEY: all(st.get(k) == first.get(k) for st in ranked for k in AGREEMENT_KEYS),
     }
+
+
+# ================================================================ server answers
+# The routes' answers as typed objects: a client reads an answer only through ``from_wire``, which
+# checks every field's type, shape, finiteness and range and names the field at fault in one line
+# (a server that is not this plugin, or a broken one, never crashes a command); ``to_wire`` gives
+# the JSON object back, key for key what the server sends.
+
+MAX_WIRE_INT = 2**53  # every integer of an answer (a count, a total, a rank) is exact in float64
+
+
+def _show(value: Any) -> str:
+    """A short description of a bad value for a message (never the whole of a large one)."""
+    if isinstance(value, (dict, list)):
+        return f"a JSON {'object' if isinstance(value, dict) else 'array'} of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def _is_int(v: Any, low: int = 0, high: int = MAX_WIRE_INT) -> bool:
+    return type(v) is int and low <= v <= high
+
+
+def _is_number(v: Any, low: float = -math.inf, high: float = math.inf) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and low <= v <= high
+
+
+class _Fields:
+    """One wire object's fields, read with a check each; a failure names the object, the field and
+    what it held, with ``source`` (the URL) as its place."""
+
+    def __init__(self, doc: Any, what: str, source: str | None):
+        self.what, self.source = what, source
+        if not isinstance(doc, dict):
+            self.fail(f"must be a JSON object, got {_show(doc)}")
+        self.doc = doc
+
+    def fail(self, problem: str) -> NoReturn:
+        raise SceneEplbError(f"the server's {self.what} {problem}", self.source)
+
+    def get(self, key: str, ok, expected: str, nullable: bool = False) -> Any:
+        if key not in self.doc:
+            self.fail(f"has no {key!r} (not this plugin's answer, or a plugin older than this client?)")
+        value = self.doc[key]
+        if (value is None and nullable) or ok(value):
+            return value
+        self.fail(f"{key} must be {expected}{' or null' if nullable else ''}, got {_show(value)}")
+
+    def int(self, key: str, low: int = 0, nullable: bool = False) -> int:
+        return self.get(key, lambda v: _is_int(v, low), f"an integer >= {low}", nullable)
+
+    def number(self, key: str, low: float = -math.inf, high: float = math.inf, nullable: bool = False) -> float:
+        return self.get(key, lambda v: _is_number(v, low, high), f"a finite number in [{low:g}, {high:g}]", nullable)
+
+    def str(self, key: str, nullable: bool = False, choices: tuple[str, ...] | None = None) -> str:
+        expected = f"one of {', '.join(choices)}" if choices else "a string"
+        return self.get(key, lambda v: isinstance(v, str) and (choices is None or v in choices), expected, nullable)
+
+    def bool(self, key: str) -> bool:
+        return self.get(key, lambda v: type(v) is bool, "true or false")
+
+    def ints(self, key: str, nullable: bool = False, length: int | None = None) -> tuple[int, ...] | None:
+        expected = f"a list of {'' if length is None else f'{length} '}integers >= 0"
+        value = self.get(key, lambda v: isinstance(v, list) and all(map(_is_int, v)) and length in (None, len(v)), expected, nullable)
+        return None if value is None else tuple(value)
+
+    def numbers(self, key: str, nullable: bool = False) -> tuple[float, ...] | None:
+        value = self.get(key, lambda v: isinstance(v, list) and all(map(_is_number, v)), "a list of finite numbers", nullable)
+        return None if value is None else tuple(value)
+
+    def obj(self, key: str, what: str) -> _Fields | None:
+        """A nested object (or null), read the same way."""
+        value = self.get(key, lambda v: isinstance(v, dict), "an object", nullable=True)
+        return None if value is None else _Fields(value, f"{self.what} {what}", self.source)
+
+    def count_matrix(self, key: str, rows: int) -> tuple[tuple[int, ...], ...]:
+        """[rows, E] counts: non-negative integers, rectangular, summing to at most MAX_WIRE_INT."""
+        value = self.get(key, lambda v: isinstance(v, list) and len(v) == rows, f"a list of {rows} rows")
+        width = len(value[0]) if value and isinstance(value[0], list) else 0
+        for i, row in enumerate(value):
+            if not isinstance(row, list) or len(row) != width or not width or not all(map(_is_int, row)):
+                self.fail(f"{key} row {i} must be {width or 'some'} integers >= 0 like row 0, got {_show(row)}")
+        if sum(map(sum, value)) > MAX_WIRE_INT:
+            self.fail(f"{key} sums above 2**53: not counts")
+        return tuple(map(tuple, value))
+
+
+def _wire(obj) -> dict:
+    """A dataclass answer as its JSON object: its fields, tuples as lists, nested answers as theirs."""
+
+    def plain(v):
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v.to_wire() if hasattr(v, "to_wire") else v
+
+    return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One worker's status (``STATUS_KEYS``, in order): what the status route and the startup line report."""
+
+    plugin_version: str
+    engine: str
+    model: str | None
+    role: str
+    ep_size: int
+    ep_rank: int
+    dp_rank: int
+    tp_rank: int
+    layout_hash: str | None
+    layout_path: str | None
+    redundant_slots: int
+    dispatch: str | None
+    observer: str
+    recording: bool
+    ring_entries: int
+    entries_written: int
+    passes_recorded: int
+    steps_per_entry: int
+    skipped_passes: int
+    skipped_recorded: int
+    live_counts: bool
+    moe_layers: tuple[int, ...]
+    top_k: int | None
+    expert_groups: int | None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None, what: str = "status answer") -> WorkerStatus:
+        f = _Fields(doc, what, source)
+        return cls(
+            f.str("plugin_version"),
+            f.str("engine"),
+            f.str("model", nullable=True),
+            f.str("role"),
+            f.int("ep_size", 1),
+            f.int("ep_rank"),
+            f.int("dp_rank"),
+            f.int("tp_rank"),
+            f.str("layout_hash", nullable=True),
+            f.str("layout_path", nullable=True),
+            f.int("redundant_slots"),
+            f.str("dispatch", nullable=True),
+            f.str("observer", choices=(OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)),
+            f.bool("recording"),
+            f.int("ring_entries"),
+            f.int("entries_written"),
+            f.int("passes_recorded"),
+            f.int("steps_per_entry"),
+            f.int("skipped_passes"),
+            f.int("skipped_recorded"),
+            f.bool("live_counts"),
+            f.ints("moe_layers"),
+            f.int("top_k", 1, nullable=True),
+            f.int("expert_groups", 1, nullable=True),
+        )
+
+    def to_wire(self) -> dict:
+        return _wire(self)
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank's entry under ``RANKS_KEY`` (``RANK_KEYS``, in order)."""
+
+    ep_rank: int
+    dp_rank: int
+    tp_rank: int
+    observer: str
+    layout_hash: str | None
+    redundant_slots: int
+    dispatch: str | None
+    entries_written: int
+    passes_recorded: int
+    skipped_passes: int
+    skipped_recorded: int
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None, what: str = "rank") -> RankView:
+        f = _Fields(doc, what, source)
+        return cls(
+            f.int("ep_rank"),
+            f.int("dp_rank"),
+            f.int("tp_rank"),
+            f.str("observer", choices=(OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)),
+            f.str("layout_hash", nullable=True),
+            f.int("redundant_slots"),
+            f.str("dispatch", nullable=True),
+            f.int("entries_written"),
+            f.int("passes_recorded"),
+            f.int("skipped_passes"),
+            f.int("skipped_recorded"),
+        )
+
+    def to_wire(self) -> dict:
+        return _wire(self)
+
+
+@dataclass(frozen=True)
+class MeasuredView:
+    """The live object's ``measured``: balancedness of the measured replica traffic."""
+
+    median: float
+    worst: float
+    per_layer: tuple[float, ...]
+
+    @classmethod
+    def from_wire(cls, f: _Fields) -> MeasuredView:
+        return cls(f.number("median", 0), f.number("worst", 0), f.numbers("per_layer"))
+
+    def to_wire(self) -> dict:
+        return _wire(self)
+
+
+@dataclass(frozen=True)
+class LiveAnswer:
+    """The status answer's ``LIVE_KEY`` object (``fitness.LiveFitness.to_dict``): the last window's
+    balancedness per MoE layer, the layout's expectation, the drift alarm; ``time`` is the timing
+    window as sent (its ``median``, ``worst`` and ``moe_share`` checked; ``advise`` reads the rest)."""
+
+    median: float | None
+    worst: float | None
+    expected_median: float | None
+    expected_worst: float | None
+    drift: bool
+    passes: int
+    window_seconds: float
+    windows: int
+    threshold: float | None
+    dispatch: str | None
+    layers: tuple[int, ...]
+    per_layer: tuple[float, ...] | None
+    measured: MeasuredView | None
+    fidelity: float | None
+    time: dict | None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> LiveAnswer:
+        f = _Fields(doc, "live answer", source)
+        measured, time = f.obj("measured", "measured"), f.obj("time", "time")
+        if time is not None:
+            time.number("median", 0)
+            time.number("worst", 0)
+            time.number("moe_share", 0, 1, nullable=True)
+        live = cls(
+            f.number("median", 0, nullable=True),
+            f.number("worst", 0, nullable=True),
+            f.number("expected_median", 0, nullable=True),
+            f.number("expected_worst", 0, nullable=True),
+            f.bool("drift"),
+            f.int("passes"),
+            f.number("window_seconds", 0),
+            f.int("windows"),
+            f.number("threshold", 0, nullable=True),
+            f.str("dispatch", nullable=True),
+            f.ints("layers"),
+            f.numbers("per_layer", nullable=True),
+            None if measured is None else MeasuredView.from_wire(measured),
+            f.number("fidelity", nullable=True),
+            None if time is None else time.doc,
+        )
+        if live.median is not None and (live.worst is None or live.per_layer is None):
+            f.fail("has a median but no worst or per_layer")
+        return live
+
+    def to_wire(self) -> dict:
+        return _wire(self)
+
+
+@dataclass(frozen=True)
+class StatusAnswer:
+    """The status route's answer (also what start and stop answer): EP rank 0's status, every rank's
+    view under ``RANKS_KEY``, their agreement under ``AGREE_KEY`` and the live object under ``LIVE_KEY``."""
+
+    status: WorkerStatus
+    ranks: tuple[RankView, ...]
+    ranks_agree: bool
+    live: LiveAnswer | None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> StatusAnswer:
+        f = _Fields(doc, "status answer", source)
+        ranks = f.get(RANKS_KEY, lambda v: isinstance(v, list) and len(v) > 0, "a non-empty list")
+        live = f.get(LIVE_KEY, lambda v: isinstance(v, dict), "an object", nullable=True)
+        return cls(
+            WorkerStatus.from_wire(doc, source),
+            tuple(RankView.from_wire(r, source, f"status answer's {RANKS_KEY}[{i}]") for i, r in enumerate(ranks)),
+            f.bool(AGREE_KEY),
+            None if live is None else LiveAnswer.from_wire(live, source),
+        )
+
+    def to_wire(self) -> dict:
+        return {
+            **self.status.to_wire(),
+            RANKS_KEY: [r.to_wire() for r in self.ranks],
+            AGREE_KEY: self.ranks_agree,
+            LIVE_KEY: None if self.live is None else self.live.to_wire(),
+        }
+
+
+@dataclass(frozen=True)
+class DumpAnswer:
+    """The dump route's answer: where the workers wrote the counts file, its shapes and the export's figures."""
+
+    export_id: str
+    state: str
+    path: str
+    error: str | None
+    export_seconds: float
+    ep_rank: int
+    shape: tuple[int, ...]
+    physical_shape: tuple[int, ...] | None
+    entries_written: int
+    passes_recorded: int
+    local_total: int
+    ranks: int
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> DumpAnswer:
+        f = _Fields(doc, "dump answer", source)
+        path = f.get("path", lambda v: isinstance(v, str) and v != "", "the path of the file written")
+        return cls(
+            f.str("export_id"),
+            f.str("state", choices=("done",)),
+            path,
+            f.str("error", nullable=True),
+            f.number("export_seconds", 0),
+            f.int("ep_rank"),
+            f.ints("shape", length=3),
+            f.ints("physical_shape", nullable=True, length=3),
+            f.int("entries_written"),
+            f.int("passes_recorded"),
+            f.int("local_total"),
+            f.int("ranks", 1),
+        )
+
+    def to_wire(self) -> dict:
+        return _wire(self)
+
+
+@dataclass(frozen=True)
+class NativeLoadAnswer:
+    """The native_load route's answer: the engine's own expert-load counters over the last record,
+    summed over ``ranks``: ``counts`` [L_moe, E] of ``moe_layers`` when ``available``, else ``reason``."""
+
+    available: bool
+    ranks: int
+    reason: str | None = None
+    moe_layers: tuple[int, ...] | None = None
+    counts: tuple[tuple[int, ...], ...] | None = None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> NativeLoadAnswer:
+        f = _Fields(doc, "native_load answer", source)
+        if not f.bool("available"):
+            return cls(False, f.int("ranks", 1), reason=f.str("reason"))
+        layers = f.ints("moe_layers")
+        return cls(True, f.int("ranks", 1), moe_layers=layers, counts=f.count_matrix("counts", len(layers)))
+
+    def to_wire(self) -> dict:
+        if not self.available:
+            return {"available": False, "reason": self.reason, "ranks": self.ranks}
+        return {"available": True, "moe_layers": list(self.moe_layers or ()), "counts": [list(r) for r in self.counts or ()], "ranks": self.ranks}

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..fileio import atomic_write_files
 from ..harness.compare import chart_png, compare, markdown
 from ..harness.results import read_result
-from .common import Console
+from .common import Console, json_safe
 from .options import check_output_dir
 
 HELP = "deltas between two bench results (refuses different N/C/r)"
@@ -34,7 +34,7 @@ def run(args, console: Console) -> None:
             Path(args.output),
             {
                 "compare.md": text.encode(),
-                "compare.json": json.dumps(c.to_dict(), indent=1).encode(),
+                "compare.json": json.dumps(json_safe(c.to_dict()), indent=1).encode(),
                 "compare.png": chart_png(c, names),
             },
         )
