@@ -42,7 +42,9 @@ CLOSE, HANG = "close", "hang"  # answers that are no bytes: drop the connection;
 MODEL = "tiny-moe"
 
 
-def reply(body: bytes | str | object, status: str = "200 OK", ctype: str = "application/json", length: int | None = None) -> bytes:
+def reply(
+    body: bytes | str | object, status: str = "200 OK", ctype: str = "application/json", length: int | None = None
+) -> bytes:
     """An HTTP/1.1 answer; ``body`` as JSON unless bytes or text; ``length``: a Content-Length that lies."""
     raw = body if isinstance(body, bytes) else body.encode() if isinstance(body, str) else json.dumps(body).encode()
     head = f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(raw) if length is None else length}\r\n"
@@ -166,7 +168,12 @@ BENCH = ("bench", "--model", MODEL, "--scene", "s", "-n", "1", "-c", "1", "--inp
 CASES = [
     ("watch: not HTTP", {STATUS: b"SSH-2.0-OpenSSH_9.6\r\n"}, WATCH, "reply is not HTTP"),
     ("record status: not HTTP", {STATUS: b"SSH-2.0-OpenSSH_9.6\r\n"}, RECORD, "reply is not HTTP"),
-    ("advise --url: not HTTP", {STATUS: b"\x00\x01\x02 garbage\r\n\r\n"}, ("advise", "{counts}", "--layout", "{layout}"), "reply is not HTTP"),
+    (
+        "advise --url: not HTTP",
+        {STATUS: b"\x00\x01\x02 garbage\r\n\r\n"},
+        ("advise", "{counts}", "--layout", "{layout}"),
+        "reply is not HTTP",
+    ),
     ("bench: not HTTP", {"/v1/models": b"SSH-2.0-OpenSSH_9.6\r\n"}, BENCH, "reply is not HTTP"),
     ("audit: not HTTP", {STATUS: b"\xff\xfe\r\n\r\n"}, ("audit",), "reply is not HTTP"),
     ("watch: body cut short", {STATUS: reply('{"live": {"median"', length=1000)}, WATCH, "cut short"),
@@ -186,7 +193,12 @@ CASES = [
         "no 'window_seconds'",
     ),
     ("watch: live median a string", {STATUS: reply(status({**LIVE, "median": "1.05"}))}, WATCH, "median must be a finite number"),
-    ("watch: live moe_share 3.5", {STATUS: reply(status({**LIVE, "time": {"median": 1, "worst": 1, "moe_share": 3.5}}))}, WATCH, "moe_share"),
+    (
+        "watch: live moe_share 3.5",
+        {STATUS: reply(status({**LIVE, "time": {"median": 1, "worst": 1, "moe_share": 3.5}}))},
+        WATCH,
+        "moe_share",
+    ),
     ("record status: ep_size 0", {STATUS: reply(status(ep_size=0))}, RECORD, "ep_size must be an integer >= 1"),
     ("record status: observer bogus", {STATUS: reply(status(observer="bogus"))}, RECORD, "observer must be one of"),
     ("record status: a rank's dp_rank a string", {STATUS: reply(STRING_DP_RANK)}, RECORD, "ranks[1] dp_rank"),
@@ -266,6 +278,15 @@ def test_bench_against_a_closed_port_fails_in_about_a_second(tmp_path):
     assert_refused(code, out, err, "cannot reach the server", tmp_path, set())
 
 
+def test_bench_without_cards_needs_a_status_route(tmp_path):
+    """A server with no plugin (404 on the status route) is NOT_OBSERVED, not an error: the card count must be given."""
+    server = HostileServer({"/v1/models": MODELS})
+    try:
+        assert_refused(*run(*BENCH, "--url", server.url, "-o", tmp_path / "r.json"), "--cards is needed", tmp_path, set())
+    finally:
+        server.close()
+
+
 def test_server_strings_reach_the_terminal_escaped():
     """A valid answer whose strings hold escape sequences: printed, but as visible escapes."""
     server = HostileServer({STATUS: reply(status({**LIVE, "dispatch": ESC}, dispatch=ESC))})
@@ -281,7 +302,13 @@ def test_server_strings_reach_the_terminal_escaped():
 
 
 def test_the_answer_readers_take_what_the_server_sends_key_for_key():
-    wire = status({**LIVE, "measured": {"median": 1.0, "worst": 1.1, "per_layer": [1.0, 1.1]}, "time": {"median": 1, "worst": 1, "moe_share": None}})
+    wire = status(
+        {
+            **LIVE,
+            "measured": {"median": 1.0, "worst": 1.1, "per_layer": [1.0, 1.1]},
+            "time": {"median": 1, "worst": 1, "moe_share": None},
+        }
+    )
     assert StatusAnswer.from_wire(wire).to_wire() == wire
     dump = {
         "export_id": "x",

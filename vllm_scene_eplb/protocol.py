@@ -205,27 +205,40 @@ class _Fields:
             return value
         self.fail(f"{key} must be {expected}{' or null' if nullable else ''}, got {_show(value)}")
 
-    def int(self, key: str, low: int = 0, nullable: bool = False) -> int:
+    def integer(self, key: str, low: int = 0, nullable: bool = False) -> int:
         return self.get(key, lambda v: _is_int(v, low), f"an integer >= {low}", nullable)
 
     def number(self, key: str, low: float = -math.inf, high: float = math.inf, nullable: bool = False) -> float:
         return self.get(key, lambda v: _is_number(v, low, high), f"a finite number in [{low:g}, {high:g}]", nullable)
 
-    def str(self, key: str, nullable: bool = False, choices: tuple[str, ...] | None = None) -> str:
+    def text(self, key: str, nullable: bool = False, choices: tuple[str, ...] | None = None) -> str:
         expected = f"one of {', '.join(choices)}" if choices else "a string"
         return self.get(key, lambda v: isinstance(v, str) and (choices is None or v in choices), expected, nullable)
 
-    def bool(self, key: str) -> bool:
+    def flag(self, key: str) -> bool:
         return self.get(key, lambda v: type(v) is bool, "true or false")
 
-    def ints(self, key: str, nullable: bool = False, length: int | None = None) -> tuple[int, ...] | None:
-        expected = f"a list of {'' if length is None else f'{length} '}integers >= 0"
-        value = self.get(key, lambda v: isinstance(v, list) and all(map(_is_int, v)) and length in (None, len(v)), expected, nullable)
+    def _list(self, key: str, ok, expected: str, nullable: bool, length: int | None) -> tuple | None:
+        sized = "" if length is None else f"{length} "
+        value = self.get(
+            key,
+            lambda v: isinstance(v, list) and all(map(ok, v)) and length in (None, len(v)),
+            f"a list of {sized}{expected}",
+            nullable,
+        )
         return None if value is None else tuple(value)
 
-    def numbers(self, key: str, nullable: bool = False) -> tuple[float, ...] | None:
-        value = self.get(key, lambda v: isinstance(v, list) and all(map(_is_number, v)), "a list of finite numbers", nullable)
-        return None if value is None else tuple(value)
+    def integers(self, key: str, length: int | None = None) -> tuple[int, ...]:
+        return self._list(key, _is_int, "integers >= 0", False, length) or ()
+
+    def integers_or_null(self, key: str, length: int | None = None) -> tuple[int, ...] | None:
+        return self._list(key, _is_int, "integers >= 0", True, length)
+
+    def numbers(self, key: str) -> tuple[float, ...]:
+        return self._list(key, _is_number, "finite numbers", False, None) or ()
+
+    def numbers_or_null(self, key: str) -> tuple[float, ...] | None:
+        return self._list(key, _is_number, "finite numbers", True, None)
 
     def obj(self, key: str, what: str) -> _Fields | None:
         """A nested object (or null), read the same way."""
@@ -288,30 +301,30 @@ class WorkerStatus:
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "status answer") -> WorkerStatus:
         f = _Fields(doc, what, source)
         return cls(
-            f.str("plugin_version"),
-            f.str("engine"),
-            f.str("model", nullable=True),
-            f.str("role"),
-            f.int("ep_size", 1),
-            f.int("ep_rank"),
-            f.int("dp_rank"),
-            f.int("tp_rank"),
-            f.str("layout_hash", nullable=True),
-            f.str("layout_path", nullable=True),
-            f.int("redundant_slots"),
-            f.str("dispatch", nullable=True),
-            f.str("observer", choices=(OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)),
-            f.bool("recording"),
-            f.int("ring_entries"),
-            f.int("entries_written"),
-            f.int("passes_recorded"),
-            f.int("steps_per_entry"),
-            f.int("skipped_passes"),
-            f.int("skipped_recorded"),
-            f.bool("live_counts"),
-            f.ints("moe_layers"),
-            f.int("top_k", 1, nullable=True),
-            f.int("expert_groups", 1, nullable=True),
+            f.text("plugin_version"),
+            f.text("engine"),
+            f.text("model", nullable=True),
+            f.text("role"),
+            f.integer("ep_size", 1),
+            f.integer("ep_rank"),
+            f.integer("dp_rank"),
+            f.integer("tp_rank"),
+            f.text("layout_hash", nullable=True),
+            f.text("layout_path", nullable=True),
+            f.integer("redundant_slots"),
+            f.text("dispatch", nullable=True),
+            f.text("observer", choices=(OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)),
+            f.flag("recording"),
+            f.integer("ring_entries"),
+            f.integer("entries_written"),
+            f.integer("passes_recorded"),
+            f.integer("steps_per_entry"),
+            f.integer("skipped_passes"),
+            f.integer("skipped_recorded"),
+            f.flag("live_counts"),
+            f.integers("moe_layers"),
+            f.integer("top_k", 1, nullable=True),
+            f.integer("expert_groups", 1, nullable=True),
         )
 
     def to_wire(self) -> dict:
@@ -338,17 +351,17 @@ class RankView:
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "rank") -> RankView:
         f = _Fields(doc, what, source)
         return cls(
-            f.int("ep_rank"),
-            f.int("dp_rank"),
-            f.int("tp_rank"),
-            f.str("observer", choices=(OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)),
-            f.str("layout_hash", nullable=True),
-            f.int("redundant_slots"),
-            f.str("dispatch", nullable=True),
-            f.int("entries_written"),
-            f.int("passes_recorded"),
-            f.int("skipped_passes"),
-            f.int("skipped_recorded"),
+            f.integer("ep_rank"),
+            f.integer("dp_rank"),
+            f.integer("tp_rank"),
+            f.text("observer", choices=(OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)),
+            f.text("layout_hash", nullable=True),
+            f.integer("redundant_slots"),
+            f.text("dispatch", nullable=True),
+            f.integer("entries_written"),
+            f.integer("passes_recorded"),
+            f.integer("skipped_passes"),
+            f.integer("skipped_recorded"),
         )
 
     def to_wire(self) -> dict:
@@ -406,14 +419,14 @@ class LiveAnswer:
             f.number("worst", 0, nullable=True),
             f.number("expected_median", 0, nullable=True),
             f.number("expected_worst", 0, nullable=True),
-            f.bool("drift"),
-            f.int("passes"),
+            f.flag("drift"),
+            f.integer("passes"),
             f.number("window_seconds", 0),
-            f.int("windows"),
+            f.integer("windows"),
             f.number("threshold", 0, nullable=True),
-            f.str("dispatch", nullable=True),
-            f.ints("layers"),
-            f.numbers("per_layer", nullable=True),
+            f.text("dispatch", nullable=True),
+            f.integers("layers"),
+            f.numbers_or_null("per_layer"),
             None if measured is None else MeasuredView.from_wire(measured),
             f.number("fidelity", nullable=True),
             None if time is None else time.doc,
@@ -444,7 +457,7 @@ class StatusAnswer:
         return cls(
             WorkerStatus.from_wire(doc, source),
             tuple(RankView.from_wire(r, source, f"status answer's {RANKS_KEY}[{i}]") for i, r in enumerate(ranks)),
-            f.bool(AGREE_KEY),
+            f.flag(AGREE_KEY),
             None if live is None else LiveAnswer.from_wire(live, source),
         )
 
@@ -479,18 +492,18 @@ class DumpAnswer:
         f = _Fields(doc, "dump answer", source)
         path = f.get("path", lambda v: isinstance(v, str) and v != "", "the path of the file written")
         return cls(
-            f.str("export_id"),
-            f.str("state", choices=("done",)),
+            f.text("export_id"),
+            f.text("state", choices=("done",)),
             path,
-            f.str("error", nullable=True),
+            f.text("error", nullable=True),
             f.number("export_seconds", 0),
-            f.int("ep_rank"),
-            f.ints("shape", length=3),
-            f.ints("physical_shape", nullable=True, length=3),
-            f.int("entries_written"),
-            f.int("passes_recorded"),
-            f.int("local_total"),
-            f.int("ranks", 1),
+            f.integer("ep_rank"),
+            f.integers("shape", length=3),
+            f.integers_or_null("physical_shape", length=3),
+            f.integer("entries_written"),
+            f.integer("passes_recorded"),
+            f.integer("local_total"),
+            f.integer("ranks", 1),
         )
 
     def to_wire(self) -> dict:
@@ -511,12 +524,17 @@ class NativeLoadAnswer:
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> NativeLoadAnswer:
         f = _Fields(doc, "native_load answer", source)
-        if not f.bool("available"):
-            return cls(False, f.int("ranks", 1), reason=f.str("reason"))
-        layers = f.ints("moe_layers")
-        return cls(True, f.int("ranks", 1), moe_layers=layers, counts=f.count_matrix("counts", len(layers)))
+        if not f.flag("available"):
+            return cls(False, f.integer("ranks", 1), reason=f.text("reason"))
+        layers = f.integers("moe_layers")
+        return cls(True, f.integer("ranks", 1), moe_layers=layers, counts=f.count_matrix("counts", len(layers)))
 
     def to_wire(self) -> dict:
         if not self.available:
             return {"available": False, "reason": self.reason, "ranks": self.ranks}
-        return {"available": True, "moe_layers": list(self.moe_layers or ()), "counts": [list(r) for r in self.counts or ()], "ranks": self.ranks}
+        return {
+            "available": True,
+            "moe_layers": list(self.moe_layers or ()),
+            "counts": [list(r) for r in self.counts or ()],
+            "ranks": self.ranks,
+        }

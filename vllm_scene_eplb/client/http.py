@@ -72,9 +72,7 @@ def _read(resp, url: str, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def request_json(
-    url: str, method: str = "GET", api_key: str | None = None, timeout: float = 30.0, what: str = "request"
-) -> Any:
+def request_json(url: str, method: str = "GET", api_key: str | None = None, timeout: float = 30.0, what: str = "request") -> Any:
     """``method url`` with an optional bearer key; the decoded JSON answer. Every failure is a
     ServerError: ``what`` (the action) and the problem, with ``url`` as its place."""
     if not url.startswith(("http://", "https://")):
@@ -96,12 +94,16 @@ def request_json(
     except http.client.RemoteDisconnected:
         raise ServerError(f"{what}: the server closed the connection without an answer", url) from None
     except http.client.HTTPException as exc:  # BadStatusLine, RemoteDisconnected, LineTooLong, ...
-        raise ServerError(f"{what}: the server's reply is not HTTP ({type(exc).__name__}: {_got(str(exc).encode())})", url) from None
+        raise ServerError(
+            f"{what}: the server's reply is not HTTP ({type(exc).__name__}: {_got(str(exc).encode())})", url
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:  # refused, timeout, DNS; ValueError: a malformed URL
         reason = getattr(exc, "reason", exc)
         if isinstance(reason, TimeoutError):
             raise ServerError(f"{what}: no answer within {timeout:g} s", url) from None
-        raise ServerError(f"{what}: cannot reach the server: {printable(shorten(str(reason) or type(reason).__name__))}", url) from None
+        raise ServerError(
+            f"{what}: cannot reach the server: {printable(shorten(str(reason) or type(reason).__name__))}", url
+        ) from None
     try:
         return decode_json(body) if body.strip() else {}
     except ValueError as exc:

@@ -34,4 +34,5 @@ def answer(url: str, action: str, api_key: str | None = None, timeout: float = 3
     """``action``'s answer, checked and typed: ``StatusAnswer`` (status, start, stop), ``DumpAnswer`` or
     ``NativeLoadAnswer``; an answer of the wrong shape is a SceneEplbError naming the field and the URL."""
     doc = call(url, action, api_key, timeout, keep_skipped)
-    return ANSWERS.get(action, StatusAnswer).from_wire(doc, url.rstrip("/") + ROUTE_BY_ACTION[action].path)
+    reader: Any = ANSWERS.get(action, StatusAnswer)
+    return reader.from_wire(doc, url.rstrip("/") + ROUTE_BY_ACTION[action].path)
