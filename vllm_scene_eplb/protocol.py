@@ -268,8 +268,34 @@ def _wire(obj) -> dict:
     return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
 
 
+_OBSERVER_STATES = (OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)
+_OPTIONAL_TEXT = ("model", "layout_hash", "layout_path", "dispatch")
+# How each status key is read (a worker's status and every rank's view share them).
+_STATUS_FIELDS = {
+    **{k: _Fields.text for k in ("plugin_version", "engine", "role")},
+    **{k: lambda f, k: f.text(k, nullable=True) for k in _OPTIONAL_TEXT},
+    **{k: _Fields.integer for k in ("ep_rank", "dp_rank", "tp_rank", "redundant_slots", "ring_entries")},
+    **{
+        k: _Fields.integer
+        for k in ("entries_written", "passes_recorded", "steps_per_entry", "skipped_passes", "skipped_recorded")
+    },
+    **{k: lambda f, k: f.integer(k, 1, nullable=True) for k in ("top_k", "expert_groups")},
+    **{k: _Fields.flag for k in ("recording", "live_counts")},
+    "ep_size": lambda f, k: f.integer(k, 1),
+    "observer": lambda f, k: f.text(k, choices=_OBSERVER_STATES),
+    "moe_layers": _Fields.integers,
+}
+
+
+class _Answer:
+    """What every answer shares: its JSON object is its fields (``_wire``)."""
+
+    def to_wire(self) -> dict:
+        return _wire(self)
+
+
 @dataclass(frozen=True)
-class WorkerStatus:
+class WorkerStatus(_Answer):
     """One worker's status (``STATUS_KEYS``, in order): what the status route and the startup line report."""
 
     plugin_version: str
@@ -300,39 +326,11 @@ class WorkerStatus:
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "status answer") -> WorkerStatus:
         f = _Fields(doc, what, source)
-        return cls(
-            f.text("plugin_version"),
-            f.text("engine"),
-            f.text("model", nullable=True),
-            f.text("role"),
-            f.integer("ep_size", 1),
-            f.integer("ep_rank"),
-            f.integer("dp_rank"),
-            f.integer("tp_rank"),
-            f.text("layout_hash", nullable=True),
-            f.text("layout_path", nullable=True),
-            f.integer("redundant_slots"),
-            f.text("dispatch", nullable=True),
-            f.text("observer", choices=(OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)),
-            f.flag("recording"),
-            f.integer("ring_entries"),
-            f.integer("entries_written"),
-            f.integer("passes_recorded"),
-            f.integer("steps_per_entry"),
-            f.integer("skipped_passes"),
-            f.integer("skipped_recorded"),
-            f.flag("live_counts"),
-            f.integers("moe_layers"),
-            f.integer("top_k", 1, nullable=True),
-            f.integer("expert_groups", 1, nullable=True),
-        )
-
-    def to_wire(self) -> dict:
-        return _wire(self)
+        return cls(**{key: _STATUS_FIELDS[key](f, key) for key in STATUS_KEYS})
 
 
 @dataclass(frozen=True)
-class RankView:
+class RankView(_Answer):
     """One rank's entry under ``RANKS_KEY`` (``RANK_KEYS``, in order)."""
 
     ep_rank: int
@@ -350,26 +348,11 @@ class RankView:
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "rank") -> RankView:
         f = _Fields(doc, what, source)
-        return cls(
-            f.integer("ep_rank"),
-            f.integer("dp_rank"),
-            f.integer("tp_rank"),
-            f.text("observer", choices=(OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)),
-            f.text("layout_hash", nullable=True),
-            f.integer("redundant_slots"),
-            f.text("dispatch", nullable=True),
-            f.integer("entries_written"),
-            f.integer("passes_recorded"),
-            f.integer("skipped_passes"),
-            f.integer("skipped_recorded"),
-        )
-
-    def to_wire(self) -> dict:
-        return _wire(self)
+        return cls(**{key: _STATUS_FIELDS[key](f, key) for key in RANK_KEYS})
 
 
 @dataclass(frozen=True)
-class MeasuredView:
+class MeasuredView(_Answer):
     """The live object's ``measured``: balancedness of the measured replica traffic."""
 
     median: float
@@ -380,12 +363,9 @@ class MeasuredView:
     def from_wire(cls, f: _Fields) -> MeasuredView:
         return cls(f.number("median", 0), f.number("worst", 0), f.numbers("per_layer"))
 
-    def to_wire(self) -> dict:
-        return _wire(self)
-
 
 @dataclass(frozen=True)
-class LiveAnswer:
+class LiveAnswer(_Answer):
     """The status answer's ``LIVE_KEY`` object (``fitness.LiveFitness.to_dict``): the last window's
     balancedness per MoE layer, the layout's expectation, the drift alarm; ``time`` is the timing
     window as sent (its ``median``, ``worst`` and ``moe_share`` checked; ``advise`` reads the rest)."""
@@ -435,12 +415,9 @@ class LiveAnswer:
             f.fail("has a median but no worst or per_layer")
         return live
 
-    def to_wire(self) -> dict:
-        return _wire(self)
-
 
 @dataclass(frozen=True)
-class StatusAnswer:
+class StatusAnswer(_Answer):
     """The status route's answer (also what start and stop answer): EP rank 0's status, every rank's
     view under ``RANKS_KEY``, their agreement under ``AGREE_KEY`` and the live object under ``LIVE_KEY``."""
 
@@ -471,7 +448,7 @@ class StatusAnswer:
 
 
 @dataclass(frozen=True)
-class DumpAnswer:
+class DumpAnswer(_Answer):
     """The dump route's answer: where the workers wrote the counts file, its shapes and the export's figures."""
 
     export_id: str
@@ -506,12 +483,9 @@ class DumpAnswer:
             f.integer("ranks", 1),
         )
 
-    def to_wire(self) -> dict:
-        return _wire(self)
-
 
 @dataclass(frozen=True)
-class NativeLoadAnswer:
+class NativeLoadAnswer(_Answer):
     """The native_load route's answer: the engine's own expert-load counters over the last record,
     summed over ``ranks``: ``counts`` [L_moe, E] of ``moe_layers`` when ``available``, else ``reason``."""
 
