@@ -109,7 +109,7 @@ def check_server(url: str, model: str, api_key: str | None = None) -> None:
     if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
         raise SceneEplbError("the server's model list is not an OpenAI one ({'data': [{'id': ...}]})", target)
     served = [m["id"] for m in data]
-    if model not in served:
+    if model not in served + [m.get("root") for m in data]:  # vLLM's root: the path a served name was loaded from
         raise SceneEplbError(f"the server serves {', '.join(map(repr, served)) or 'no model'}, not --model {model!r}", target)
 
 
