@@ -66,11 +66,14 @@ def test_linear_layout_when_none_is_loaded():
 
 def test_watch_renders_a_heat_strip_and_the_drift_state():
     from vllm_scene_eplb.commands.watch import render, shade
+    from vllm_scene_eplb.protocol import LiveAnswer
 
     counts, layout = _fitted()
     live = LiveFitness.for_server(layout, 16, 4, "dynamic", (0, 1, 2), margin=0.05, windows=1)
-    assert "no live window" in render(live.to_dict(), "http://x")
+    assert "no live window" in render(LiveAnswer.from_wire(live.to_dict()), "http://x")
     live.observe(LiveSample(counts.total(), passes=3), now=0.0)
-    text = render(live.to_dict(), "http://x")
+    wire = live.to_dict()
+    assert LiveAnswer.from_wire(wire).to_wire() == wire  # the client's reader takes the server's object key for key
+    text = render(LiveAnswer.from_wire(wire), "http://x")
     assert "drift     no" in text and "layers    " in text and "worst     layer" in text
     assert shade(1.0) == " " and shade(1.05) == ":" and shade(3.0) == "@"

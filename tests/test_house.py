@@ -22,6 +22,8 @@ PURE = (
     "evaluation",
     "client.audit",
     "client.record",
+    "client.http",
+    "terminal",
     "advise",
     "measured",
     "arrays",

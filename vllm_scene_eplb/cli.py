@@ -3,7 +3,7 @@
 Offline commands (inspect, fit, validate, score, convert, report) run on CPU with no engine; record,
 audit, bench and compare talk to a running server or read its results.
 
-Every failure ends with one line on stderr and a non-zero exit: bad input or options
+Every failure ends with one line on stderr (control characters escaped: ``terminal.printable``) and a non-zero exit: bad input or options
 ``scene-eplb: error: FILE: problem`` (exit 2); an exception nobody expected is a bug and says so
 (exit 3), with its traceback only under ``--debug``.
 """
@@ -18,6 +18,7 @@ from . import __version__
 from .commands import COMMANDS
 from .commands.common import Console, output_args
 from .errors import SceneEplbError
+from .terminal import printable
 
 REPORT_BUGS = "the vllm-scene-eplb issue tracker"
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.run(args, Console(quiet=args.quiet, json=args.json))
     except SceneEplbError as exc:
-        print(f"scene-eplb: error: {exc}", file=sys.stderr)
+        print(f"scene-eplb: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         where = "" if args.debug else "; rerun with --debug for the traceback"
         print(
             f"scene-eplb: internal error (a bug, please report it with the command line to {REPORT_BUGS}): "
-            f"{type(exc).__name__}: {exc}{where}",
+            f"{type(exc).__name__}: {printable(str(exc))}{where}",
             file=sys.stderr,
         )
         return 3

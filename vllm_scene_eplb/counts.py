@@ -31,15 +31,21 @@ def validate_count_array(raw: Any, path: str | None = None) -> np.ndarray:
     negatives and values or totals above what sums can hold exactly, each with a message naming
     the first bad position.
     """
-    arr = integer_array(raw, "logical_count", path, 0, MAX_COUNT, COUNT_AXES)
+    arr = _capped(integer_array(raw, "logical_count", path, 0, MAX_COUNT, COUNT_AXES), "logical_count", path)
+    return arr if arr.ndim == 3 else arr[None]
+
+
+def _capped(arr: np.ndarray, what: str, path: str | None) -> np.ndarray:
+    """``arr`` when its total is at most MAX_TOTAL (summed in float64, which cannot wrap), so every
+    int64 sum of it is exact; else the one-line refusal naming ``what``."""
     total = float(arr.sum(dtype=np.float64))
     if total > MAX_TOTAL:
         raise SceneEplbError(
-            f"logical_count sums to {total:.3g} assignments, above the {MAX_TOTAL:.3g} (2**53) that "
+            f"{what} sums to {total:.3g} assignments, above the {MAX_TOTAL:.3g} (2**53) that "
             "sums of counts hold exactly: not a recording",
             path,
         )
-    return arr if arr.ndim == 3 else arr[None]
+    return arr
 
 
 def counts_digest(data: np.ndarray) -> str:
@@ -52,7 +58,7 @@ def validate_physical(raw: Any, logical: np.ndarray, path: str | None = None) ->
     """Check measured replica traffic ``physical_count`` [T, L, P] (or [L, P]) against the logical
     counts [T, L, E] it came with: the same ring entries and layers, and per entry and layer the
     same number of assignments (every assignment went to exactly one slot)."""
-    arr = integer_array(raw, "physical_count", path, 0, MAX_COUNT, COUNT_AXES)
+    arr = _capped(integer_array(raw, "physical_count", path, 0, MAX_COUNT, COUNT_AXES), "physical_count", path)
     arr = arr if arr.ndim == 3 else arr[None]
     if arr.shape[:2] != logical.shape[:2]:
         raise SceneEplbError(

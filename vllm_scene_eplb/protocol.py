@@ -6,8 +6,12 @@ both import it, so a route or key renamed here is renamed everywhere. Stdlib onl
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, NoReturn
+
+from .errors import SceneEplbError
 
 
 @dataclass(frozen=True)
@@ -154,3 +158,359 @@ def aggregate_status(statuses: list[dict]) -> dict:
         RANKS_KEY: [{k: st.get(k) for k in RANK_KEYS} for st in ranked],
         AGREE_KEY: all(st.get(k) == first.get(k) for st in ranked for k in AGREEMENT_KEYS),
     }
+
+
+# ================================================================ server answers
+# The routes' answers as typed objects: a client reads an answer only through ``from_wire``, which
+# checks every field's type, shape, finiteness and range and names the field at fault in one line
+# (a server that is not this plugin, or a broken one, never crashes a command); ``to_wire`` gives
+# the JSON object back, key for key what the server sends.
+
+MAX_WIRE_INT = 2**53  # every integer of an answer (a count, a total, a rank) is exact in float64
+
+
+def _show(value: Any) -> str:
+    """A short description of a bad value for a message (never the whole of a large one)."""
+    if isinstance(value, (dict, list)):
+        return f"a JSON {'object' if isinstance(value, dict) else 'array'} of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def _is_int(v: Any, low: int = 0, high: int = MAX_WIRE_INT) -> bool:
+    return type(v) is int and low <= v <= high
+
+
+def _is_number(v: Any, low: float = -math.inf, high: float = math.inf) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and low <= v <= high
+
+
+class _Fields:
+    """One wire object's fields, read with a check each; a failure names the object, the field and
+    what it held, with ``source`` (the URL) as its place."""
+
+    def __init__(self, doc: Any, what: str, source: str | None):
+        self.what, self.source = what, source
+        if not isinstance(doc, dict):
+            self.fail(f"must be a JSON object, got {_show(doc)}")
+        self.doc = doc
+
+    def fail(self, problem: str) -> NoReturn:
+        raise SceneEplbError(f"the server's {self.what} {problem}", self.source)
+
+    def get(self, key: str, ok, expected: str, nullable: bool = False) -> Any:
+        if key not in self.doc:
+            self.fail(f"has no {key!r} (not this plugin's answer, or a plugin older than this client?)")
+        value = self.doc[key]
+        if (value is None and nullable) or ok(value):
+            return value
+        self.fail(f"{key} must be {expected}{' or null' if nullable else ''}, got {_show(value)}")
+
+    def integer(self, key: str, low: int = 0, nullable: bool = False) -> int:
+        return self.get(key, lambda v: _is_int(v, low), f"an integer >= {low}", nullable)
+
+    def number(self, key: str, low: float = -math.inf, high: float = math.inf, nullable: bool = False) -> float:
+        return self.get(key, lambda v: _is_number(v, low, high), f"a finite number in [{low:g}, {high:g}]", nullable)
+
+    def text(self, key: str, nullable: bool = False, choices: tuple[str, ...] | None = None) -> str:
+        expected = f"one of {', '.join(choices)}" if choices else "a string"
+        return self.get(key, lambda v: isinstance(v, str) and (choices is None or v in choices), expected, nullable)
+
+    def flag(self, key: str) -> bool:
+        return self.get(key, lambda v: type(v) is bool, "true or false")
+
+    def _list(self, key: str, ok, expected: str, nullable: bool, length: int | None) -> tuple | None:
+        sized = "" if length is None else f"{length} "
+        value = self.get(
+            key,
+            lambda v: isinstance(v, list) and all(map(ok, v)) and length in (None, len(v)),
+            f"a list of {sized}{expected}",
+            nullable,
+        )
+        return None if value is None else tuple(value)
+
+    def integers(self, key: str, length: int | None = None) -> tuple[int, ...]:
+        return self._list(key, _is_int, "integers >= 0", False, length) or ()
+
+    def integers_or_null(self, key: str, length: int | None = None) -> tuple[int, ...] | None:
+        return self._list(key, _is_int, "integers >= 0", True, length)
+
+    def numbers(self, key: str) -> tuple[float, ...]:
+        return self._list(key, _is_number, "finite numbers", False, None) or ()
+
+    def numbers_or_null(self, key: str) -> tuple[float, ...] | None:
+        return self._list(key, _is_number, "finite numbers", True, None)
+
+    def obj(self, key: str, what: str) -> _Fields | None:
+        """A nested object (or null), read the same way."""
+        value = self.get(key, lambda v: isinstance(v, dict), "an object", nullable=True)
+        return None if value is None else _Fields(value, f"{self.what} {what}", self.source)
+
+    def count_matrix(self, key: str, rows: int) -> tuple[tuple[int, ...], ...]:
+        """[rows, E] counts: non-negative integers, rectangular, summing to at most MAX_WIRE_INT."""
+        value = self.get(key, lambda v: isinstance(v, list) and len(v) == rows, f"a list of {rows} rows")
+        width = len(value[0]) if value and isinstance(value[0], list) else 0
+        for i, row in enumerate(value):
+            if not isinstance(row, list) or len(row) != width or not width or not all(map(_is_int, row)):
+                self.fail(f"{key} row {i} must be {width or 'some'} integers >= 0 like row 0, got {_show(row)}")
+        if sum(map(sum, value)) > MAX_WIRE_INT:
+            self.fail(f"{key} sums above 2**53: not counts")
+        return tuple(map(tuple, value))
+
+
+def _wire(obj) -> dict:
+    """A dataclass answer as its JSON object: its fields, tuples as lists, nested answers as theirs."""
+
+    def plain(v):
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v.to_wire() if hasattr(v, "to_wire") else v
+
+    return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
+
+
+_OBSERVER_STATES = (OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING)
+_OPTIONAL_TEXT = ("model", "layout_hash", "layout_path", "dispatch", "server_start")
+# How each status key is read (a worker's status and every rank's view share them).
+_STATUS_FIELDS = {
+    **{k: _Fields.text for k in ("plugin_version", "engine", "role")},
+    **{k: lambda f, k: f.text(k, nullable=True) for k in _OPTIONAL_TEXT},
+    **{k: _Fields.integer for k in ("ep_rank", "dp_rank", "tp_rank", "redundant_slots", "ring_entries")},
+    **{
+        k: _Fields.integer
+        for k in ("entries_written", "passes_recorded", "steps_per_entry", "skipped_passes", "skipped_recorded")
+    },
+    **{k: lambda f, k: f.integer(k, 1, nullable=True) for k in ("top_k", "expert_groups")},
+    **{k: _Fields.flag for k in ("recording", "live_counts")},
+    "ep_size": lambda f, k: f.integer(k, 1),
+    "observer": lambda f, k: f.text(k, choices=_OBSERVER_STATES),
+    "moe_layers": _Fields.integers,
+}
+
+
+class _Answer:
+    """What every answer shares: its JSON object is its fields (``_wire``)."""
+
+    def to_wire(self) -> dict:
+        return _wire(self)
+
+
+@dataclass(frozen=True)
+class WorkerStatus(_Answer):
+    """One worker's status (``STATUS_KEYS``, in order): what the status route and the startup line report."""
+
+    plugin_version: str
+    engine: str
+    model: str | None
+    role: str
+    ep_size: int
+    ep_rank: int
+    dp_rank: int
+    tp_rank: int
+    layout_hash: str | None
+    layout_path: str | None
+    redundant_slots: int
+    dispatch: str | None
+    observer: str
+    recording: bool
+    ring_entries: int
+    entries_written: int
+    passes_recorded: int
+    steps_per_entry: int
+    skipped_passes: int
+    skipped_recorded: int
+    live_counts: bool
+    moe_layers: tuple[int, ...]
+    top_k: int | None
+    expert_groups: int | None
+    server_start: str | None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None, what: str = "status answer") -> WorkerStatus:
+        f = _Fields(doc, what, source)
+        return cls(**{key: _STATUS_FIELDS[key](f, key) for key in STATUS_KEYS})
+
+
+@dataclass(frozen=True)
+class RankView(_Answer):
+    """One rank's entry under ``RANKS_KEY`` (``RANK_KEYS``, in order)."""
+
+    ep_rank: int
+    dp_rank: int
+    tp_rank: int
+    observer: str
+    layout_hash: str | None
+    redundant_slots: int
+    dispatch: str | None
+    entries_written: int
+    passes_recorded: int
+    skipped_passes: int
+    skipped_recorded: int
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None, what: str = "rank") -> RankView:
+        f = _Fields(doc, what, source)
+        return cls(**{key: _STATUS_FIELDS[key](f, key) for key in RANK_KEYS})
+
+
+@dataclass(frozen=True)
+class MeasuredView(_Answer):
+    """The live object's ``measured``: balancedness of the measured replica traffic."""
+
+    median: float
+    worst: float
+    per_layer: tuple[float, ...]
+
+    @classmethod
+    def from_wire(cls, f: _Fields) -> MeasuredView:
+        return cls(f.number("median", 0), f.number("worst", 0), f.numbers("per_layer"))
+
+
+@dataclass(frozen=True)
+class LiveAnswer(_Answer):
+    """The status answer's ``LIVE_KEY`` object (``fitness.LiveFitness.to_dict``): the last window's
+    balancedness per MoE layer, the layout's expectation, the drift alarm; ``time`` is the timing
+    window as sent (its ``median``, ``worst`` and ``moe_share`` checked; ``advise`` reads the rest)."""
+
+    median: float | None
+    worst: float | None
+    expected_median: float | None
+    expected_worst: float | None
+    drift: bool
+    passes: int
+    window_seconds: float
+    windows: int
+    threshold: float | None
+    dispatch: str | None
+    layers: tuple[int, ...]
+    per_layer: tuple[float, ...] | None
+    measured: MeasuredView | None
+    fidelity: float | None
+    time: dict | None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> LiveAnswer:
+        f = _Fields(doc, "live answer", source)
+        measured, time = f.obj("measured", "measured"), f.obj("time", "time")
+        if time is not None:
+            time.number("median", 0)
+            time.number("worst", 0)
+            time.number("moe_share", 0, 1, nullable=True)
+        live = cls(
+            f.number("median", 0, nullable=True),
+            f.number("worst", 0, nullable=True),
+            f.number("expected_median", 0, nullable=True),
+            f.number("expected_worst", 0, nullable=True),
+            f.flag("drift"),
+            f.integer("passes"),
+            f.number("window_seconds", 0),
+            f.integer("windows"),
+            f.number("threshold", 0, nullable=True),
+            f.text("dispatch", nullable=True),
+            f.integers("layers"),
+            f.numbers_or_null("per_layer"),
+            None if measured is None else MeasuredView.from_wire(measured),
+            f.number("fidelity", nullable=True),
+            None if time is None else time.doc,
+        )
+        if live.median is not None and (live.worst is None or live.per_layer is None):
+            f.fail("has a median but no worst or per_layer")
+        return live
+
+
+@dataclass(frozen=True)
+class StatusAnswer(_Answer):
+    """The status route's answer (also what start and stop answer): EP rank 0's status, every rank's
+    view under ``RANKS_KEY``, their agreement under ``AGREE_KEY`` and the live object under ``LIVE_KEY``."""
+
+    status: WorkerStatus
+    ranks: tuple[RankView, ...]
+    ranks_agree: bool
+    live: LiveAnswer | None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> StatusAnswer:
+        f = _Fields(doc, "status answer", source)
+        ranks = f.get(RANKS_KEY, lambda v: isinstance(v, list) and len(v) > 0, "a non-empty list")
+        live = f.get(LIVE_KEY, lambda v: isinstance(v, dict), "an object", nullable=True)
+        return cls(
+            WorkerStatus.from_wire(doc, source),
+            tuple(RankView.from_wire(r, source, f"status answer's {RANKS_KEY}[{i}]") for i, r in enumerate(ranks)),
+            f.flag(AGREE_KEY),
+            None if live is None else LiveAnswer.from_wire(live, source),
+        )
+
+    def to_wire(self) -> dict:
+        return {
+            **self.status.to_wire(),
+            RANKS_KEY: [r.to_wire() for r in self.ranks],
+            AGREE_KEY: self.ranks_agree,
+            LIVE_KEY: None if self.live is None else self.live.to_wire(),
+        }
+
+
+@dataclass(frozen=True)
+class DumpAnswer(_Answer):
+    """The dump route's answer: where the workers wrote the counts file, its shapes and the export's figures."""
+
+    export_id: str
+    state: str
+    path: str
+    error: str | None
+    export_seconds: float
+    ep_rank: int
+    shape: tuple[int, ...]
+    physical_shape: tuple[int, ...] | None
+    entries_written: int
+    passes_recorded: int
+    local_total: int
+    ranks: int
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> DumpAnswer:
+        f = _Fields(doc, "dump answer", source)
+        path = f.get("path", lambda v: isinstance(v, str) and v != "", "the path of the file written")
+        return cls(
+            f.text("export_id"),
+            f.text("state", choices=("done",)),
+            path,
+            f.text("error", nullable=True),
+            f.number("export_seconds", 0),
+            f.integer("ep_rank"),
+            f.integers("shape", length=3),
+            f.integers_or_null("physical_shape", length=3),
+            f.integer("entries_written"),
+            f.integer("passes_recorded"),
+            f.integer("local_total"),
+            f.integer("ranks", 1),
+        )
+
+
+@dataclass(frozen=True)
+class NativeLoadAnswer(_Answer):
+    """The native_load route's answer: the engine's own expert-load counters over the last record,
+    summed over ``ranks``: ``counts`` [L_moe, E] of ``moe_layers`` when ``available``, else ``reason``."""
+
+    available: bool
+    ranks: int
+    reason: str | None = None
+    moe_layers: tuple[int, ...] | None = None
+    counts: tuple[tuple[int, ...], ...] | None = None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> NativeLoadAnswer:
+        f = _Fields(doc, "native_load answer", source)
+        if not f.flag("available"):
+            return cls(False, f.integer("ranks", 1), reason=f.text("reason"))
+        layers = f.integers("moe_layers")
+        return cls(True, f.integer("ranks", 1), moe_layers=layers, counts=f.count_matrix("counts", len(layers)))
+
+    def to_wire(self) -> dict:
+        if not self.available:
+            return {"available": False, "reason": self.reason, "ranks": self.ranks}
+        return {
+            "available": True,
+            "moe_layers": list(self.moe_layers or ()),
+            "counts": [list(r) for r in self.counts or ()],
+            "ranks": self.ranks,
+        }

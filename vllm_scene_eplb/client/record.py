@@ -1,16 +1,19 @@
-"""HTTP client for a server's recorder routes (stdlib only): start, stop, dump, status."""
+"""HTTP client for a server's recorder routes (stdlib only): start, stop, dump, status, native_load.
+Each answer is read through its typed reader in ``protocol`` (``answer``), never as a bare dict."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
+from typing import Any
 
 from ..errors import SceneEplbError
-from ..protocol import ACTIONS, KEEP_SKIPPED, ROUTE_BY_ACTION
+from ..protocol import ACTIONS, KEEP_SKIPPED, ROUTE_BY_ACTION, DumpAnswer, NativeLoadAnswer, StatusAnswer
+from .http import ServerError, request_json
+
+# the typed answer of each route (start and stop answer the status)
+ANSWERS = {"dump": DumpAnswer, "native_load": NativeLoadAnswer}
 
 
-def call(url: str, action: str, api_key: str | None = None, timeout: float = 300.0, keep_skipped: bool = False) -> dict:
+def call(url: str, action: str, api_key: str | None = None, timeout: float = 300.0, keep_skipped: bool = False) -> Any:
     """Send ``action`` to the server at ``url``; returns its JSON answer, raises SceneEplbError on any error.
     ``keep_skipped`` (dump only): write a record with skipped passes anyway."""
     if action not in ROUTE_BY_ACTION:
@@ -20,24 +23,16 @@ def call(url: str, action: str, api_key: str | None = None, timeout: float = 300
     route = ROUTE_BY_ACTION[action]
     target = url.rstrip("/") + route.path + (f"?{KEEP_SKIPPED}=true" if keep_skipped else "")
     try:
-        req = urllib.request.Request(target, method=route.method, data=None if route.method == "GET" else b"")
-        if api_key:
-            req.add_header("Authorization", f"Bearer {api_key}")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read().decode() or "{}")
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")
-        try:
-            detail = json.loads(body).get("error") or json.loads(body).get("detail") or body
-        except (json.JSONDecodeError, AttributeError):
-            detail = body or exc.reason
-        hint = (
-            " (is the server started with VLLM_PLUGINS=scene_eplb?)"
-            if exc.code == 404 and "not enabled" not in str(detail)
-            else ""
-        )
-        raise SceneEplbError(f"{action}: HTTP {exc.code}: {detail}{hint}", target) from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise SceneEplbError(f"{action}: the server's answer is not JSON", target) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: a malformed URL
-        raise SceneEplbError(f"{action}: cannot reach the server: {getattr(exc, 'reason', exc)}", target) from None
+        return request_json(target, route.method, api_key, timeout, action)
+    except ServerError as exc:
+        if exc.status == 404 and "not enabled" not in exc.problem:
+            raise ServerError(f"{exc.problem} (is the server started with VLLM_PLUGINS=scene_eplb?)", target, 404) from None
+        raise
+
+
+def answer(url: str, action: str, api_key: str | None = None, timeout: float = 300.0, keep_skipped: bool = False):
+    """``action``'s answer, checked and typed: ``StatusAnswer`` (status, start, stop), ``DumpAnswer`` or
+    ``NativeLoadAnswer``; an answer of the wrong shape is a SceneEplbError naming the field and the URL."""
+    doc = call(url, action, api_key, timeout, keep_skipped)
+    reader: Any = ANSWERS.get(action, StatusAnswer)
+    return reader.from_wire(doc, url.rstrip("/") + ROUTE_BY_ACTION[action].path)

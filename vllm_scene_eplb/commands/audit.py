@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..client.audit import audit, status_from_log
-from ..client.record import call
+from ..client.record import answer
 from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
 from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING
@@ -40,7 +40,7 @@ def add_arguments(p) -> None:
 
 def run(args, console: Console) -> None:
     if args.url:
-        status = call(args.url, "status", args.api_key)
+        status = answer(args.url, "status", args.api_key).to_wire()
     elif args.log:
         status = status_from_log(args.log)
     else:

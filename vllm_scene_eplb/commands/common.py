@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -18,6 +19,7 @@ from ..formats import GeometryHint, read_counts
 from ..layout import Geometry
 from ..memory import KV_CACHE_DTYPES, cost_sentence, geometry_cost, read_model_memory, replica_cost
 from ..scenes import normalise_weights
+from ..terminal import printable
 from .options import integer
 
 
@@ -39,10 +41,34 @@ class Console:
 
     def say(self, message: str) -> None:
         if not self.quiet:
-            print(message, file=sys.stderr, flush=True)
+            print(printable(message, lines=True), file=sys.stderr, flush=True)
 
     def emit(self, payload: dict, text: str) -> None:
-        print(json.dumps(payload, indent=2) if self.json else text)
+        """The result: ``payload`` as strict JSON with ``--json`` (see ``json_safe``), else ``text``
+        with every control character escaped (a server's strings never act on the terminal)."""
+        print(json.dumps(json_safe(payload), indent=2) if self.json else printable(text, lines=True))
+
+
+NON_FINITE_KEY = "non_finite"
+
+
+def json_safe(payload: dict) -> dict:
+    """``payload`` with every NaN or infinite number made null, the note ``NON_FINITE_KEY`` listing
+    where (JSON has no NaN: ``--json`` output stays JSON a strict parser reads)."""
+    where: list[str] = []
+
+    def clean(value, at: str):
+        if isinstance(value, float) and not math.isfinite(value):
+            where.append(f"{at}: {value}")
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{at}.{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{at}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = clean(payload, "$")
+    return {**out, NON_FINITE_KEY: where} if where and isinstance(out, dict) else out
 
 
 def output_args(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from ..fileio import atomic_write_files
 from ..harness import factorial
 from ..harness.compare import chart_png, compare, markdown
 from ..harness.results import METRICS, read_result
-from .common import Console
+from .common import Console, json_safe
 from .options import check_output_dir, integer
 
 HELP = "deltas between two bench results (refuses different N/C/r), or the factorial A/B of four arms"
@@ -80,7 +80,7 @@ def _factorial(args, console: Console) -> None:
             Path(args.output),
             {
                 "factorial.md": text.encode(),
-                "factorial.json": json.dumps(summary, indent=1).encode(),
+                "factorial.json": json.dumps(json_safe(summary), indent=1).encode(),
                 "factorial.png": factorial.chart_png(summary),
             },
         )
@@ -108,7 +108,7 @@ def run(args, console: Console) -> None:
             Path(args.output),
             {
                 "compare.md": text.encode(),
-                "compare.json": json.dumps(c.to_dict(), indent=1).encode(),
+                "compare.json": json.dumps(json_safe(c.to_dict()), indent=1).encode(),
                 "compare.png": chart_png(c, names),
             },
         )

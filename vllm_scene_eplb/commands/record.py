@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..client.record import call
+from ..client.record import answer
 from ..errors import SceneEplbError
-from ..protocol import ACTIONS, RANK_KEYS
+from ..protocol import ACTIONS, RANK_KEYS, DumpAnswer, NativeLoadAnswer
 from .common import Console, server_args
 from .options import number
 
@@ -36,16 +36,17 @@ def add_arguments(p) -> None:
 def run(args, console: Console) -> None:
     if args.keep_skipped and args.action != "dump":
         raise SceneEplbError("--keep-skipped applies to dump only")
-    result = call(args.url, args.action, args.api_key, args.timeout, keep_skipped=args.keep_skipped)
-    if args.action == "dump":
-        text = f"wrote {result.get('path')}  shape {result.get('shape')}  ring entries written {result.get('entries_written')}"
-    elif args.action == "native_load":
+    result = answer(args.url, args.action, args.api_key, args.timeout, keep_skipped=args.keep_skipped)
+    if isinstance(result, DumpAnswer):
+        text = f"wrote {result.path}  shape {list(result.shape)}  ring entries written {result.entries_written}"
+    elif isinstance(result, NativeLoadAnswer):
         text = (
-            f"engine counters over the last record: {sum(map(sum, result['counts']))} assignments in "
-            f"{len(result['counts'])} MoE layers"
-            if result.get("available")
-            else f"not available: {result.get('reason')}"
+            f"engine counters over the last record: {sum(map(sum, result.counts or ()))} assignments in "
+            f"{len(result.counts or ())} MoE layers"
+            if result.available
+            else f"not available: {result.reason}"
         )
     else:
-        text = "  ".join(f"{k}={result[k]}" for k in SHOWN if k in result)
-    console.emit(result, text)
+        wire = result.to_wire()
+        text = "  ".join(f"{k}={wire[k]}" for k in SHOWN)
+    console.emit(result.to_wire(), text)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 import time
 
-from ..client.record import call
-from ..errors import SceneEplbError
-from ..protocol import LIVE_KEY
+from ..client.record import answer
+from ..protocol import LiveAnswer
+from ..terminal import printable
 from .common import Console, server_args
 from .options import integer, number
 
@@ -34,44 +34,47 @@ def shade(value: float) -> str:
     return SHADES[min(len(SHADES) - 1, max(0, int((value - 1.0) * 50)))]
 
 
-def render(live: dict | None, url: str) -> str:
-    """The text view of one ``live`` object."""
-    if not live or live.get("median") is None:
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def render(live: LiveAnswer | None, url: str) -> str:
+    """The text view of one live answer (its strings escaped when printed: ``terminal.printable``)."""
+    if live is None or live.median is None or live.worst is None:
         return f"{url}: no live window with traffic yet (live fitness reads every window of traffic)"
-    exp = live.get("expected_median")
+    exp = live.expected_median
     lines = [
-        f"{url}  window {live['window_seconds']:.1f} s  passes {live['passes']}  dispatch {live['dispatch']}",
-        f"  live      median {live['median']:.4f}  worst {live['worst']:.4f}",
+        f"{url}  window {live.window_seconds:.1f} s  passes {live.passes}  dispatch {live.dispatch}",
+        f"  live      median {live.median:.4f}  worst {live.worst:.4f}",
         "  expected  "
         + (
             "none (the layout carries no expectation for this dispatch: no drift alarm)"
             if exp is None
-            else f"median {exp:.4f}  worst {live['expected_worst']:.4f}  alarm above {live['threshold']:.4f}"
+            else f"median {exp:.4f}  worst {_num(live.expected_worst)}  alarm above {_num(live.threshold)}"
         ),
         _measured_line(live),
         _time_line(live),
-        f"  drift     {'YES: record the new scene and refit' if live['drift'] else 'no'}",
-        f"  layers    {''.join(shade(v) for v in live['per_layer'])}   ('{SHADES[1]}' +2% ... '{SHADES[-1]}' +18% over 1.0)",
+        f"  drift     {'YES: record the new scene and refit' if live.drift else 'no'}",
+        f"  layers    {''.join(shade(v) for v in live.per_layer or ())}   ('{SHADES[1]}' +2% ... '{SHADES[-1]}' +18% over 1.0)",
     ]
-    worst = sorted(zip(live["per_layer"], live["layers"]), reverse=True)[:5]
+    worst = sorted(zip(live.per_layer or (), live.layers), reverse=True)[:5]
     lines.append("  worst     " + "  ".join(f"layer {layer}: {v:.4f}" for v, layer in worst))
     return "\n".join(lines)
 
 
-def _measured_line(live: dict) -> str:
-    m = live.get("measured")
+def _measured_line(live: LiveAnswer) -> str:
+    m = live.measured
     if not m:
         return "  measured  none (this engine's adapter does not count physical slots)"
-    fid = live.get("fidelity")
     return (
-        f"  measured  median {m['median']:.4f}  worst {m['worst']:.4f}  (replica traffic; dispatch fidelity error "
-        + ("n/a" if fid is None else f"{fid:.4f}")
+        f"  measured  median {m.median:.4f}  worst {m.worst:.4f}  (replica traffic; dispatch fidelity error "
+        + _num(live.fidelity)
         + ")"
     )
 
 
-def _time_line(live: dict) -> str:
-    t = live.get("time")
+def _time_line(live: LiveAnswer) -> str:
+    t = live.time
     if not t:
         return "  time      off (scene_eplb.time_moe: true times each rank's experts)"
     share = "n/a" if t["moe_share"] is None else f"{100 * t['moe_share']:.1f}%"
@@ -79,20 +82,18 @@ def _time_line(live: dict) -> str:
 
 
 def run(args, console: Console) -> None:
-    refreshes = 0
+    refreshes, live = 0, None
     while True:
-        status = call(args.url, "status", args.api_key, timeout=30)
-        if LIVE_KEY not in status:
-            raise SceneEplbError("the server's status has no live fitness (a plugin older than this client?)", args.url)
-        live = status[LIVE_KEY]
+        live = answer(args.url, "status", args.api_key, timeout=30).live
         if args.once or console.json:
-            console.emit(live or {}, render(live, args.url))
+            console.emit(live.to_wire() if live else {}, render(live, args.url))
         else:
-            sys.stdout.write("\x1b[H\x1b[2J" + render(live, args.url) + f"\n\n  (every {args.interval:g} s; Ctrl-C stops)\n")
+            sys.stdout.write("\x1b[H\x1b[2J" + printable(render(live, args.url), lines=True))
+            sys.stdout.write(f"\n\n  (every {args.interval:g} s; Ctrl-C stops)\n")
             sys.stdout.flush()
         refreshes += 1
         if args.once or (args.count and refreshes >= args.count):
             break
         time.sleep(args.interval)
-    if live and live.get("drift"):
+    if live and live.drift:
         raise SystemExit(1)

@@ -72,8 +72,9 @@ def _check_headers(path: Path) -> None:
             path,
         )
     # the arrays as stored, their int64 copies and the checks' masks
-    elements = sum(int(np.prod(shape, dtype=object)) for shape, _ in arrays.values())
-    check_fits_memory(3 * 8 * elements, f"logical_count {list(arrays['logical_count'][0])}", path)
+    sizes = {name: int(np.prod(shape, dtype=object)) for name, (shape, _) in arrays.items()}
+    largest = max(sizes, key=lambda name: sizes[name])  # the array that asks for the memory, named
+    check_fits_memory(3 * 8 * sum(sizes.values()), f"{largest} {list(arrays[largest][0])}", path)
 
 
 def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:

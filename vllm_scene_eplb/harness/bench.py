@@ -13,14 +13,17 @@ import contextlib
 import io
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from ..client.record import call
+from ..client.http import ServerError, request_json
+from ..client.record import answer
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes, doc_checksum
 from ..protocol import STATUS_KEYS
+from ..terminal import printable, shorten
 from .results import NOT_OBSERVED, RESULT_FORMAT, Scene, aggregate, server_geometry, summarise
 
 
@@ -85,7 +88,9 @@ def run_vllm_bench(args: list[str], log: Path, api_key: str | None = None) -> di
             return main(ns)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the benchmark is reported the same way
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise SceneEplbError(f"vllm bench serve failed: {type(exc).__name__}: {first} (its output: {log})") from None
+        said = [line for line in buf.getvalue().splitlines() if line.strip()]
+        last = f"; its last output line: {printable(shorten(said[-1]))}" if said else ""
+        raise SceneEplbError(f"vllm bench serve failed: {type(exc).__name__}: {printable(shorten(first))}{last}") from None
     finally:
         log.write_text(buf.getvalue())
         if api_key:
@@ -95,11 +100,27 @@ def run_vllm_bench(args: list[str], log: Path, api_key: str | None = None) -> di
                 os.environ["OPENAI_API_KEY"] = saved_key
 
 
+def check_server(url: str, model: str, api_key: str | None = None) -> None:
+    """Before anything runs: the server answers its OpenAI model list and serves ``model`` (a
+    closed port, a wrong key or another model is one line in about a second, not a failed benchmark)."""
+    target = url.rstrip("/") + "/v1/models"
+    doc = request_json(target, "GET", api_key, timeout=30, what="the server's model list")
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
+        raise SceneEplbError("the server's model list is not an OpenAI one ({'data': [{'id': ...}]})", target)
+    served = [m["id"] for m in data]
+    if model not in served + [m.get("root") for m in data]:  # vLLM's root: the path a served name was loaded from
+        raise SceneEplbError(f"the server serves {', '.join(map(repr, served)) or 'no model'}, not --model {model!r}", target)
+
+
 def server_status(url: str, api_key: str | None = None) -> dict:
-    """The plugin's status route, or NOT_OBSERVED fields when the server has none."""
+    """The plugin's status route, checked (``protocol.StatusAnswer``), or NOT_OBSERVED fields when the
+    server has none (404: no plugin, or the plugin off); any other failure is an error."""
     try:
-        return call(url, "status", api_key, timeout=30)
-    except SceneEplbError:
+        return answer(url, "status", api_key, timeout=30).to_wire()
+    except ServerError as exc:
+        if exc.status != 404:
+            raise
         return {k: NOT_OBSERVED for k in STATUS_KEYS}
 
 
@@ -159,20 +180,23 @@ def bench(
     extra: dict | None = None,
     progress=print,
 ) -> dict:
-    """Run ``scene`` ``repeats`` times; write ``out`` (result JSON) atomically; return it."""
+    """Run ``scene`` ``repeats`` times; write ``out`` (result JSON) atomically; return it. The server
+    is checked first (``check_server``, ``server_status``); each run's vLLM output and raw result
+    live in a temporary folder, gone when the bench ends (the result holds every run's summary)."""
+    check_server(url, model, api_key)
     status = server_status(url, api_key)
     scene, cards_source = resolve_cards(scene, status)
     if status.get("recording") is True:
         progress("scene-eplb: warning: the server's recorder is ON: this is not a measurement run")
-    work = out.parent / (out.stem + ".runs")
-    work.mkdir(parents=True, exist_ok=True)
     runs = []
-    for i in range(repeats):
-        progress(
-            f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})"
-        )
-        raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log", api_key)
-        runs.append(summarise(raw, scene))
+    with tempfile.TemporaryDirectory(prefix="scene-eplb-bench-") as tmp:
+        work = Path(tmp)
+        for i in range(repeats):
+            progress(
+                f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})"
+            )
+            raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log", api_key)
+            runs.append(summarise(raw, scene))
     doc = {
         "format": RESULT_FORMAT,
         "version": 1,

@@ -40,7 +40,17 @@ from ..errors import SceneEplbError
 from ..fitness import LiveFitness, LiveSample
 from ..formats import GeometryHint, read_layout
 from ..measured import RankTime, SourceTraffic
-from ..protocol import EXPORT_STATUS_ACTION, KEEP_SKIPPED, LIVE_ACTION, LIVE_KEY, NATIVE_ACTION, ROUTES, aggregate_status
+from ..protocol import (
+    EXPORT_STATUS_ACTION,
+    KEEP_SKIPPED,
+    LIVE_ACTION,
+    LIVE_KEY,
+    NATIVE_ACTION,
+    ROUTES,
+    DumpAnswer,
+    NativeLoadAnswer,
+    aggregate_status,
+)
 from . import metrics
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -188,13 +198,15 @@ class SceneEplbEndpoints:
                 raise RouteError(500, f"dump {export_id} failed: {'; '.join(failed)}; no file was written")
             if all(j["state"] == "done" for j in jobs):
                 first = min(started, key=lambda r: r.get("ep_rank", 0))
-                return {
-                    **first,
-                    "state": "done",
-                    "ranks": len(jobs),
-                    "export_seconds": max(j["export_seconds"] for j in jobs),
-                    "local_total": sum(r["local_total"] for r in started),
-                }
+                return DumpAnswer(
+                    **{
+                        **first,
+                        "state": "done",
+                        "ranks": len(jobs),
+                        "export_seconds": max(j["export_seconds"] for j in jobs),
+                        "local_total": sum(r["local_total"] for r in started),
+                    }
+                ).to_wire()
             await asyncio.sleep(min(pause, max(left, 0)))
             pause = min(2 * pause, POLL_S[1])
 
@@ -203,9 +215,10 @@ class SceneEplbEndpoints:
         answers = sorted(await self._all_ok(NATIVE_ACTION), key=lambda a: a["ep_rank"])
         missing = [a["reason"] for a in answers if not a["available"]]
         if missing:
-            return {"available": False, "reason": missing[0], "ranks": len(answers)}
+            return NativeLoadAnswer(False, len(answers), reason=missing[0]).to_wire()
         total = np.sum([np.asarray(a["counts"], dtype=np.int64) for a in answers], axis=0)
-        return {"available": True, "moe_layers": answers[0]["moe_layers"], "counts": total.tolist(), "ranks": len(answers)}
+        layers, counts = tuple(answers[0]["moe_layers"]), tuple(map(tuple, total.tolist()))
+        return NativeLoadAnswer(True, len(answers), moe_layers=layers, counts=counts).to_wire()
 
     async def _answer(self, action: str, keep_skipped: bool = False) -> dict:
         if action == "dump":

@@ -18,7 +18,7 @@ from ..config import PluginConfig
 from ..errors import SceneEplbError
 from ..layout import Layout
 from ..model_geometry import ModelGeometry
-from ..protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION, NATIVE_ACTION
+from ..protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION, NATIVE_ACTION, WorkerStatus
 from .export import Exporter, RankRecord
 from .observer import NullObserver, RoutingObserver
 
@@ -72,32 +72,32 @@ class RecorderRuntime:
     def status(self) -> dict:
         """What the status route and the startup log line report (``protocol.STATUS_KEYS``)."""
         obs = self.observer.status()
-        return {
-            "plugin_version": __version__,
-            "engine": self.engine,
-            "model": self.model_name,
-            "role": self.role,
-            "ep_size": self.ep_size,
-            "ep_rank": self.ep_rank,
-            "dp_rank": self.dp_rank,
-            "tp_rank": self.tp_rank,
-            "layout_hash": self.layout.digest() if self.layout else None,
-            "layout_path": self.layout_path,
-            "redundant_slots": self.layout.geometry.num_redundant if self.layout else 0,
-            "dispatch": self.config.dispatch if self.layout else None,
-            "observer": obs.state,
-            "recording": obs.recording,
-            "ring_entries": obs.ring_entries,
-            "entries_written": obs.entries_written,
-            "passes_recorded": obs.passes_recorded,
-            "steps_per_entry": self.config.entry_steps(self.role),
-            "skipped_passes": obs.skipped_passes,
-            "skipped_recorded": obs.skipped_recorded,
-            "live_counts": self.config.live_counts,
-            "moe_layers": self.moe_layer_ids,
+        return WorkerStatus(
+            plugin_version=__version__,
+            engine=self.engine,
+            model=self.model_name,
+            role=self.role,
+            ep_size=self.ep_size,
+            ep_rank=self.ep_rank,
+            dp_rank=self.dp_rank,
+            tp_rank=self.tp_rank,
+            layout_hash=self.layout.digest() if self.layout else None,
+            layout_path=self.layout_path,
+            redundant_slots=self.layout.geometry.num_redundant if self.layout else 0,
+            dispatch=self.config.dispatch if self.layout else None,
+            observer=obs.state,
+            recording=obs.recording,
+            ring_entries=obs.ring_entries,
+            entries_written=obs.entries_written,
+            passes_recorded=obs.passes_recorded,
+            steps_per_entry=self.config.entry_steps(self.role),
+            skipped_passes=obs.skipped_passes,
+            skipped_recorded=obs.skipped_recorded,
+            live_counts=self.config.live_counts,
+            moe_layers=tuple(self.moe_layer_ids),
             **self.model.routing(),
-            "server_start": self.server_start,
-        }
+            server_start=self.server_start,
+        ).to_wire()
 
     def begin_step(self, tokens: int = 0) -> None:
         """The engine starts a step of ``tokens`` scheduled tokens (its wall time is timed with ``time_moe``)."""
