@@ -124,6 +124,7 @@ def worker_status(ep_rank: int = 0, **changed) -> dict:
         "moe_layers": [0, 1],
         "top_k": 2,
         "expert_groups": None,
+        "server_start": "5f0c9a2e",
         **changed,
     }
 
