@@ -35,6 +35,8 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.ascend)
         elif item.get_closest_marker("engine") is None:
             item.add_marker(pytest.mark.unit)
+
+
 DATA = Path(os.environ.get("SCENE_EPLB_DATA", REPO / "data" / "deepseek_v3_counts"))
 
 
