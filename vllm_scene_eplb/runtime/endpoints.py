@@ -40,7 +40,16 @@ from ..errors import SceneEplbError
 from ..fitness import LiveFitness, LiveSample
 from ..formats import GeometryHint, read_layout
 from ..measured import RankTime, SourceTraffic
-from ..protocol import EXPORT_STATUS_ACTION, KEEP_SKIPPED, LIVE_ACTION, LIVE_KEY, NATIVE_ACTION, ROUTES, aggregate_status
+from ..protocol import (
+    EXPORT_STATUS_ACTION,
+    KEEP_SKIPPED,
+    LIVE_ACTION,
+    LIVE_KEY,
+    NATIVE_ACTION,
+    PROVENANCE_KEYS,
+    ROUTES,
+    aggregate_status,
+)
 from . import metrics
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -258,7 +267,14 @@ class SceneEplbEndpoints:
             layout = read_layout(st["layout_path"], GeometryHint(ep_size=st["ep_size"], num_experts=num_experts))
         cfg = self._settings()
         return LiveFitness.for_server(
-            layout, num_experts, st["ep_size"], st["dispatch"], tuple(st["moe_layers"]), cfg.drift_margin, cfg.drift_windows
+            layout,
+            num_experts,
+            st["ep_size"],
+            st["dispatch"],
+            tuple(st["moe_layers"]),
+            cfg.drift_margin,
+            cfg.drift_windows,
+            provenance={k: st.get(k) for k in PROVENANCE_KEYS},
         )
 
     def _settings(self) -> PluginConfig:
