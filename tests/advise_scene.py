@@ -11,7 +11,7 @@ import numpy as np
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import write_counts, write_layout
-from vllm_scene_eplb.harness.simulated import Device, Scene, dump, timing_window
+from vllm_scene_eplb.harness.simulated import Device, Scene, Server
 from vllm_scene_eplb.layout import Geometry
 
 E, L, EP = 16, 4, 2
@@ -26,6 +26,10 @@ def scene(p: np.ndarray = SKEWED, tokens: int = 64) -> Scene:
     return Scene(p, tokens, 4, "decode")
 
 
+def server(s: Scene | None = None, running=None, dispatch: str = "dynamic") -> Server:
+    return Server(s or scene(), DEVICE, EP, running, dispatch)
+
+
 def candidate(counts: Counts, dispatch: str = "static"):
     total = Counts(counts.total()[None], {"moe_layers": list(range(L))})
     return fit(total, FitOptions(Geometry(E, 2, EP), dispatch=dispatch))
@@ -33,10 +37,10 @@ def candidate(counts: Counts, dispatch: str = "static"):
 
 def write_case(d: Path, passes: int = 128, steps_per_entry: int = 1, seed: int = 0) -> dict[str, Path]:
     """dump.npz, cand.json and status.json (a status answer around its live.time) of one skewed scene."""
-    s = scene()
-    rec = s.passes(passes, np.random.default_rng(seed))
-    counts = dump(s, rec, EP, steps_per_entry)
-    window = timing_window(s, DEVICE, rec, EP, steps_per_entry)
+    srv = server()
+    rec = srv.scene.passes(passes, np.random.default_rng(seed))
+    counts = srv.dump(rec, steps_per_entry)
+    window = srv.timing_window(rec, steps_per_entry)
     paths = {"dump": d / "dump.npz", "cand": d / "cand.json", "status": d / "status.json"}
     write_counts(counts, paths["dump"])
     write_layout(candidate(counts), paths["cand"])

@@ -12,9 +12,9 @@ import pytest
 
 from vllm_scene_eplb.advise import MIN_PASSES, advise, fit_time_model, split_passes
 from vllm_scene_eplb.counts import Counts
-from vllm_scene_eplb.harness.simulated import dump, timing_window, true_ratio
+from vllm_scene_eplb.errors import SceneEplbError
 
-from .advise_scene import DEVICE, EP, EVEN, SKEWED, L, candidate, scene, write_case
+from .advise_scene import EVEN, SKEWED, L, candidate, scene, server, write_case
 from .test_bad_input import run
 
 PASSES = 256
@@ -26,20 +26,19 @@ def _recording(p=SKEWED, tokens=64, seed=0, passes=PASSES):
 
 
 def _advise(counts: Counts, s, rec, k, **kw):
-    return advise(counts, candidate(counts), "static", timing_window(s, DEVICE, rec, EP, k), **kw)
+    return advise(counts, candidate(counts), "static", server(s).timing_window(rec, k), **kw)
 
 
 @pytest.mark.parametrize("tokens", [16, 256], ids=["decode-like", "prefill-like"])
 def test_the_ratio_is_the_per_pass_truth_at_one_step_per_entry_and_at_16(tokens):
     s, rec = _recording(tokens=tokens)
-    fresh = s.passes(4096, np.random.default_rng(99))
     ratios = {}
     for k in (1, 16):
-        counts = dump(s, rec, EP, k)
+        counts = server(s).dump(rec, k)
         answer = _advise(counts, s, rec, k)
         assert answer["verdict"] == "trial", answer["reasons"]
         ratios[k] = answer["predicted_throughput_ratio"]
-    truth = true_ratio(DEVICE, fresh, candidate(dump(s, rec, EP, 1)), "static")
+    truth = server(s).true_ratio(candidate(server(s).dump(rec, 1)), "static", 4096, np.random.default_rng(99))
     assert abs(ratios[1] - ratios[16]) < 0.005, ratios
     assert abs(ratios[1] - truth) < 0.02 and abs(ratios[16] - truth) < 0.02, (ratios, truth)
 
@@ -55,7 +54,7 @@ def test_a_k_pass_entry_is_split_into_k_passes_of_equal_size_that_sum_back():
 
 def test_an_even_scene_says_skip():
     s, rec = _recording(EVEN, seed=1)
-    answer = _advise(dump(s, rec, EP, 16), s, rec, 16)
+    answer = _advise(server(s).dump(rec, 16), s, rec, 16)
     assert answer["verdict"] == "skip" and answer["predicted_throughput_ratio"] < 1.02, answer["reasons"]
 
 
@@ -63,9 +62,9 @@ def test_a_gain_that_does_not_hold_on_both_halves_says_skip():
     s, first = _recording(SKEWED, seed=2, passes=PASSES // 2)
     _, second = _recording(EVEN, seed=3, passes=PASSES // 2)
     rec = np.concatenate([first, second])
-    counts = dump(s, rec, EP, 1)
-    fitted = candidate(dump(s, first, EP, 1))  # fitted on the first half's scene only
-    window = replace(timing_window(s, DEVICE, rec, EP, 1), sub_windows=())  # (their spread would see the change too)
+    counts = server(s).dump(rec, 1)
+    fitted = candidate(server(s).dump(first, 1))  # fitted on the first half's scene only
+    window = replace(server(s).timing_window(rec, 1), sub_windows=())  # (their spread would see the change too)
     answer = advise(counts, fitted, "static", window)
     assert answer["verdict"] == "skip" and answer["predicted_throughput_ratio"] > 1.02, answer["reasons"]
     assert min(answer["details"]["halves"]) < 1.02 < max(answer["details"]["halves"])
@@ -76,7 +75,7 @@ def test_a_critical_path_longer_than_the_step_says_so():
     s, rec = _recording()
     big = scene(SKEWED, tokens=640)
     heavy = big.passes(PASSES, np.random.default_rng(5))  # the dump's passes are ten times the timed ones
-    answer = _advise(dump(big, heavy, EP, 1), s, rec, 1)
+    answer = _advise(server(big).dump(heavy, 1), s, rec, 1)
     assert answer["verdict"] == "insufficient_evidence"
     assert "longer than the whole step" in answer["reasons"][-1], answer["reasons"]
 
@@ -86,8 +85,8 @@ def test_a_critical_path_longer_than_the_step_says_so():
 )
 def test_a_timing_window_from_another_setup_names_the_mismatch(key, value):
     s, rec = _recording()
-    counts = dump(s, rec, EP, 1)
-    window = timing_window(s, DEVICE, rec, EP, 1)
+    counts = server(s).dump(rec, 1)
+    window = server(s).timing_window(rec, 1)
     window = replace(window, provenance={**window.provenance, key: value})
     answer = advise(counts, candidate(counts), "static", window)
     assert answer["verdict"] == "insufficient_evidence"
@@ -96,15 +95,15 @@ def test_a_timing_window_from_another_setup_names_the_mismatch(key, value):
 
 def test_a_timing_window_without_provenance_is_not_priced():
     s, rec = _recording()
-    counts = dump(s, rec, EP, 1)
-    window = replace(timing_window(s, DEVICE, rec, EP, 1), provenance={})
+    counts = server(s).dump(rec, 1)
+    window = replace(server(s).timing_window(rec, 1), provenance={})
     answer = advise(counts, candidate(counts), "static", window)
     assert answer["verdict"] == "insufficient_evidence" and "no provenance" in answer["reasons"][-1]
 
 
 def test_a_model_that_disagrees_with_the_measured_traffic_says_so():
     s, rec = _recording()
-    counts = dump(s, rec, EP, 1)
+    counts = server(s).dump(rec, 1)
     total = counts.physical.sum(axis=2, keepdims=True)  # measured: every slot an even share, as no dispatch of this layout gives
     even = total // 16 + (np.arange(16) < total % 16)
     wrong = Counts(counts.data, counts.meta, physical=even)
@@ -116,31 +115,31 @@ def test_a_model_that_disagrees_with_the_measured_traffic_says_so():
 def test_a_timing_window_of_another_traffic_says_so():
     s, rec = _recording()
     _, even = _recording(EVEN, seed=4)
-    answer = _advise(dump(s, rec, EP, 1), s, even, 1)  # timed on even traffic, the dump is skewed
+    answer = _advise(server(s).dump(rec, 1), s, even, 1)  # timed on even traffic, the dump is skewed
     assert answer["verdict"] == "insufficient_evidence"
     assert "timing window's measured slowest ranks" in answer["reasons"][-1], answer["reasons"]
 
 
 def test_too_few_passes_say_so():
     s, rec = _recording(passes=MIN_PASSES - 1)
-    answer = _advise(dump(s, rec, EP, 1), s, rec, 1)
+    answer = _advise(server(s).dump(rec, 1), s, rec, 1)
     assert answer["verdict"] == "insufficient_evidence" and f"{MIN_PASSES - 1} passes" in answer["reasons"][-1]
 
 
 def test_missing_evidence_says_so():
     s, rec = _recording()
-    counts = dump(s, rec, EP, 1)
+    counts = server(s).dump(rec, 1)
     layout = candidate(counts)
     assert advise(counts, layout, "static", None)["verdict"] == "insufficient_evidence"
     assert "time_moe" in advise(counts, layout, "static", {})["reasons"][-1]
     no_physical = Counts(counts.data, counts.meta)
-    assert "physical_count" in advise(no_physical, layout, "static", timing_window(s, DEVICE, rec, EP, 1))["reasons"][-1]
+    assert "physical_count" in advise(no_physical, layout, "static", server(s).timing_window(rec, 1))["reasons"][-1]
 
 
 def test_the_noise_floor_is_measured_and_never_under_two_percent():
     s, rec = _recording()
-    counts = dump(s, rec, EP, 1)
-    window = timing_window(s, DEVICE, rec, EP, 1)
+    counts = server(s).dump(rec, 1)
+    window = server(s).timing_window(rec, 1)
     base = advise(counts, candidate(counts), "static", window)["details"]
     assert base["noise_floor"] == pytest.approx(0.02)
     noisy = replace(window, sub_windows=tuple(window.step_ms * f for f in (0.8, 1.2, 0.9, 1.1)))
@@ -158,8 +157,8 @@ def test_a_slope_that_is_not_positive_takes_the_pooled_fit():
 
 def test_a_window_whose_time_falls_with_assignments_cannot_price_a_layout():
     s, rec = _recording()
-    counts = dump(s, rec, EP, 1)
-    window = timing_window(s, DEVICE, rec, EP, 1)
+    counts = server(s).dump(rec, 1)
+    window = server(s).timing_window(rec, 1)
     ms = np.asarray(window.rank_ms)
     flipped = replace(window, rank_ms=tuple(tuple(float(x) for x in row) for row in ms[::-1]))  # the busy rank is fastest
     answer = advise(counts, candidate(counts), "static", flipped)
@@ -174,3 +173,15 @@ def test_the_cli_reads_a_saved_status_and_exits_by_verdict(tmp_path):
     code, out, _ = run("advise", paths["dump"], "--layout", paths["cand"])
     assert code == 1 and "insufficient_evidence" in out
     assert L == len(json.loads(paths["status"].read_text())["live"]["time"]["rank_ms"][0])
+
+
+def test_a_server_running_a_layout_is_priced_through_its_own_dispatch():
+    s, rec = _recording(tokens=256)
+    running = candidate(server(s).dump(rec, 1))
+    srv = server(s, running, "static")
+    counts, window = srv.dump(rec, 16), srv.timing_window(rec, 16)
+    answer = advise(counts, running, "static", window, running=running)  # the same layout again: nothing to gain
+    assert answer["verdict"] == "skip" and answer["predicted_throughput_ratio"] == pytest.approx(1.0), answer["reasons"]
+    assert answer["details"]["fidelity_now"] < 0.01
+    with pytest.raises(SceneEplbError, match="--running"):
+        advise(counts, running, "static", window)

@@ -2,9 +2,9 @@
 distribution, a linear device, a dump at any ``steps_per_entry`` and the true ratio pass by pass.
 
 The truth: every pass draws ``tokens x top_k`` assignments per MoE layer from that layer's expert
-distribution (multinomial; a token's k experts are not forced distinct); the running server is on
-the linear layout (measured replica traffic = its logical counts); a rank's MoE time per layer and
-pass is ``a + b x assignments`` and every layer waits for its slowest rank; the step is the MoE
+distribution (multinomial; a token's k experts are not forced distinct); the running server runs
+the linear layout or a given one, its measured replica traffic its dispatch's split of the logical
+counts (rounded to whole assignments); a rank's MoE time per layer and pass is ``a + b x assignments`` and every layer waits for its slowest rank; the step is the MoE
 critical path plus ``other_ms``. The true throughput ratio of a candidate is the mean step now over
 the mean step with the candidate, both over fresh passes (not the recorded ones), each pass's loads
 through the same dispatch operator ``advise`` uses (sources split evenly, as over TP rows). Pure
@@ -24,6 +24,7 @@ from ..layout import Geometry, Layout
 from ..protocol import TimingWindow
 
 SUB_WINDOWS = 8  # how many sub-windows the simulated timing window reports
+CHUNK = 256  # passes sampled at once for the truth
 
 
 @dataclass(frozen=True)
@@ -59,61 +60,97 @@ def critical_ms(device: Device, loads: np.ndarray) -> np.ndarray:
     return (device.a_ms + device.b_ms * loads).max(axis=2).sum(axis=1)
 
 
-def provenance(scene: Scene, ep_size: int, steps_per_entry: int) -> dict:
-    """What the simulated server says about itself, in the dump and in the timing window alike."""
-    return {
-        "layout_hash": None,
-        "ep_size": ep_size,
-        "redundant_slots": 0,
-        "role": scene.role,
-        "dispatch": None,
-        "steps_per_entry": steps_per_entry,
-        "engine": "simulated",
-        "plugin_version": __version__,
-    }
+def _integer_split(total: np.ndarray, shares: np.ndarray) -> np.ndarray:
+    """Integer slot counts [T, L, P] of ``total`` [T, L, E] split by ``shares`` [L, E, P] (largest
+    remainder per expert over its few slots, so every expert's assignments stay whole)."""
+    L, E, P = shares.shape
+    width = max(int((shares > 0).sum(axis=2).max()), 1)
+    slots = np.argsort(-shares, axis=2, kind="stable")[:, :, :width]  # [L, E, c]: an expert's slots first
+    part = np.take_along_axis(shares, slots, axis=2)
+    exact = total[..., None].astype(np.float64) * part  # [T, L, E, c]
+    low = np.floor(exact + 1e-9)
+    short = np.rint(total - low.sum(axis=-1)).astype(np.int64)
+    order = np.argsort(np.argsort(-(exact - low), axis=-1, kind="stable"), axis=-1)
+    whole = (low + (order < short[..., None])).astype(np.int64)
+    out = np.zeros((total.shape[0], L * P), dtype=np.int64)
+    flat = (np.arange(L)[:, None, None] * P + slots).ravel()
+    for t in range(total.shape[0]):
+        np.add.at(out[t], flat, whole[t].ravel())
+    return out.reshape(total.shape[0], L, P)
 
 
-def dump(scene: Scene, passes: np.ndarray, ep_size: int, steps_per_entry: int) -> Counts:
-    """The recording of ``passes`` [n, L, E] as the recorder dumps it: every ``steps_per_entry``
-    consecutive passes summed into one entry, the measured replica traffic of the linear layout."""
-    n, L, E = passes.shape
-    entries = -(-n // steps_per_entry)
-    data = np.zeros((entries, L, E), dtype=np.int64)
-    np.add.at(data, np.arange(n) // steps_per_entry, passes)
-    physical = np.concatenate([data, np.zeros((entries, L, (-E) % ep_size), dtype=np.int64)], axis=2)
-    meta = {
-        **provenance(scene, ep_size, steps_per_entry),
-        "moe_layers": list(range(L)),
-        "top_k": scene.top_k,
-        "passes_per_rank": [n] * ep_size,
-        "scheduled_tokens": n * scene.tokens_per_pass,
-    }
-    return Counts(data, meta, physical=physical)
+@dataclass(frozen=True)
+class Server:
+    """The simulated server: what it serves, its device, its EP size and the layout it runs
+    (``running`` None: the linear layout) under ``dispatch``."""
 
+    scene: Scene
+    device: Device
+    ep_size: int
+    running: Layout | None = None
+    dispatch: str = "dynamic"
 
-def timing_window(scene: Scene, device: Device, passes: np.ndarray, ep_size: int, steps_per_entry: int) -> TimingWindow:
-    """The running server's timing window over ``passes``: per-rank mean ms and assignments per
-    pass, the mean step, and the steps of ``SUB_WINDOWS`` consecutive sub-windows."""
-    now = linear_setup(scene.p.shape[1], ep_size, len(scene.p))
-    loads = now.rank_loads(passes)  # [n, L, ranks]
-    ms = device.a_ms + device.b_ms * loads
-    steps = device.other_ms + ms.max(axis=2).sum(axis=1)
-    subs = [float(part.mean()) for part in np.array_split(steps, SUB_WINDOWS) if part.size]
-    return TimingWindow(
-        tuple(tuple(float(x) for x in row) for row in ms.mean(axis=0).T),
-        tuple(tuple(float(x) for x in row) for row in loads.mean(axis=0).T),
-        float(steps.mean()),
-        float(ms.mean(axis=2).sum(axis=1).mean() / steps.mean()),
-        tuple(subs),
-        provenance(scene, ep_size, steps_per_entry),
-    )
+    @property
+    def setup(self) -> Setup:
+        L, E = self.scene.p.shape
+        if self.running is None:
+            return linear_setup(E, self.ep_size, L)
+        return Setup.of(self.running, self.running.geometry, self.dispatch, list(range(L)), None)
 
+    def provenance(self, steps_per_entry: int) -> dict:
+        """What the server says about itself, in the dump and in the timing window alike."""
+        return {
+            "layout_hash": None if self.running is None else self.running.digest(),
+            "ep_size": self.ep_size,
+            "redundant_slots": 0 if self.running is None else self.running.geometry.num_redundant,
+            "role": self.scene.role,
+            "dispatch": None if self.running is None else self.dispatch,
+            "steps_per_entry": steps_per_entry,
+            "engine": "simulated",
+            "plugin_version": __version__,
+        }
 
-def true_ratio(device: Device, passes: np.ndarray, candidate: Layout, dispatch: str) -> float:
-    """The candidate's throughput over the linear layout's, pass by pass on ``passes`` [n, L, E]."""
-    rows = list(range(passes.shape[1]))
-    now = linear_setup(passes.shape[2], candidate.geometry.ep_size, passes.shape[1])
-    cand = Setup.of(candidate, candidate.geometry, dispatch, rows, None)
-    step_now = device.other_ms + critical_ms(device, now.rank_loads(passes)).mean()
-    step_cand = device.other_ms + critical_ms(device, cand.rank_loads(passes)).mean()
-    return float(step_now / step_cand)
+    def dump(self, passes: np.ndarray, steps_per_entry: int) -> Counts:
+        """The recording of ``passes`` [n, L, E] as the recorder dumps it: every ``steps_per_entry``
+        consecutive passes summed into one entry, with the running layout's replica traffic."""
+        n, L, E = passes.shape
+        entries = -(-n // steps_per_entry)
+        data = np.zeros((entries, L, E), dtype=np.int64)
+        np.add.at(data, np.arange(n) // steps_per_entry, passes)
+        meta = {
+            **self.provenance(steps_per_entry),
+            "moe_layers": list(range(L)),
+            "top_k": self.scene.top_k,
+            "passes_per_rank": [n] * self.ep_size,
+            "scheduled_tokens": n * self.scene.tokens_per_pass,
+        }
+        return Counts(data, meta, physical=_integer_split(data, self.setup.operator))
+
+    def timing_window(self, passes: np.ndarray, steps_per_entry: int) -> TimingWindow:
+        """The timing window over ``passes``: per-rank mean ms and assignments per pass, the mean
+        step, and the steps of ``SUB_WINDOWS`` consecutive sub-windows."""
+        loads = self.setup.rank_loads(passes)  # [n, L, ranks]
+        ms = self.device.a_ms + self.device.b_ms * loads
+        steps = self.device.other_ms + ms.max(axis=2).sum(axis=1)
+        subs = [float(part.mean()) for part in np.array_split(steps, SUB_WINDOWS) if part.size]
+        return TimingWindow(
+            tuple(tuple(float(x) for x in row) for row in ms.mean(axis=0).T),
+            tuple(tuple(float(x) for x in row) for row in loads.mean(axis=0).T),
+            float(steps.mean()),
+            float(ms.mean(axis=2).sum(axis=1).mean() / steps.mean()),
+            tuple(subs),
+            self.provenance(steps_per_entry),
+        )
+
+    def true_ratio(self, candidate: Layout, dispatch: str, passes: int, rng: np.random.Generator) -> float:
+        """The candidate's throughput over the running layout's, pass by pass on ``passes`` fresh
+        passes (sampled in chunks of ``CHUNK``, so memory stays bounded)."""
+        L = len(self.scene.p)
+        now, cand = self.setup, Setup.of(candidate, candidate.geometry, dispatch, list(range(L)), None)
+        c_now = c_cand = 0.0
+        for size in [CHUNK] * (passes // CHUNK) + ([passes % CHUNK] if passes % CHUNK else []):
+            batch = self.scene.passes(size, rng)
+            c_now += float(critical_ms(self.device, now.rank_loads(batch)).sum())
+            c_cand += float(critical_ms(self.device, cand.rank_loads(batch)).sum())
+        other = self.device.other_ms
+        return float((other + c_now / passes) / (other + c_cand / passes))
