@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.advise import MIN_PASSES, advise, fit_time_model, split_passes
+from vllm_scene_eplb.advise import MIN_PASSES, advise, fit_time_model, passes_per_entry, split_passes
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
 
@@ -185,3 +185,11 @@ def test_a_server_running_a_layout_is_priced_through_its_own_dispatch():
     assert answer["details"]["fidelity_now"] < 0.01
     with pytest.raises(SceneEplbError, match="--running"):
         advise(counts, running, "static", window)
+
+
+def test_a_partly_filled_last_entry_holds_the_passes_its_tokens_say():
+    s, rec = _recording(passes=20)
+    counts = server(s).dump(rec, 16)  # 16 passes, then 4
+    assert passes_per_entry(counts, list(range(L))).tolist() == [16, 4]
+    bare = Counts(counts.data, {k: v for k, v in counts.meta.items() if k != "scheduled_tokens"}, physical=counts.physical)
+    assert passes_per_entry(bare, list(range(L))).tolist() == [16, 16]  # without tokens: steps_per_entry each

@@ -125,15 +125,13 @@ def passes_per_entry(counts: Counts, rows: list[int]) -> np.ndarray:
     meta = counts.meta
     k = _meta_int(meta, "steps_per_entry", 1) or 1
     written = counts.written_entries()
-    per_rank = meta.get("passes_per_rank")
-    tokens, top_k = meta.get("scheduled_tokens"), meta.get("top_k")
     if k == 1:
         return np.ones(written.size, dtype=np.int64)
-    ok = isinstance(per_rank, list) and per_rank and all(isinstance(p, int) and p >= 0 for p in per_rank)
-    ok = ok and isinstance(tokens, int) and tokens > 0 and isinstance(top_k, int) and top_k > 0
-    if not ok or max(per_rank) <= 0:
+    per_rank, tokens, top_k = meta.get("passes_per_rank"), meta.get("scheduled_tokens"), meta.get("top_k")
+    passes = max(per_rank) if isinstance(per_rank, list) and per_rank and all(isinstance(p, int) for p in per_rank) else 0
+    if not (passes > 0 and isinstance(tokens, int) and tokens > 0 and isinstance(top_k, int) and top_k > 0):
         return np.full(written.size, k, dtype=np.int64)
-    per_pass = tokens / max(per_rank) * top_k  # assignments per layer in one pass
+    per_pass = tokens / passes * top_k  # assignments per layer in one pass
     entry = counts.data[written][:, rows].sum(axis=2).max(axis=1)
     return np.clip(np.rint(entry / per_pass), 1, k).astype(np.int64)
 
