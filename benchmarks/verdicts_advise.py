@@ -5,7 +5,8 @@ the shipped counts (data/deepseek_v3_counts: every MoE layer's expert distributi
 EP32. Per-pass routing is sampled from each layer's distribution (prefill at 4096 tokens per
 pass, one pass per ring entry; decode at 256 tokens per pass, 16 passes per entry as the decode
 default, and the same recording at one per entry), a rank's MoE time is linear in its assignments
-(``DEVICES``), every layer waits for its slowest rank, and the true ratio of a candidate over the
+(``DEVICES``), the timing window's measurements carry ``NOISE`` (3%) relative noise per rank and
+layer and per sub-window (``--noise``), every layer waits for its slowest rank, and the true ratio of a candidate over the
 linear layout is computed pass by pass on 1024 fresh passes. Candidates: layouts fitted on the
 recording (``static`` at R = ep and R = 0, ``dynamic`` at R = ep) and the running layout's own
 placement under redundancy 0 (a gain of about nothing). Printed: the prediction error against the
@@ -49,6 +50,7 @@ SCENES = (
 )
 # rank ms per layer and pass = a + b x assignments; the step's time outside MoE
 DEVICES = {"prefill": Device(a_ms=0.05, b_ms=0.0004, other_ms=40.0), "decode": Device(a_ms=0.02, b_ms=0.0004, other_ms=4.0)}
+NOISE = 0.03  # relative sd of the timing window's measurement noise (rank ms per layer, sub-window steps)
 RECORDED, FRESH = 256, 1024  # passes in the recording, passes the truth is computed on
 TARGETS = {"k1_vs_k16": 0.005, "vs_truth": 0.02}
 
@@ -77,7 +79,9 @@ def candidates(counts: Counts, ep: int) -> dict[str, tuple[Layout, str]]:
     }
 
 
-def advise_calibration(data: str | Path = DEFAULT, eps: tuple[int, ...] = (16, 32), quick: bool = False) -> dict:
+def advise_calibration(
+    data: str | Path = DEFAULT, eps: tuple[int, ...] = (16, 32), quick: bool = False, noise: float = NOISE
+) -> dict:
     """Advise against the per-pass truth (see the module docstring): one row per scene, EP, running
     layout and candidate, plus the summary figures and whether the issue's targets hold."""
     rows = []
@@ -86,10 +90,13 @@ def advise_calibration(data: str | Path = DEFAULT, eps: tuple[int, ...] = (16, 3
         scene = Scene(distributions(Path(data) / file), tokens, TOP_K, role)
         for ep in eps:
             rec = scene.passes(RECORDED, np.random.default_rng(ep))
-            linear = Server(scene, DEVICES[role], ep)
+            linear = Server(scene, DEVICES[role], ep, noise=noise, seed=ep)
             tried = candidates(linear.dump(rec, 1), ep)
             fitted, _ = tried["static R=0"]
-            for running_name, srv in (("linear", linear), ("static R=0", Server(scene, DEVICES[role], ep, fitted, "static"))):
+            for running_name, srv in (
+                ("linear", linear),
+                ("static R=0", Server(scene, DEVICES[role], ep, fitted, "static", noise, ep)),
+            ):
                 for name, (layout, dispatch) in tried.items():
                     if running_name != "linear" and name == "linear placement":
                         continue
@@ -187,8 +194,9 @@ def main() -> int:
     ap.add_argument("--data", default=DEFAULT, help="folder of the sample counts files")
     ap.add_argument("--json", help="write the rows and the summary here")
     ap.add_argument("--quick", action="store_true", help="one prefill and the decode scene only")
+    ap.add_argument("--noise", type=float, default=NOISE, help=f"timing measurement noise, relative sd (default {NOISE})")
     a = ap.parse_args()
-    result = advise_calibration(a.data, quick=a.quick)
+    result = advise_calibration(a.data, quick=a.quick, noise=a.noise)
     s = result["summary"]
     print(
         f"\n{s['cases']} cases: |predicted - truth| max {s['max_abs_error']:.4f}, mean {s['mean_abs_error']:.4f}; "

@@ -10,9 +10,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.advise import MIN_PASSES, advise, fit_time_model, passes_per_entry, split_passes
+from vllm_scene_eplb.advise import MIN_PASSES, Setup, advise, fit_time_model, passes_per_entry, split_passes
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.layout import Geometry, Layout
 
 from .advise_scene import EVEN, SKEWED, L, candidate, scene, server, write_case
 from .test_bad_input import run
@@ -193,3 +194,17 @@ def test_a_partly_filled_last_entry_holds_the_passes_its_tokens_say():
     assert passes_per_entry(counts, list(range(L))).tolist() == [16, 4]
     bare = Counts(counts.data, {k: v for k, v in counts.meta.items() if k != "scheduled_tokens"}, physical=counts.physical)
     assert passes_per_entry(bare, list(range(L))).tolist() == [16, 16]  # without tokens: steps_per_entry each
+
+
+def test_a_window_that_does_not_pin_the_slope_gives_the_bound_not_a_ratio():
+    s, rec = _recording(tokens=256)
+    running = candidate(server(s).dump(rec, 1))
+    srv = replace(server(s, running, "static"), noise=0.05)  # balanced ranks, noisy ms: the slope is not identified
+    counts, window = srv.dump(rec, 1), srv.timing_window(rec, 1)
+    same = advise(counts, running, "static", window, running=running)
+    assert same["verdict"] == "skip" and same["predicted_throughput_ratio"] is None, same["reasons"]
+    assert "does not pin the slope" in same["reasons"][-1] and same["details"]["bound_ratio"] == pytest.approx(1.0)
+    linear = Setup.of(None, Geometry(16, 0, 2), "dynamic", list(range(L)), None)
+    back = Layout(linear.p2l, linear.geometry)  # back to the linear layout: a large loss, and even its bound is no trial
+    worse = advise(counts, back, "dynamic", window, running=running)
+    assert worse["verdict"] != "trial", worse["reasons"]

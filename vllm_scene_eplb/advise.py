@@ -60,6 +60,7 @@ from .measured import fidelity
 from .protocol import PROVENANCE_KEYS, TimingWindow
 
 NOISE_FLOOR = 0.02  # the lower bound of the noise floor: below a 2% gain no single A/B here separates it
+MAX_SLOPE_ERROR = 0.25  # a pooled slope less certain than this is not identified by the window
 MIN_PASSES = 16  # fewer recorded passes than this give no per-pass distribution to speak of
 VERDICTS = ("trial", "skip", "insufficient_evidence")
 # The provenance a timing window must share with the dump (the rest is compared when both say it).
@@ -70,12 +71,16 @@ DEFAULT_SEED = 0
 @dataclass(frozen=True)
 class TimeModel:
     """Per MoE layer t = a + b * n (ms per pass for n assignments on a rank), the relative RMS
-    residual of the fit on the points it came from, and the slope pooled over all layers."""
+    residual of the fit on the points it came from, the slope pooled over all layers with its
+    relative standard error, and ``b_max`` [L]: the steepest slope a layer's mean point allows
+    with a non-negative fixed cost (all of its time proportional to assignments)."""
 
     a: np.ndarray
     b: np.ndarray
     residual: float
     pooled_b: float
+    slope_error: float
+    b_max: np.ndarray
 
     def rank_ms(self, loads: np.ndarray) -> np.ndarray:
         """Every rank's predicted ms for per-rank loads [..., L, ranks]: [..., L, ranks]."""
@@ -85,6 +90,15 @@ class TimeModel:
         """The MoE critical path (sum over layers of the slowest rank) for loads [..., L, ranks]: [...]."""
         return self.rank_ms(loads).max(axis=-1).sum(axis=-1)
 
+    @property
+    def identified(self) -> bool:
+        """Whether the window pins the slope down: positive, with a relative standard error of at most ``MAX_SLOPE_ERROR``."""
+        return self.pooled_b > 0 and self.slope_error <= MAX_SLOPE_ERROR
+
+    def steepest(self) -> TimeModel:
+        """The bound: no fixed cost, every layer at its ``b_max`` (the largest gain the window allows)."""
+        return TimeModel(np.zeros_like(self.a), self.b_max, self.residual, self.pooled_b, self.slope_error, self.b_max)
+
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Least-squares a, b of y = a + b x (b = 0 when x does not vary)."""
@@ -92,6 +106,18 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         return float(y.mean()), 0.0
     b, a = np.polyfit(x, y, 1)
     return float(a), float(b)
+
+
+def _slope_error(x: np.ndarray, y: np.ndarray, a: float, b: float) -> float:
+    """The least-squares slope's standard error over |b|: inf without spread in x or with b = 0;
+    with two points, 0 (a line through both) or inf."""
+    spread = float(((x - x.mean()) ** 2).sum())
+    if spread <= 0 or b == 0:
+        return float("inf")
+    residual = float(((a + b * x - y) ** 2).sum())
+    if x.size < 3:
+        return 0.0 if residual <= 1e-18 else float("inf")
+    return float(np.sqrt(residual / (x.size - 2) / spread) / abs(b))
 
 
 def fit_time_model(rank_ms: np.ndarray, rank_assignments: np.ndarray) -> TimeModel:
@@ -105,7 +131,8 @@ def fit_time_model(rank_ms: np.ndarray, rank_assignments: np.ndarray) -> TimeMod
             a[layer], b[layer] = pooled
     fitted = a[None, :] + b[None, :] * n
     residual = float(np.sqrt(np.mean((fitted - ms) ** 2)) / max(float(ms.mean()), 1e-12))
-    return TimeModel(a, b, residual, pooled[1])
+    b_max = ms.mean(axis=0) / np.maximum(n.mean(axis=0), 1e-12)
+    return TimeModel(a, b, residual, pooled[1], _slope_error(n.ravel(), ms.ravel(), *pooled), b_max)
 
 
 # ---------------------------------------------------------------- passes
@@ -284,6 +311,41 @@ def _insufficient(reasons: list[str], *why: str, **details) -> dict:
     }
 
 
+def _unidentified(
+    reasons: list[str], model: TimeModel, timing: TimingWindow, now: np.ndarray, cand: np.ndarray, ab_ratio
+) -> dict:
+    """The window does not pin the slope down (its ranks' loads hardly differ, or time does not grow
+    with them): the gain lies between none and what the steepest slope gives. ``skip`` if even that
+    is under the noise floor, else ``insufficient_evidence``; ``now`` / ``cand``: per-pass rank loads."""
+    bound = model.steepest()
+    c_now, c_cand = float(bound.critical(now).mean()), float(bound.critical(cand).mean())
+    ratio = timing.step_ms / max(timing.step_ms - c_now + c_cand, 1e-9)
+    floor, source = noise_floor(timing, bound, c_now, ab_ratio)
+    why = (
+        f"MoE time does not grow with assignments in this timing window (pooled slope {model.pooled_b:+.3g} ms per assignment)"
+        if model.pooled_b <= 0
+        else f"the timing window does not pin the slope of time against assignments down (relative standard error "
+        f"{model.slope_error:.0%}: its ranks computed too similar loads)"
+    )
+    details = {"step_ms": timing.step_ms, "noise_floor": floor, "noise_floor_source": source, "bound_ratio": ratio}
+    if ratio - 1 < floor:
+        return {
+            "verdict": "skip",
+            "predicted_throughput_ratio": None,
+            "reasons": reasons
+            + [
+                f"{why}; even if all MoE time scaled with assignments the gain would be {ratio - 1:+.1%}, within the noise floor of {floor:.1%}"
+            ],
+            "details": details,
+        }
+    return _insufficient(
+        reasons,
+        f"{why}: the gain lies between none and {ratio - 1:+.1%}; time a window where the ranks' loads differ "
+        "(the linear layout under the scene's load)",
+        **details,
+    )
+
+
 def _running(counts: Counts, running: Layout | None, candidate: Layout, rows: list[int], shares) -> Setup:
     """The running server's layout, from the dump's metadata (its layout hash, dispatch) and ``running``."""
     meta, E, ep = counts.meta, candidate.geometry.num_experts, candidate.geometry.ep_size
@@ -358,13 +420,9 @@ def advise(
             "2 entries are needed for a per-pass distribution and the halves of the recording",
         )
     model = fit_time_model(np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments))
-    if model.pooled_b <= 0:
-        return _insufficient(
-            reasons,
-            f"MoE time does not grow with assignments in this timing window (pooled slope {model.pooled_b:+.3g} ms per "
-            "assignment): the window cannot price a layout; time a window with the scene's load",
-        )
     step = timing.step_ms
+    if not model.identified:
+        return _unidentified(reasons, model, timing, now.rank_loads(passes), cand.rank_loads(passes), ab_ratio)
     crit_now_pass, crit_cand_pass = model.critical(now.rank_loads(passes)), model.critical(cand.rank_loads(passes))
     c_now, c_cand = float(crit_now_pass.mean()), float(crit_cand_pass.mean())
     floor, floor_source = noise_floor(timing, model, c_now, ab_ratio)

@@ -259,6 +259,21 @@ class TimingWindow:
             {k: known.get(k) for k in PROVENANCE_KEYS},
         )
 
+    @classmethod
+    def from_status(cls, doc, where: str = "timing", layers: int | None = None) -> TimingWindow | None:
+        """The window of a status answer, its ``live`` object or the ``live.time`` object itself, its
+        provenance from the status keys around it; None where the server has no timed window yet."""
+        if not isinstance(doc, dict):
+            raise SceneEplbError("timing must be a JSON object (a status answer, its live object or live.time)", where)
+        around = {k: doc[k] for k in PROVENANCE_KEYS if k in doc}
+        live = doc.get(LIVE_KEY, doc)
+        if live is None:
+            return None  # a status answer without a live window yet
+        if not isinstance(live, dict):
+            raise SceneEplbError("timing's live must be an object", where)
+        timing = live.get("time", live)
+        return None if timing is None else cls.from_wire(timing, where, layers, around)
+
     def to_wire(self) -> dict:
         return {
             "rank_ms": [list(r) for r in self.rank_ms],

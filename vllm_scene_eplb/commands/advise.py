@@ -9,7 +9,7 @@ from ..errors import SceneEplbError
 from ..fileio import load_json
 from ..formats import read_counts, read_layout
 from ..model_geometry import read_model_geometry
-from ..protocol import LIVE_KEY, PROVENANCE_KEYS, TimingWindow
+from ..protocol import TimingWindow
 from .common import Console, geometry_args, hint, memory_cost, model_args, server_args
 
 HELP = "predict whether a candidate layout pays in throughput on a running server (trial | skip | insufficient_evidence)"
@@ -57,28 +57,14 @@ def add_arguments(p) -> None:
 
 def _timing(args, layers: int) -> TimingWindow | None:
     """The timing window from --timing FILE (a status answer, its live object or the time object) or
-    --url, checked (``TimingWindow.from_wire``), its provenance from the status around it."""
+    --url, checked (``TimingWindow.from_status``)."""
     if args.url and args.timing:
         raise SceneEplbError("give the timing window as --timing FILE or --url URL, not both")
-    where = args.timing or args.url
     if args.url:
-        doc = call(args.url, "status", args.api_key, timeout=30)
-    elif args.timing:
-        doc = load_json(args.timing, "timing")
-    else:
-        return None
-    if not isinstance(doc, dict):
-        raise SceneEplbError("timing must be a JSON object (a status answer, its live object or live.time)", where)
-    around = {k: doc[k] for k in PROVENANCE_KEYS if k in doc}
-    live = doc.get(LIVE_KEY, doc)
-    if live is None:
-        return None  # a status answer without a live window yet
-    if not isinstance(live, dict):
-        raise SceneEplbError("timing's live must be an object", where)
-    timing = live.get("time", live)
-    if timing is None:
-        return None  # a live window without time_moe
-    return TimingWindow.from_wire(timing, where, layers, around)
+        return TimingWindow.from_status(call(args.url, "status", args.api_key, timeout=30), args.url, layers)
+    if args.timing:
+        return TimingWindow.from_status(load_json(args.timing, "timing"), args.timing, layers)
+    return None
 
 
 def _ab_ratio(paths: list[str] | None, role: str | None) -> float | None:

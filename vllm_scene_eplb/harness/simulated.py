@@ -82,13 +82,16 @@ def _integer_split(total: np.ndarray, shares: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Server:
     """The simulated server: what it serves, its device, its EP size and the layout it runs
-    (``running`` None: the linear layout) under ``dispatch``."""
+    (``running`` None: the linear layout) under ``dispatch``; its timing window's measurements carry
+    ``noise`` (seeded): every rank's ms per layer and every sub-window's step times 1 + N(0, noise)."""
 
     scene: Scene
     device: Device
     ep_size: int
     running: Layout | None = None
     dispatch: str = "dynamic"
+    noise: float = 0.0  # relative sd of the timing window's measurement noise (rank ms, sub-window steps)
+    seed: int = 0
 
     @property
     def setup(self) -> Setup:
@@ -132,11 +135,14 @@ class Server:
         loads = self.setup.rank_loads(passes)  # [n, L, ranks]
         ms = self.device.a_ms + self.device.b_ms * loads
         steps = self.device.other_ms + ms.max(axis=2).sum(axis=1)
-        subs = [float(part.mean()) for part in np.array_split(steps, SUB_WINDOWS) if part.size]
+        rng = np.random.default_rng(self.seed)
+        subs = [float(part.mean()) * (1 + self.noise * rng.standard_normal()) for part in np.array_split(steps, SUB_WINDOWS)]
+        measured = ms.mean(axis=0) * np.maximum(1 + self.noise * rng.standard_normal(ms.shape[1:]), 0.0)
+        rank_moe = float(measured.sum(axis=0).max())
         return TimingWindow(
-            tuple(tuple(float(x) for x in row) for row in ms.mean(axis=0).T),
+            tuple(tuple(float(x) for x in row) for row in measured.T),
             tuple(tuple(float(x) for x in row) for row in loads.mean(axis=0).T),
-            float(steps.mean()),
+            max(float(steps.mean()), rank_moe),
             float(ms.mean(axis=2).sum(axis=1).mean() / steps.mean()),
             tuple(subs),
             self.provenance(steps_per_entry),
