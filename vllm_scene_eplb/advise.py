@@ -4,8 +4,11 @@
 expert ms per pass and the assignments it computed per pass, per MoE layer, the step's wall ms) the
 model fits, per layer, rank MoE time against assignments, t = a + b * n (least squares over the
 ranks; a layer whose fit has no positive slope takes the fit pooled over all layers, since a
-model's MoE layers share their shapes; a window whose pooled slope is not positive either cannot
-price assignments at all).
+model's MoE layers share their shapes). A window that does not pin the pooled slope down (not
+positive, or its relative standard error above ``MAX_SLOPE_ERROR``: the ranks computed too similar
+loads, as under a balanced layout) gives no ratio, only the bound of the steepest slope its mean
+points allow (no fixed cost): ``skip`` when even that gain is under the noise floor, else
+``insufficient_evidence``.
 
 **Passes.** A ring entry holds ``steps_per_entry`` passes (the dump's metadata). The layout's cost
 is the *expected slowest rank per pass*, not the slowest rank of the mean load: per-pass noise
