@@ -208,3 +208,31 @@ def test_a_window_that_does_not_pin_the_slope_gives_the_bound_not_a_ratio():
     back = Layout(linear.p2l, linear.geometry)  # back to the linear layout: a large loss, and even its bound is no trial
     worse = advise(counts, back, "dynamic", window, running=running)
     assert worse["verdict"] != "trial", worse["reasons"]
+
+
+def _bench_result(path, throughput: float):
+    from vllm_scene_eplb.fileio import doc_checksum
+    from vllm_scene_eplb.harness.results import METRICS, RESULT_FORMAT
+
+    doc = {
+        "format": RESULT_FORMAT,
+        "manifest": {"scene": {}},
+        "runs": [],
+        "aggregate": {m: {"mean": throughput, "ci95": None} for m in METRICS},
+    }
+    path.write_text(json.dumps({**doc, "checksum": doc_checksum(doc)}))
+    return path
+
+
+def test_the_cli_takes_the_noise_floor_from_an_ab_of_identical_setups(tmp_path):
+    paths = write_case(tmp_path)
+    a, b = _bench_result(tmp_path / "a.json", 1000.0), _bench_result(tmp_path / "b.json", 1149.0)
+    code, out, err = run(
+        "advise", paths["dump"], "--layout", paths["cand"], "--timing", paths["status"], "--noise-ab", a, b, "--json"
+    )
+    answer = json.loads(out)
+    assert (
+        answer["details"]["noise_floor"] == pytest.approx(0.149) and "identical setups" in answer["details"]["noise_floor_source"]
+    )
+    assert code == 1 and answer["verdict"] == "skip"  # +13.6% predicted: a trial without the A/B, under its 14.9%
+    assert run("advise", paths["dump"], "--layout", paths["cand"], "--timing", paths["status"])[0] == 0
