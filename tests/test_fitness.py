@@ -1,10 +1,11 @@
 """Live layout fitness (pure): the expected value a fit stores, windows of live counts, the drift alarm."""
 
 import numpy as np
+import pytest
 
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.fitness import EXPECTED_KEY, DriftAlarm, LiveFitness, LiveSample, layer_balancedness
+from vllm_scene_eplb.fitness import EXPECTED_KEY, SUB_WINDOWS, DriftAlarm, LiveFitness, LiveSample, layer_balancedness
 from vllm_scene_eplb.layout import Geometry
 
 from .conftest import skewed_counts
@@ -77,3 +78,24 @@ def test_watch_renders_a_heat_strip_and_the_drift_state():
     text = render(LiveAnswer.from_wire(wire), "http://x")
     assert "drift     no" in text and "layers    " in text and "worst     layer" in text
     assert shade(1.0) == " " and shade(1.05) == ":" and shade(3.0) == "@"
+
+
+def test_live_time_carries_the_servers_provenance_and_its_recent_windows_steps():
+    from vllm_scene_eplb.measured import RankTime
+    from vllm_scene_eplb.protocol import PROVENANCE_KEYS, TimingWindow
+
+    said = dict(zip(PROVENANCE_KEYS, ("abc", 2, 0, "decode", "static", 16, "vllm 0.32.0", "0.1")))
+    live = LiveFitness.for_server(None, 8, 2, None, (0, 1), margin=0.05, windows=3, provenance=said)
+    counts = Counts(skewed_counts(1, 2, 8, seed=3)).total()
+    for t in range(SUB_WINDOWS + 2):  # every window one more step of 10 ms more than the last
+        times = tuple(
+            RankTime(np.array([0.001, 0.002]) * (t + 1), t + 1, t + 1, 0.01 * (t + 1) * (t + 2) / 2, 0.001 * (t + 1))
+            for _ in range(2)
+        )
+        live.observe(LiveSample(counts * (t + 1), passes=t + 1, physical=counts * (t + 1), times=times), now=float(t))
+    timing = live.to_dict()["time"]
+    assert timing["provenance"] == said
+    assert len(timing["sub_windows"]) == SUB_WINDOWS and timing["sub_windows"][-1] == pytest.approx(10.0 * (SUB_WINDOWS + 2))
+    window = TimingWindow.from_wire(timing, layers=2)
+    assert window.provenance == said and window.sub_windows == tuple(timing["sub_windows"])
+    assert TimingWindow.from_wire(window.to_wire()) == window

@@ -29,6 +29,7 @@ PURE = (
     "arrays",
     "fitness",
     "harness.factorial",
+    "harness.simulated",
     "harness.charts",
     "harness.results",
     "harness.compare",

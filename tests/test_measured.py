@@ -2,6 +2,8 @@
 the runtime's replica maps measured against the dispatch model (fidelity), the live window's
 measured and time views, and physical counts through every counts format."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -95,12 +97,16 @@ def test_observer_times_moe_per_layer_and_steps():
     obs.begin_step()
     obs.add_moe_seconds(0, 0.01)
     obs.add_moe_seconds(1, 0.03)
+    time.sleep(0.05)  # the real step's wall time: what step_seconds must hold
     obs.end_step()
+    obs.begin_step()
     obs.add_moe_seconds(0, 0.02)  # a dummy pass: its experts still ran (a DP peer's tokens)
+    time.sleep(0.2)  # a dummy step's wall time is not a real step's: it must not count
     obs.end_step(is_dummy=True)
     live = obs.live_counts()
     assert live.moe_seconds == pytest.approx([0.03, 0.03]) and live.moe_passes == 2
-    assert live.step_moe_seconds == pytest.approx(0.04) and live.step_seconds >= 0 and live.steps == 1
+    assert live.step_moe_seconds == pytest.approx(0.04) and live.steps == 1
+    assert 0.05 <= live.step_seconds < 0.2, live.step_seconds  # seconds, the real step only
     assert RoutingObserver(2, 4, 2).live_counts().moe_seconds is None  # time_moe off: nothing timed
 
 

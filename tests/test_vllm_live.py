@@ -130,6 +130,16 @@ def test_the_dump_carries_measured_replica_traffic_that_adds_up(recorded_counts)
     assert live["fidelity"] == 0.0 and live["measured"]["median"] == pytest.approx(live["median"])
 
 
+def test_the_timing_window_says_which_server_it_came_from_as_the_dump_does(recorded_counts):
+    from vllm_scene_eplb.advise import provenance_mismatch
+    from vllm_scene_eplb.protocol import PROVENANCE_KEYS, TimingWindow
+
+    counts, live = recorded_counts
+    window = TimingWindow.from_wire(live["time"], layers=len(counts.meta["moe_layers"]))
+    assert set(window.provenance) == set(PROVENANCE_KEYS) and window.provenance["layout_hash"] is None
+    assert provenance_mismatch(counts.meta, window) == [], (counts.meta, window.provenance)
+
+
 def test_moe_time_on_the_linear_layout_is_unbalanced_and_falls_under_the_fitted_one(work, recorded_counts, matched_run):
     _, linear = recorded_counts
     fitted = matched_run["live"]

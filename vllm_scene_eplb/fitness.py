@@ -21,6 +21,7 @@ from .measured import RankTime, SourceTraffic, fidelity, modelled_slot_counts, r
 from .score import balance, dispatch_score
 
 EXPECTED_KEY = "expected_balancedness"
+SUB_WINDOWS = 8  # how many recent windows' step ms live.time keeps for advise's noise floor
 
 
 def layer_balancedness(layout: Layout | None, weights: np.ndarray, geometry: Geometry, dispatch: str) -> np.ndarray:
@@ -161,6 +162,8 @@ class LiveFitness:
     measured: np.ndarray | None = None
     fidelity: float | None = None
     time: dict | None = None
+    provenance: dict = field(default_factory=dict)  # the server's PROVENANCE_KEYS, stamped on live.time
+    _step_ms: list[float] = field(default_factory=list)  # recent windows' step ms: live.time's sub_windows
     _last: LiveSample | None = None
     _last_time: float | None = None
 
@@ -174,6 +177,7 @@ class LiveFitness:
         moe_layers: tuple[int, ...],
         margin: float,
         windows: int,
+        provenance: dict | None = None,
     ) -> LiveFitness:
         """The live view of a server running ``layout`` (None: the linear layout on ``ep_size`` ranks).
         The layout's expectation counts only if it was fitted for the dispatch the server runs."""
@@ -188,6 +192,7 @@ class LiveFitness:
             tuple(moe_layers),
             DriftAlarm(expected.get("median"), margin, windows),
             expected.get("worst"),
+            provenance=dict(provenance or {}),
         )
 
     def _rows(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -225,6 +230,17 @@ class LiveFitness:
                     self.fidelity = fidelity(physical, modelled, p2l, self.geometry.num_experts)
         if window.times:
             self.time = time_view(list(window.times), loads)
+            self._stamp_time()
+
+    def _stamp_time(self) -> None:
+        """Give ``live.time`` the server's provenance and the step ms of the last ``SUB_WINDOWS``
+        windows (this one included), which ``advise`` reads as its measured noise."""
+        if self.time is None:
+            return
+        if self.time.get("step_ms") is not None:
+            self._step_ms = [*self._step_ms, float(self.time["step_ms"])][-SUB_WINDOWS:]
+        self.time["sub_windows"] = [round(x, 4) for x in self._step_ms]
+        self.time["provenance"] = dict(self.provenance)
 
     def to_dict(self) -> dict:
         """The status route's ``live`` object."""

@@ -8,17 +8,21 @@ from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
 from ..fileio import load_json
 from ..formats import read_counts, read_layout
-from ..protocol import LIVE_KEY
+from ..model_geometry import read_model_geometry
+from ..protocol import TimingWindow
 from .common import Console, geometry_args, hint, memory_cost, model_args, server_args
 
 HELP = "predict whether a candidate layout pays in throughput on a running server (trial | skip | insufficient_evidence)"
 DESCRIPTION = (
     "From a dump recorded on the running server and its timing window (status live.time, with "
     "scene_eplb.time_moe on), fit per MoE layer rank MoE time against the assignments the rank computed, "
-    "predict the slowest-rank MoE time per pass with the candidate layout and the throughput ratio to the "
-    "running layout, and say trial, skip or insufficient_evidence with the reasons: the predicted gain against "
-    "the noise floor, the gain on both halves of the recording, the MoE share of step time and, with --model, "
-    "what the candidate's redundant slots cost in KV cache. Exit 0 for trial, 1 otherwise."
+    "predict the expected slowest-rank MoE time per pass under the running layout and the candidate (both "
+    "modelled from the logical counts through their dispatch), and say trial, skip or insufficient_evidence "
+    "with the reasons: the predicted gain against the measured noise floor, the gain on both halves of the "
+    "recording, whether the running layout's model matches what was measured, whether the timing window "
+    "comes from the dump's server and setup, the MoE share of step time and, with --model, what the "
+    "candidate's redundant slots cost in KV cache. Exit 0 for trial, 1 for skip or insufficient_evidence, "
+    "2 for invalid input."
 )
 
 
@@ -32,43 +36,79 @@ def add_arguments(p) -> None:
         help="the dispatch the candidate would run (default: what it was fitted for, else static)",
     )
     p.add_argument(
+        "--running",
+        metavar="LAYOUT",
+        help="the layout the running server loaded (its hash must be the dump's layout_hash; not needed on the linear layout)",
+    )
+    p.add_argument(
         "--timing", metavar="FILE", help="a saved status answer (or its live / live.time object) of the running server"
+    )
+    p.add_argument(
+        "--noise-ab",
+        nargs=2,
+        metavar=("A.json", "B.json"),
+        help="two bench results of identical setups: their throughput ratio raises the noise floor (default: measured "
+        "from the timing window's sub-windows, at least 2%%)",
     )
     server_args(p, url_default=None, url_help="the running server: its status route's live.time (instead of --timing)")
     geometry_args(p)
     model_args(p)
 
 
-def _timing(args) -> dict | None:
-    """The ``live.time`` object from --timing FILE (a status answer, its live object or the time object) or --url."""
+def _timing(args, layers: int) -> TimingWindow | None:
+    """The timing window from --timing FILE (a status answer, its live object or the time object) or
+    --url, checked (``TimingWindow.from_status``)."""
     if args.url and args.timing:
-        raise SceneEplbError("give the timing as --timing FILE or --url URL, not both")
+        raise SceneEplbError("give the timing window as --timing FILE or --url URL, not both")
     if args.url:
-        doc = call(args.url, "status", args.api_key, timeout=30)
-    elif args.timing:
-        doc = load_json(args.timing, "timing")
-    else:
+        return TimingWindow.from_status(call(args.url, "status", args.api_key, timeout=30), args.url, layers)
+    if args.timing:
+        return TimingWindow.from_status(load_json(args.timing, "timing"), args.timing, layers)
+    return None
+
+
+def _ab_ratio(paths: list[str] | None, role: str | None) -> float | None:
+    """The primary throughput ratio B / A of two bench results of identical setups."""
+    if not paths:
         return None
-    if not isinstance(doc, dict):
+    from ..harness.results import read_result
+
+    metric = "prefill_throughput_per_card" if role == "prefill" else "output_throughput_per_card"
+    values = []
+    for path in paths:
+        mean = read_result(path)["aggregate"][metric]["mean"]
+        if not isinstance(mean, (int, float)) or mean <= 0:
+            raise SceneEplbError(f"the bench result has no positive {metric} mean", path)
+        values.append(float(mean))
+    return values[1] / values[0]
+
+
+def _check_candidate(args, candidate, dispatch: str) -> None:
+    """The candidate's dispatch a known one, and --model's experts and MoE layers the candidate's (as ``validate`` checks)."""
+    if dispatch not in DISPATCH_ALGORITHMS:
         raise SceneEplbError(
-            "timing must be a JSON object (a status answer, its live object or live.time)", args.timing or args.url
+            f"the candidate's meta.dispatch is {dispatch!r}, not one of {', '.join(DISPATCH_ALGORITHMS)}", args.layout
         )
-    live = doc.get(LIVE_KEY, doc) or {}
-    timing = live.get("time", live) if isinstance(live, dict) else None
-    if timing is not None and not isinstance(timing, dict):
-        raise SceneEplbError("timing's live.time must be an object", args.timing or args.url)
-    return timing
+    if args.model:
+        model = read_model_geometry(args.model)
+        try:
+            candidate.check_model(
+                len(model.moe_layers), model.num_experts, candidate.geometry.ep_size, model.moe_layers, model.num_layers
+            )
+        except SceneEplbError as exc:
+            raise SceneEplbError(f"--model {args.model} does not match the candidate: {exc.problem}", args.layout) from None
 
 
 def run(args, console: Console) -> None:
     counts = read_counts(args.counts)
     candidate = read_layout(args.layout, hint(args))
     dispatch = args.dispatch or candidate.meta.get("dispatch") or "static"
+    _check_candidate(args, candidate, dispatch)
+    running = read_layout(args.running, hint(args)) if args.running else None
+    timing = _timing(args, len(candidate.moe_layers))
+    ab = _ab_ratio(args.noise_ab, counts.meta.get("role"))
     memory = memory_cost(args, candidate.geometry)
-    try:
-        answer = advise(counts, candidate, dispatch, _timing(args), memory["summary"] if memory else None)
-    except SceneEplbError as exc:
-        raise SceneEplbError(exc.problem, exc.path or args.layout) from None
+    answer = advise(counts, candidate, dispatch, timing, memory["summary"] if memory else None, running, ab)
     ratio = answer["predicted_throughput_ratio"]
     text = (
         f"verdict: {answer['verdict']}"

@@ -33,6 +33,7 @@ from ..fileio import atomic_write_bytes, atomic_write_files
 from ..fit import FitOptions, fit
 from ..formats import read_counts, write_layout
 from ..layout import Geometry, Layout, linear_map
+from ..protocol import TimingWindow
 from ..report import write_report
 from .bench import bench
 from .compare import chart_png, compare, markdown
@@ -163,7 +164,9 @@ def run(
     say(
         f"fitted {layout}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}"
     )
-    advice = advise(counts, fitted, "static", (status.get("live") or {}).get("time"))
+    advice = advise(
+        counts, fitted, "static", TimingWindow.from_status(status, "the linear server's status", len(fitted.moe_layers))
+    )
     say(f"advise: {advice['verdict']}, predicted throughput ratio {advice['predicted_throughput_ratio']}")
     if factorial:
         g = fitted.geometry

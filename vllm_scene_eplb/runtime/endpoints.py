@@ -46,6 +46,7 @@ from ..protocol import (
     LIVE_ACTION,
     LIVE_KEY,
     NATIVE_ACTION,
+    PROVENANCE_KEYS,
     ROUTES,
     DumpAnswer,
     NativeLoadAnswer,
@@ -271,7 +272,14 @@ class SceneEplbEndpoints:
             layout = read_layout(st["layout_path"], GeometryHint(ep_size=st["ep_size"], num_experts=num_experts))
         cfg = self._settings()
         return LiveFitness.for_server(
-            layout, num_experts, st["ep_size"], st["dispatch"], tuple(st["moe_layers"]), cfg.drift_margin, cfg.drift_windows
+            layout,
+            num_experts,
+            st["ep_size"],
+            st["dispatch"],
+            tuple(st["moe_layers"]),
+            cfg.drift_margin,
+            cfg.drift_windows,
+            provenance={k: st.get(k) for k in PROVENANCE_KEYS},
         )
 
     def _settings(self) -> PluginConfig:

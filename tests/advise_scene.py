@@ -1,0 +1,48 @@
+"""A small simulated server for the advise tests: a skewed scene whose fitted layout pays, its dump
+and its timing window (``harness.simulated``), written to files for the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.fit import FitOptions, fit
+from vllm_scene_eplb.formats import write_counts, write_layout
+from vllm_scene_eplb.harness.simulated import Device, Scene, Server
+from vllm_scene_eplb.layout import Geometry
+
+E, L, EP = 16, 4, 2
+DEVICE = Device(a_ms=0.05, b_ms=0.002, other_ms=3.0)
+# the hot experts all on rank 0 of the linear layout (experts 0-7 there)
+SKEWED = np.tile(np.array([8, 6, 5, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1], dtype=float), (L, 1))
+SKEWED /= SKEWED.sum(axis=1, keepdims=True)
+EVEN = np.full((L, E), 1 / E)
+
+
+def scene(p: np.ndarray = SKEWED, tokens: int = 64) -> Scene:
+    return Scene(p, tokens, 4, "decode")
+
+
+def server(s: Scene | None = None, running=None, dispatch: str = "dynamic") -> Server:
+    return Server(s or scene(), DEVICE, EP, running, dispatch)
+
+
+def candidate(counts: Counts, dispatch: str = "static"):
+    total = Counts(counts.total()[None], {"moe_layers": list(range(L))})
+    return fit(total, FitOptions(Geometry(E, 2, EP), dispatch=dispatch))
+
+
+def write_case(d: Path, passes: int = 128, steps_per_entry: int = 1, seed: int = 0) -> dict[str, Path]:
+    """dump.npz, cand.json and status.json (a status answer around its live.time) of one skewed scene."""
+    srv = server()
+    rec = srv.scene.passes(passes, np.random.default_rng(seed))
+    counts = srv.dump(rec, steps_per_entry)
+    window = srv.timing_window(rec, steps_per_entry)
+    paths = {"dump": d / "dump.npz", "cand": d / "cand.json", "status": d / "status.json"}
+    write_counts(counts, paths["dump"])
+    write_layout(candidate(counts), paths["cand"])
+    paths["status"].write_text(json.dumps({**window.provenance, "live": {"time": window.to_wire()}}))
+    return paths
