@@ -139,32 +139,6 @@ def test_recorded_counts_equal_the_real_select_experts_ids_of_real_tokens(record
     assert all(row["pseudo_ids_seen"] > 0 for row in rows if row["kind"] == "w8a8_dynamic")
 
 
-class RunnerStandIn:
-    """A stand-in for vLLM-Ascend's ``NPUModelRunner`` (its module needs NPU-only imports): the three
-    methods the plugin wraps, each running one forward pass that routes ``ids`` through the observer."""
-
-    ids = None
-
-    def __init__(self):
-        self.vllm_config = None
-
-    def load_model(self):
-        self.loaded = True
-
-    def execute_model(self, scheduler_output, intermediate_tensors=None):
-        self._forward()
-        return "output"
-
-    def _dummy_run(self, num_tokens, is_profile=False):
-        self._forward()
-        return "hidden", "hidden"
-
-    def _forward(self):
-        from vllm_scene_eplb.adapters.vllm_ascend import runtime
-
-        runtime.current().observer.capture(0, self.ids)
-
-
 SKIPPED = r"""
 import json, logging
 import torch
@@ -207,41 +181,121 @@ def test_rows_off_the_comm_methods_rule_are_skipped_and_said(tmp_path):
     assert out["per_layer"] == [12, 0]  # layer 0: 6 real rows x top-2; layer 1: nothing
 
 
-def test_a_real_step_commits_once_and_dummy_passes_never(monkeypatch):
-    """execute_model commits its pass, with its scheduled tokens; _dummy_run (profile, capture, idle DP)
-    and a step with no scheduled tokens count nothing but advance the global step (an entry each);
-    load_model configures before and binds after."""
-    from types import SimpleNamespace
+STEPS = r"""
+import json, sys, threading, types
+from types import SimpleNamespace
+import numpy as np, torch, torch.distributed as dist
+import vllm_ascend.patch
+# stand-in for the worker patches' package __init__ only (its Qwen-VL model patches import torchvision,
+# which this machine lacks); the patch modules the model runner imports from it are the real ones
+worker_patches = types.ModuleType("vllm_ascend.patch.worker")
+worker_patches.__path__ = [vllm_ascend.patch.__path__[0] + "/worker"]
+sys.modules["vllm_ascend.patch.worker"] = worker_patches
+import vllm_scene_eplb.adapters.entry as entry
+entry.register()                                   # installs the runner wrappers at its first import
+import vllm_ascend.worker.model_runner_v1 as mr
+from vllm_ascend.worker.worker import NPUWorker
+from vllm_scene_eplb.adapters.vllm_ascend import patches, runtime
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.runtime.export import RankRecord, export_counts
+from vllm_scene_eplb.runtime.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker import RecorderRuntime
 
-    import torch
+Runner = mr.NPUModelRunner
+assert Runner.execute_model.__wrapped__ and Runner._determine_batch_execution_and_padding.__wrapped__
+ITERATIONS = [[0, 3], [0, 2], [4, 1]]              # tokens per DP rank: engine 0 waits for KV twice
+mr.get_pp_group = lambda: SimpleNamespace(world_size=1, is_last_rank=True)   # stand-ins: no PP group,
+mr.has_kv_transfer_group = lambda: True                                       # the Mooncake connector's group
+mr.get_kv_transfer_group = lambda: SimpleNamespace(handle_preemptions=lambda meta: None)
+shared = {{}}                                       # what the DP all-reduce agreed for this iteration
 
-    from vllm_scene_eplb.adapters.vllm_ascend import patches, runtime
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
-
-    observer = RoutingObserver(1, 4, 8)
-    rt = SimpleNamespace(observer=observer, begin_step=observer.begin_step, end_step=observer.end_step, calls=[])
-    rt.bind = lambda runner: rt.calls.append(("bind", runner.loaded))
-    monkeypatch.setattr(runtime, "configure", lambda vc, engine: rt.calls.append(("configure", engine)) or rt)
-    monkeypatch.setattr(runtime, "current", lambda: rt)
-
-    class Runner(RunnerStandIn):
+class Engine:                                      # a runner: vLLM-Ascend's real execute_model where nothing is
+    _start_dump_data = Runner._start_dump_data
+    synchronize_input_prep = Runner.synchronize_input_prep
+    def __init__(self, dp_rank):
+        self.dp_rank, self.no_forward = dp_rank, 0
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(enable_return_routed_experts=False))
+        self.ascend_config = SimpleNamespace(profiling_chunk_config=SimpleNamespace(need_timing=False))
+        self.execute_model_state = self.speculative_config = self.debugger = self.prepare_inputs_event = None
+        self.use_async_scheduling, self.pcp_size, self.decode_token_per_req = False, 1, 1
+        self.parallel_config = SimpleNamespace(distributed_executor_backend="mp", data_parallel_size=2)
+        self.observer = RoutingObserver(1, 4, 8, dp_size=2)
+    def _update_states(self, scheduler_output):
+        return None
+    def kv_connector_no_forward(self, scheduler_output, vllm_config):   # KV still on its way: no forward
+        self.no_forward += 1
+        return "no forward"
+    def _determine_batch_execution_and_padding(self, **kwargs):          # stand-in for the DP metadata sync
+        return None, None, False, torch.tensor(shared["tokens"], dtype=torch.int32), None
+    def _forward(self, n):
+        self._determine_batch_execution_and_padding()
+        self.observer.capture(0, torch.tensor([[self.dp_rank, 3]] * max(n, 1)))
+    def _dummy_run(self, num_tokens, **kwargs):
+        self._forward(0)
+    def execute_model(self, scheduler_output, intermediate_tensors=None):   # scheduled (its early-return path),
+        if scheduler_output.total_num_scheduled_tokens == 0:               # else a stand-in forward
+            return Runner.execute_model.__wrapped__(self, scheduler_output, intermediate_tensors)
+        self._forward(scheduler_output.total_num_scheduled_tokens)
+        return "output"
+    def load_model(self):
         pass
 
-    patches.wrap_model_runner(Runner, "vllm-ascend x")
-    runner = Runner()
-    runner.load_model()
-    assert rt.calls == [("configure", "vllm-ascend x"), ("bind", True)]
-    observer.start()
-    runner.ids = torch.tensor([[0, 1], [1, 2]])
-    assert runner._dummy_run(8, is_profile=True) == ("hidden", "hidden")
-    assert runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=2)) == "output"
-    runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=0))
-    runner._dummy_run(1)
-    observer.stop()
-    assert observer.status().passes_recorded == 1
-    rec = observer.snapshot()
-    assert rec.stamps.tolist() == [0, 1, 2, 3] and rec.tokens == 2  # dummy, real, token-less, dummy
-    assert rec.logical[1, 0].tolist() == [1, 2, 1, 0] and int(rec.logical.sum()) == 4
+patches.wrap_model_runner(Engine, "vllm-ascend test")
+engines = [Engine(0), Engine(1)]
+for e in engines:
+    e.observer.start()
+for tokens in ITERATIONS:                          # one lockstep iteration of vLLM's DP engine loop each
+    shared["tokens"] = tokens
+    for e in engines:
+        runtime._current = SimpleNamespace(begin_step=e.observer.begin_step, end_step=e.observer.end_step,
+                                           note_dp_tokens=e.observer.note_dp_tokens)
+        so = SimpleNamespace(total_num_scheduled_tokens=tokens[e.dp_rank], kv_connector_metadata=object(),
+                             num_scheduled_tokens={{}}, scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_token_ids=[]))
+        out = e.execute_model(so)
+        if tokens[e.dp_rank] == 0:                 # vLLM's DP loop: nothing ran here, a peer has work
+            NPUWorker.execute_dummy_batch(SimpleNamespace(model_runner=e, log_memory_stats=lambda: None))
+for e in engines:
+    e.observer.stop()
+records = [e.observer.snapshot() for e in engines]
+
+def export(stamp_shift):
+    store, results = dist.HashStore(), [None, None]
+    def one(rank):
+        rec = records[rank]
+        group = dist.ProcessGroupGloo(store, rank, 2, __import__("datetime").timedelta(seconds=20))
+        part = RankRecord(rec.logical.to(torch.int64), rec.stamps + (stamp_shift if rank == 0 else 0), rec.signature, rec.passes)
+        try:
+            export_counts(part, group, {path!r} + f"/shift{{stamp_shift}}.npz", {{"role": "decode"}}, 8, (1, 4))
+            results[rank] = "written"
+        except SceneEplbError as exc:
+            results[rank] = str(exc)
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    return results
+
+from vllm_scene_eplb.formats import read_counts
+aligned = export(0)
+print(json.dumps({{"stamps": [r.stamps.tolist() for r in records], "passes": [r.passes for r in records],
+                  "signature": [r.signature.tolist() for r in records], "no_forward": engines[0].no_forward,
+                  "aligned": aligned, "aligned_by": read_counts({path!r} + "/shift0.npz").meta["aligned_by"],
+                  "shifted": export(1)}}))
+"""
+
+
+def test_an_engine_waiting_for_kv_advances_one_step_per_iteration_like_its_peer(tmp_path):
+    """Through vLLM-Ascend's real ``execute_model``: with nothing scheduled it returns through
+    ``kv_connector_no_forward`` without a forward, and vLLM's DP loop runs ``execute_dummy_batch``
+    (real): that dummy pass is the engine's one step, as its busy peer's one real pass is; both carry
+    the iteration's DP tokens (the DP signature), so the dump says ``aligned_by: stamps and DP
+    signatures``; the same records with one engine's stamps shifted (what the old double advance
+    made) fail the export on the signature."""
+    out = run(STEPS.format(path=str(tmp_path)))
+    assert out["no_forward"] == 2
+    assert out["stamps"] == [[0, 1, 2], [0, 1, 2]] and out["passes"] == [1, 3]
+    assert out["signature"] == [[[0, 3], [0, 2], [4, 1]]] * 2
+    assert out["aligned"] == ["written", "written"] and out["aligned_by"] == "stamps and DP signatures"
+    assert all("do not line up across DP engines" in r for r in out["shifted"]), out["shifted"]
 
 
 def test_when_imported_patches_a_module_at_its_first_import(tmp_path, monkeypatch):

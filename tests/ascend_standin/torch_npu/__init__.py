@@ -69,10 +69,10 @@ class _StandInModule(types.ModuleType):
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves every ``torch_npu.<sub>`` module as an inert package."""
+    """Serves every ``torch_npu.<sub>`` (and CANN's ``acl.<sub>``, see ``acl``) module as an inert package."""
 
     def find_spec(self, name, path, target=None):
-        if name.startswith("torch_npu."):
+        if name.startswith(("torch_npu.", "acl.")):
             return importlib.machinery.ModuleSpec(name, self, is_package=True)
         return None
 

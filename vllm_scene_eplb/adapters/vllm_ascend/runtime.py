@@ -76,13 +76,23 @@ class AscendRuntime(RecorderRuntime):
             )
             self.observer = NullObserver(self.role, self.config.ring_entries)
         else:
-            observer = self.make_observer(model_runner.device)
+            observer = self.make_observer(model_runner.device, dp_size=signed_dp_size(model_runner.vllm_config))
             for idx, layer in enumerate(layers):
                 layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, observer, self.own_rows, idx)
         logger.info(
             "%s",
             startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"),
         )
+
+
+def signed_dp_size(vllm_config) -> int:
+    """The DP size the observer's DP signature has: the engine's, where vLLM-Ascend all-reduces each
+    step's tokens per DP rank (the same vector on every engine); 1 (no signature, dumps aligned by
+    stamps alone) where it skips that all-reduce (MC2-only KV consumers: each rank's vector is local)."""
+    from vllm_ascend.utils import should_skip_allreduce_across_dp_group
+
+    dp = vllm_config.parallel_config.data_parallel_size
+    return 1 if dp <= 1 or should_skip_allreduce_across_dp_group(vllm_config) else dp
 
 
 def _capture(observer, own: OwnRows, moe_idx: int, ids) -> None:
