@@ -66,16 +66,16 @@ def cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)
 
 
-def tiny_model_and_layout(root: Path, entries: int, num_redundant: int, ep_size: int):
-    """The generated tiny Qwen3-MoE in ``root/model`` and a layout fitted for it on skewed counts of
-    ``entries`` passes: (model folder, layout, the layout's native file)."""
+def tiny_model_and_layout(root: Path, entries: int, num_redundant: int, ep_size: int, spec=None):
+    """The generated tiny Qwen3-MoE in ``root/model`` (``spec``, default ``TinyMoeSpec()``) and a layout
+    fitted for it on skewed counts of ``entries`` passes: (model folder, layout, the layout's native file)."""
     from vllm_scene_eplb.counts import Counts
     from vllm_scene_eplb.fit import FitOptions, fit
     from vllm_scene_eplb.formats import write_layout
     from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
     from vllm_scene_eplb.layout import Geometry
 
-    spec = TinyMoeSpec()
+    spec = spec or TinyMoeSpec()
     model = make_tiny_moe(root / "model", spec)
     counts = Counts(skewed_counts(entries, spec.num_layers, spec.num_experts, top_k=2))
     layout = fit(counts, FitOptions(Geometry(spec.num_experts, num_redundant=num_redundant, ep_size=ep_size)))

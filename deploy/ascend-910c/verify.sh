@@ -35,7 +35,7 @@ case "$SIDE" in
 esac
 P_URL=$URL
 N=${N:-64}; C=${C:-16}; IN_LEN=${IN_LEN:-4096}; CARDS=${CARDS:-8}; MIN_RATIO=${MIN_RATIO:-0.98}; TOLERANCE=${TOLERANCE:-0.02}
-SHORT_LEN=${SHORT_LEN:-256}; GRAPH_OUT_LEN=${GRAPH_OUT_LEN:-16}; ROUNDS=${ROUNDS:-3}; START_TIMEOUT=${START_TIMEOUT:-3600}
+SHORT_LEN=${SHORT_LEN:-256}; MC2_CHUNK=${MC2_CHUNK:-2048}; GRAPH_OUT_LEN=${GRAPH_OUT_LEN:-16}; ROUNDS=${ROUNDS:-3}; START_TIMEOUT=${START_TIMEOUT:-3600}
 D_IN_LEN=${D_IN_LEN:-1024}; D_OUT_LEN=${D_OUT_LEN:-256}
 if [ "$SIDE" = d ]; then  # the recorded load, its totals and the throughput measure of each side
   RECORD_LOAD=("$D_IN_LEN" "$D_OUT_LEN"); TOTALS=(--decode); METRIC=output_throughput_per_card
@@ -130,7 +130,7 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
   fi
   # 5. mc2: short prompts with MC2 prefill (P)
   if [ "$SIDE" = d ]; then :
-  elif step start-mc2 start_p collect PREFILL_MC2=1 && record mc2 $(load "$SHORT_LEN" 1); then
+  elif step start-mc2 start_p collect PREFILL_MC2=1 CHUNK="$MC2_CHUNK" && record mc2 $(load "$SHORT_LEN" 1); then
     step mc2 python -m vllm_scene_eplb.client.verify totals "$(counts_of mc2)" "$OUT/mc2-metrics-before.txt" \
       "$OUT/mc2-metrics-after.txt" || true
   else
