@@ -39,7 +39,7 @@ from vllm_ascend.quantization.methods.w8a8_dynamic import AscendW8A8DynamicFused
 from vllm_ascend.ops.fused_moe import experts_selector
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
-from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, _capture
+from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, AscendRuntime, _capture
 from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
 from vllm_scene_eplb.runtime.observer import RoutingObserver
 
@@ -85,7 +85,9 @@ for comm, (dp, tp), kind in itertools.product(["MC2", "ALLTOALL", "ALLGATHER"], 
         layer = SimpleNamespace(w13_weight=torch.zeros(1), w2_weight=torch.zeros(1), w13_weight_scale_fp32=torch.ones(1),
                                 w2_weight_scale=torch.ones(1), swiglu_limit=0.0, layer_id=0,
                                 vllm_config=vc, **extra)
-        layer.__dict__[CAPTURE_ATTR] = partial(_capture, observer, own, 0)   # what AscendRuntime.bind installs
+        rt = SimpleNamespace(own_rows=own, _pass_comm=None)      # the runtime's parts _capture reads
+        rt.note_comm = partial(AscendRuntime.note_comm, rt)
+        layer.__dict__[CAPTURE_ATTR] = partial(_capture, rt, observer, 0)   # what AscendRuntime.bind installs
         standin = FusedExpertsStandIn()
         afc.get_dp_group = lambda: SimpleNamespace(world_size=dp)
         afc.get_tensor_model_parallel_world_size = lambda: tp
@@ -113,7 +115,8 @@ for comm, (dp, tp), kind in itertools.product(["MC2", "ALLTOALL", "ALLGATHER"], 
         observer.stop()
         got += observer.snapshot().logical.sum(dim=(0, 1)).to(torch.int64)
         pseudo = int((standin.ids >= E).sum())
-    results.append({{"comm": comm, "dp": dp, "tp": tp, "kind": kind, "want": want.tolist(), "got": got.tolist(),
+        seen = rt._pass_comm                       # the comm method the runtime read from the forward context
+    results.append({{"comm": comm, "seen": seen, "dp": dp, "tp": tp, "kind": kind, "want": want.tolist(), "got": got.tolist(),
                      "pseudo_ids_seen": pseudo, "padding_rows": sum(padded) - sum(real)}})
 print(json.dumps(results))
 """
@@ -134,6 +137,7 @@ def test_recorded_counts_equal_the_real_select_experts_ids_of_real_tokens(record
     assert len(rows) == 3 * 4 * 2
     for row in rows:
         assert row["got"] == row["want"], row
+        assert row["seen"] == row["comm"]  # what the mc2 check's log line names
         assert sum(row["want"]) > 0 and row["padding_rows"] > 0
     # W8A8 with mix_placement handed pseudo ids on to fused_experts; none reached the counts
     assert all(row["pseudo_ids_seen"] > 0 for row in rows if row["kind"] == "w8a8_dynamic")
@@ -146,7 +150,7 @@ import vllm_scene_eplb.adapters.entry as entry
 entry.register()
 import vllm_ascend.ascend_forward_context as afc
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-from vllm_scene_eplb.adapters.vllm_ascend.runtime import _capture
+from vllm_scene_eplb.adapters.vllm_ascend.runtime import AscendRuntime, _capture
 from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
 from vllm_scene_eplb.runtime.observer import RoutingObserver
 
@@ -158,9 +162,11 @@ afc.get_dp_group = lambda: SimpleNamespace(world_size=1)
 afc.get_tensor_model_parallel_world_size = lambda: 1
 observer = RoutingObserver(2, {E}, 4)
 observer.start()
+rt = SimpleNamespace(own_rows=OwnRows(0, 1, 0, 1), _pass_comm=None)
+rt.note_comm = lambda: AscendRuntime.note_comm(rt)
 with set_current_vllm_config(vc), afc.set_ascend_forward_context(None, vc, num_tokens=8, num_actual_tokens=6):
-    _capture(observer, OwnRows(0, 1, 0, 1), 0, torch.zeros(8, 2, dtype=torch.int32))   # the MC2 rows: counted
-    _capture(observer, OwnRows(0, 1, 0, 1), 1, torch.zeros(5, 2, dtype=torch.int32))   # 5 rows where MC2 has 8: skipped
+    _capture(rt, observer, 0, torch.zeros(8, 2, dtype=torch.int32))   # the MC2 rows: counted
+    _capture(rt, observer, 1, torch.zeros(5, 2, dtype=torch.int32))   # 5 rows where MC2 has 8: skipped
 observer.end_step()
 observer.stop()
 st = observer.status()

@@ -153,3 +153,10 @@ def aggregate_status(statuses: list[dict]) -> dict:
         RANKS_KEY: [{k: st.get(k) for k in RANK_KEYS} for st in ranked],
         AGREE_KEY: all(st.get(k) == first.get(k) for st in ranked for k in AGREEMENT_KEYS),
     }
+
+
+# ---------------------------------------------------------------- vLLM-Ascend's MoE comm method (helper "ascend")
+# The line each vLLM-Ascend worker logs the first time a real (non-dummy) pass ran a MoE comm method
+# (MC2, FUSED_MC2, ALLTOALL, ALLGATHER), and how verify.sh's mc2 check finds it in a server log.
+COMM_METHOD_LINE = "scene-eplb: MoE comm method %s in a real pass"
+COMM_METHOD_RE = re.compile(r"scene-eplb: MoE comm method (\w+) in a real pass")

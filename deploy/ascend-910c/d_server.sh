@@ -17,6 +17,7 @@ ADDITIONAL=$(server_config decode "$MODE" "${2:-}") || { echo "d_server.sh: see 
 CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${D_PORT:-8200}"
   --data-parallel-size "$D_DP" --tensor-parallel-size "$D_TP" --enable-expert-parallel
   --max-model-len "$D_MAX_MODEL_LEN" --max-num-seqs "$D_MAX_NUM_SEQS"
+  --cudagraph-metrics  # logs which passes replayed a graph, padded how (verify.sh's graph check reads it)
   --no-enable-prefix-caching --quantization ascend
   --kv-transfer-config "$(kv_transfer_config kv_consumer "${D_KV_PORT:-20002}" d0)"
   --additional-config "$ADDITIONAL")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ...config import kv_role_of, parse_config
 from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
-from ...protocol import startup_line
+from ...protocol import COMM_METHOD_LINE, startup_line
 from ...runtime.export import Exporter, group_maker
 from ...runtime.observer import NullObserver
 from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
@@ -46,6 +46,24 @@ class AscendRuntime(RecorderRuntime):
     own_rows: OwnRows  # where this rank's own real rows are in what it routes
     layers: list = field(default_factory=list)  # the bound main-model MoE layers, in order
     native: NativeWindow | None = None  # vLLM-Ascend's own counters over the last record
+    comm_seen: dict = field(default_factory=dict)  # MoE comm method -> real passes that ran it (eager passes)
+    _pass_comm: str | None = None  # the comm method of the pass being run, where its Python ran
+
+    def note_comm(self) -> None:
+        """Remember the MoE comm method of the pass being run (host, at the first MoE layer: in eager
+        passes every pass, under graphs only when captured, as a replay runs no Python)."""
+        from vllm_ascend.ascend_forward_context import _EXTRA_CTX
+
+        self._pass_comm = _EXTRA_CTX.moe_comm_type.name
+
+    def end_step(self, is_dummy: bool) -> None:
+        """``RecorderRuntime.end_step``; a real pass's comm method is tallied, and logged the first time."""
+        super().end_step(is_dummy)
+        comm, self._pass_comm = self._pass_comm, None
+        if comm is not None and not is_dummy:
+            if comm not in self.comm_seen:
+                logger.info(COMM_METHOD_LINE, comm)
+            self.comm_seen[comm] = self.comm_seen.get(comm, 0) + 1
 
     def control(self, action: str, *args) -> dict:
         """``RecorderRuntime.control``; a record's start and stop also read vLLM-Ascend's own counters."""
@@ -78,7 +96,7 @@ class AscendRuntime(RecorderRuntime):
         else:
             observer = self.make_observer(model_runner.device, dp_size=signed_dp_size(model_runner.vllm_config))
             for idx, layer in enumerate(layers):
-                layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, observer, self.own_rows, idx)
+                layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, self, observer, idx)
         logger.info(
             "%s",
             startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"),
@@ -95,10 +113,12 @@ def signed_dp_size(vllm_config) -> int:
     return 1 if dp <= 1 or should_skip_allreduce_across_dp_group(vllm_config) else dp
 
 
-def _capture(observer, own: OwnRows, moe_idx: int, ids) -> None:
+def _capture(rt: AscendRuntime, observer, moe_idx: int, ids) -> None:
     """Count this rank's own rows of the layer's ids, or mark the layer's pass skipped where the rows
     do not follow the comm method's rule (decided when traced: a captured graph replays it)."""
-    mine = own_rows_from_context(own, ids)
+    if moe_idx == 0:
+        rt.note_comm()
+    mine = own_rows_from_context(rt.own_rows, ids)
     if mine is None:
         observer.skip(moe_idx)
     else:
