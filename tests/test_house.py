@@ -31,6 +31,7 @@ PURE = (
     "harness.results",
     "harness.compare",
     "runtime.layout_check",
+    "sizing",
 )
 
 

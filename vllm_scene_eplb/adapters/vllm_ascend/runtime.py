@@ -95,12 +95,22 @@ class AscendRuntime(RecorderRuntime):
             self.observer = NullObserver(self.role, self.config.ring_entries)
         else:
             observer = self.make_observer(model_runner.device, dp_size=signed_dp_size(model_runner.vllm_config))
+            observer.reserve(largest_pass_ids(model_runner.vllm_config, self.model.top_k or 1))
             for idx, layer in enumerate(layers):
                 layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, self, observer, idx)
         logger.info(
             "%s",
             startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"),
         )
+
+
+def largest_pass_ids(vllm_config, top_k: int) -> int:
+    """The most (token, id) pairs one MoE layer routes in a pass: the batch budget (or the MC2
+    capacity, if larger), DP-gathered under ALLGATHER, times top-k plus a shared-expert pseudo id."""
+    from vllm_ascend.ascend_forward_context import get_mc2_tokens_capacity
+
+    tokens = max(vllm_config.scheduler_config.max_num_batched_tokens, get_mc2_tokens_capacity() or 0)
+    return tokens * vllm_config.parallel_config.data_parallel_size * (top_k + 1)
 
 
 def signed_dp_size(vllm_config) -> int:
@@ -122,7 +132,8 @@ def _capture(rt: AscendRuntime, observer, moe_idx: int, ids) -> None:
     if mine is None:
         observer.skip(moe_idx)
     else:
-        observer.capture(moe_idx, ids, own_rows=mine)
+        rows, real = mine
+        observer.capture(moe_idx, ids[rows], own_rows=real)
 
 
 class LayerIds:
