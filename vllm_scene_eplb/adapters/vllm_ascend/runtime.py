@@ -24,6 +24,7 @@ from ...protocol import COMM_METHOD_LINE, startup_line
 from ...runtime.export import Exporter, group_maker
 from ...runtime.observer import NullObserver
 from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
+from . import moe_time
 from .dynamic import virtual_ids_for
 from .moe_hooks import FUSED_MOE_MODULE
 from .native_load import NativeWindow
@@ -46,6 +47,7 @@ class AscendRuntime(RecorderRuntime):
     own_rows: OwnRows  # where this rank's own real rows are in what it routes
     layers: list = field(default_factory=list)  # the bound main-model MoE layers, in order
     native: NativeWindow | None = None  # vLLM-Ascend's own counters over the last record
+    timer: moe_time.MoeTimer | None = None  # time_moe: NPU event pairs around each layer's experts
     comm_seen: dict = field(default_factory=dict)  # MoE comm method -> real passes that ran it (eager passes)
     _pass_comm: str | None = None  # the comm method of the pass being run, where its Python ran
 
@@ -57,7 +59,10 @@ class AscendRuntime(RecorderRuntime):
         self._pass_comm = _EXTRA_CTX.moe_comm_type.name
 
     def end_step(self, is_dummy: bool) -> None:
-        """``RecorderRuntime.end_step``; a real pass's comm method is tallied, and logged the first time."""
+        """``RecorderRuntime.end_step``; with ``time_moe`` the pass before's expert seconds first (read a
+        step later, no wait in the forward); a real pass's comm method is tallied, and logged the first time."""
+        if self.timer is not None:
+            self.timer.flush(self.observer.add_moe_seconds)
         super().end_step(is_dummy)
         comm, self._pass_comm = self._pass_comm, None
         if comm is not None and not is_dummy:
@@ -98,6 +103,13 @@ class AscendRuntime(RecorderRuntime):
             observer.reserve(largest_pass_ids(model_runner.vllm_config, self.model.top_k or 1))
             for idx, layer in enumerate(layers):
                 layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, self, observer, idx)
+            if self.config.time_moe:
+                from vllm_ascend.ascend_config import get_ascend_config
+
+                moe_time.refuse_fused_mc2(get_ascend_config())
+                moe_time.install()
+                self.timer = moe_time.MoeTimer()
+                moe_time.bind(self.timer, layers)
         logger.info(
             "%s",
             startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"),
@@ -185,11 +197,6 @@ def configure(vllm_config, engine: str) -> NullRecorderRuntime | AscendRuntime:
         return _current
     from vllm.distributed import get_ep_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
-    if cfg.time_moe:
-        raise SceneEplbError(
-            "scene_eplb.time_moe is not built for vLLM-Ascend yet (NPU expert timing with device events "
-            "in eager passes); remove it from --additional-config"
-        )
     pc = vllm_config.parallel_config
     role = cfg.resolve_role(kv_role_of(vllm_config))
     model = from_hf_config(vllm_config.model_config.hf_config.to_dict(), vllm_config.model_config.model)
