@@ -123,9 +123,10 @@ def layout_for_another_ep_size_stops_startup(model, workdir, name: str, engine_a
 @contextlib.contextmanager
 def small_tmpfs(where: Path, size: str):
     """A tmpfs of ``size`` mounted at ``where`` (made if missing): a disk that fills up or is made
-    read-only. Mounting needs root, which CI has; elsewhere the test is skipped, and says so."""
+    read-only. Mounting needs root, which CI has; elsewhere the test fails and says so (a test that
+    cannot run is not a pass)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+        pytest.fail("mounting a small tmpfs needs root (CI runs as root): run this test as root")
     where.mkdir(exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
     try:
