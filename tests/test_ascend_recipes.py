@@ -20,7 +20,6 @@ The model is the tests' generated one (8 experts), so layouts are fitted for it 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys

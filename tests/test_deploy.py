@@ -273,7 +273,9 @@ def test_preflight_refuses_the_old_p_and_d_recipes_with_the_numbers():
 def test_preflight_passes_the_new_defaults_and_the_recipes_run_it():
     """The defaults of env.sh (P DP2 x TP8 eager, D DP4 x TP4) fit, and each recipe runs the preflight
     before the server: HCCL_BUFFSIZE comes from it; a side set back to TP1 stops the recipe, exit 2."""
-    p = _preflight("--dp", "2", "--tp", "8", "--redundant", "16", "--max-model-len", "32768", "--max-num-seqs", "1", "--enforce-eager")
+    p = _preflight(
+        "--dp", "2", "--tp", "8", "--redundant", "16", "--max-model-len", "32768", "--max-num-seqs", "1", "--enforce-eager"
+    )
     assert p.returncode == 0 and "the recipe fits" in p.stdout, p.stderr
     d = _preflight("--dp", "4", "--tp", "4", "--max-model-len", "8192", "--max-num-seqs", "16", "--json")
     fit = json.loads(d.stdout)
@@ -281,10 +283,15 @@ def test_preflight_passes_the_new_defaults_and_the_recipes_run_it():
     assert _dry("p_server.sh", "layout", "/data/se/layout.json").startswith("HCCL_BUFFSIZE=200 ")
     assert _dry("d_server.sh", "collect").startswith("HCCL_BUFFSIZE=200 ")
     for script, side in (("p_server.sh", {"P_DP": "16", "P_TP": "1"}), ("d_server.sh", {"D_DP": "16", "D_TP": "1"})):
-        res = subprocess.run(["bash", str(DEPLOY / script), "plain"], capture_output=True, text=True, env=_env(**side), timeout=60)
+        res = subprocess.run(
+            ["bash", str(DEPLOY / script), "plain"], capture_output=True, text=True, env=_env(**side), timeout=60
+        )
         assert res.returncode == 2 and "preflight refuses DP16 x TP1" in res.stderr and "the recipe does not fit" in res.stderr
     mc2 = subprocess.run(
-        ["bash", str(DEPLOY / "p_server.sh"), "collect"], capture_output=True, text=True, env=_env(PREFILL_MC2="1", HCCL_BUFFSIZE="200")
+        ["bash", str(DEPLOY / "p_server.sh"), "collect"],
+        capture_output=True,
+        text=True,
+        env=_env(PREFILL_MC2="1", HCCL_BUFFSIZE="200"),
     )
     assert mc2.returncode == 2 and "HCCL_BUFFSIZE 200 MB is below" in mc2.stderr
 
@@ -293,7 +300,9 @@ def test_network_settings_are_checked_and_what_is_missing_said_in_one_line(tmp_p
     """env.sh's check_network: every unset or wrong network variable in one line; a dry run goes on
     (warned), a real start stops; with every one set right it is silent."""
     script = f'source "{DEPLOY}/env.sh"; check_network; echo "rc=$?"'
-    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**_env(), "MOONCAKE_LIB_DIR": str(tmp_path)})
+    res = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env={**_env(), "MOONCAKE_LIB_DIR": str(tmp_path)}
+    )
     line = [x for x in res.stderr.splitlines() if "network not set up" in x]
     assert len(line) == 1 and "rc=0" in res.stdout  # a dry run: warned, not stopped
     for name in ("HCCL_IF_IP unset", "GLOO_SOCKET_IFNAME unset", "HCCL_SOCKET_IFNAME unset", "TP_SOCKET_IFNAME unset"):
@@ -303,7 +312,11 @@ def test_network_settings_are_checked_and_what_is_missing_said_in_one_line(tmp_p
     ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split() or ["127.0.0.1"]
     good = {"HCCL_IF_IP": ip[0], "GLOO_SOCKET_IFNAME": "lo", "HCCL_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
     real = {**_env(), "DRY_RUN": "0", "MOONCAKE_LIB_DIR": str(tmp_path)}
-    ok = subprocess.run(["bash", "-c", script + '; echo "$LD_LIBRARY_PATH"'], capture_output=True, text=True, env={**real, **good})
+    ok = subprocess.run(
+        ["bash", "-c", script + '; echo "$LD_LIBRARY_PATH"'], capture_output=True, text=True, env={**real, **good}
+    )
     assert "rc=0" in ok.stdout and "network" not in ok.stderr and str(tmp_path) in ok.stdout
-    bad = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**real, **good, "TP_SOCKET_IFNAME": "nosuch0"})
+    bad = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env={**real, **good, "TP_SOCKET_IFNAME": "nosuch0"}
+    )
     assert "rc=1" in bad.stdout and "TP_SOCKET_IFNAME nosuch0 is not a NIC of this host" in bad.stderr

@@ -126,9 +126,7 @@ def non_routed_bytes(cfg: dict, modelslim: dict | None, tp: int, path: str | Non
     dense_mlp = dense * math.ceil((2 * _linear(inter, hidden, mlp, b) + _linear(hidden, inter, mlp, b)) / tp)
     moe_layers = layers - dense
     sk = _kind(modelslim, "shared_experts.")
-    shared_mlp = moe_layers * math.ceil(
-        shared * (2 * _linear(moe_inter, hidden, sk, b) + _linear(hidden, moe_inter, sk, b)) / tp
-    )
+    shared_mlp = moe_layers * math.ceil(shared * (2 * _linear(moe_inter, hidden, sk, b) + _linear(hidden, moe_inter, sk, b)) / tp)
     gate = moe_layers * experts * hidden * b
     embed_and_head = 2 * math.ceil(vocab / tp) * hidden * b
     return layers * per_layer_attn + dense_mlp + shared_mlp + gate + embed_and_head

@@ -32,9 +32,7 @@ def add_arguments(p) -> None:
     s.add_argument("--max-model-len", type=integer(1), help="--max-model-len (default: the config's max_position_embeddings)")
     s.add_argument("--max-num-seqs", type=integer(1), required=True, help="--max-num-seqs")
     s.add_argument("--max-num-batched-tokens", type=integer(1), default=8192, help="--max-num-batched-tokens (default 8192)")
-    s.add_argument(
-        "--gpu-memory-utilization", type=number(0.01, 1.0), default=0.9, help="--gpu-memory-utilization (default 0.9)"
-    )
+    s.add_argument("--gpu-memory-utilization", type=number(0.01, 1.0), default=0.9, help="--gpu-memory-utilization (default 0.9)")
     s.add_argument("--enforce-eager", action="store_true", help="no ACL graphs (the MC2 capacity is then max_num_seqs)")
     s.add_argument("--prefill-mc2", action="store_true", help="vLLM-Ascend's enable_prefill_mc2")
     n = p.add_argument_group("the node")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
+from typing import Any
 
 from ...errors import SceneEplbError
 from .moe_hooks import current_layer
@@ -33,16 +34,17 @@ class MoeTimer:
     """The event pairs of the pass being run and of the one before, per MoE layer index."""
 
     def __init__(self) -> None:
-        self._pass: list[tuple[int, object, object]] = []  # (moe_idx, start event, end event)
-        self._previous: list[tuple[int, object, object]] = []
+        self._pass: list[tuple[int, Any, Any]] = []  # (moe_idx, start event, end event): torch.npu.Event
+        self._previous: list[tuple[int, Any, Any]] = []
 
     def around(self, moe_idx: int, call: Callable):
         """``call()`` between two recorded timing events (none while a graph is being captured)."""
         import torch
 
-        if torch.npu.is_current_stream_capturing():
+        npu: Any = getattr(torch, "npu")  # noqa: B009 - torch_npu adds it; mypy's torch has no npu
+        if npu.is_current_stream_capturing():
             return call()
-        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+        start, end = npu.Event(enable_timing=True), npu.Event(enable_timing=True)
         start.record()
         out = call()
         end.record()

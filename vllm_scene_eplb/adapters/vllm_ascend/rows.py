@@ -85,7 +85,11 @@ def own_rows_from_context(own: OwnRows, ids: torch.Tensor) -> tuple[slice, torch
     num_tokens = int(_EXTRA_CTX.num_tokens or rows)
     try:  # no reserved mc2_mask (not a MoE model's runner): every row of the batch is real
         return own.own(
-            _EXTRA_CTX.moe_comm_type.name, rows, _EXTRA_CTX.mc2_mask, num_tokens, int(_EXTRA_CTX.max_tokens_across_dp or num_tokens)
+            _EXTRA_CTX.moe_comm_type.name,
+            rows,
+            _EXTRA_CTX.mc2_mask,
+            num_tokens,
+            int(_EXTRA_CTX.max_tokens_across_dp or num_tokens),
         )
     except ValueError as exc:
         logger.error("scene-eplb: this pass of a MoE layer is not counted (skipped): %s", exc)
