@@ -178,9 +178,10 @@ class RoutingObserver:
             self._ones = torch.ones(ids, dtype=torch.int32, device=self._ones.device)
 
     def _ones_for(self, n: int) -> torch.Tensor:
-        """``n`` ones, a contiguous slice (a view) of the preallocated buffer; a pass larger than any
-        reserved grows it (eager passes only: the profile run, the largest, comes before any capture)."""
-        if n > self._ones.shape[0]:
+        """``n`` ones, a contiguous slice (a view) of the preallocated buffer. An eager pass larger
+        than the reserve grows it; traced by torch.compile nothing is compared with ``n`` (no guard on
+        the token count), so an adapter whose MoE layer is compiled reserves its largest pass at bind."""
+        if not torch.compiler.is_compiling() and n > self._ones.shape[0]:
             self.reserve(max(n, 2 * self._ones.shape[0]))
         return self._ones[:n]
 
