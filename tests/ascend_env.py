@@ -46,8 +46,9 @@ def _index() -> str:
 
 
 def _download(project: str, filename: str, sha256: str) -> bytes:
-    """The file from the package index; the test skips (with the reason) when the index cannot be
-    reached, and fails when the file is not what was pinned."""
+    """The file from the package index (fetched once: the cache keeps what it unpacks). The test
+    fails, never skips, when the index cannot be reached and the cache does not hold the file, and
+    when the file is not what was pinned: a test that cannot run is not a pass."""
     page = f"{_index()}/{project}/"
     try:
         html = urllib.request.urlopen(page, timeout=60).read().decode()
@@ -56,7 +57,10 @@ def _download(project: str, filename: str, sha256: str) -> bytes:
             raise RuntimeError(f"{filename} is not on {page}")
         data = urllib.request.urlopen(link if "://" in link else urllib.request.urljoin(page, link), timeout=600).read()
     except OSError as exc:
-        pytest.skip(f"vLLM-Ascend test artefacts unavailable: cannot fetch {filename} from {page} ({exc})")
+        pytest.fail(
+            f"vLLM-Ascend test artefacts unavailable: {filename} is not in the cache {cache_root()} and cannot be "
+            f"fetched from {page} ({exc}); fill the cache (SCENE_EPLB_CACHE) where the index is reachable"
+        )
     if hashlib.sha256(data).hexdigest() != sha256:
         raise RuntimeError(f"{filename}: SHA-256 mismatch")
     return data

@@ -85,16 +85,16 @@ def cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)
 
 
-def tiny_model_and_layout(root: Path, entries: int, num_redundant: int, ep_size: int):
-    """The generated tiny Qwen3-MoE in ``root/model`` and a layout fitted for it on skewed counts of
-    ``entries`` passes: (model folder, layout, the layout's native file)."""
+def tiny_model_and_layout(root: Path, entries: int, num_redundant: int, ep_size: int, spec=None):
+    """The generated tiny Qwen3-MoE in ``root/model`` (``spec``, default ``TinyMoeSpec()``) and a layout
+    fitted for it on skewed counts of ``entries`` passes: (model folder, layout, the layout's native file)."""
     from vllm_scene_eplb.counts import Counts
     from vllm_scene_eplb.fit import FitOptions, fit
     from vllm_scene_eplb.formats import write_layout
     from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
     from vllm_scene_eplb.layout import Geometry
 
-    spec = TinyMoeSpec()
+    spec = spec or TinyMoeSpec()
     model = make_tiny_moe(root / "model", spec)
     counts = Counts(skewed_counts(entries, spec.num_layers, spec.num_experts, top_k=2))
     layout = fit(counts, FitOptions(Geometry(spec.num_experts, num_redundant=num_redundant, ep_size=ep_size)))
@@ -142,9 +142,10 @@ def layout_for_another_ep_size_stops_startup(model, workdir, name: str, engine_a
 @contextlib.contextmanager
 def small_tmpfs(where: Path, size: str):
     """A tmpfs of ``size`` mounted at ``where`` (made if missing): a disk that fills up or is made
-    read-only. Mounting needs root, which CI has; elsewhere the test is skipped, and says so."""
+    read-only. Mounting needs root, which CI has; elsewhere the test fails and says so (a test that
+    cannot run is not a pass)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+        pytest.fail("mounting a small tmpfs needs root (CI runs as root): run this test as root")
     where.mkdir(exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
     try:

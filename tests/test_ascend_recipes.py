@@ -20,7 +20,6 @@ The model is the tests' generated one (8 experts), so layouts are fitted for it 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from .ascend_env import env as ascend_env
+from .test_deploy import _env as deploy_env
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "ascend-910c"
 
@@ -76,10 +76,10 @@ def _command(script: str, *args: str, **env_extra: str) -> dict:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "DRY_RUN": "1", **env_extra},
+        env=deploy_env(**env_extra),
     )
     assert res.returncode == 0, res.stderr
-    argv = shlex.split(res.stdout)
+    argv = shlex.split(res.stdout)[1:]  # after the HCCL_BUFFSIZE the preflight set
 
     def flag(name):
         return argv[argv.index(name) + 1] if name in argv else None
@@ -95,10 +95,13 @@ def _command(script: str, *args: str, **env_extra: str) -> dict:
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
     """Every recipe (and two that must fail) through the released code, in one process."""
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec
+
     from .conftest import tiny_model_and_layout
 
     root = tmp_path_factory.mktemp("recipes")
-    model, _, layout = tiny_model_and_layout(root, entries=3, num_redundant=8, ep_size=16)
+    spec = TinyMoeSpec(num_heads=8, num_kv_heads=4)  # heads that the recipes' TP8 and TP4 divide
+    model, _, layout = tiny_model_and_layout(root, entries=3, num_redundant=8, ep_size=16, spec=spec)
     # the plugin-off layout run reads the expert map the recipe converts before starting
     subprocess.run(
         [
@@ -124,7 +127,7 @@ def checked(tmp_path_factory):
         "p plain": _command("p_server.sh", "plain", **base),
         # verify.sh's knobs: vLLM-Ascend's counters on (the recipe exports DYNAMIC_EPLB, their config asserts it), MC2 prefill
         "p collect, native EPLB, MC2 prefill": {
-            **_command("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1", **base),
+            **_command("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1", CHUNK="2048", **base),
             "env": {"DYNAMIC_EPLB": "true"},
         },
         "p plain, native EPLB": {**_command("p_server.sh", "plain", NATIVE_EPLB="1", **base), "env": {"DYNAMIC_EPLB": "true"}},
@@ -135,7 +138,7 @@ def checked(tmp_path_factory):
     old = dict(recipes["p collect"], kv={k: v for k, v in recipes["p collect"]["kv"].items() if k != "kv_connector_extra_config"})
     wrong = json.loads(json.dumps(recipes["d plain"]))
     wrong["kv"]["kv_connector_extra_config"]["decode"]["dp_size"] = 8
-    cases = {**recipes, "old json (no extra config)": old, "decode side sized 8, server 16": wrong}
+    cases = {**recipes, "old json (no extra config)": old, "decode side sized 8, server 4": wrong}
     res = subprocess.run(
         [sys.executable, "-c", CHECK, json.dumps(cases), str(model)],
         capture_output=True,
@@ -165,5 +168,5 @@ def test_every_recipe_passes_the_released_engine_checks(checked):
 def test_the_old_json_and_a_mismatched_side_fail_the_same_checks(checked):
     _, out, _, _ = checked
     assert not out["old json (no extra config)"]["ok"] and out["old json (no extra config)"]["error"].startswith("AssertionError")
-    bad = out["decode side sized 8, server 16"]
+    bad = out["decode side sized 8, server 4"]
     assert not bad["ok"] and "conflicting data parallel size" in bad["error"]

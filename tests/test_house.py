@@ -34,6 +34,7 @@ PURE = (
     "harness.results",
     "harness.compare",
     "runtime.layout_check",
+    "sizing",
 )
 
 

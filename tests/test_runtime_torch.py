@@ -260,3 +260,53 @@ def test_static_map_loads_the_layouts_fitted_table():
     assert np.bincount(even, minlength=8).max() == 2  # the even split: ceil(8 / 5)
     with pytest.raises(SceneEplbError, match="serve 7 source ranks"):
         Layout(p2l, g, static_sources=np.array([[3, 1, 1, 1, 1, 8, 8, 8]]))
+
+
+# (comm, tp_rank, tp_size, dp_rank, dp_size, routed rows, mc2_mask real rows of its length or None,
+#  num_tokens, max_tokens_across_dp, the rows of the routed ids that are this rank's real tokens)
+OWN_ROWS_CASES = {
+    "MC2 tp 1/2": ("MC2", 1, 2, 0, 1, 4, (5, 8), 8, 8, range(0, 1)),  # rows 4-7 of 8, row 4 real
+    "FUSED_MC2 tp 0/2": ("FUSED_MC2", 0, 2, 0, 1, 4, (3, 8), 8, 8, range(0, 3)),
+    "ALLTOALL tp 1/4, padded to the TP size": ("ALLTOALL", 1, 4, 0, 1, 1, (2, 2), 3, 3, range(0, 1)),  # global row 1: real
+    "ALLTOALL tp 3/4, past the mask's end": ("ALLTOALL", 3, 4, 0, 1, 1, (2, 2), 3, 3, range(0, 0)),
+    "ALLTOALL tp 0/2": ("ALLTOALL", 0, 2, 0, 1, 3, (2, 6), 6, 6, range(0, 2)),
+    "ALLGATHER dp 1/2 tp 0": ("ALLGATHER", 0, 2, 1, 2, 12, (4, 6), 6, 6, range(6, 10)),
+    "ALLGATHER dp 1/2 tp 1 (counts nothing)": ("ALLGATHER", 1, 2, 1, 2, 12, (4, 6), 6, 6, range(0, 0)),
+    "ALLGATHER, no mc2_mask": ("ALLGATHER", 0, 1, 0, 2, 10, None, 5, 5, range(0, 5)),
+}
+
+
+@pytest.mark.parametrize("case", list(OWN_ROWS_CASES))
+def test_vllm_ascend_own_rows_and_capture_stay_within_four_ops_on_every_path(case):
+    """The own-rows path of vLLM-Ascend (``rows.OwnRows``, every comm method) plus the capture, with
+    int32 ids as vLLM-Ascend gives them: at most four device ops in all (the rows and the mask are
+    slices), no sync, and exactly the rows the comm method's rule names are counted."""
+    from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
+
+    comm, tp_rank, tp, dp_rank, dp, rows, mask, num_tokens, block, want_rows = OWN_ROWS_CASES[case]
+    real = None if mask is None else torch.arange(mask[1]) < mask[0]
+    ids = torch.randint(0, 4, (rows, 2), dtype=torch.int32, generator=torch.Generator().manual_seed(5))
+    own = OwnRows(tp_rank, tp, dp_rank, dp)
+    obs = RoutingObserver(1, 4, 2)
+
+    def call():
+        counted, mine = own.own(comm, rows, real, num_tokens, block)
+        obs.capture(0, ids[counted], own_rows=mine)
+
+    call()  # warm
+    obs.pass_counts.zero_()
+    ops = _top_level_ops(call)
+    assert len(ops) <= MAX_CAPTURE_OPS, ops
+    assert not {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::zeros", "aten::cat"} & set(ops)
+    want = torch.bincount(ids[list(want_rows)].flatten().to(torch.int64), minlength=4)
+    assert obs.pass_counts[0, :4].tolist() == want.tolist()
+
+
+def test_the_capture_reserves_its_ones_and_grows_them_only_past_the_reserve():
+    obs = RoutingObserver(1, 4, 2)
+    obs.reserve(10_000)
+    buffer = obs._ones
+    obs.capture(0, torch.zeros(4000, 2, dtype=torch.int32))
+    assert obs._ones is buffer and int(obs.pass_counts[0, 0]) == 8000
+    obs.capture(0, torch.zeros(6000, 2, dtype=torch.int32))  # 12,000 ids: an eager pass past the reserve
+    assert obs._ones.shape[0] >= 12_000 and int(obs.pass_counts[0, 0]) == 20_000

@@ -83,9 +83,82 @@ def test_native_fails_when_we_count_more_than_the_engine_or_shares_differ(tmp_pa
     assert "worst share distance" in capsys.readouterr().out
 
 
-def test_native_skips_where_the_engine_has_no_counters(tmp_path, capsys):
-    assert main(["native", _dump(tmp_path), _native(tmp_path, None, available=False)]) == 0
-    assert capsys.readouterr().out.startswith("SKIP dump vs vLLM-Ascend's moe_load: vLLM-Ascend keeps no moe_load")
+def test_native_unavailable_fails_unless_the_operator_waives_it(tmp_path, capsys):
+    assert main(["native", _dump(tmp_path), _native(tmp_path, None, available=False)]) == 1
+    assert capsys.readouterr().out.startswith("FAIL dump vs vLLM-Ascend's moe_load: vLLM-Ascend keeps no moe_load")
+    assert main(["native", _dump(tmp_path), _native(tmp_path, None, available=False), "--waive-unavailable"]) == 0
+    assert "(waived by the operator)" in capsys.readouterr().out
+
+
+def _record(tmp_path, mask_all_real: bool):
+    """A dump of three padded passes (MC2 batches of 8 rows, 5, 3 and 6 of them real) through the
+    plugin's observer: with the forward context's real-row mask, or with every row marked real."""
+    import torch
+
+    from vllm_scene_eplb.runtime.observer import RoutingObserver
+
+    observer = RoutingObserver(2, 8, 4)
+    observer.start()
+    for real in (5, 3, 6):
+        mask = torch.ones(8, dtype=torch.bool) if mask_all_real else torch.arange(8) < real
+        for layer in (0, 1):
+            observer.capture(layer, torch.randint(0, 8, (8, 2), dtype=torch.int32), own_rows=mask)
+        observer.end_step()
+    observer.stop()
+    counts = torch.zeros((4, 4, 8), dtype=torch.int64)
+    counts[: observer.snapshot().logical.shape[0], 1:3] = observer.snapshot().logical
+    path = write_counts(Counts(counts.numpy(), {"top_k": 2, "moe_layers": [1, 2]}), tmp_path / "rec.npz")
+    (tmp_path / "before.txt").write_text(METRICS.format(a=100.0, b=50.0))
+    (tmp_path / "after.txt").write_text(METRICS.format(a=110.0, b=54.0))  # 14 real prompt tokens
+    return [str(path), str(tmp_path / "before.txt"), str(tmp_path / "after.txt")]
+
+
+def test_totals_fail_when_the_mask_marks_every_row_real(tmp_path, capsys):
+    """A padded load is what makes totals able to fail: the real-row mask passes, an all-rows-real
+    mask counts the padding rows and fails."""
+    assert main(["totals", *_record(tmp_path, mask_all_real=False)]) == 0
+    capsys.readouterr()
+    assert main(["totals", *_record(tmp_path, mask_all_real=True)]) == 1
+    assert "off: [(1, 48), (2, 48)]" in capsys.readouterr().out
+
+
+GRAPH_LOG = """INFO 12-01 10:00:00 [loggers.py:257] **CUDAGraph Config Settings:**
+
+- Mode: FULL_AND_PIECEWISE
+- Capture sizes: [1, 2, 4, 8, 16, 24, 32]
+
+**CUDAGraph Stats:**
+
+| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |
+|-----------------|---------------|--------------|--------------|-------|
+{rows}
+"""
+
+
+def test_graph_passes_on_padded_replays_and_fails_without_replay(tmp_path, capsys):
+    log = tmp_path / "d.log"
+    log.write_text(GRAPH_LOG.format(rows="| 12 | 16 | 4 | FULL | 120 |\n| 16 | 16 | 0 | FULL | 30 |"))
+    assert main(["graph", str(log)]) == 0 and "150 graph passes (120 padded)" in capsys.readouterr().out
+    log.write_text(GRAPH_LOG.format(rows="| 12 | 12 | 0 | NONE | 150 |"))  # eager: nothing replayed
+    assert main(["graph", str(log)]) == 1 and "no pass replayed a graph" in capsys.readouterr().out
+    log.write_text(GRAPH_LOG.format(rows="| 16 | 16 | 0 | FULL | 150 |"))  # replays, never padded
+    assert main(["graph", str(log)]) == 1 and "no padded replay" in capsys.readouterr().out
+    log.write_text("INFO engine started\n")
+    assert main(["graph", str(log)]) == 1 and "--cudagraph-metrics" in capsys.readouterr().out
+
+
+def test_comm_passes_on_mc2_alone_and_fails_on_the_wrong_comm_method(tmp_path, capsys):
+    from vllm_scene_eplb.protocol import COMM_METHOD_LINE
+
+    log = tmp_path / "p.log"
+    log.write_text(f"(EngineCore_DP0) INFO {COMM_METHOD_LINE % 'MC2'}\n(EngineCore_DP1) INFO {COMM_METHOD_LINE % 'MC2'}\n")
+    assert main(["comm", str(log)]) == 0 and capsys.readouterr().out.startswith("PASS MoE comm method MC2 chosen")
+    log.write_text(f"INFO {COMM_METHOD_LINE % 'ALLTOALL'}\n")
+    assert main(["comm", str(log)]) == 1 and "real passes ran ALLTOALL" in capsys.readouterr().out
+    log.write_text(f"INFO {COMM_METHOD_LINE % 'MC2'}\nINFO {COMM_METHOD_LINE % 'ALLTOALL'}\n")
+    assert main(["comm", str(log)]) == 1
+    log.write_text("INFO nothing\n")
+    assert main(["comm", str(log)]) == 1 and "no MoE comm method" in capsys.readouterr().out
 
 
 def _result(tmp_path, name, prefill):

@@ -39,7 +39,7 @@ from vllm_ascend.quantization.methods.w8a8_dynamic import AscendW8A8DynamicFused
 from vllm_ascend.ops.fused_moe import experts_selector
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
-from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, _capture
+from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, AscendRuntime, _capture
 from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
 from vllm_scene_eplb.runtime.observer import RoutingObserver
 
@@ -85,7 +85,9 @@ for comm, (dp, tp), kind in itertools.product(["MC2", "ALLTOALL", "ALLGATHER"], 
         layer = SimpleNamespace(w13_weight=torch.zeros(1), w2_weight=torch.zeros(1), w13_weight_scale_fp32=torch.ones(1),
                                 w2_weight_scale=torch.ones(1), swiglu_limit=0.0, layer_id=0,
                                 vllm_config=vc, **extra)
-        layer.__dict__[CAPTURE_ATTR] = partial(_capture, observer, own, 0)   # what AscendRuntime.bind installs
+        rt = SimpleNamespace(own_rows=own, _pass_comm=None)      # the runtime's parts _capture reads
+        rt.note_comm = partial(AscendRuntime.note_comm, rt)
+        layer.__dict__[CAPTURE_ATTR] = partial(_capture, rt, observer, 0)   # what AscendRuntime.bind installs
         standin = FusedExpertsStandIn()
         afc.get_dp_group = lambda: SimpleNamespace(world_size=dp)
         afc.get_tensor_model_parallel_world_size = lambda: tp
@@ -113,7 +115,8 @@ for comm, (dp, tp), kind in itertools.product(["MC2", "ALLTOALL", "ALLGATHER"], 
         observer.stop()
         got += observer.snapshot().logical.sum(dim=(0, 1)).to(torch.int64)
         pseudo = int((standin.ids >= E).sum())
-    results.append({{"comm": comm, "dp": dp, "tp": tp, "kind": kind, "want": want.tolist(), "got": got.tolist(),
+        seen = rt._pass_comm                       # the comm method the runtime read from the forward context
+    results.append({{"comm": comm, "seen": seen, "dp": dp, "tp": tp, "kind": kind, "want": want.tolist(), "got": got.tolist(),
                      "pseudo_ids_seen": pseudo, "padding_rows": sum(padded) - sum(real)}})
 print(json.dumps(results))
 """
@@ -134,35 +137,10 @@ def test_recorded_counts_equal_the_real_select_experts_ids_of_real_tokens(record
     assert len(rows) == 3 * 4 * 2
     for row in rows:
         assert row["got"] == row["want"], row
+        assert row["seen"] == row["comm"]  # what the mc2 check's log line names
         assert sum(row["want"]) > 0 and row["padding_rows"] > 0
     # W8A8 with mix_placement handed pseudo ids on to fused_experts; none reached the counts
     assert all(row["pseudo_ids_seen"] > 0 for row in rows if row["kind"] == "w8a8_dynamic")
-
-
-class RunnerStandIn:
-    """A stand-in for vLLM-Ascend's ``NPUModelRunner`` (its module needs NPU-only imports): the three
-    methods the plugin wraps, each running one forward pass that routes ``ids`` through the observer."""
-
-    ids = None
-
-    def __init__(self):
-        self.vllm_config = None
-
-    def load_model(self):
-        self.loaded = True
-
-    def execute_model(self, scheduler_output, intermediate_tensors=None):
-        self._forward()
-        return "output"
-
-    def _dummy_run(self, num_tokens, is_profile=False):
-        self._forward()
-        return "hidden", "hidden"
-
-    def _forward(self):
-        from vllm_scene_eplb.adapters.vllm_ascend import runtime
-
-        runtime.current().observer.capture(0, self.ids)
 
 
 SKIPPED = r"""
@@ -172,7 +150,7 @@ import vllm_scene_eplb.adapters.entry as entry
 entry.register()
 import vllm_ascend.ascend_forward_context as afc
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-from vllm_scene_eplb.adapters.vllm_ascend.runtime import _capture
+from vllm_scene_eplb.adapters.vllm_ascend.runtime import AscendRuntime, _capture
 from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
 from vllm_scene_eplb.runtime.observer import RoutingObserver
 
@@ -184,9 +162,11 @@ afc.get_dp_group = lambda: SimpleNamespace(world_size=1)
 afc.get_tensor_model_parallel_world_size = lambda: 1
 observer = RoutingObserver(2, {E}, 4)
 observer.start()
+rt = SimpleNamespace(own_rows=OwnRows(0, 1, 0, 1), _pass_comm=None)
+rt.note_comm = lambda: AscendRuntime.note_comm(rt)
 with set_current_vllm_config(vc), afc.set_ascend_forward_context(None, vc, num_tokens=8, num_actual_tokens=6):
-    _capture(observer, OwnRows(0, 1, 0, 1), 0, torch.zeros(8, 2, dtype=torch.int32))   # the MC2 rows: counted
-    _capture(observer, OwnRows(0, 1, 0, 1), 1, torch.zeros(5, 2, dtype=torch.int32))   # 5 rows where MC2 has 8: skipped
+    _capture(rt, observer, 0, torch.zeros(8, 2, dtype=torch.int32))   # the MC2 rows: counted
+    _capture(rt, observer, 1, torch.zeros(5, 2, dtype=torch.int32))   # 5 rows where MC2 has 8: skipped
 observer.end_step()
 observer.stop()
 st = observer.status()
@@ -207,41 +187,121 @@ def test_rows_off_the_comm_methods_rule_are_skipped_and_said(tmp_path):
     assert out["per_layer"] == [12, 0]  # layer 0: 6 real rows x top-2; layer 1: nothing
 
 
-def test_a_real_step_commits_once_and_dummy_passes_never(monkeypatch):
-    """execute_model commits its pass, with its scheduled tokens; _dummy_run (profile, capture, idle DP)
-    and a step with no scheduled tokens count nothing but advance the global step (an entry each);
-    load_model configures before and binds after."""
-    from types import SimpleNamespace
+STEPS = r"""
+import json, sys, threading, types
+from types import SimpleNamespace
+import numpy as np, torch, torch.distributed as dist
+import vllm_ascend.patch
+# stand-in for the worker patches' package __init__ only (its Qwen-VL model patches import torchvision,
+# which this machine lacks); the patch modules the model runner imports from it are the real ones
+worker_patches = types.ModuleType("vllm_ascend.patch.worker")
+worker_patches.__path__ = [vllm_ascend.patch.__path__[0] + "/worker"]
+sys.modules["vllm_ascend.patch.worker"] = worker_patches
+import vllm_scene_eplb.adapters.entry as entry
+entry.register()                                   # installs the runner wrappers at its first import
+import vllm_ascend.worker.model_runner_v1 as mr
+from vllm_ascend.worker.worker import NPUWorker
+from vllm_scene_eplb.adapters.vllm_ascend import patches, runtime
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.runtime.export import RankRecord, export_counts
+from vllm_scene_eplb.runtime.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker import RecorderRuntime
 
-    import torch
+Runner = mr.NPUModelRunner
+assert Runner.execute_model.__wrapped__ and Runner._determine_batch_execution_and_padding.__wrapped__
+ITERATIONS = [[0, 3], [0, 2], [4, 1]]              # tokens per DP rank: engine 0 waits for KV twice
+mr.get_pp_group = lambda: SimpleNamespace(world_size=1, is_last_rank=True)   # stand-ins: no PP group,
+mr.has_kv_transfer_group = lambda: True                                       # the Mooncake connector's group
+mr.get_kv_transfer_group = lambda: SimpleNamespace(handle_preemptions=lambda meta: None)
+shared = {{}}                                       # what the DP all-reduce agreed for this iteration
 
-    from vllm_scene_eplb.adapters.vllm_ascend import patches, runtime
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
-
-    observer = RoutingObserver(1, 4, 8)
-    rt = SimpleNamespace(observer=observer, begin_step=observer.begin_step, end_step=observer.end_step, calls=[])
-    rt.bind = lambda runner: rt.calls.append(("bind", runner.loaded))
-    monkeypatch.setattr(runtime, "configure", lambda vc, engine: rt.calls.append(("configure", engine)) or rt)
-    monkeypatch.setattr(runtime, "current", lambda: rt)
-
-    class Runner(RunnerStandIn):
+class Engine:                                      # a runner: vLLM-Ascend's real execute_model where nothing is
+    _start_dump_data = Runner._start_dump_data
+    synchronize_input_prep = Runner.synchronize_input_prep
+    def __init__(self, dp_rank):
+        self.dp_rank, self.no_forward = dp_rank, 0
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(enable_return_routed_experts=False))
+        self.ascend_config = SimpleNamespace(profiling_chunk_config=SimpleNamespace(need_timing=False))
+        self.execute_model_state = self.speculative_config = self.debugger = self.prepare_inputs_event = None
+        self.use_async_scheduling, self.pcp_size, self.decode_token_per_req = False, 1, 1
+        self.parallel_config = SimpleNamespace(distributed_executor_backend="mp", data_parallel_size=2)
+        self.observer = RoutingObserver(1, 4, 8, dp_size=2)
+    def _update_states(self, scheduler_output):
+        return None
+    def kv_connector_no_forward(self, scheduler_output, vllm_config):   # KV still on its way: no forward
+        self.no_forward += 1
+        return "no forward"
+    def _determine_batch_execution_and_padding(self, **kwargs):          # stand-in for the DP metadata sync
+        return None, None, False, torch.tensor(shared["tokens"], dtype=torch.int32), None
+    def _forward(self, n):
+        self._determine_batch_execution_and_padding()
+        self.observer.capture(0, torch.tensor([[self.dp_rank, 3]] * max(n, 1)))
+    def _dummy_run(self, num_tokens, **kwargs):
+        self._forward(0)
+    def execute_model(self, scheduler_output, intermediate_tensors=None):   # scheduled (its early-return path),
+        if scheduler_output.total_num_scheduled_tokens == 0:               # else a stand-in forward
+            return Runner.execute_model.__wrapped__(self, scheduler_output, intermediate_tensors)
+        self._forward(scheduler_output.total_num_scheduled_tokens)
+        return "output"
+    def load_model(self):
         pass
 
-    patches.wrap_model_runner(Runner, "vllm-ascend x")
-    runner = Runner()
-    runner.load_model()
-    assert rt.calls == [("configure", "vllm-ascend x"), ("bind", True)]
-    observer.start()
-    runner.ids = torch.tensor([[0, 1], [1, 2]])
-    assert runner._dummy_run(8, is_profile=True) == ("hidden", "hidden")
-    assert runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=2)) == "output"
-    runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=0))
-    runner._dummy_run(1)
-    observer.stop()
-    assert observer.status().passes_recorded == 1
-    rec = observer.snapshot()
-    assert rec.stamps.tolist() == [0, 1, 2, 3] and rec.tokens == 2  # dummy, real, token-less, dummy
-    assert rec.logical[1, 0].tolist() == [1, 2, 1, 0] and int(rec.logical.sum()) == 4
+patches.wrap_model_runner(Engine, "vllm-ascend test")
+engines = [Engine(0), Engine(1)]
+for e in engines:
+    e.observer.start()
+for tokens in ITERATIONS:                          # one lockstep iteration of vLLM's DP engine loop each
+    shared["tokens"] = tokens
+    for e in engines:
+        runtime._current = SimpleNamespace(begin_step=e.observer.begin_step, end_step=e.observer.end_step,
+                                           note_dp_tokens=e.observer.note_dp_tokens)
+        so = SimpleNamespace(total_num_scheduled_tokens=tokens[e.dp_rank], kv_connector_metadata=object(),
+                             num_scheduled_tokens={{}}, scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_token_ids=[]))
+        out = e.execute_model(so)
+        if tokens[e.dp_rank] == 0:                 # vLLM's DP loop: nothing ran here, a peer has work
+            NPUWorker.execute_dummy_batch(SimpleNamespace(model_runner=e, log_memory_stats=lambda: None))
+for e in engines:
+    e.observer.stop()
+records = [e.observer.snapshot() for e in engines]
+
+def export(stamp_shift):
+    store, results = dist.HashStore(), [None, None]
+    def one(rank):
+        rec = records[rank]
+        group = dist.ProcessGroupGloo(store, rank, 2, __import__("datetime").timedelta(seconds=20))
+        part = RankRecord(rec.logical.to(torch.int64), rec.stamps + (stamp_shift if rank == 0 else 0), rec.signature, rec.passes)
+        try:
+            export_counts(part, group, {path!r} + f"/shift{{stamp_shift}}.npz", {{"role": "decode"}}, 8, (1, 4))
+            results[rank] = "written"
+        except SceneEplbError as exc:
+            results[rank] = str(exc)
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    return results
+
+from vllm_scene_eplb.formats import read_counts
+aligned = export(0)
+print(json.dumps({{"stamps": [r.stamps.tolist() for r in records], "passes": [r.passes for r in records],
+                  "signature": [r.signature.tolist() for r in records], "no_forward": engines[0].no_forward,
+                  "aligned": aligned, "aligned_by": read_counts({path!r} + "/shift0.npz").meta["aligned_by"],
+                  "shifted": export(1)}}))
+"""
+
+
+def test_an_engine_waiting_for_kv_advances_one_step_per_iteration_like_its_peer(tmp_path):
+    """Through vLLM-Ascend's real ``execute_model``: with nothing scheduled it returns through
+    ``kv_connector_no_forward`` without a forward, and vLLM's DP loop runs ``execute_dummy_batch``
+    (real): that dummy pass is the engine's one step, as its busy peer's one real pass is; both carry
+    the iteration's DP tokens (the DP signature), so the dump says ``aligned_by: stamps and DP
+    signatures``; the same records with one engine's stamps shifted (what the old double advance
+    made) fail the export on the signature."""
+    out = run(STEPS.format(path=str(tmp_path)))
+    assert out["no_forward"] == 2
+    assert out["stamps"] == [[0, 1, 2], [0, 1, 2]] and out["passes"] == [1, 3]
+    assert out["signature"] == [[[0, 3], [0, 2], [4, 1]]] * 2
+    assert out["aligned"] == ["written", "written"] and out["aligned_by"] == "stamps and DP signatures"
+    assert all("do not line up across DP engines" in r for r in out["shifted"]), out["shifted"]
 
 
 def test_when_imported_patches_a_module_at_its_first_import(tmp_path, monkeypatch):

@@ -118,10 +118,9 @@ def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None
     return layers * 2 * kv_heads * head_dim * size, f"K and V, {kv_heads} KV heads x {head_dim} per layer, {dtype}"
 
 
-def read_model_memory(
-    model_dir: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes_override: int | None = None
-) -> ModelMemory:
-    """Price a model folder's expert and KV token (see the module docstring)."""
+def read_model_files(model_dir: str | os.PathLike) -> tuple[dict, dict | None, str, int]:
+    """A model folder's text config (with its quantization_config), ModelSlim description (or
+    None), config path and number of MoE layers, the config's MoE fields checked."""
     raw, path = read_hf_config(model_dir)
     geometry = from_hf_config(raw, str(path))  # the config's MoE fields checked first
     cfg = text_config(raw, str(path))
@@ -133,17 +132,25 @@ def read_model_memory(
         modelslim = load_json(slim, MODELSLIM_FILE)
         if not isinstance(modelslim, dict):
             raise SceneEplbError(f"{MODELSLIM_FILE} is not a JSON object", slim)
+    return cfg, modelslim, str(path), len(geometry.moe_layers)
+
+
+def read_model_memory(
+    model_dir: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes_override: int | None = None
+) -> ModelMemory:
+    """Price a model folder's expert and KV token (see the module docstring)."""
+    cfg, modelslim, path, moe_layers = read_model_files(model_dir)
     try:
         if expert_bytes_override is not None:
             if expert_bytes_override <= 0:
                 raise SceneEplbError(f"--expert-bytes must be positive, got {expert_bytes_override}")
             per_expert, fmt = expert_bytes_override, "given (--expert-bytes)"
         else:
-            per_expert, fmt = expert_bytes(cfg, modelslim, str(path))
-        kv, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype, str(path))
+            per_expert, fmt = expert_bytes(cfg, modelslim, path)
+        kv, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype, path)
     except SceneEplbError as exc:
         raise SceneEplbError(exc.problem, path) from None
-    return ModelMemory(per_expert, fmt, kv, kv_fmt, len(geometry.moe_layers))
+    return ModelMemory(per_expert, fmt, kv, kv_fmt, moe_layers)
 
 
 def replica_cost(memory: ModelMemory, slots_per_rank: float) -> dict:

@@ -161,6 +161,12 @@ def aggregate_status(statuses: list[dict]) -> dict:
     }
 
 
+# The line each vLLM-Ascend worker logs the first time a real (non-dummy) pass ran a MoE comm method
+# (MC2, FUSED_MC2, ALLTOALL, ALLGATHER), and how verify.sh's mc2 check finds it in a server log.
+COMM_METHOD_LINE = "scene-eplb: MoE comm method %s in a real pass"
+COMM_METHOD_RE = re.compile(r"scene-eplb: MoE comm method (\w+) in a real pass")
+
+
 # ================================================================ server answers
 # The routes' answers as typed objects: a client reads an answer only through ``from_wire``, which
 # checks every field's type, shape, finiteness and range and names the field at fault in one line

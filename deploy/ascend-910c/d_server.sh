@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The D (decode) server: 8 cards = 16 dies, DP16 with EP16, kv_consumer.
+# The D (decode) server: 8 cards = 16 dies, DP4 x TP4 with EP16 (sized by the preflight), ACL graphs,
+# kv_consumer.
 #   bash d_server.sh collect            # collection run: plugin armed (role decode, recorder idle; a ring
 #                                       # entry sums 16 decode steps, so 512 entries hold minutes)
 #   bash d_server.sh layout LAYOUT.json # layout run: the fitted D layout (256 slots, R = 0: placement only)
@@ -15,9 +16,14 @@ if [ "${NATIVE_EPLB:-0}" = 1 ]; then export DYNAMIC_EPLB=true; fi  # vLLM-Ascend
 ADDITIONAL=$(server_config decode "$MODE" "${2:-}") || { echo "d_server.sh: see above" >&2; exit 2; }
 CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${D_PORT:-8200}"
   --data-parallel-size "$D_DP" --tensor-parallel-size "$D_TP" --enable-expert-parallel
+  --max-model-len "$D_MAX_MODEL_LEN" --max-num-seqs "$D_MAX_NUM_SEQS"
+  --cudagraph-metrics  # logs which passes replayed a graph, padded how (verify.sh's graph check reads it)
   --no-enable-prefix-caching --quantization ascend
   --kv-transfer-config "$(kv_transfer_config kv_consumer "${D_KV_PORT:-20002}" d0)"
   --additional-config "$ADDITIONAL")
+preflight decode "$MODE" "${2:-}" --dp "$D_DP" --tp "$D_TP" --max-model-len "$D_MAX_MODEL_LEN" \
+  --max-num-seqs "$D_MAX_NUM_SEQS" || { echo "d_server.sh: the recipe does not fit (see above)" >&2; exit 2; }
+check_network || { echo "d_server.sh: see above" >&2; exit 2; }
 prepare_layout "$MODE" "${2:-}"
-if [ "${DRY_RUN:-0}" = 1 ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
+if [ "${DRY_RUN:-0}" = 1 ]; then printf 'HCCL_BUFFSIZE=%s ' "$HCCL_BUFFSIZE"; printf '%q ' "${CMD[@]}"; echo; exit 0; fi
 exec "${CMD[@]}"

@@ -16,9 +16,9 @@ for _scene_eplb_env in "$ASCEND_HOME/ascend-toolkit/set_env.sh" "$ASCEND_HOME/nn
   fi
 done
 unset _scene_eplb_env
-# HCCL buffer per communicator, in MB. MoE dispatch/combine (MC2) operators partition this buffer;
-# 200 is vLLM-Ascend's default for its groups. Larger costs 2x per communicator per NPU.
-export HCCL_BUFFSIZE=${HCCL_BUFFSIZE:-200}
+# HCCL buffer per communicator, in MB: MoE dispatch/combine (MC2) operators partition it. Not set
+# here: each server's preflight (below) sets it from its MC2 capacity (at least CANN's 200), and
+# refuses a value set by hand that is below what MC2 needs.
 # Let HCCL expand collectives on the AI vector cores (lower latency for small messages on A3).
 export HCCL_OP_EXPANSION_MODE=${HCCL_OP_EXPANSION_MODE:-AIV}
 # Seconds HCCL waits for all ranks to join; cold P/D starts across 8 cards can exceed the default.
@@ -35,7 +35,66 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
 # The P/D pair's parallel sizes, one place for both servers and for the KV connector's extra config
 # (vLLM-Ascend's MooncakeConnectorV1 asserts that `prefill` and `decode` each carry tp_size and dp_size,
 # and its platform refuses a server whose own size differs from its side's entry).
-export P_DP=${P_DP:-16} P_TP=${P_TP:-1} D_DP=${D_DP:-16} D_TP=${D_TP:-1}
+# Sized to a 64 GB 910C die by `scene-eplb preflight` (DeepSeek-V3 W8A8): at TP1 the non-routed
+# weights (about 18 GiB) and 16-17 expert slots (38-40 GiB) leave no KV cache under 0.9 x 64 GiB, so P
+# runs TP8 (vLLM-Ascend's PD prefill recipe) and D DP4/TP4 (its single-node DeepSeek recipe); EP stays 16.
+export P_DP=${P_DP:-2} P_TP=${P_TP:-8} D_DP=${D_DP:-4} D_TP=${D_TP:-4}
+# Sequence lengths and batch sizes the preflight checks the KV cache against (max_num_seqs sequences
+# of max_model_len tokens each), and the redundant slots of each side's layouts (collect.sh fits them).
+export P_MAX_MODEL_LEN=${P_MAX_MODEL_LEN:-32768} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
+export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16}
+export REDUNDANT=${REDUNDANT:-16} D_REDUNDANT=${D_REDUNDANT:-0}
+# The command that runs this package's CLI (the image's console script; tests point it elsewhere).
+SCENE_EPLB_CLI=${SCENE_EPLB_CLI:-scene-eplb}
+# preflight ROLE MODE LAYOUT ARGS...: `scene-eplb preflight` for one side's recipe (ARGS: its --dp,
+# --tp, --max-model-len, ... as the server gets them); a recipe that does not fit stops here with the
+# numbers, one that fits exports the HCCL_BUFFSIZE its MC2 capacity needs.
+preflight() {
+  local role=$1 mode=$2 layout=$3 slots=(); shift 3
+  if [ "$mode" = layout ] && [ -f "$layout" ]; then slots=(--layout "$layout")
+  elif [ "$mode" = layout ] && [ "$role" = prefill ]; then slots=(--redundant "$REDUNDANT")  # a dry run's layout
+  elif [ "$mode" = layout ]; then slots=(--redundant "$D_REDUNDANT")
+  fi
+  local hccl=()
+  if [ -n "${HCCL_BUFFSIZE:-}" ]; then hccl=(--hccl-buffsize "$HCCL_BUFFSIZE"); fi
+  local line
+  if ! command -v "$SCENE_EPLB_CLI" > /dev/null; then echo "env.sh: $SCENE_EPLB_CLI not found: install vllm_scene_eplb" >&2; return 2; fi
+  line=$("$SCENE_EPLB_CLI" preflight --model "$MODEL" "$@" "${slots[@]}" "${hccl[@]}" --shell -q) || return 2
+  export "${line?}"
+  echo "env.sh: preflight of the $role recipe passed, $line" >&2
+}
+# The network this node's servers talk over: HCCL (device collectives), Gloo (vLLM's CPU groups), the
+# TP socket and Mooncake's transfer engine. One place for all of them; check_network says in one line
+# which are missing or wrong (the servers refuse to start then, a dry run only warns).
+#   HCCL_IF_IP          this node's IP for HCCL's host-side rendezvous
+#   GLOO_SOCKET_IFNAME  the NIC Gloo binds (vLLM's CPU groups, the plugin's export groups)
+#   HCCL_SOCKET_IFNAME  the NIC HCCL's sockets bind
+#   TP_SOCKET_IFNAME    the NIC of vLLM-Ascend's TP/DP socket traffic
+#   MOONCAKE_LIB_DIR    the folder of Mooncake's shared libraries (the installed mooncake package's
+#                       folder by default), put on LD_LIBRARY_PATH for the transfer engine to load
+check_network() {
+  local missing=() nic
+  if [ -z "${MOONCAKE_LIB_DIR:-}" ]; then
+    MOONCAKE_LIB_DIR=$(python -c 'import mooncake, os; print(os.path.dirname(mooncake.__file__))' 2> /dev/null || true)
+  fi
+  if [ -z "${HCCL_IF_IP:-}" ]; then missing+=("HCCL_IF_IP unset")
+  elif command -v hostname > /dev/null && ! hostname -I 2> /dev/null | tr ' ' '\n' | grep -qx "$HCCL_IF_IP"; then
+    missing+=("HCCL_IF_IP $HCCL_IF_IP is not an address of this host")
+  fi
+  for nic in GLOO_SOCKET_IFNAME HCCL_SOCKET_IFNAME TP_SOCKET_IFNAME; do
+    if [ -z "${!nic:-}" ]; then missing+=("$nic unset")
+    elif [ ! -e "/sys/class/net/${!nic}" ]; then missing+=("$nic ${!nic} is not a NIC of this host"); fi
+  done
+  if [ -z "${MOONCAKE_LIB_DIR:-}" ] || ! compgen -G "$MOONCAKE_LIB_DIR/*.so*" > /dev/null; then
+    missing+=("MOONCAKE_LIB_DIR ${MOONCAKE_LIB_DIR:-unset} holds no Mooncake libraries (pip install mooncake-transfer-engine)")
+  else
+    export LD_LIBRARY_PATH="$MOONCAKE_LIB_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  if [ "${#missing[@]}" = 0 ]; then return 0; fi
+  echo "env.sh: network not set up: $(IFS=';'; echo "${missing[*]}") (set them in the environment, see README.md)" >&2
+  [ "${DRY_RUN:-0}" = 1 ]
+}
+export HCCL_IF_IP GLOO_SOCKET_IFNAME HCCL_SOCKET_IFNAME TP_SOCKET_IFNAME MOONCAKE_LIB_DIR
 # kv_transfer_config ROLE PORT ENGINE_ID: the --kv-transfer-config JSON of one side of the pair.
 kv_transfer_config() {
   printf '{"kv_connector": "MooncakeConnectorV1", "kv_role": "%s", "kv_port": "%s", "engine_id": "%s", ' "$1" "$2" "$3"

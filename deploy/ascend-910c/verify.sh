@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # Acceptance of the scene_eplb recorder on a 910C P node (SIDE=p, the default) or D node (SIDE=d). It
 # starts and stops that server itself (p_server.sh or d_server.sh), so run it where that server is not
-# running. One PASS/FAIL/SKIP line per check; any
-# step that fails prints `FAIL <step>: ...`, the checks that need it are skipped with a line, and the
-# script exits non-zero. The checks, in order:
-#   1 audit       P up with the flag (collect mode, vLLM-Ascend's counters on): recorder idle and agreed
-#                 on every rank, no skipped passes since startup
-#   2 totals      a known load (N prompts of IN_LEN tokens, one output token: prefill passes only)
-#                 recorded and dumped; every MoE layer's total = the engine's own prompt-token count
-#                 (vllm:prompt_tokens_total, before/after) x top-k: each real token once, no padding, no dummy
-#   3 native      the same dump against vLLM-Ascend's own moe_load counters over the record (p_server.sh's
-#                 NATIVE_EPLB=1: dynamic EPLB on, algorithm interval longer than the run, so nothing moves):
-#                 never above them, expert shares per layer within TOLERANCE
-#   4 graph       a load with GRAPH_OUT_LEN output tokens: its decode passes (one token each, max-num-seqs 1)
-#                 run the captured ACL graph; totals = (prompt + generated - requests) x top-k
-#   5 mc2         P restarted with PREFILL_MC2=1 and SHORT_LEN-token prompts (<= 512 tokens a pass): the MC2
-#                 row rule on hardware; totals as in 2
-#   6 throughput  ROUNDS x (P collect, recorder idle | P plain, flag off), interleaved, a restart each:
-#                 ratio of the means with its 95% interval; PASS at >= MIN_RATIO
-# SIDE=d runs checks 1, 2 (a decode-heavy load: D_IN_LEN-token prompts, D_OUT_LEN output tokens, its
-# decode passes through the captured graphs and MC2; totals = (prompt + generated - requests) x top-k),
-# 3 and 6 (output throughput) against d_server.sh.
+# running. One PASS/FAIL line per check (SKIP only where the operator waived one, or where a step it
+# needs failed: that step's FAIL makes the script exit non-zero). Every load is built to contain
+# padding rows, so a mask that marks every row real fails `totals`. The checks, in order:
+#   1 audit       after real traffic (the warm-up load), the server in collect mode with vLLM-Ascend's
+#                 counters on: recorder idle and agreed on every rank, no skipped passes since startup
+#   2 totals      a known load recorded and dumped; every MoE layer's total = the engine's own token
+#                 count (vllm:prompt_tokens_total, before/after; on D plus one per decode pass) x top-k:
+#                 each real token once, no padding row, no dummy pass. P: prompts of P_LENS lengths
+#                 (not multiples of TP), P_C at a time, so passes pad to the TP split; D: D_SEQS_PER_RANK
+#                 (>= 3) sequences per DP engine, so decode batches pad to the captured graph sizes
+#   3 graph       (D) the record's passes replayed captured ACL graphs with padding rows: vLLM's
+#                 --cudagraph-metrics tables in the D server's log (FULL/PIECEWISE rows with paddings)
+#   4 native      the same dump against vLLM-Ascend's own moe_load counters over the record (NATIVE_EPLB=1:
+#                 dynamic EPLB on, algorithm interval longer than the run, so nothing moves): never above
+#                 them, expert shares per layer within TOLERANCE. Counters unavailable: FAIL, unless the
+#                 operator sets NATIVE_WAIVER=1 (then SKIP)
+#   5 mc2         (P) restarted with PREFILL_MC2=1 (and CHUNK=MC2_CHUNK, which the preflight fits) and
+#                 SHORT_LEN-token prompts: totals as in 2, and the plugin's log line proves every real
+#                 pass ran MC2 (`comm`), no other comm method
+#   6 throughput  ROUNDS x (collect, recorder idle | plain, flag off), interleaved, a restart each:
+#                 ratio of the means with its 95% interval; PASS at >= MIN_RATIO (prefill on P, output on D)
 # Steps that fail and what a failure means: see README.md in this folder.
 # DRY_RUN=1 prints every step without running it; DRY_RUN=1 FAIL_STEP=<step> simulates that step failing.
 set -uo pipefail
@@ -29,27 +30,34 @@ source "$HERE/env.sh"
 MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 SIDE=${SIDE:-p}
 case "$SIDE" in
-  p) SERVER=p_server.sh; URL=${P_URL:-http://127.0.0.1:${P_PORT:-8100}}; CHECKS=(audit totals native graph mc2 throughput) ;;
-  d) SERVER=d_server.sh; URL=${D_URL:-http://127.0.0.1:${D_PORT:-8200}}; CHECKS=(audit totals native throughput) ;;
+  p) SERVER=p_server.sh; URL=${P_URL:-http://127.0.0.1:${P_PORT:-8100}}; CHECKS=(audit totals native mc2 throughput) ;;
+  d) SERVER=d_server.sh; URL=${D_URL:-http://127.0.0.1:${D_PORT:-8200}}; CHECKS=(audit totals graph native throughput) ;;
   *) echo "verify.sh: SIDE is p or d, got $SIDE" >&2; exit 2 ;;
 esac
 P_URL=$URL
 N=${N:-64}; C=${C:-16}; IN_LEN=${IN_LEN:-4096}; CARDS=${CARDS:-8}; MIN_RATIO=${MIN_RATIO:-0.98}; TOLERANCE=${TOLERANCE:-0.02}
-SHORT_LEN=${SHORT_LEN:-256}; GRAPH_OUT_LEN=${GRAPH_OUT_LEN:-16}; ROUNDS=${ROUNDS:-3}; START_TIMEOUT=${START_TIMEOUT:-3600}
-D_IN_LEN=${D_IN_LEN:-1024}; D_OUT_LEN=${D_OUT_LEN:-256}
-if [ "$SIDE" = d ]; then  # the recorded load, its totals and the throughput measure of each side
-  RECORD_LOAD=("$D_IN_LEN" "$D_OUT_LEN"); TOTALS=(--decode); METRIC=output_throughput_per_card
+SHORT_LEN=${SHORT_LEN:-251}; MC2_CHUNK=${MC2_CHUNK:-2048}; ROUNDS=${ROUNDS:-3}; START_TIMEOUT=${START_TIMEOUT:-3600}
+D_IN_LEN=${D_IN_LEN:-1024}; D_OUT_LEN=${D_OUT_LEN:-256}; D_SEQS_PER_RANK=${D_SEQS_PER_RANK:-3}
+read -r -a P_LENS <<< "${P_LENS:-1001 2999 4093}"  # prompt lengths of P's record: no multiple of the TP size
+P_C=${P_C:-2}  # P's record runs this few prompts at a time, so a pass is a few odd-length chunks
+if [ "$SIDE" = d ]; then  # the recorded loads (LEN:CONCURRENCY, one bench run each), their totals, the throughput measure
+  RECORD_LOADS=("$D_IN_LEN:$((D_SEQS_PER_RANK * D_DP))"); OUT_LEN=$D_OUT_LEN; TOTALS=(--decode); METRIC=output_throughput_per_card
+  PARALLEL=D-DP$D_DP-TP$D_TP-EP$((D_DP * D_TP))
 else
-  RECORD_LOAD=("$IN_LEN" 1); TOTALS=(); METRIC=prefill_throughput_per_card
+  RECORD_LOADS=(); for len in "${P_LENS[@]}"; do RECORD_LOADS+=("$len:$P_C"); done
+  OUT_LEN=1; TOTALS=(); METRIC=prefill_throughput_per_card; PARALLEL=P-DP$P_DP-TP$P_TP-EP$((P_DP * P_TP))
 fi
+TLEN=$IN_LEN; if [ "$SIDE" = d ]; then TLEN=$D_IN_LEN; fi  # the warm-up's and the throughput rounds' prompt length
+NATIVE=(--tolerance "$TOLERANCE"); if [ "${NATIVE_WAIVER:-0}" = 1 ]; then NATIVE+=(--waive-unavailable); fi
 OUT=${SCENE_EPLB_DIR}/verify-$(date +%Y%m%d-%H%M%S)
 DRY=${DRY_RUN:-0}
-load() {  # load PROMPT_LEN OUTPUT_LEN: the bench arguments of one known load
-  echo --url "$P_URL" -n "$N" -c "$C" --model "$MODEL" --input-len "$1" --output-len "$2" --cards "$CARDS" \
-    --chunk-size 8192 --parallel "$(echo "$SIDE" | tr pd PD)-DP16-EP16" -q
+load() {  # load PROMPT_LEN OUTPUT_LEN [CONCURRENCY]: the bench arguments of one known load
+  echo --url "$P_URL" -n "$N" -c "${3:-$C}" --model "$MODEL" --input-len "$1" --output-len "$2" --cards "$CARDS" \
+    --chunk-size 8192 --parallel "$PARALLEL" -q
 }
 FAILED=()  # the steps and checks that failed
 P_PID=''
+P_LOG=''  # the log of the server start_p started last
 
 step() {  # step NAME CMD...: print, run (unless DRY_RUN), and on failure print FAIL and return 1
   local name=$1; shift
@@ -71,7 +79,8 @@ skip() { echo "SKIP $1: $2"; }
 start_p() {  # start_p MODE [VAR=VALUE ...]: the server in the background, up when /health answers
   stop_p
   local mode=$1; shift
-  env "$@" bash "$HERE/$SERVER" "$mode" > "$OUT/$SIDE-$mode-$(date +%H%M%S).log" 2>&1 &
+  P_LOG="$OUT/$SIDE-$mode-$(date +%H%M%S).log"
+  env "$@" bash "$HERE/$SERVER" "$mode" > "$P_LOG" 2>&1 &
   P_PID=$!
   local waited=0
   until curl -sf "$P_URL/health" > /dev/null; do
@@ -86,12 +95,17 @@ stop_p() {  # stop the server this script started, and wait until it is gone
 }
 trap stop_p EXIT
 
-record() {  # record TAG BENCH_ARGS...: metrics before, start, the load, stop, metrics after, dump
-  local tag=$1; shift
+record() {  # record TAG LEN:CONCURRENCY...: metrics before, start, one bench run per load, stop, metrics after, dump
+  local tag=$1 spec i=0; shift
   step "$tag-metrics-before" curl -sf "$P_URL/metrics" -o "$OUT/$tag-metrics-before.txt" &&
-    step "$tag-start" scene-eplb record start --url "$P_URL" &&
-    step "$tag-load" scene-eplb bench --scene "$tag" "$@" --seed 2 -o "$OUT/$tag.json" &&
-    step "$tag-stop" scene-eplb record stop --url "$P_URL" &&
+    step "$tag-start" scene-eplb record start --url "$P_URL" || return 1
+  for spec in "$@"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2046  # load's words are the bench arguments
+    step "$tag-load$i" scene-eplb bench --scene "$tag" $(load "${spec%%:*}" "$OUT_LEN" "${spec##*:}") --seed 2 \
+      -o "$OUT/$tag-$i.json" || return 1
+  done
+  step "$tag-stop" scene-eplb record stop --url "$P_URL" &&
     step "$tag-metrics-after" curl -sf "$P_URL/metrics" -o "$OUT/$tag-metrics-after.txt" &&
     step "$tag-dump" sh -c "scene-eplb record dump --url '$P_URL' --json -q > '$OUT/$tag-dump.json'"
 }
@@ -100,49 +114,47 @@ counts_of() {  # the dump file a record step wrote (a placeholder in a dry run)
     python -c 'import json,sys; print(json.load(open(sys.argv[1]))["path"])' "$OUT/$1-dump.json"; fi
 }
 
+log_of() {  # the log of the server started last (a placeholder in a dry run)
+  if [ "$DRY" = 1 ]; then echo "$OUT/$SIDE-<mode>-<time>.log"; else echo "$P_LOG"; fi
+}
+
 step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
 # shellcheck disable=SC2046  # load's words are the bench arguments
 {
-  # 1. audit
   if step start-collect start_p collect NATIVE_EPLB=1; then
+    step warm-up scene-eplb bench --scene warm-up $(load "$TLEN" "$OUT_LEN") --seed 1 -o "$OUT/warmup.json" || true
+    # 1. audit, after real traffic
     step audit scene-eplb audit --url "$P_URL" --recorder idle || true
-    step warm-up scene-eplb bench --scene warm-up $(load "${RECORD_LOAD[@]}") --seed 1 -o "$OUT/warmup.json" || true
-    # 2. totals, 3. native
-    if record record $(load "${RECORD_LOAD[@]}"); then
+    # 2. totals, 3. graph (D), 4. native
+    if record record "${RECORD_LOADS[@]}"; then
       step totals python -m vllm_scene_eplb.client.verify totals "$(counts_of record)" "$OUT/record-metrics-before.txt" \
         "$OUT/record-metrics-after.txt" "${TOTALS[@]}" || true
+      if [ "$SIDE" = d ]; then step graph python -m vllm_scene_eplb.client.verify graph "$(log_of)" || true; fi
       step native-load sh -c "scene-eplb record native_load --url '$P_URL' --json -q > '$OUT/native_load.json'" &&
         step native python -m vllm_scene_eplb.client.verify native "$(counts_of record)" "$OUT/native_load.json" \
-          --tolerance "$TOLERANCE" || true
+          "${NATIVE[@]}" || true
     else
-      skip totals "the record failed"; skip native "the record failed"
-    fi
-    # 4. graph: decode passes through the captured graph (P; a D record is decode passes throughout)
-    if [ "$SIDE" = d ]; then :
-    elif record graph $(load "$IN_LEN" "$GRAPH_OUT_LEN"); then
-      step graph python -m vllm_scene_eplb.client.verify totals "$(counts_of graph)" "$OUT/graph-metrics-before.txt" \
-        "$OUT/graph-metrics-after.txt" --decode || true
-    else
-      skip graph "its record failed"
+      for c in totals graph native; do case "$SIDE$c" in pgraph) ;; *) skip "$c" "the record failed" ;; esac; done
     fi
   else
     for c in "${CHECKS[@]}"; do case "$c" in mc2|throughput) ;; *) skip "$c" "the server did not start in collect mode" ;; esac; done
   fi
-  # 5. mc2: short prompts with MC2 prefill (P)
+  # 5. mc2: short prompts with MC2 prefill (P): totals, and every real pass ran MC2
   if [ "$SIDE" = d ]; then :
-  elif step start-mc2 start_p collect PREFILL_MC2=1 && record mc2 $(load "$SHORT_LEN" 1); then
-    step mc2 python -m vllm_scene_eplb.client.verify totals "$(counts_of mc2)" "$OUT/mc2-metrics-before.txt" \
+  elif step start-mc2 start_p collect PREFILL_MC2=1 CHUNK="$MC2_CHUNK" && record mc2 "$SHORT_LEN:$C"; then
+    step mc2-totals python -m vllm_scene_eplb.client.verify totals "$(counts_of mc2)" "$OUT/mc2-metrics-before.txt" \
       "$OUT/mc2-metrics-after.txt" || true
+    step mc2 python -m vllm_scene_eplb.client.verify comm "$(log_of)" --want MC2 || true
   else
     skip mc2 "P with MC2 prefill did not start or its record failed"
   fi
   # 6. throughput: ROUNDS interleaved restarts, recorder idle vs flag off, the same load and seed
-  IDLE=(); PLAIN=(); ok=1
+  IDLE=(); PLAIN=(); ok=1; TLOAD=$(load "$TLEN" "$OUT_LEN")
   for r in $(seq 1 "$ROUNDS"); do
     step "round$r-start-idle" start_p collect && step "round$r-idle" scene-eplb bench --scene idle \
-      $(load "${RECORD_LOAD[@]}") --seed 3 -o "$OUT/idle-$r.json" && IDLE+=("$OUT/idle-$r.json") || ok=0
+      $TLOAD --seed 3 -o "$OUT/idle-$r.json" && IDLE+=("$OUT/idle-$r.json") || ok=0
     step "round$r-start-plain" start_p plain && step "round$r-plain" scene-eplb bench --scene plain \
-      $(load "${RECORD_LOAD[@]}") --seed 3 -o "$OUT/plain-$r.json" && PLAIN+=("$OUT/plain-$r.json") || ok=0
+      $TLOAD --seed 3 -o "$OUT/plain-$r.json" && PLAIN+=("$OUT/plain-$r.json") || ok=0
   done
   stop_p
   if [ "$ok" = 1 ]; then

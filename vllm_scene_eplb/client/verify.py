@@ -1,7 +1,9 @@
 """The acceptance checks of ``deploy/ascend-910c/verify.sh``, one PASS/FAIL line each.
 
     python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER [--decode]
-    python -m vllm_scene_eplb.client.verify native COUNTS NATIVE.json [--tolerance 0.02]
+    python -m vllm_scene_eplb.client.verify native COUNTS NATIVE.json [--tolerance 0.02] [--waive-unavailable]
+    python -m vllm_scene_eplb.client.verify graph SERVER.log
+    python -m vllm_scene_eplb.client.verify comm SERVER.log [--want MC2]
     python -m vllm_scene_eplb.client.verify throughput --plain P1.json P2.json ... --idle I1.json ... [--min-ratio 0.98]
 
 ``totals``: every MoE layer of a dump counted exactly the tokens the engine itself ran while
@@ -11,8 +13,13 @@ minus finished requests (each request's first token comes out of its prefill pas
 nothing but the recorded load ran, prefix caching is off and no drafts are verified. ``native``: the dump against vLLM-Ascend's own
 ``moe_load`` counters over the same record (``scene-eplb record native_load --json``): never above
 them for any (layer, expert), and each layer's expert shares within ``tolerance`` (half the L1
-distance); vLLM-Ascend also counts padding and idle-DP dummy rows, so they are not equal. Skipped
-(a SKIP line, exit 0) where those counters do not exist. ``throughput``: prefill throughput with the
+distance); vLLM-Ascend also counts padding and idle-DP dummy rows, so they are not equal. Where
+those counters do not exist it FAILs, unless ``--waive-unavailable`` (the operator's explicit
+waiver, a SKIP line). ``graph``: the server's log (started with ``--cudagraph-metrics``) shows
+passes replayed through a captured graph (runtime mode FULL or PIECEWISE) with padding rows, so the
+record's totals were checked against padded batches. ``comm``: the plugin's log line
+(``protocol.COMM_METHOD_LINE``) shows the real passes ran MoE comm method ``--want`` and no other.
+``throughput``: prefill throughput with the
 plugin on and the recorder idle over the same load with the flag off, in rounds (the i-th
 ``--idle`` and ``--plain`` result ran in round i, a restart each; single runs vary by 15% and more,
 so verify.sh runs 3 rounds): the geometric mean of the within-round ratios with a 95% t interval
@@ -34,6 +41,7 @@ import numpy as np
 from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..harness.results import NOT_OBSERVED, read_result
+from ..protocol import COMM_METHOD_RE
 from ..stats import MIN_ROUNDS, block_effects, check_positive
 
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
@@ -92,7 +100,7 @@ def totals(counts_path: str, before: str, after: str, decode: bool = False) -> V
     return Verdict(name, bool(layers) and tokens > 0 and not wrong, detail)
 
 
-def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
+def native(counts_path: str, native_path: str, tolerance: float, waive_unavailable: bool = False) -> Verdict:
     """The dump against vLLM-Ascend's own counters over the same record (see the module docstring)."""
     name = "dump vs vLLM-Ascend's moe_load"
     try:
@@ -100,7 +108,9 @@ def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
     except (OSError, json.JSONDecodeError) as exc:
         raise SceneEplbError(f"cannot read the native_load answer: {exc}", native_path) from None
     if not answer.get("available"):
-        return Verdict(name, True, str(answer.get("reason")), skipped=True)
+        if waive_unavailable:
+            return Verdict(name, True, f"{answer.get('reason')} (waived by the operator)", skipped=True)
+        return Verdict(name, False, f"{answer.get('reason')}: nothing to check against (NATIVE_WAIVER=1 waives it)")
     counts = read_counts(counts_path)
     layers = [int(x) for x in answer["moe_layers"]]
     ours = counts.data.sum(axis=0)[layers].astype(np.int64)
@@ -117,6 +127,44 @@ def native(counts_path: str, native_path: str, tolerance: float) -> Verdict:
         f"above theirs: {above}; worst share distance {shares[worst]:.4f} (layer {layers[worst]}; pass at <= {tolerance})"
     )
     return Verdict(name, above == 0 and shares[worst] <= tolerance, detail)
+
+
+# One row of vLLM's CUDAGraph Stats table (``CUDAGraphLogging``): unpadded, padded, paddings, mode, count.
+_GRAPH_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([\w.]+)\s*\|\s*(\d+)\s*\|\s*$", re.M)
+
+
+def graph(log_path: str) -> Verdict:
+    """Passes replayed through captured graphs, with padding rows, in the server's log (vLLM's
+    ``--cudagraph-metrics`` tables: one row per (unpadded, padded, mode) with its count)."""
+    text = _read_log(log_path)
+    rows = [(int(u), int(p), int(n), mode, int(c)) for u, p, n, mode, c in _GRAPH_ROW.findall(text)]
+    replayed = [r for r in rows if "FULL" in r[3] or "PIECEWISE" in r[3]]
+    padded = sum(r[4] for r in replayed if r[2] > 0)
+    name = "passes replayed through captured graphs, with padding rows"
+    if not rows:
+        return Verdict(name, False, "no CUDAGraph Stats table in the log: start the server with --cudagraph-metrics")
+    detail = (
+        f"{sum(r[4] for r in replayed)} graph passes ({padded} padded) of {sum(r[4] for r in rows)} in the log's "
+        f"tables; modes {sorted({r[3] for r in rows})}"
+    )
+    if not replayed:
+        return Verdict(name, False, detail + ": no pass replayed a graph")
+    return Verdict(name, padded > 0, detail + ("" if padded else ": no padded replay (raise the concurrency)"))
+
+
+def comm(log_path: str, want: str) -> Verdict:
+    """The real passes in the server's log ran MoE comm method ``want`` and no other."""
+    seen = sorted(set(COMM_METHOD_RE.findall(_read_log(log_path))))
+    ok = seen == [want]
+    detail = f"real passes ran {', '.join(seen) if seen else 'no MoE comm method the plugin logged'}"
+    return Verdict(f"MoE comm method {want} chosen", ok, detail + ("" if ok else f", {want} alone expected"))
+
+
+def _read_log(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise SceneEplbError(f"cannot read the server log: {exc}", path) from None
 
 
 THROUGHPUTS = ("prefill_throughput_per_card", "output_throughput_per_card")
@@ -179,6 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument(
         "--tolerance", type=float, default=0.02, help="largest per-layer expert-share distance that passes (default 0.02)"
     )
+    n.add_argument(
+        "--waive-unavailable", action="store_true", help="the operator's waiver: SKIP, not FAIL, where the counters do not exist"
+    )
+    g = sub.add_parser("graph", help="a server log (--cudagraph-metrics) shows padded passes replayed through graphs")
+    g.add_argument("log")
+    c = sub.add_parser("comm", help="a server log shows the real passes ran one MoE comm method")
+    c.add_argument("log"), c.add_argument("--want", default="MC2", help="the comm method expected (default MC2)")
     p = sub.add_parser(
         "throughput", help="recorder idle vs flag off (scene-eplb bench results, one a side per round, >= 2 rounds)"
     )
@@ -196,7 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.check == "totals":
             verdict = totals(args.counts, args.metrics_before, args.metrics_after, args.decode)
         elif args.check == "native":
-            verdict = native(args.counts, args.native, args.tolerance)
+            verdict = native(args.counts, args.native, args.tolerance, args.waive_unavailable)
+        elif args.check == "graph":
+            verdict = graph(args.log)
+        elif args.check == "comm":
+            verdict = comm(args.log, args.want)
         else:
             verdict = throughput(args.plain, args.idle, args.min_ratio, metric=args.metric)
     except SceneEplbError as exc:

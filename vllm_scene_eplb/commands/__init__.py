@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from . import advise, audit, bench, compare, convert, fit, inspect, record, report, score, validate, watch
+from . import advise, audit, bench, compare, convert, fit, inspect, preflight, record, report, score, validate, watch
 
 COMMANDS = {
     "inspect": inspect,
@@ -19,4 +19,5 @@ COMMANDS = {
     "advise": advise,
     "bench": bench,
     "compare": compare,
+    "preflight": preflight,
 }

@@ -132,7 +132,9 @@ class RoutingObserver:
         W = self.width = self.num_physical or num_experts
         self.skipped_col = W + 1  # the pass buffer's two extra columns: W not counted, W + 1 skipped passes
         self.pass_counts = torch.zeros((L, W + 2), dtype=torch.int32, device=device)
-        self._one = torch.ones(1, dtype=torch.int32, device=device)  # expanded (a view) as index_add_'s source
+        self._fill = torch.full((), W, dtype=torch.int32, device=device)  # torch.where's not-counted operand
+        self._ones = torch.ones(0, dtype=torch.int32, device=device)  # index_add_'s source, sliced (``reserve``)
+        self.reserve(4096)
         self.live = torch.zeros((L, W + 2) if live else (0, W + 2), dtype=torch.int64, device=device)
         self.ring = torch.zeros((entries, L, W + 2), dtype=torch.int32, device=device)
         self.stamps = np.full(entries, -1, dtype=np.int64)  # the stamp each ring slot holds (-1: none)
@@ -157,16 +159,31 @@ class RoutingObserver:
     def capture(
         self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None, own_rows: torch.Tensor | None = None
     ) -> None:
-        """Add one pass's ids [M, k] of MoE layer ``moe_idx``; traceable, at most four device ops.
+        """Add one pass's ids [M, k] (int32 or int64) of MoE layer ``moe_idx``; traceable, at most
+        four device ops (where, clamp, remainder, index_add_), none with a Python scalar operand.
         Rows are left out where ``padding_rows`` [>= M] is True or ``own_rows`` [>= M] is False (at
         most one of the two); ids outside [0, W) go to the not-counted column."""
         W = self.width
         if padding_rows is not None:
-            ids = torch.where(padding_rows[: ids.shape[0]].unsqueeze(1), W, ids)
+            ids = torch.where(padding_rows[: ids.shape[0]].unsqueeze(1), self._fill, ids)
         elif own_rows is not None:
-            ids = torch.where(own_rows[: ids.shape[0]].unsqueeze(1), ids, W)
+            ids = torch.where(own_rows[: ids.shape[0]].unsqueeze(1), ids, self._fill)
         idx = ids.clamp(-1, W).remainder(W + 1).reshape(-1)  # -1 (and W) -> W: the not-counted column
-        self.pass_counts[moe_idx].index_add_(0, idx, self._one.expand(idx.shape[0]))
+        self.pass_counts[moe_idx].index_add_(0, idx, self._ones_for(idx.shape[0]))
+
+    def reserve(self, ids: int) -> None:
+        """Preallocate the ones ``capture`` adds for up to ``ids`` (token, top-k) ids a pass (host,
+        before any graph is captured: an adapter that knows its largest pass reserves it at bind)."""
+        if ids > self._ones.shape[0]:
+            self._ones = torch.ones(ids, dtype=torch.int32, device=self._ones.device)
+
+    def _ones_for(self, n: int) -> torch.Tensor:
+        """``n`` ones, a contiguous slice (a view) of the preallocated buffer. An eager pass larger
+        than the reserve grows it; traced by torch.compile nothing is compared with ``n`` (no guard on
+        the token count), so an adapter whose MoE layer is compiled reserves its largest pass at bind."""
+        if not torch.compiler.is_compiling() and n > self._ones.shape[0]:
+            self.reserve(max(n, 2 * self._ones.shape[0]))
+        return self._ones[:n]
 
     def skip(self, moe_idx: int) -> None:
         """Count nothing for MoE layer ``moe_idx`` in this pass and mark it skipped; traceable, one op

@@ -124,6 +124,9 @@ class WorkerRuntime(RecorderRuntime):
             else torch.arange(E).expand(L, E)
         )
         observer = self.make_observer(device, slots, self.dp_size)
+        # the largest pass a MoE layer routes (compiled, the capture cannot grow its ones buffer)
+        batch = model_runner.vllm_config.scheduler_config.max_num_batched_tokens
+        observer.reserve(batch * self.dp_size * (self.model.top_k or E))
         padding = getattr(model_runner, "is_padding", None)
         for idx, r in enumerate(runners):
             r.router._scene_eplb_physical = functools.partial(observer.capture, idx, padding_rows=padding)

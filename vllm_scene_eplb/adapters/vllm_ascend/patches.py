@@ -2,8 +2,14 @@
 ``runtime.current()`` what to do, so with the flag off (the null runtime) every one passes through:
 
 - ``NPUModelRunner.load_model``: configure before the model loads, bind after;
-- ``NPUModelRunner.execute_model``: the step boundary, where the observer commits a real pass;
-- ``NPUModelRunner._dummy_run``: profile, capture, warm-up and idle-DP passes, dropped;
+- ``NPUModelRunner.execute_model``: the step boundary, where the observer commits a real pass, but
+  only when a forward ran in it: a step with nothing scheduled returns (``kv_connector_no_forward``
+  on a P/D node) before any forward, and vLLM's DP loop then runs ``execute_dummy_batch``, whose
+  ``_dummy_run`` is this engine's one pass of the lockstep iteration;
+- ``NPUModelRunner._dummy_run``: profile, capture, warm-up and idle-DP passes, dropped (a step each);
+- ``NPUModelRunner._determine_batch_execution_and_padding``: called once by every forward, real or
+  dummy (never by a drafter): it marks that a forward began and hands the step's tokens per DP rank
+  (vLLM-Ascend's DP metadata, the same on every DP engine) to the observer's DP signature;
 - ``WorkerBase.scene_eplb_control``: the worker side of the routes (reached by collective_rpc);
 - the API server's ``build_app`` / ``init_app_state``: the routes (``routes``), since vLLM 0.23
   has no endpoint plugins.
@@ -27,9 +33,14 @@ MODEL_RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
+FORWARD_ATTR = "_scene_eplb_forward_begun"  # on the runner: a forward began in the step being run
+
+
 def wrap_model_runner(runner_cls, engine: str) -> None:
-    """Configure/bind around ``load_model``, commit after ``execute_model``, drop ``_dummy_run`` passes."""
+    """Configure/bind around ``load_model``; a step ends after ``execute_model`` only where a forward
+    ran in it, and after every ``_dummy_run``; the DP metadata of each forward is its DP signature."""
     load, execute, dummy = runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run
+    batch = runner_cls._determine_batch_execution_and_padding
 
     @functools.wraps(load)
     def load_model(self, *args, **kwargs):
@@ -40,9 +51,12 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
 
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        runtime.current().begin_step(scheduler_output.total_num_scheduled_tokens)
+        tokens = scheduler_output.total_num_scheduled_tokens
+        runtime.current().begin_step(tokens)
+        self.__dict__[FORWARD_ATTR] = False
         out = execute(self, scheduler_output, *args, **kwargs)
-        runtime.current().end_step(is_dummy=scheduler_output.total_num_scheduled_tokens == 0)
+        if self.__dict__.pop(FORWARD_ATTR, False):  # no forward (nothing scheduled): the dummy batch is the step
+            runtime.current().end_step(is_dummy=tokens == 0)
         return out
 
     @functools.wraps(dummy)
@@ -50,9 +64,19 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
         try:
             return dummy(self, *args, **kwargs)
         finally:
+            self.__dict__[FORWARD_ATTR] = False  # its step ends here, not again in an enclosing execute_model
             runtime.current().end_step(is_dummy=True)
 
+    @functools.wraps(batch)
+    def determine_batch(self, *args, **kwargs):
+        out = batch(self, *args, **kwargs)
+        self.__dict__[FORWARD_ATTR] = True
+        if out[3] is not None:  # num_tokens_across_dp: None without DP
+            runtime.current().note_dp_tokens(out[3])
+        return out
+
     runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run = load_model, execute_model, _dummy_run
+    runner_cls._determine_batch_execution_and_padding = determine_batch
 
 
 def control(worker, action: str, *args) -> dict:

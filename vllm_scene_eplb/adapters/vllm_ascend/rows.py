@@ -12,8 +12,9 @@ differently per MoE comm method, so the rows a rank routes are not simply its to
   ``max_tokens_across_dp``), the same on all TP ranks: TP rank 0 counts its own DP block's real rows.
 
 ``mc2_mask`` is a persistent device buffer that vLLM-Ascend rewrites in place every step, so the mask
-built here from slices of it is fixed-shape and sync-free: recorded into an ACL graph it still
-follows the real token count at every replay. Graph padding is thereby never counted, and each
+taken here is a slice of it (a view: no device op; the rows counted are a slice of the ids too),
+fixed-shape and sync-free: recorded into an ACL graph it still follows the real token count at
+every replay. Graph padding is thereby never counted, and each
 token is counted once over all ranks. Geometries these rules do not describe (sequence parallel /
 flashcomm, prefill context parallel, the multistream gate, shared-expert DP) are refused when the
 worker binds the recorder (``unsupported_settings``).
@@ -38,54 +39,58 @@ class OwnRows:
     dp_rank: int
     dp_size: int
 
-    def own(self, comm: str, rows: int, real: torch.Tensor, num_tokens: int, max_tokens_across_dp: int) -> torch.Tensor:
-        """Bool [rows], True for the rows to count. ``comm`` is the MoE comm method's name,
-        ``real`` the forward context's ``mc2_mask`` (True for this DP rank's real tokens, from row 0),
-        ``num_tokens`` this DP rank's (padded) batch, ``max_tokens_across_dp`` the DP block size."""
-        if comm in ("MC2", "FUSED_MC2"):
-            mine = self._tp_slice(real)
-        elif comm == "ALLTOALL":
-            mine = self._tp_slice(_extend(real, max(num_tokens, self.tp_size)))
+    def own(
+        self, comm: str, rows: int, real: torch.Tensor | None, num_tokens: int, max_tokens_across_dp: int
+    ) -> tuple[slice, torch.Tensor | None]:
+        """(the rows of the routed ids this rank counts, their real-row mask or None: all real). Only
+        slices, views of ``real``: no device op, so the capture stays within its op bound. ``comm`` is
+        the MoE comm method's name, ``real`` the forward context's ``mc2_mask`` (True for this DP rank's
+        real tokens, from row 0; None: every token of the batch is real), ``num_tokens`` this DP rank's
+        (padded) batch, ``max_tokens_across_dp`` the DP block size. Rows past ``real``'s end are padding."""
+        known = num_tokens if real is None else real.shape[0]
+        if comm in ("MC2", "FUSED_MC2", "ALLTOALL"):
+            padded = known if comm != "ALLTOALL" else max(num_tokens, self.tp_size)
+            lo, hi = self._tp_bounds(padded)
+            expected, start, stop = hi - lo, lo, min(hi, known)  # this rank's rows [lo, hi) of the padded batch
+            counted = slice(0, max(stop - start, 0))
         elif comm == "ALLGATHER":
             block = max_tokens_across_dp if self.dp_size > 1 else num_tokens
-            mine = torch.zeros(block * self.dp_size, dtype=torch.bool, device=real.device)
-            if self.tp_rank == 0:  # every TP rank routes the same gathered rows
-                mine[self.dp_rank * block : (self.dp_rank + 1) * block] = _extend(real, block)
+            expected, start, stop = block * self.dp_size, 0, min(block, known) if self.tp_rank == 0 else 0
+            # every TP rank routes the same gathered rows: TP rank 0 counts its own DP block's real rows
+            counted = slice(self.dp_rank * block, self.dp_rank * block + max(stop, 0))
         else:
             raise ValueError(f"unknown MoE comm method {comm}")
-        if mine.shape[0] != rows:
+        if expected != rows:
             raise ValueError(
-                f"{comm}: {rows} routed rows, expected {mine.shape[0]} (tp {self.tp_rank}/{self.tp_size}, "
+                f"{comm}: {rows} routed rows, expected {expected} (tp {self.tp_rank}/{self.tp_size}, "
                 f"dp {self.dp_rank}/{self.dp_size}, num_tokens {num_tokens}, max_tokens_across_dp "
                 f"{max_tokens_across_dp})"
             )
-        return mine
+        return counted, None if real is None else real[start : max(stop, start)]
 
-    def _tp_slice(self, rows: torch.Tensor) -> torch.Tensor:
-        """This TP rank's part of ``rows``, split as ``prepare`` splits the batch."""
-        return torch.tensor_split(rows, self.tp_size)[self.tp_rank] if self.tp_size > 1 else rows
-
-
-def _extend(mask: torch.Tensor, n: int) -> torch.Tensor:
-    """The first ``n`` entries of ``mask``, False beyond its end."""
-    if mask.shape[0] >= n:
-        return mask[:n]
-    return torch.cat([mask, torch.zeros(n - mask.shape[0], dtype=torch.bool, device=mask.device)])
+    def _tp_bounds(self, n: int) -> tuple[int, int]:
+        """This TP rank's rows [lo, hi) of ``n``, split as ``prepare`` splits the batch (``tensor_split``)."""
+        q, r = divmod(n, self.tp_size)
+        lo = self.tp_rank * q + min(self.tp_rank, r)
+        return lo, lo + q + (1 if self.tp_rank < r else 0)
 
 
-def own_rows_from_context(own: OwnRows, ids: torch.Tensor) -> torch.Tensor | None:
+def own_rows_from_context(own: OwnRows, ids: torch.Tensor) -> tuple[slice, torch.Tensor | None] | None:
     """``own.own`` for the ids [M, k] of the forward pass being run, read from vLLM-Ascend's forward
     context; None, with a logged error, when the rows do not follow the comm method's rule (the
     observer then marks the layer's pass skipped: status, dump metadata and audit show it)."""
     from vllm_ascend.ascend_forward_context import _EXTRA_CTX
 
     rows = ids.shape[0]
-    real = _EXTRA_CTX.mc2_mask
     num_tokens = int(_EXTRA_CTX.num_tokens or rows)
-    if real is None:  # no reserved mask (not a MoE model's runner): every row of the batch is real
-        real = torch.ones(num_tokens, dtype=torch.bool, device=ids.device)
-    try:
-        return own.own(_EXTRA_CTX.moe_comm_type.name, rows, real, num_tokens, int(_EXTRA_CTX.max_tokens_across_dp or num_tokens))
+    try:  # no reserved mc2_mask (not a MoE model's runner): every row of the batch is real
+        return own.own(
+            _EXTRA_CTX.moe_comm_type.name,
+            rows,
+            _EXTRA_CTX.mc2_mask,
+            num_tokens,
+            int(_EXTRA_CTX.max_tokens_across_dp or num_tokens),
+        )
     except ValueError as exc:
         logger.error("scene-eplb: this pass of a MoE layer is not counted (skipped): %s", exc)
         return None

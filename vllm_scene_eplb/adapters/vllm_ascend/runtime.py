@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from ...config import kv_role_of, parse_config
 from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
-from ...protocol import startup_line
+from ...protocol import COMM_METHOD_LINE, startup_line
 from ...runtime.export import Exporter, group_maker
 from ...runtime.observer import NullObserver
 from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
+from . import moe_time
 from .dynamic import virtual_ids_for
 from .moe_hooks import FUSED_MOE_MODULE
 from .native_load import NativeWindow
@@ -46,6 +47,28 @@ class AscendRuntime(RecorderRuntime):
     own_rows: OwnRows  # where this rank's own real rows are in what it routes
     layers: list = field(default_factory=list)  # the bound main-model MoE layers, in order
     native: NativeWindow | None = None  # vLLM-Ascend's own counters over the last record
+    timer: moe_time.MoeTimer | None = None  # time_moe: NPU event pairs around each layer's experts
+    comm_seen: dict = field(default_factory=dict)  # MoE comm method -> real passes that ran it (eager passes)
+    _pass_comm: str | None = None  # the comm method of the pass being run, where its Python ran
+
+    def note_comm(self) -> None:
+        """Remember the MoE comm method of the pass being run (host, at the first MoE layer: in eager
+        passes every pass, under graphs only when captured, as a replay runs no Python)."""
+        from vllm_ascend.ascend_forward_context import _EXTRA_CTX
+
+        self._pass_comm = _EXTRA_CTX.moe_comm_type.name
+
+    def end_step(self, is_dummy: bool) -> None:
+        """``RecorderRuntime.end_step``; with ``time_moe`` the pass before's expert seconds first (read a
+        step later, no wait in the forward); a real pass's comm method is tallied, and logged the first time."""
+        if self.timer is not None:
+            self.timer.flush(self.observer.add_moe_seconds)
+        super().end_step(is_dummy)
+        comm, self._pass_comm = self._pass_comm, None
+        if comm is not None and not is_dummy:
+            if comm not in self.comm_seen:
+                logger.info(COMM_METHOD_LINE, comm)
+            self.comm_seen[comm] = self.comm_seen.get(comm, 0) + 1
 
     def control(self, action: str, *args) -> dict:
         """``RecorderRuntime.control``; a record's start and stop also read vLLM-Ascend's own counters."""
@@ -76,23 +99,53 @@ class AscendRuntime(RecorderRuntime):
             )
             self.observer = NullObserver(self.role, self.config.ring_entries)
         else:
-            observer = self.make_observer(model_runner.device)
+            observer = self.make_observer(model_runner.device, dp_size=signed_dp_size(model_runner.vllm_config))
+            observer.reserve(largest_pass_ids(model_runner.vllm_config, self.model.top_k or 1))
             for idx, layer in enumerate(layers):
-                layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, observer, self.own_rows, idx)
+                layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, self, observer, idx)
+            if self.config.time_moe:
+                from vllm_ascend.ascend_config import get_ascend_config
+
+                moe_time.refuse_fused_mc2(get_ascend_config())
+                moe_time.install()
+                self.timer = moe_time.MoeTimer()
+                moe_time.bind(self.timer, layers)
         logger.info(
             "%s",
             startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"),
         )
 
 
-def _capture(observer, own: OwnRows, moe_idx: int, ids) -> None:
+def largest_pass_ids(vllm_config, top_k: int) -> int:
+    """The most (token, id) pairs one MoE layer routes in a pass: the batch budget (or the MC2
+    capacity, if larger), DP-gathered under ALLGATHER, times top-k plus a shared-expert pseudo id."""
+    from vllm_ascend.ascend_forward_context import get_mc2_tokens_capacity
+
+    tokens = max(vllm_config.scheduler_config.max_num_batched_tokens, get_mc2_tokens_capacity() or 0)
+    return tokens * vllm_config.parallel_config.data_parallel_size * (top_k + 1)
+
+
+def signed_dp_size(vllm_config) -> int:
+    """The DP size the observer's DP signature has: the engine's, where vLLM-Ascend all-reduces each
+    step's tokens per DP rank (the same vector on every engine); 1 (no signature, dumps aligned by
+    stamps alone) where it skips that all-reduce (MC2-only KV consumers: each rank's vector is local)."""
+    from vllm_ascend.utils import should_skip_allreduce_across_dp_group
+
+    dp = vllm_config.parallel_config.data_parallel_size
+    return 1 if dp <= 1 or should_skip_allreduce_across_dp_group(vllm_config) else dp
+
+
+def _capture(rt: AscendRuntime, observer, moe_idx: int, ids) -> None:
     """Count this rank's own rows of the layer's ids, or mark the layer's pass skipped where the rows
     do not follow the comm method's rule (decided when traced: a captured graph replays it)."""
-    mine = own_rows_from_context(own, ids)
+    if moe_idx == 0:
+        rt.note_comm()
+    mine = own_rows_from_context(rt.own_rows, ids)
     if mine is None:
         observer.skip(moe_idx)
     else:
-        observer.capture(moe_idx, ids, own_rows=mine)
+        rows, real = mine
+        observer.capture(moe_idx, ids[rows], own_rows=real)
 
 
 class LayerIds:
@@ -144,11 +197,6 @@ def configure(vllm_config, engine: str) -> NullRecorderRuntime | AscendRuntime:
         return _current
     from vllm.distributed import get_ep_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
-    if cfg.time_moe:
-        raise SceneEplbError(
-            "scene_eplb.time_moe is not built for vLLM-Ascend yet (NPU expert timing with device events "
-            "in eager passes); remove it from --additional-config"
-        )
     pc = vllm_config.parallel_config
     role = cfg.resolve_role(kv_role_of(vllm_config))
     model = from_hf_config(vllm_config.model_config.hf_config.to_dict(), vllm_config.model_config.model)

@@ -13,8 +13,9 @@
   the routes are ``patches``; each worker logs the line ``scene-eplb audit`` reads when it binds.
 
 Refused with a message: settings that would fight a layout (vLLM-Ascend's own dynamic EPLB, a
-hand-set ``expert_map_path``, ``mix_placement``), PP > 1, vLLM's V2 model runner (its step is not
-wired), a layout without expert parallelism, and with ``dynamic`` returning routed experts to
+hand-set ``expert_map_path``, ``mix_placement``), PP > 1, ``VLLM_USE_V2_MODEL_RUNNER`` (on vLLM
+0.23.0 vLLM-Ascend's NPUWorker ignores it and runs V1, whose step the plugin wires; the V2 runner
+itself only rejects ``dynamic_eplb``: refused so the server's settings say what runs), a layout without expert parallelism, and with ``dynamic`` returning routed experts to
 clients (they would see virtual ids).
 """
 
@@ -94,7 +95,10 @@ def check_run(vllm_config) -> None:
 
     cfg = require_config(vllm_config.additional_config)
     if envs.VLLM_USE_V2_MODEL_RUNNER:
-        raise SceneEplbError("scene_eplb supports vLLM-Ascend's V1 model runner only: set VLLM_USE_V2_MODEL_RUNNER=0")
+        raise SceneEplbError(
+            "scene_eplb supports vLLM-Ascend's V1 model runner only: set VLLM_USE_V2_MODEL_RUNNER=0 (on vLLM "
+            "0.23.0 vLLM-Ascend's NPUWorker falls back to V1 anyway)"
+        )
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         raise SceneEplbError("scene_eplb supports pipeline_parallel_size 1 only (vLLM-Ascend numbers MoE layers per PP stage)")
     role = cfg.resolve_role(kv_role_of(vllm_config))  # kv_both needs an explicit role: fail here, not in a worker

@@ -11,7 +11,9 @@ import logging
 
 from ...errors import SceneEplbError
 
-SUPPORTED = {"vllm-ascend": "0.23.0.post1", "vllm": "0.23"}
+# vLLM exactly 0.23.0: vLLM-Ascend 0.23.0.post1 selects its fused MoE class (AscendFusedMoE, the
+# class the recorder hooks) only when vllm_version_is("0.23.0"); a 0.23.1 would get another class.
+SUPPORTED = {"vllm-ascend": "0.23.0.post1", "vllm": "0.23.0"}
 logger = logging.getLogger("vllm.scene_eplb")
 
 
@@ -27,14 +29,15 @@ def _release(text: str):
 
 
 def check_versions(ascend_version: str, vllm_version: str) -> None:
-    """Refuse engine versions this adapter was not written for (by release and post part; a local
-    build tag or a dev build of the supported release is accepted, and its local part logged)."""
+    """Refuse engine versions this adapter was not written for (by release and post part, vLLM
+    exactly 0.23.0; a local build tag or a dev build of the supported release is accepted, and its
+    local part logged)."""
     ours, want = _release(ascend_version), _release(SUPPORTED["vllm-ascend"])
     vllm = _release(vllm_version)
-    if ours is None or ours[:2] != want[:2] or vllm is None or vllm[0][:2] != _release(SUPPORTED["vllm"])[0][:2]:
+    if ours is None or ours[:2] != want[:2] or vllm is None or vllm[:2] != _release(SUPPORTED["vllm"])[:2]:
         raise SceneEplbError(
             f"vllm_scene_eplb's Ascend adapter is written for vllm-ascend {SUPPORTED['vllm-ascend']} with "
-            f"vLLM {SUPPORTED['vllm']}.x, found vllm-ascend {ascend_version} with vLLM {vllm_version}"
+            f"vLLM =={SUPPORTED['vllm']}, found vllm-ascend {ascend_version} with vLLM {vllm_version}"
         )
     if ours[2]:
         logger.info("scene-eplb: vllm-ascend %s is a local build (%s) of %s", ascend_version, ours[2], SUPPORTED["vllm-ascend"])

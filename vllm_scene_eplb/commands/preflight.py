@@ -1,0 +1,103 @@
+"""`scene-eplb preflight --model DIR --dp N --tp N --max-num-seqs N [...]`: whether a server recipe
+fits its devices, per rank (``sizing``); a recipe that does not fit is refused with the numbers, so
+the recipes run it before they start a server."""
+
+from __future__ import annotations
+
+from ..errors import SceneEplbError
+from ..formats import read_layout
+from ..memory import GIB, read_model_files, read_model_memory
+from ..model_geometry import ConfigFields
+from ..sizing import Recipe, fit
+from .common import geometry_args, hint, model_args
+from .options import integer, number
+
+HELP = "check that a server recipe's weights, MC2 buffer and KV cache fit each device"
+DESCRIPTION = (
+    "Per rank of a DP x TP server with expert parallelism over all its ranks: non-routed and routed "
+    "weights (the layout's slots), the MC2 HCCL buffer, a reserve, and the KV cache left under "
+    "gpu_memory_utilization (max_model_len and max_num_seqs that fit). Exit 2 with the numbers when "
+    "the recipe does not fit. Arithmetic from the model's config, not measured."
+)
+
+
+def add_arguments(p) -> None:
+    model_args(p)
+    s = p.add_argument_group("the server recipe")
+    s.add_argument("--dp", type=integer(1), required=True, help="--data-parallel-size")
+    s.add_argument("--tp", type=integer(1), required=True, help="--tensor-parallel-size")
+    slots = s.add_mutually_exclusive_group()
+    slots.add_argument("--layout", metavar="FILE", help="the layout the server loads (its slots per rank)")
+    slots.add_argument("--redundant", type=integer(0), default=0, help="redundant slots R without a layout (default 0)")
+    s.add_argument("--max-model-len", type=integer(1), help="--max-model-len (default: the config's max_position_embeddings)")
+    s.add_argument("--max-num-seqs", type=integer(1), required=True, help="--max-num-seqs")
+    s.add_argument("--max-num-batched-tokens", type=integer(1), default=8192, help="--max-num-batched-tokens (default 8192)")
+    s.add_argument("--gpu-memory-utilization", type=number(0.01, 1.0), default=0.9, help="--gpu-memory-utilization (default 0.9)")
+    s.add_argument("--enforce-eager", action="store_true", help="no ACL graphs (the MC2 capacity is then max_num_seqs)")
+    s.add_argument("--prefill-mc2", action="store_true", help="vLLM-Ascend's enable_prefill_mc2")
+    n = p.add_argument_group("the node")
+    n.add_argument("--device-memory-gib", type=number(1.0, 1e6), default=64.0, help="one die's memory (default 64: a 910C die)")
+    n.add_argument(
+        "--reserve-gib",
+        type=number(0.0, 1e6),
+        default=4.0,
+        help="activations, graphs and the other communicators, an estimate (default 4)",
+    )
+    n.add_argument("--hccl-buffsize", type=integer(1), metavar="MB", help="HCCL_BUFFSIZE where set (checked against MC2's need)")
+    p.add_argument("--shell", action="store_true", help="on a fit, print HCCL_BUFFSIZE=MB for a recipe to eval")
+    geometry_args(p)
+
+
+def run(args, console) -> None:
+    if not args.model:
+        raise SceneEplbError("preflight needs --model DIR (its config.json)")
+    memory = read_model_memory(args.model, args.kv_cache_dtype, args.expert_bytes)
+    cfg, modelslim, path, _ = read_model_files(args.model)
+    experts = ConfigFields(cfg, path).integer("n_routed_experts", 1)
+    ep = args.dp * args.tp
+    if args.layout:
+        geometry = read_layout(args.layout, hint(args)).geometry
+        if geometry.ep_size != ep:
+            raise SceneEplbError(f"the layout is for EP {geometry.ep_size}, the recipe has DP {args.dp} x TP {args.tp} = {ep}")
+        physical = geometry.num_physical
+    else:
+        physical = experts + args.redundant
+    if physical % ep:
+        raise SceneEplbError(f"{physical} expert slots do not divide over EP {ep}")
+    max_len = args.max_model_len or ConfigFields(cfg, path).integer("max_position_embeddings", 1, default=None)
+    if max_len is None:
+        raise SceneEplbError("the config has no max_position_embeddings: give --max-model-len")
+    recipe = Recipe(
+        dp=args.dp,
+        tp=args.tp,
+        slots_per_rank=physical // ep,
+        max_model_len=max_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        device_bytes=int(args.device_memory_gib * GIB),
+        reserve_bytes=int(args.reserve_gib * GIB),
+        graphs=not args.enforce_eager,
+        prefill_mc2=args.prefill_mc2,
+        hccl_buffsize_mb=args.hccl_buffsize,
+    )
+    result = fit(recipe, memory, cfg, modelslim, path)
+    name = f"DP{args.dp} x TP{args.tp}, {recipe.slots_per_rank} slots per rank, max_model_len {max_len:,}"
+    text = (
+        f"preflight {name}, max_num_seqs {args.max_num_seqs}, per rank:\n"
+        f"  non-routed weights {result.non_routed_bytes / GIB:.2f} GiB, routed weights {result.routed_bytes / GIB:.2f} GiB "
+        f"({memory.expert_format})\n"
+        f"  MC2 {result.mc2_tokens_per_rank} tokens per rank: HCCL_BUFFSIZE >= {result.hccl_buffsize_mb} MB "
+        f"(buffer {result.hccl_bytes / GIB:.2f} GiB), reserve {result.reserve_bytes / GIB:.2f} GiB\n"
+        f"  budget {args.gpu_memory_utilization:g} x {args.device_memory_gib:g} GiB = {result.budget_bytes / GIB:.2f} GiB; "
+        f"KV cache {result.kv_bytes / GIB:.2f} GiB = {result.kv_tokens:,} tokens of {result.kv_bytes_per_token:,} B "
+        f"({memory.kv_format})\n"
+        f"  fits: max_model_len up to {result.max_model_len_fit:,}, {result.max_num_seqs_fit} sequences of {max_len:,} tokens"
+    )
+    if result.problems:
+        console.say(text)
+        raise SceneEplbError(f"preflight refuses {name}: " + "; ".join(result.problems))
+    if args.shell:
+        print(f"HCCL_BUFFSIZE={args.hccl_buffsize or result.hccl_buffsize_mb}")
+        return
+    console.emit({"recipe": name, **result.to_dict()}, text + "\n  the recipe fits")

@@ -1,0 +1,202 @@
+"""Does a server's recipe fit its devices? One rank's weights, communication buffer and KV cache.
+
+Built on ``memory`` (one routed expert's bytes, one KV token's bytes) and the model's config.json,
+per rank of a DP x TP server with expert parallelism over all DP x TP ranks (EP = DP x TP):
+
+- **routed weights**: the layout's slots per rank (E + R) / EP in every MoE layer, each one routed
+  expert (``memory.expert_bytes``, scales included);
+- **non-routed weights**: embedding and LM head (vocab-parallel: 1 / TP), per layer MLA attention
+  (``q_a_proj`` and ``kv_a_proj_with_mqa`` replicated, ``q_b_proj``, ``kv_b_proj`` and ``o_proj``
+  1 / TP, as vLLM's DeepSeek model shards them), the dense layers' MLP and the shared experts (1 / TP)
+  and the router gate (replicated, model dtype); linear layers at the checkpoint's quantisation
+  (ModelSlim's description: int8 plus a per-channel scale and offset), the rest at the model dtype.
+  Norms and biases (a few MB) and the MTP layer (loaded only with speculative decoding) are left out;
+- **MC2 buffer**: vLLM-Ascend's MC2 capacity per TP rank (``set_mc2_tokens_capacity``: the batched
+  tokens with prefill MC2, else the largest graph size, else max_num_seqs; capped at 512) priced
+  with CANN's ``npu_moe_distribute_dispatch`` rule for A3, ``HCCL_BUFFSIZE >= 2 x (local experts x
+  maxBs x EP x Align512(Align32(2H) + 64) + (top-k + shared) x maxBs x Align512(2H))`` bytes; the MC2
+  communicator holds 2 x HCCL_BUFFSIZE;
+- **reserve**: activations, graphs and the other communicators, an estimate the operator sets;
+- **KV cache**: what is left of ``gpu_memory_utilization`` x device memory, in tokens of
+  ``memory.kv_bytes_per_token`` (MLA keeps the full latent on every TP rank).
+
+The recipe fits when the KV cache holds ``max_num_seqs`` sequences of ``max_model_len`` tokens (so
+no admitted sequence is preempted for KV; vLLM itself refuses below one) and HCCL_BUFFSIZE, where
+set, covers the MC2 buffer. Arithmetic from the config, not measured on a device. Pure, no engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .errors import SceneEplbError
+from .memory import DTYPE_BYTES, GIB, ModelMemory
+from .model_geometry import ConfigFields
+
+MIB = 1024**2
+MC2_TOKEN_CAP = 512  # vLLM-Ascend caps the MC2 tokens per TP rank here (set_mc2_tokens_capacity)
+HCCL_DEFAULT_MB = 200  # CANN's (and vLLM-Ascend's) default HCCL_BUFFSIZE
+MODELSLIM_INT8 = ("W8A8", "W8A8_DYNAMIC")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a server's command line and node set that decides its memory per rank."""
+
+    dp: int
+    tp: int
+    slots_per_rank: int  # physical expert slots per rank in each MoE layer: (E + R) / (DP x TP)
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    device_bytes: int  # one device's (die's) memory
+    reserve_bytes: int  # activations, graphs, other communicators (an estimate)
+    graphs: bool = True  # ACL graphs (not --enforce-eager): the MC2 capacity follows the largest graph
+    prefill_mc2: bool = False  # vLLM-Ascend's enable_prefill_mc2
+    hccl_buffsize_mb: int | None = None  # HCCL_BUFFSIZE where the operator set it
+
+
+@dataclass(frozen=True)
+class RankFit:
+    """One rank's memory under a recipe (bytes) and whether it fits (``problems`` empty)."""
+
+    non_routed_bytes: int
+    routed_bytes: int
+    hccl_bytes: int
+    reserve_bytes: int
+    budget_bytes: int  # gpu_memory_utilization x device memory
+    kv_bytes: int  # what is left for the KV cache (negative: the weights alone do not fit)
+    kv_bytes_per_token: int
+    kv_tokens: int
+    max_model_len_fit: int  # the longest sequence the KV cache holds (one sequence)
+    max_num_seqs_fit: int  # sequences of max_model_len tokens it holds at once
+    mc2_tokens_per_rank: int
+    hccl_buffsize_mb: int  # the HCCL_BUFFSIZE this recipe needs (at least CANN's default)
+    problems: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "problems": list(self.problems)}
+
+
+def _align(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def _linear(rows: int, cols: int, kind: str, dtype_bytes: int) -> int:
+    """Bytes of a [rows, cols] linear weight: int8 plus a scale and offset per output row for
+    ModelSlim W8A8, else the model dtype."""
+    if kind in MODELSLIM_INT8:
+        return rows * cols + 2 * rows * dtype_bytes
+    return rows * cols * dtype_bytes
+
+
+def _kind(modelslim: dict | None, contains: str) -> str:
+    """The ModelSlim kind of the first weight whose name contains ``contains`` (FLOAT without one)."""
+    if not modelslim:
+        return "FLOAT"
+    return next((v for k, v in modelslim.items() if contains in k and k.endswith(".weight")), "FLOAT")
+
+
+def non_routed_bytes(cfg: dict, modelslim: dict | None, tp: int, path: str | None = None) -> int:
+    """One rank's weights outside the routed experts (see the module docstring), at TP ``tp``."""
+    f = ConfigFields(cfg, path)
+    dtype = f.text("torch_dtype", "") or f.text("dtype", "bfloat16")
+    if dtype not in DTYPE_BYTES:
+        raise SceneEplbError(f"config torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}", path)
+    b = DTYPE_BYTES[dtype]
+    if not f.has("kv_lora_rank"):
+        raise SceneEplbError("the preflight prices MLA attention (DeepSeek's kv_lora_rank) only", path)
+    hidden, vocab, layers = f.integer("hidden_size", 1), f.integer("vocab_size", 1), f.integer("num_hidden_layers", 1)
+    heads, q_lora, kv_lora = f.integer("num_attention_heads", 1), f.integer("q_lora_rank", 1), f.integer("kv_lora_rank", 1)
+    nope, rope, v_dim = f.integer("qk_nope_head_dim", 1), f.integer("qk_rope_head_dim", 0), f.integer("v_head_dim", 1)
+    dense = f.integer("first_k_dense_replace", 0, default=0)
+    experts, shared = f.integer("n_routed_experts", 1), f.integer("n_shared_experts", 0, default=0)
+    inter, moe_inter = f.integer("intermediate_size", 1), f.integer("moe_intermediate_size", 1)
+    attn = _kind(modelslim, "self_attn.")
+    replicated = _linear(q_lora, hidden, attn, b) + _linear(kv_lora + rope, hidden, attn, b)
+    sharded = (
+        _linear(heads * (nope + rope), q_lora, attn, b)
+        + _linear(heads * (nope + v_dim), kv_lora, attn, b)
+        + _linear(hidden, heads * v_dim, attn, b)
+    )
+    per_layer_attn = replicated + math.ceil(sharded / tp)
+    mlp = _kind(modelslim, "mlp.gate_proj") if dense else "FLOAT"
+    dense_mlp = dense * math.ceil((2 * _linear(inter, hidden, mlp, b) + _linear(hidden, inter, mlp, b)) / tp)
+    moe_layers = layers - dense
+    sk = _kind(modelslim, "shared_experts.")
+    shared_mlp = moe_layers * math.ceil(shared * (2 * _linear(moe_inter, hidden, sk, b) + _linear(hidden, moe_inter, sk, b)) / tp)
+    gate = moe_layers * experts * hidden * b
+    embed_and_head = 2 * math.ceil(vocab / tp) * hidden * b
+    return layers * per_layer_attn + dense_mlp + shared_mlp + gate + embed_and_head
+
+
+def mc2_tokens_per_rank(recipe: Recipe) -> int:
+    """vLLM-Ascend's MC2 capacity per TP rank (``set_mc2_tokens_capacity``; vLLM's default largest
+    graph, 2 x max_num_seqs up to 512, without speculative decoding)."""
+    if recipe.prefill_mc2:
+        tokens = recipe.max_num_batched_tokens
+    elif recipe.graphs:
+        tokens = min(2 * recipe.max_num_seqs, 512)
+    else:
+        tokens = recipe.max_num_seqs
+    return min(-(-tokens // recipe.tp), MC2_TOKEN_CAP)
+
+
+def mc2_hccl_bytes(cfg: dict, slots_per_rank: int, ep: int, max_bs: int, path: str | None = None) -> int:
+    """The HCCL buffer MC2's dispatch and combine need (CANN's A3 rule, module docstring)."""
+    f = ConfigFields(cfg, path)
+    hidden, top_k = f.integer("hidden_size", 1), f.integer("num_experts_per_tok", 1)
+    shared = f.integer("n_shared_experts", 0, default=0)
+    token = _align(_align(2 * hidden, 32) + 64, 512)
+    return 2 * (slots_per_rank * max_bs * ep * token + (top_k + shared) * max_bs * _align(2 * hidden, 512))
+
+
+def fit(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, path: str | None = None) -> RankFit:
+    """One rank's memory under ``recipe`` and what does not fit (one sentence each, with the numbers)."""
+    ep = recipe.dp * recipe.tp
+    non_routed = non_routed_bytes(cfg, modelslim, recipe.tp, path)
+    routed = recipe.slots_per_rank * memory.num_moe_layers * memory.bytes_per_expert
+    max_bs = mc2_tokens_per_rank(recipe)
+    need_mb = max(HCCL_DEFAULT_MB, -(-mc2_hccl_bytes(cfg, recipe.slots_per_rank, ep, max_bs, path) // MIB))
+    set_mb = recipe.hccl_buffsize_mb if recipe.hccl_buffsize_mb is not None else need_mb
+    hccl = 2 * set_mb * MIB
+    budget = int(recipe.gpu_memory_utilization * recipe.device_bytes)
+    kv = budget - non_routed - routed - hccl - recipe.reserve_bytes
+    kv_tokens = max(kv, 0) // memory.kv_bytes_per_token
+    problems = []
+    weights = f"non-routed {non_routed / GIB:.1f} GiB + routed {routed / GIB:.1f} GiB ({recipe.slots_per_rank} slots x "
+    weights += f"{memory.num_moe_layers} MoE layers x {memory.bytes_per_expert / MIB:.1f} MiB)"
+    if kv <= 0:
+        problems.append(
+            f"the weights do not fit: {weights} + HCCL {hccl / GIB:.1f} GiB + reserve {recipe.reserve_bytes / GIB:.1f} GiB = "
+            f"{(budget - kv) / GIB:.1f} GiB per rank, above {recipe.gpu_memory_utilization:g} x "
+            f"{recipe.device_bytes / GIB:.0f} GiB = {budget / GIB:.1f} GiB"
+        )
+    elif kv_tokens < recipe.max_num_seqs * recipe.max_model_len:
+        problems.append(
+            f"the KV cache does not hold max_num_seqs {recipe.max_num_seqs} x max_model_len {recipe.max_model_len:,} = "
+            f"{recipe.max_num_seqs * recipe.max_model_len:,} tokens: {kv / GIB:.1f} GiB left after {weights} holds "
+            f"{kv_tokens:,} tokens of {memory.kv_bytes_per_token:,} B"
+        )
+    if recipe.hccl_buffsize_mb is not None and recipe.hccl_buffsize_mb < need_mb:
+        problems.append(
+            f"HCCL_BUFFSIZE {recipe.hccl_buffsize_mb} MB is below the {need_mb} MB MC2 needs for "
+            f"{max_bs} tokens per rank x {recipe.slots_per_rank} local experts x EP {ep}"
+        )
+    return RankFit(
+        non_routed,
+        routed,
+        hccl,
+        recipe.reserve_bytes,
+        budget,
+        kv,
+        memory.kv_bytes_per_token,
+        kv_tokens,
+        kv_tokens,
+        kv_tokens // recipe.max_model_len,
+        max_bs,
+        need_mb,
+        tuple(problems),
+    )
