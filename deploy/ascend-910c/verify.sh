@@ -20,8 +20,8 @@
 #   5 mc2         (P) restarted with PREFILL_MC2=1 (and CHUNK=MC2_CHUNK, which the preflight fits) and
 #                 SHORT_LEN-token prompts: totals as in 2, and the plugin's log line proves every real
 #                 pass ran MC2 (`comm`), no other comm method
-#   6 throughput  ROUNDS x (collect, recorder idle | plain, flag off), interleaved, a restart each:
-#                 ratio of the means with its 95% interval; PASS at >= MIN_RATIO (prefill on P, output on D)
+#   6 throughput  ROUNDS x (collect, recorder idle | plain, flag off), interleaved (AB BA AB ...), a
+#                 restart each: the within-round ratios with a 95% t interval over rounds; PASS at >= MIN_RATIO (prefill on P, output on D)
 # Steps that fail and what a failure means: see README.md in this folder.
 # DRY_RUN=1 prints every step without running it; DRY_RUN=1 FAIL_STEP=<step> simulates that step failing.
 set -uo pipefail
@@ -150,11 +150,16 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
   fi
   # 6. throughput: ROUNDS interleaved restarts, recorder idle vs flag off, the same load and seed
   IDLE=(); PLAIN=(); ok=1; TLOAD=$(load "$TLEN" "$OUT_LEN")
+  # Odd rounds run idle first, even rounds plain first (AB BA AB ...), so a drift of the machine over
+  # a round does not always fall on the same side of the ratio.
   for r in $(seq 1 "$ROUNDS"); do
-    step "round$r-start-idle" start_p collect && step "round$r-idle" scene-eplb bench --scene idle \
-      $TLOAD --seed 3 -o "$OUT/idle-$r.json" && IDLE+=("$OUT/idle-$r.json") || ok=0
-    step "round$r-start-plain" start_p plain && step "round$r-plain" scene-eplb bench --scene plain \
-      $TLOAD --seed 3 -o "$OUT/plain-$r.json" && PLAIN+=("$OUT/plain-$r.json") || ok=0
+    if [ $((r % 2)) = 1 ]; then sides="idle plain"; else sides="plain idle"; fi
+    for side in $sides; do
+      if [ "$side" = idle ]; then mode=collect; else mode=plain; fi
+      step "round$r-start-$side" start_p "$mode" && step "round$r-$side" scene-eplb bench --scene "$side" \
+        $TLOAD --seed 3 -o "$OUT/$side-$r.json" || { ok=0; continue; }
+      if [ "$side" = idle ]; then IDLE+=("$OUT/idle-$r.json"); else PLAIN+=("$OUT/plain-$r.json"); fi
+    done
   done
   stop_p
   if [ "$ok" = 1 ]; then
