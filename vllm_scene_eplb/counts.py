@@ -3,7 +3,8 @@
 Counts are int [T, L, E]: T recorder ring entries, one forward pass each (unordered, unwritten
 entries are zero; not physical expert slots), L layers in the model's layer axis (dense layers stay
 all-zero), E logical experts. A value is a number of (token, top-k) assignments, already summed over
-ranks exactly once.
+ranks exactly once. Where the recorder saw them, ``sources`` [S, L, E] splits the same assignments
+by the EP rank that routed them (``Counts.sources``).
 """
 
 from __future__ import annotations
@@ -70,20 +71,49 @@ def validate_physical(raw: Any, logical: np.ndarray, path: str | None = None) ->
     return arr
 
 
+SOURCE_AXES = {3: "[S, L, E]"}
+
+
+def validate_sources(raw: Any, logical: np.ndarray, path: str | None = None) -> np.ndarray:
+    """Check per-source counts ``source_count`` [S, L, E] against the logical counts [T, L, E] they
+    came with: the same layers and experts, and summed over the S source ranks the window's totals
+    (every assignment was routed by exactly one rank)."""
+    arr = integer_array(raw, "source_count", path, 0, MAX_COUNT, SOURCE_AXES)
+    if arr.shape[1:] != logical.shape[1:]:
+        raise SceneEplbError(
+            f"source_count {list(arr.shape)} does not match logical_count {list(logical.shape)} in layers and experts", path
+        )
+    differ = arr.sum(axis=0) != logical.sum(axis=0)
+    if differ.any():
+        layer, expert = (int(i) for i in np.argwhere(differ)[0])
+        raise SceneEplbError(
+            f"source_count sums to {int(arr[:, layer, expert].sum())} assignments at [L, E] = [{layer}, {expert}], "
+            f"logical_count to {int(logical[:, layer, expert].sum())}: every assignment has exactly one source rank",
+            path,
+        )
+    return arr
+
+
 @dataclass(frozen=True)
 class Counts:
     """Validated routing counts plus free-form metadata (model, role, geometry, layer ids...), and
     where the recorder saw them, the measured replica traffic ``physical`` [T, L, P]: assignments
-    per physical slot, the same entries and layers, the same totals."""
+    per physical slot, the same entries and layers, the same totals; and ``sources`` [S, L, E]: the
+    window's assignments by the EP rank s that routed them itself (its DP rank's tokens, or its even
+    share of the rows of a batch several TP ranks see: the static table's source rank s), summed over
+    the entries: ``sources.sum(0) == data.sum(0)``."""
 
     data: np.ndarray
     meta: dict = field(default_factory=dict)
     physical: np.ndarray | None = None
+    sources: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", validate_count_array(self.data))
         if self.physical is not None:
             object.__setattr__(self, "physical", validate_physical(self.physical, self.data))
+        if self.sources is not None:
+            object.__setattr__(self, "sources", validate_sources(self.sources, self.data))
 
     @property
     def num_entries(self) -> int:
