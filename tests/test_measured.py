@@ -155,8 +155,16 @@ def test_the_live_sample_takes_every_ranks_own_rows_as_its_static_source():
     batch, own0 = np.array([[5, 3, 0, 2]]), np.array([[4, 0, 0, 1]])
 
     def answer(rank: int, own) -> dict:
-        return {"counts": batch.tolist(), "physical": None, "own_counts": own.tolist(), "passes": 2, "contributes": rank == 0,
-                "ep_rank": rank, "source": [0, 2], "moe_seconds": None}
+        return {
+            "counts": batch.tolist(),
+            "physical": None,
+            "own_counts": own.tolist(),
+            "passes": 2,
+            "contributes": rank == 0,
+            "ep_rank": rank,
+            "source": [0, 2],
+            "moe_seconds": None,
+        }
 
     sample = live_sample([answer(1, batch - own0), answer(0, own0)])
     assert sample.logical.tolist() == batch.tolist() and sample.passes == 2

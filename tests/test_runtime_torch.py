@@ -7,8 +7,8 @@ import torch
 from vllm_scene_eplb.dispatch import dynamic_tables, static_table
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.layout import Geometry, Layout
-from vllm_scene_eplb.runtime.observer import RoutingObserver
 from vllm_scene_eplb.measured import SourceTraffic, fidelity, modelled_slot_counts
+from vllm_scene_eplb.runtime.observer import RoutingObserver
 from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps, own_source_rows
 
 
