@@ -80,7 +80,7 @@ def test_per_source_counts_survive_every_counts_format(tmp_path, fmt, suffix):
     [
         (lambda s: s[:, :1], r"source_count \[2, 1, 4\] does not match logical_count \[3, 2, 4\]"),
         (lambda s: s[0], r"source_count must be \[S, L, E\], got 2 dimension"),
-        (lambda s: s + np.eye(4, dtype=np.int64)[None, :2], r"source_count sums to \d+ assignments at \[L, E\] = \[0, 0\]"),
+        (lambda s: s + np.eye(4, dtype=np.int64)[None, :2], r"source_count holds \d+ assignments at \[L, E\] = \[0, 0\]"),
         (lambda s: s * -1, "negative value"),
     ],
 )

@@ -174,5 +174,5 @@ def test_own_rows_that_do_not_add_up_to_the_counts_fail_every_rank_and_write_not
     dump = tmp_path / "dumps"
     results = _run(tmp_path, "sources_bad", dump)
     assert [r["state"] for r in results] == ["failed", "failed"]
-    assert "source_count sums to" in results[0]["error"] and "failed on rank 0" in results[1]["error"], results
+    assert "source_count holds" in results[0]["error"] and "failed on rank 0" in results[1]["error"], results
     assert not dump.exists() or not list(dump.iterdir())

@@ -60,15 +60,21 @@ def validate_physical(raw: Any, logical: np.ndarray, path: str | None = None) ->
             f"physical_count {list(arr.shape)} does not match logical_count {list(logical.shape)} in ring entries and layers",
             path,
         )
-    differ = arr.sum(axis=2) != logical.sum(axis=2)
-    if differ.any():
-        t, layer = (int(i) for i in np.argwhere(differ)[0])
-        raise SceneEplbError(
-            f"physical_count holds {int(arr[t, layer].sum())} assignments at [T, L] = [{t}, {layer}], "
-            f"logical_count {int(logical[t, layer].sum())}: every assignment goes to exactly one slot",
-            path,
-        )
+    _same_totals(
+        "physical_count", arr.sum(axis=2), logical.sum(axis=2), "[T, L]", "every assignment goes to exactly one slot", path
+    )
     return arr
+
+
+def _same_totals(name: str, got: np.ndarray, want: np.ndarray, axes: str, why: str, path: str | None) -> None:
+    """Refuse ``name`` where its totals ``got`` differ from the logical counts' ``want`` (same shape),
+    naming the first differing position on ``axes``."""
+    differ = got != want
+    if differ.any():
+        pos = tuple(int(i) for i in np.argwhere(differ)[0])
+        raise SceneEplbError(
+            f"{name} holds {int(got[pos])} assignments at {axes} = {list(pos)}, logical_count {int(want[pos])}: {why}", path
+        )
 
 
 SOURCE_AXES = {3: "[S, L, E]"}
@@ -83,14 +89,7 @@ def validate_sources(raw: Any, logical: np.ndarray, path: str | None = None) -> 
         raise SceneEplbError(
             f"source_count {list(arr.shape)} does not match logical_count {list(logical.shape)} in layers and experts", path
         )
-    differ = arr.sum(axis=0) != logical.sum(axis=0)
-    if differ.any():
-        layer, expert = (int(i) for i in np.argwhere(differ)[0])
-        raise SceneEplbError(
-            f"source_count sums to {int(arr[:, layer, expert].sum())} assignments at [L, E] = [{layer}, {expert}], "
-            f"logical_count to {int(logical[:, layer, expert].sum())}: every assignment has exactly one source rank",
-            path,
-        )
+    _same_totals("source_count", arr.sum(axis=0), logical.sum(axis=0), "[L, E]", "every assignment has one source rank", path)
     return arr
 
 
