@@ -9,7 +9,7 @@ from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.layout import Geometry, Layout
 from vllm_scene_eplb.measured import SourceTraffic, fidelity, modelled_slot_counts
 from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps, own_source_rows
+from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps, own_source_span, row_sources
 
 
 def test_observer_counts_passes_once_and_skips_padding_and_dummies():
@@ -92,7 +92,7 @@ def test_capture_issues_at_most_four_device_ops_per_layer_and_never_syncs(case):
     )
     mask = torch.rand(80, generator=torch.Generator().manual_seed(4)) > 0.5
     kwargs = {"logical+padding": {"padding_rows": mask}, "physical+own_rows": {"own_rows": mask}}.get(case, {})
-    call = {"skip": lambda: obs.skip(1), "sources": lambda: obs.capture_sources(1, ids, mask)}.get(
+    call = {"skip": lambda: obs.skip(1), "sources": lambda: obs.capture_sources(1, ids[5:40], mask[5:40])}.get(
         case, lambda: obs.capture(1, ids, **kwargs)
     )
     call()  # warm: first calls may allocate
@@ -266,12 +266,23 @@ def test_static_map_loads_the_layouts_fitted_table():
 
 
 def _tp_pass(observers, maps, layer: int, ids: torch.Tensor, padding: torch.Tensor) -> None:
-    """One pass of a batch every TP rank routes: each maps it by the static table and counts it
-    (padding out), and counts the rows it routes itself, as the vLLM adapter's capture does."""
+    """One pass of a batch every TP rank routes: each maps it by the static table, then the vLLM
+    adapter's capture counts it (padding out) and the rows the rank routes itself."""
+    from vllm_scene_eplb.adapters.vllm.runtime import _capture
+
     for rank, obs in enumerate(observers):
-        slots = maps[layer](ids)
-        obs.capture(layer, slots, padding_rows=padding)
-        obs.capture_sources(layer, slots, own_source_rows(maps[layer].source, rank, ids.shape[0], padding, ids.device))
+        _capture(obs, layer, padding, maps[layer].source, rank, maps[layer](ids))
+
+
+@pytest.mark.parametrize("base, span", [(0, 2), (0, 4), (2, 2), (3, 1)])
+def test_a_ranks_own_rows_are_the_rows_whose_source_is_the_rank(base, span):
+    """The slice ``own_source_span`` gives is exactly the rows ``row_sources`` (the static map's
+    split) assigns to the rank, for every batch size, odd and one-row ones too; other ranks get none."""
+    for rows in [0, 1, 2, 3, 7, 60, 61, 159, 160]:
+        src = row_sources(SourceRanks(base, span), rows, "cpu")
+        for rank in range(6):
+            lo, hi = own_source_span(SourceRanks(base, span), rank, rows)
+            assert torch.equal(torch.arange(rows)[src == rank], torch.arange(lo, hi)), (rows, rank, lo, hi)
 
 
 def test_tp_ranks_own_rows_make_the_static_model_exact_where_the_even_split_is_not():
@@ -316,7 +327,7 @@ def test_own_rows_follow_the_ring_window_after_wrapping():
     for step in range(5):
         ids = torch.tensor([[0], [1]] * (step + 1))
         obs.capture(0, ids)
-        obs.capture_sources(0, ids, torch.arange(ids.shape[0]) < step + 1)  # the first half of the rows
+        obs.capture_sources(0, ids[: step + 1])  # the first half of the rows
         obs.end_step(is_dummy=step == 4)
     obs.stop()
     rec = obs.snapshot()

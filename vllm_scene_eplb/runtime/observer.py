@@ -33,8 +33,8 @@ for that layer and pass, and says so in status and in the dump.
 **Own rows** (the static table's source rows): the rows whose replica choice this rank's own static
 table row makes, the rows it routes itself. Where the counted rows are not all its own (TP ranks that
 all route the same batch, split evenly over them: ``source_rows=True``), the adapter also hands them
-to ``capture_sources``, which counts them into buffers of their own (pass, ring, live), at most four
-more device ops; elsewhere the counted rows are the own rows and nothing more runs. Read as
+(a slice of the pass's rows) to ``capture_sources``, which counts them into buffers of their own
+(pass, ring, live), at most four more device ops; elsewhere the counted rows are the own rows and nothing more runs. Read as
 ``Record.sources`` / ``LiveCounts.own``: logical counts of the own rows.
 
 ``live`` (cumulative, never stops, never syncs the host in the forward) feeds live fitness; a
@@ -257,13 +257,14 @@ class RoutingObserver:
         live = source_rows and self.live_on
         self.live_sources = torch.zeros(shape, dtype=torch.int64, device=device) if live else None
 
-    def capture_sources(self, moe_idx: int, ids: torch.Tensor, own_rows: torch.Tensor) -> None:
-        """Add this pass's ids [M, k] of MoE layer ``moe_idx`` on this rank's own rows (``own_rows``
-        [>= M] True: the rows its static table row routes, padding excluded); traceable, at most four
-        device ops. Only with ``source_rows``."""
+    def capture_sources(self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None) -> None:
+        """Add the ids [m, k] of MoE layer ``moe_idx`` on the rows this rank routes itself (a slice of
+        the pass's rows), leaving out those where ``padding_rows`` [>= m] is True; traceable, at most
+        four device ops. Only with ``source_rows``."""
         assert self.pass_sources is not None, "capture_sources needs an observer made with source_rows=True"
         W = self.width
-        ids = torch.where(own_rows[: ids.shape[0]].unsqueeze(1), ids, W)
+        if padding_rows is not None:
+            ids = torch.where(padding_rows[: ids.shape[0]].unsqueeze(1), W, ids)
         idx = ids.clamp(-1, W).remainder(W + 1).reshape(-1)
         self.pass_sources[moe_idx].index_add_(0, idx, self._one.expand(idx.shape[0]))
 

@@ -14,7 +14,7 @@ hot expert's tokens still spread over its replicas the way the static table says
   are d*tp .. d*tp+tp-1 in vLLM's numbering: base = d*tp, span = tp (DP16/TP1: the rank itself);
 - sequence-parallel MoE: each rank routes its own rows: base = its EP rank, span 1.
 
-The rows a rank routes itself (``own_source_rows``) are those whose source rank is the rank: the rows
+The rows a rank routes itself (``own_source_span``) are those whose source rank is the rank: the rows
 whose replica choice its own static table row makes, and which its per-source counts count.
 """
 
@@ -44,11 +44,14 @@ def row_sources(source: SourceRanks, num_rows: int, device) -> torch.Tensor:
     return source.base + torch.div(rows * source.span, max(num_rows, 1), rounding_mode="floor")
 
 
-def own_source_rows(source: SourceRanks, rank: int, num_rows: int, padding_rows: torch.Tensor | None, device) -> torch.Tensor:
-    """Bool [num_rows]: the rows EP rank ``rank`` routes itself (its source rows), padding rows
-    (``padding_rows`` [>= num_rows] True) left out; fixed-shape, traceable."""
-    own = row_sources(source, num_rows, device) == rank
-    return own if padding_rows is None else own & ~padding_rows[:num_rows]
+def own_source_span(source: SourceRanks, rank: int, num_rows: int) -> tuple[int, int]:
+    """The rows [lo, hi) of a routed batch of ``num_rows`` rows whose source rank (``row_sources``)
+    is EP rank ``rank``: the rows it routes itself. Row i has source base + k exactly where
+    ceil(k * M / span) <= i < ceil((k + 1) * M / span); host integers, so the rows are a slice (a view)."""
+    k = rank - source.base
+    if not 0 <= k < source.span:
+        return 0, 0
+    return -(-k * num_rows // source.span), -(-(k + 1) * num_rows // source.span)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from ...protocol import startup_line
 from ...runtime.export import Exporter, group_maker
 from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
-from ...runtime.replica_map import SourceRanks, own_source_rows
+from ...runtime.replica_map import SourceRanks, own_source_span
 from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
 from .version import check_engine_version, engine_version
 
@@ -147,8 +147,8 @@ def _capture(observer, moe_idx: int, padding, source: SourceRanks, source_rank: 
     them, the rows of them this rank routes itself (``source_rank``'s rows of ``source``); traceable."""
     observer.capture(moe_idx, slots, padding_rows=padding)
     if observer.pass_sources is not None:
-        own = own_source_rows(source, source_rank, slots.shape[0], padding, slots.device)
-        observer.capture_sources(moe_idx, slots, own)
+        lo, hi = own_source_span(source, source_rank, slots.shape[0])
+        observer.capture_sources(moe_idx, slots[lo:hi], None if padding is None else padding[lo:hi])
 
 
 _current: NullRuntime | WorkerRuntime = NULL_RUNTIME
