@@ -132,9 +132,9 @@ def _live_run(work, layout_path, name: str, singles: bool = False) -> dict:
             run["metrics"] = resp.read().decode()
         run["watch"] = cli("watch", "--url", srv.url, "--once", "--json")
         run["watch_text"] = cli("watch", "--url", srv.url, "--once")
-        if singles:
-            _singles_run(srv, run)
         run["log"] = srv.log_text()
+        if singles:  # after the log is read: other traffic, whose windows the drift checks do not judge
+            _singles_run(srv, run)
         return run
     finally:
         srv.stop()
