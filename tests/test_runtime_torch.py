@@ -344,3 +344,27 @@ def test_without_source_rows_the_counted_rows_are_the_own_rows():
     obs.stop()
     rec = obs.snapshot()
     assert rec.sources is rec.logical and obs.live_counts().own.tolist() == [[1, 1, 2]]
+
+
+def test_the_tp_capture_with_own_rows_is_traceable_with_dynamic_batch_size():
+    """The vLLM adapter's capture (counts and the rank's own slice of the rows) under torch.compile
+    with a dynamic batch size, one graph, no break: the same counts as run eagerly."""
+    from vllm_scene_eplb.adapters.vllm.runtime import _capture
+
+    layout = _layout()
+    m = layer_maps(layout, "static", source=SourceRanks(0, 2))[0]
+    p2l = torch.from_numpy(layout.physical_to_logical_map)
+    eager, traced = (RoutingObserver(2, 6, 4, slot_to_expert=p2l, source_rows=True) for _ in range(2))
+    padding = torch.zeros(200, dtype=torch.bool)
+    padding[5] = True
+    compiled = torch.compile(
+        lambda ids: _capture(traced, 0, padding, m.source, 1, m(ids)), fullgraph=True, dynamic=True, backend="eager"
+    )
+    g = torch.Generator().manual_seed(9)
+    for n in (3, 7, 16, 61):
+        ids = torch.randint(0, 6, (n, 2), generator=g)
+        compiled(ids)
+        _capture(eager, 0, padding, m.source, 1, m(ids))
+    assert torch.equal(traced.pass_sources, eager.pass_sources) and torch.equal(traced.pass_counts, eager.pass_counts)
+    # rank 1 routes rows [ceil(n/2), n) of each batch, two ids a row, less the padded row 5 (in its rows when n is 7)
+    assert int(eager.pass_sources[0, : eager.width].sum()) == 2 * sum(n // 2 for n in (3, 7, 16, 61)) - 2
