@@ -42,9 +42,14 @@ RNG = np.random.default_rng(5)
 # rows under static dispatch) hold the same tokens, so the dispatch model's even split is exact and
 # the measured replica traffic must match it. 12 x 80 tokens fit one 1024-token step.
 PROMPTS = [RNG.integers(3, 500, 80).tolist() for _ in range(6)] * 2
-# One prompt per batch, 60-160 tokens: a batch's two row halves route differently, so only the ranks'
-# own-row counts model the static dispatch exactly (the even split of the batch read 0.060 here).
-SINGLES = [RNG.integers(3, 500, int(n)).tolist() for n in RNG.integers(60, 161, 400)]
+# One prompt per batch, 60-160 tokens, as real prompts go: not alike along their length (an instruction,
+# then the text: here the first half's token ids from one range, the rest from another), so a batch's
+# two row halves (the TP ranks' source rows) route differently: only the ranks' own-row counts model
+# the static dispatch exactly, the even split of the batch does not (an independent run read 0.060).
+SINGLES = [
+    RNG.integers(3, 60, (n + 1) // 2).tolist() + RNG.integers(440, 500, n // 2).tolist()
+    for n in RNG.integers(60, 161, 400).tolist()
+]
 
 
 def _flag(**cfg) -> list[str]:
@@ -174,7 +179,7 @@ def test_every_rank_times_every_layer_and_the_time_view_counts_what_each_rank_co
         assert len(t["rank_ms"]) == 2 and all(len(row) == 2 and min(row) > 0 for row in t["rank_ms"]), t
         assert 0 < t["moe_share"] < 1 and t["step_ms"] > 0, t
         x = np.asarray(t["rank_assignments"], dtype=np.float64)  # [ranks, layers]
-        assert x.shape == (2, 2) and (x > 0).all(), t
+        assert x.shape == (2, 2) and x.sum() > 0, t  # the linear layout's cold rank may compute nothing
         assert balance(x.T) == pytest.approx(live["measured"]["per_layer"], rel=1e-3), (t, live["measured"])
         spread[name] = float(balance(x.T).max())
     print(
