@@ -57,3 +57,53 @@ def test_all_zero_counts_have_no_written_slot():
     assert c.written_entries().size == 0
     train, holdout = c.split()
     assert holdout is None and train.sum() == 0
+
+
+def _with_sources():
+    data = skewed_counts(3, 2, 4, seed=2, top_k=1, tokens=16)
+    total = data.sum(axis=0)
+    sources = np.stack([total // 3, total - total // 3])  # two source ranks, each its own rows
+    return data, sources
+
+
+@pytest.mark.parametrize("fmt, suffix", [("native", "npz"), ("sglang", "json"), ("pt", "pt")])
+def test_per_source_counts_survive_every_counts_format(tmp_path, fmt, suffix):
+    from vllm_scene_eplb.formats import read_counts, write_counts
+
+    data, sources = _with_sources()
+    back = read_counts(write_counts(Counts(data, {}, sources=sources), tmp_path / f"c.{suffix}", fmt))
+    assert np.array_equal(back.data, data) and np.array_equal(back.sources, sources)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s[:, :1], r"source_count \[2, 1, 4\] does not match logical_count \[3, 2, 4\]"),
+        (lambda s: s[0], r"source_count must be \[S, L, E\], got 2 dimension"),
+        (lambda s: s + np.eye(4, dtype=np.int64)[None, :2], r"source_count holds \d+ assignments at \[L, E\] = \[0, 0\]"),
+        (lambda s: s * -1, "negative value"),
+    ],
+)
+def test_per_source_counts_that_do_not_add_up_are_refused(change, message):
+    data, sources = _with_sources()
+    with pytest.raises(SceneEplbError, match=message):
+        Counts(data, {}, sources=change(sources))
+
+
+def test_the_native_checksum_covers_the_per_source_counts(tmp_path):
+    """Two sources' rows swapped keep every sum, so only the checksum can tell."""
+    import zipfile
+
+    from vllm_scene_eplb.formats import read_counts, write_counts
+
+    data, sources = _with_sources()
+    path = write_counts(Counts(data, {}, sources=sources), tmp_path / "c.npz", "native")
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["source_count"] = arrays["source_count"][::-1]
+    with zipfile.ZipFile(tmp_path / "bad.npz", "w") as zf:
+        for name, arr in arrays.items():
+            with zf.open(f"{name}.npy", "w") as fh:
+                np.lib.format.write_array(fh, arr)
+    with pytest.raises(SceneEplbError, match="checksum mismatch"):
+        read_counts(tmp_path / "bad.npz")

@@ -29,7 +29,21 @@ def _record(rank: int, scenario: str):
     counts = torch.full((4, *SHAPE[1:]), rank + 1, dtype=torch.int64)
     if scenario == "bad_shape" and rank == 1:
         counts = torch.zeros((4, 3, 9), dtype=torch.int64)
-    return RankRecord(counts, stamps, signature if scenario != "unsigned" else None, passes=4 + rank, steps_per_entry=2)
+    sources = None
+    if scenario.startswith("sources"):  # TP ranks of one batch: rank 0 counts it all, each its own rows
+        counts = torch.arange(4 * 3 * 8).reshape(4, *SHAPE[1:]) * (1 - rank)
+        sources = _own_rows(rank)
+        if scenario == "sources_bad" and rank == 1:
+            sources = sources + 1  # rows counted twice: the sum over sources is not the batch
+    return RankRecord(
+        counts, stamps, signature if scenario != "unsigned" else None, passes=4 + rank, steps_per_entry=2, sources=sources
+    )
+
+
+def _own_rows(rank: int) -> torch.Tensor:
+    """Rank ``rank``'s share of the batch ``arange(96)`` per entry: rank 0 the even counts' halves."""
+    batch = torch.arange(4 * 3 * 8).reshape(4, *SHAPE[1:])
+    return batch // 2 if rank == 0 else batch - batch // 2
 
 
 def _free_port() -> int:
@@ -140,4 +154,25 @@ def test_a_rank_that_joins_after_the_deadline_fails_too_and_nothing_is_written(t
     dump = tmp_path / "dumps"
     results = _run(tmp_path, "late", dump)
     assert [r["state"] for r in results] == ["failed", "failed"]
+    assert not dump.exists() or not list(dump.iterdir())
+
+
+def test_each_ranks_own_rows_are_summed_over_the_window_into_its_source_row(tmp_path):
+    """Rank 0 counts the whole batch (TP rank 0), each rank the rows it routes itself: ``source_count``
+    row r is rank r's own rows summed over the window's entries, and the rows add up to the counts."""
+    results = _run(tmp_path, "sources", tmp_path / "dumps")
+    assert [r["state"] for r in results] == ["done", "done"]
+    counts = read_counts(results[0]["path"])
+    assert counts.sources is not None and counts.sources.shape == (2, *SHAPE[1:])
+    assert counts.sources[0].tolist() == _own_rows(0).sum(dim=0).tolist()
+    assert counts.sources[1].tolist() == _own_rows(1).sum(dim=0).tolist()
+    assert np.array_equal(counts.sources.sum(axis=0), counts.data.sum(axis=0))
+    assert counts.meta["source_shape"] == [2, *SHAPE[1:]]
+
+
+def test_own_rows_that_do_not_add_up_to_the_counts_fail_every_rank_and_write_nothing(tmp_path):
+    dump = tmp_path / "dumps"
+    results = _run(tmp_path, "sources_bad", dump)
+    assert [r["state"] for r in results] == ["failed", "failed"]
+    assert "source_count holds" in results[0]["error"] and "failed on rank 0" in results[1]["error"], results
     assert not dump.exists() or not list(dump.iterdir())

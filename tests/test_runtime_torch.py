@@ -7,8 +7,9 @@ import torch
 from vllm_scene_eplb.dispatch import dynamic_tables, static_table
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.measured import SourceTraffic, fidelity, modelled_slot_counts
 from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps
+from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps, own_source_span, row_sources
 
 
 def test_observer_counts_passes_once_and_skips_padding_and_dummies():
@@ -80,18 +81,20 @@ def _top_level_ops(call) -> list[str]:
     return [e.name for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None and e.name not in VIEW_OPS]
 
 
-@pytest.mark.parametrize("case", ["logical", "logical+padding", "physical+own_rows", "int64 ids", "skip"])
+@pytest.mark.parametrize("case", ["logical", "logical+padding", "physical+own_rows", "int64 ids", "skip", "sources"])
 def test_capture_issues_at_most_four_device_ops_per_layer_and_never_syncs(case):
     """The bound of the capture's cost (the torch profiler on CPU sees the same aten ops a device runs):
     where/clamp/remainder/index_add_ at most, whichever mask the adapter passes; a skip is one op."""
     p2l = torch.tensor([[0, 1, 2, 3, 0, 1]] * 2)
-    obs = RoutingObserver(2, 4, 4, slot_to_expert=p2l if "physical" in case else None)
+    obs = RoutingObserver(2, 4, 4, slot_to_expert=p2l if "physical" in case else None, source_rows=case == "sources")
     ids = torch.randint(
         -1, 6, (64, 8), dtype=torch.int64 if case == "int64 ids" else torch.int32, generator=torch.Generator().manual_seed(3)
     )
     mask = torch.rand(80, generator=torch.Generator().manual_seed(4)) > 0.5
     kwargs = {"logical+padding": {"padding_rows": mask}, "physical+own_rows": {"own_rows": mask}}.get(case, {})
-    call = (lambda: obs.skip(1)) if case == "skip" else (lambda: obs.capture(1, ids, **kwargs))
+    call = {"skip": lambda: obs.skip(1), "sources": lambda: obs.capture_sources(1, ids[5:40], mask[5:40])}.get(
+        case, lambda: obs.capture(1, ids, **kwargs)
+    )
     call()  # warm: first calls may allocate
     ops = _top_level_ops(call)
     assert len(ops) <= (1 if case == "skip" else MAX_CAPTURE_OPS), ops
@@ -310,3 +313,108 @@ def test_the_capture_reserves_its_ones_and_grows_them_only_past_the_reserve():
     assert obs._ones is buffer and int(obs.pass_counts[0, 0]) == 8000
     obs.capture(0, torch.zeros(6000, 2, dtype=torch.int32))  # 12,000 ids: an eager pass past the reserve
     assert obs._ones.shape[0] >= 12_000 and int(obs.pass_counts[0, 0]) == 20_000
+
+
+def _tp_pass(observers, maps, layer: int, ids: torch.Tensor, padding: torch.Tensor) -> None:
+    """One pass of a batch every TP rank routes: each maps it by the static table, then the vLLM
+    adapter's capture counts it (padding out) and the rows the rank routes itself."""
+    from vllm_scene_eplb.adapters.vllm.runtime import _capture
+
+    for rank, obs in enumerate(observers):
+        _capture(obs, layer, padding, maps[layer].source, rank, maps[layer](ids))
+
+
+@pytest.mark.parametrize("base, span", [(0, 2), (0, 4), (2, 2), (3, 1)])
+def test_a_ranks_own_rows_are_the_rows_whose_source_is_the_rank(base, span):
+    """The slice ``own_source_span`` gives is exactly the rows ``row_sources`` (the static map's
+    split) assigns to the rank, for every batch size, odd and one-row ones too; other ranks get none."""
+    for rows in [0, 1, 2, 3, 7, 60, 61, 159, 160]:
+        src = row_sources(SourceRanks(base, span), rows, "cpu")
+        for rank in range(6):
+            lo, hi = own_source_span(SourceRanks(base, span), rank, rows)
+            assert torch.equal(torch.arange(rows)[src == rank], torch.arange(lo, hi)), (rows, rank, lo, hi)
+
+
+def test_tp_ranks_own_rows_make_the_static_model_exact_where_the_even_split_is_not():
+    """TP=2 x EP=2, single batches of varied length (odd ones too, a one-row decode step, padding):
+    each rank's own rows are the rows its static table row routes, so the slot traffic modelled from
+    them is the measured one exactly; the even split of the batch's counts is not."""
+    layout = _layout()
+    maps = layer_maps(layout, "static", source=SourceRanks(0, 2))
+    p2l = torch.from_numpy(layout.physical_to_logical_map)
+    observers = [RoutingObserver(2, 6, 8, slot_to_expert=p2l, source_rows=True) for _ in range(2)]
+    for obs in observers:
+        obs.start()
+    g = torch.Generator().manual_seed(5)
+    for rows in (61, 1, 160, 97, 2):
+        padding = torch.zeros(rows + 3, dtype=torch.bool)
+        padding[rows - 1] = rows > 2  # a padded last row (it must count nowhere)
+        hot = torch.randint(0, 6, (rows, 1), generator=g)  # the first row half and the second route differently
+        ids = torch.cat([hot, torch.where(torch.arange(rows).unsqueeze(1) < rows // 2, 0, 5)], dim=1)
+        for layer in (0, 1):
+            _tp_pass(observers, maps, layer, ids, padding)
+        for obs in observers:
+            obs.end_step()
+    for obs in observers:
+        obs.stop()
+    records = [obs.snapshot() for obs in observers]
+    logical, physical = records[0].logical.sum(0).numpy(), records[0].physical.sum(0).numpy()
+    own = [r.sources.sum(0).numpy() for r in records]
+    assert np.array_equal(own[0] + own[1], logical) and not np.array_equal(own[0], own[1])
+    live = [obs.live_counts().own.numpy() for obs in observers]
+    assert np.array_equal(live[0], own[0]) and np.array_equal(live[1], own[1])
+    rows_p2l, g_ = layout.physical_to_logical_map, layout.geometry
+    exact = modelled_slot_counts(rows_p2l, g_, "static", [SourceTraffic(r, 1, own[r]) for r in (0, 1)])
+    assert np.array_equal(exact, physical)
+    assert fidelity(physical, exact, rows_p2l, 6) == 0.0
+    even = modelled_slot_counts(rows_p2l, g_, "static", [SourceTraffic(0, 2, logical)])
+    assert fidelity(physical, even, rows_p2l, 6) > 0.05  # what the even-split model read
+
+
+def test_own_rows_follow_the_ring_window_after_wrapping():
+    obs = RoutingObserver(1, 2, entries=2, source_rows=True)
+    obs.start()
+    for step in range(5):
+        ids = torch.tensor([[0], [1]] * (step + 1))
+        obs.capture(0, ids)
+        obs.capture_sources(0, ids[: step + 1])  # the first half of the rows
+        obs.end_step(is_dummy=step == 4)
+    obs.stop()
+    rec = obs.snapshot()
+    assert rec.stamps.tolist() == [3, 4] and rec.sources[:, 0].tolist() == [[2, 2], [0, 0]]
+    assert rec.logical[:, 0].tolist() == [[4, 4], [0, 0]]
+    assert obs.live_counts().own[0].tolist() == [6, 4]  # the first half of each real pass, the dummy pass not
+
+
+def test_without_source_rows_the_counted_rows_are_the_own_rows():
+    obs = RoutingObserver(1, 3, entries=2)
+    obs.start()
+    obs.capture(0, torch.tensor([[0, 2], [2, 1]]))
+    obs.end_step()
+    obs.stop()
+    rec = obs.snapshot()
+    assert rec.sources is rec.logical and obs.live_counts().own.tolist() == [[1, 1, 2]]
+
+
+def test_the_tp_capture_with_own_rows_is_traceable_with_dynamic_batch_size():
+    """The vLLM adapter's capture (counts and the rank's own slice of the rows) under torch.compile
+    with a dynamic batch size, one graph, no break: the same counts as run eagerly."""
+    from vllm_scene_eplb.adapters.vllm.runtime import _capture
+
+    layout = _layout()
+    m = layer_maps(layout, "static", source=SourceRanks(0, 2))[0]
+    p2l = torch.from_numpy(layout.physical_to_logical_map)
+    eager, traced = (RoutingObserver(2, 6, 4, slot_to_expert=p2l, source_rows=True) for _ in range(2))
+    padding = torch.zeros(200, dtype=torch.bool)
+    padding[5] = True
+    compiled = torch.compile(
+        lambda ids: _capture(traced, 0, padding, m.source, 1, m(ids)), fullgraph=True, dynamic=True, backend="eager"
+    )
+    g = torch.Generator().manual_seed(9)
+    for n in (3, 7, 16, 61):
+        ids = torch.randint(0, 6, (n, 2), generator=g)
+        compiled(ids)
+        _capture(eager, 0, padding, m.source, 1, m(ids))
+    assert torch.equal(traced.pass_sources, eager.pass_sources) and torch.equal(traced.pass_counts, eager.pass_counts)
+    # rank 1 routes rows [ceil(n/2), n) of each batch, two ids a row, less the padded row 5 (in its rows when n is 7)
+    assert int(eager.pass_sources[0, : eager.width].sum()) == 2 * sum(n // 2 for n in (3, 7, 16, 61)) - 2

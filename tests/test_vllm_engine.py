@@ -168,6 +168,12 @@ def test_dump_counts_every_routed_token_once(recorded):
     assert counts.meta["skipped_passes"] == 0  # the vLLM adapter attributes every row (it never skips)
     assert counts.meta["scheduled_tokens"] == RECORDED_TOKENS and counts.meta["aligned_by"] == "stamps"
     assert 1 <= dump["entries_written"] == counts.written_entries().size
+    # per-source counts: each TP rank's own rows, the first and second half of every pass's batch
+    # (rank 0 routes rows i < M/2, as its static table row would); read_counts checked they add up
+    rows = counts.data[:, 0].sum(axis=1) // TOP_K  # each entry's one pass: its batch rows M
+    assert counts.sources is not None and counts.sources.shape == (2, LAYERS, EXPERTS)
+    halves = [int(np.sum((rows + 1) // 2)), int(np.sum(rows // 2))]
+    assert (counts.sources.sum(axis=2) == np.array(halves)[:, None] * TOP_K).all(), (counts.sources.sum(axis=2), halves)
 
 
 def test_dump_path_is_chosen_by_the_server(recorded):

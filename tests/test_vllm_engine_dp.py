@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+from vllm_scene_eplb.dispatch import dynamic_tables
 from vllm_scene_eplb.formats import read_counts, read_layout
 from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
 
@@ -150,6 +151,9 @@ def test_dump_counts_every_routed_token_once_across_dp_engines(recorded):
     steps = counts.meta["entry_steps"]
     assert steps == list(range(steps[0], steps[0] + len(steps)))
     assert counts.meta["scheduled_tokens"] == RECORDED_TOKENS  # the engines' own scheduled tokens, summed
+    # per-source counts: each DP engine's own tokens (it routes them all itself), both engines' non-empty
+    assert counts.sources is not None and counts.sources.shape == (2, LAYERS, EXPERTS)
+    assert (counts.sources.sum(axis=2) > 0).all() and np.array_equal(counts.sources.sum(axis=0), counts.data.sum(axis=0))
 
 
 def test_entries_under_load_line_up_across_engines(recorded):
@@ -224,10 +228,29 @@ def _layout_run(tiny_moe, workdir, layout, dispatch):
             srv.complete([PROMPTS[3]] * 8, 2)
         time.sleep(LIVE_WINDOW_S * 1.5)
         run["live"] = http("GET", srv.url + "/scene_eplb/status")[1]["live"]
+        if dispatch == "dynamic":
+            _single_rows(srv, run)
         run["audit"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", dispatch, "--log", srv.log, "--json")
         return run
     finally:
         srv.stop()
+
+
+def _single_rows(srv, run: dict) -> None:
+    """Recorded traffic whose dynamic split is known by arithmetic: one-token prompts one request at
+    a time, so every pass routes one row on one engine (the other runs dummy passes); then the live
+    view of its last window."""
+    assert http("POST", srv.url + "/start_expert_distribution_record")[0] == 200
+    end, served = time.monotonic() + 3 * LIVE_WINDOW_S, 0
+    while time.monotonic() < end:
+        srv.complete([[int(3 + (served * 37) % 490)]], 4)
+        served += 1
+    assert http("POST", srv.url + "/stop_expert_distribution_record")[0] == 200
+    code, dump = http("POST", srv.url + "/dump_expert_distribution_record")
+    assert code == 200, dump
+    run["single_rows"] = {"served": served, "counts": read_counts(dump["path"])}
+    time.sleep(LIVE_WINDOW_S * 1.5)
+    run["single_rows"]["live"] = http("GET", srv.url + "/scene_eplb/status")[1]["live"]
 
 
 @pytest.mark.parametrize("dispatch", ["static", "dynamic"])
@@ -250,10 +273,28 @@ def test_every_dp_engine_loads_the_layout_and_outputs_are_unchanged(dispatch, ti
     if dispatch == "static":  # deterministic: what each source rank's table row says, exactly
         assert live["fidelity"] < 0.01, live
         assert all(abs(live["measured"][stat] / live[stat] - 1) < 0.01 for stat in ("median", "worst")), live
-    else:  # the batch row's index mod c picks the replica: how an expert's rows fall decides the split. With copies
-        # of one 60-token prompt an expert's tokens sit on rows of one parity, so it can be far from even (read
-        # 0.013 and 0.068 here); a share is never off by more than 1 - 1/c (c = 2 replicas at most here)
-        assert 0 <= live["fidelity"] <= 0.5, live
+    else:
+        _dynamic_takes_replica_row_mod_c(run["single_rows"], layout)
+
+
+def _dynamic_takes_replica_row_mod_c(single: dict, layout) -> None:
+    """``dynamic`` sends row i of a source's batch to replica i mod c. Per-source counts cannot make
+    its 1/c model exact (the split follows the rows, not the sources), but on one-row batches the
+    rule says exactly what happens: row 0, replica 0, every time. So every assignment is on its
+    expert's first replica, the others get none, and live fidelity is exactly 1 - 1/c = 0.5 (c <= 2
+    here); a replica chosen by the row's place in the DP-gathered batch, by the token, or no map at
+    all breaks one of the two."""
+    counts, live = single["counts"], single["live"]
+    rows = list(layout.moe_layers)
+    l2p, replicas = dynamic_tables(layout.physical_to_logical_map, EXPERTS)
+    logical, physical = counts.data.sum(axis=0)[rows], counts.physical.sum(axis=0)[rows]
+    want = np.zeros_like(physical)
+    for i, layer in enumerate(rows):
+        np.add.at(want[i], l2p[layer, :, 0], logical[i])
+    print(f"\nDP=2 dynamic, {single['served']} one-row requests: fidelity error {live['fidelity']}")
+    assert single["served"] >= 5 and logical.sum() > 0
+    assert np.array_equal(physical, want), (physical, want)
+    assert (replicas[rows] > 1).any() and live["fidelity"] == 0.5, live
 
 
 def test_a_layout_for_another_ep_size_stops_a_dp_server(tiny_moe, workdir):

@@ -3,7 +3,9 @@
 One server without a layout records the served traffic; a layout fitted on it must read no drift
 and a live median within 5% of what the fit expected; a layout fitted for other traffic (its hot
 experts are the model's cold ones) must read drift within the configured windows. The status
-route, ``/metrics``, the server log and ``scene-eplb watch`` must all say so.
+route, ``/metrics``, the server log and ``scene-eplb watch`` must all say so. Under the fitted
+layout, single prompts of varied length (one per batch) must read static fidelity below 0.01 live,
+and their dump's per-source counts must model the measured slot traffic exactly.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from vllm_scene_eplb.formats import read_counts, write_layout
 from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
 from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
 from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.measured import SourceTraffic, fidelity, modelled_slot_counts
+from vllm_scene_eplb.score import balance
 
 from .conftest import cli, plugin_flag, require_vllm
 
@@ -38,6 +42,10 @@ RNG = np.random.default_rng(5)
 # rows under static dispatch) hold the same tokens, so the dispatch model's even split is exact and
 # the measured replica traffic must match it. 12 x 80 tokens fit one 1024-token step.
 PROMPTS = [RNG.integers(3, 500, 80).tolist() for _ in range(6)] * 2
+# One prompt per batch, 60-160 tokens: each batch's rows split over the two TP ranks (odd lengths give
+# rank 0 one row more, a one-row decode step is rank 0's alone), so only the ranks' own-row counts
+# model the static dispatch exactly; the even split of the batch is off (an independent run read 0.060).
+SINGLES = [RNG.integers(3, 500, int(n)).tolist() for n in RNG.integers(60, 161, 400)]
 
 
 def _flag(**cfg) -> list[str]:
@@ -88,7 +96,28 @@ def _fit(counts: Counts, root, name: str):
     return layout, write_layout(layout, root / f"{name}.json")
 
 
-def _live_run(work, layout_path, name: str) -> dict:
+def _serve_singles(srv, seconds: float) -> int:
+    """Single prompts of varied length, one request (one batch) at a time; returns how many ran."""
+    end, served = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        srv.complete([SINGLES[served % len(SINGLES)]], 2)
+        served += 1
+    return served
+
+
+def _singles_run(srv, run: dict) -> None:
+    """Record single prompts over several live windows, dump them, read the live view of the last."""
+    assert http("POST", srv.url + "/start_expert_distribution_record")[0] == 200
+    run["singles_served"] = _serve_singles(srv, 3 * WINDOW_S)
+    assert http("POST", srv.url + "/stop_expert_distribution_record")[0] == 200
+    code, dump = http("POST", srv.url + "/dump_expert_distribution_record")
+    assert code == 200, dump
+    run["singles_dump"] = read_counts(dump["path"])
+    time.sleep(WINDOW_S * 1.5)
+    run["singles_live"] = http("GET", srv.url + "/scene_eplb/status")[1]["live"]
+
+
+def _live_run(work, layout_path, name: str, singles: bool = False) -> dict:
     root, model = work
     srv = start_server(
         model, root, name, engine_args=ENGINE, extra=_flag(layout=str(layout_path), dispatch="static", dump_dir=str(root / "d"))
@@ -105,6 +134,8 @@ def _live_run(work, layout_path, name: str) -> dict:
         run["watch"] = cli("watch", "--url", srv.url, "--once", "--json")
         run["watch_text"] = cli("watch", "--url", srv.url, "--once")
         run["log"] = srv.log_text()
+        if singles:  # after the log is read: other traffic, whose windows the drift checks do not judge
+            _singles_run(srv, run)
         return run
     finally:
         srv.stop()
@@ -140,18 +171,28 @@ def test_the_timing_window_says_which_server_it_came_from_as_the_dump_does(recor
     assert provenance_mismatch(counts.meta, window) == [], (counts.meta, window.provenance)
 
 
-def test_moe_time_on_the_linear_layout_is_unbalanced_and_falls_under_the_fitted_one(work, recorded_counts, matched_run):
+def test_every_rank_times_every_layer_and_the_time_view_counts_what_each_rank_computed(recorded_counts, matched_run):
+    """Deterministic (no wall-clock comparison on two shared cores): every rank's every MoE layer is
+    timed, and the time view's x per rank, the assignments it computed per pass, is the measured
+    traffic of its slots over the passes it timed: its balance per layer is the measured balance
+    (a rank timing other passes or another rank's layer breaks it). On those x the fitted layout
+    evens out the linear layout's hot rank."""
     _, linear = recorded_counts
     fitted = matched_run["live"]
-    for t in (linear["time"], fitted["time"]):
-        assert len(t["rank_ms"]) == 2 and len(t["rank_ms"][0]) == 2 and 0 < t["moe_share"] < 1, t
+    spread = {}
+    for name, live in (("linear", linear), ("fitted", fitted)):
+        t = live["time"]
+        assert len(t["rank_ms"]) == 2 and all(len(row) == 2 and min(row) > 0 for row in t["rank_ms"]), t
+        assert 0 < t["moe_share"] < 1 and t["step_ms"] > 0, t
+        x = np.asarray(t["rank_assignments"], dtype=np.float64)  # [ranks, layers]
+        assert x.shape == (2, 2) and x.sum() > 0, t  # the linear layout's cold rank may compute nothing
+        assert balance(x.T) == pytest.approx(live["measured"]["per_layer"], rel=1e-3), (t, live["measured"])
+        spread[name] = float(balance(x.T).max())
     print(
-        f"\nMoE time balancedness median/worst: linear {linear['time']['median']:.3f}/{linear['time']['worst']:.3f}, "
-        f"fitted {fitted['time']['median']:.3f}/{fitted['time']['worst']:.3f}; MoE share of step time "
-        f"{linear['time']['moe_share']:.3f} / {fitted['time']['moe_share']:.3f}"
+        f"\nassignments per pass, worst max/mean rank: linear {spread['linear']:.3f}, fitted {spread['fitted']:.3f}; "
+        f"MoE time (wall clock, not asserted) worst: linear {linear['time']['worst']:.3f}, fitted {fitted['time']['worst']:.3f}"
     )
-    assert linear["time"]["worst"] > 1.2, linear["time"]  # the hot experts' rank is the slow one
-    assert fitted["time"]["worst"] < linear["time"]["worst"] - 0.1, (linear["time"], fitted["time"])
+    assert spread["linear"] > 1.2 and spread["fitted"] < spread["linear"] - 0.1, spread
     assert _metric(matched_run["metrics"], 'scene_eplb_moe_time_balancedness{stat="worst"}') == pytest.approx(
         fitted["time"]["worst"]
     )
@@ -163,7 +204,7 @@ def matched_run(work, recorded_counts):
     root, _ = work
     counts, _ = recorded_counts
     layout, path = _fit(counts, root, "matched")
-    return {"layout": layout, **_live_run(work, path, "live-matched")}
+    return {"layout": layout, **_live_run(work, path, "live-matched", singles=True)}
 
 
 def test_under_a_fitted_layout_with_static_dispatch_the_measured_traffic_is_what_the_layout_models(matched_run):
@@ -212,3 +253,29 @@ def test_layout_fitted_for_other_traffic_raises_the_drift_alarm(work, recorded_c
     assert _metric(run["metrics"], "scene_eplb_drift") == 1
     assert run["log"].count("scene-eplb: DRIFT") == 1 and "refit" in run["log"]
     assert run["watch"].returncode == 1 and json.loads(run["watch"].stdout)["drift"] is True
+
+
+def test_single_prompts_of_varied_length_read_exact_static_fidelity_from_the_ranks_own_rows(matched_run):
+    """One prompt of 60-160 tokens per batch under the fitted layout's static dispatch: live fidelity
+    below 0.01, and the dump's per-source counts (each TP rank's own rows) give the measured slot
+    traffic exactly, where splitting the batch evenly over the ranks does not."""
+    live, counts, layout = matched_run["singles_live"], matched_run["singles_dump"], matched_run["layout"]
+    assert matched_run["singles_served"] >= 10 and live["windows"] > matched_run["live"]["windows"], live
+    rows = list(layout.moe_layers)
+    assert counts.sources is not None and counts.sources.shape == (2, *counts.data.shape[1:])
+    assert np.array_equal(counts.sources.sum(axis=0), counts.data.sum(axis=0))
+    own = counts.sources[:, rows]
+    assert (own.sum(axis=(1, 2)) > 0).all() and not np.array_equal(own[0], own[1])  # both ranks route rows, not the same
+    p2l, g, physical = layout.physical_to_logical_map[rows], layout.geometry, counts.physical.sum(axis=0)[rows]
+    exact = modelled_slot_counts(p2l, g, "static", [SourceTraffic(r, 1, own[r]) for r in (0, 1)], layout.static_sources_at(rows))
+    even = modelled_slot_counts(p2l, g, "static", [SourceTraffic(0, 2, own.sum(axis=0))], layout.static_sources_at(rows))
+    even_error = fidelity(physical, even, p2l, g.num_experts)
+    print(
+        f"\nTP=2 static, {matched_run['singles_served']} single prompts: live fidelity {live['fidelity']:.5f}; "
+        f"from the dump: own rows {fidelity(physical, exact, p2l, g.num_experts):.5f}, even split {even_error:.5f}"
+    )
+    assert np.array_equal(exact, physical)
+    # exact live too: below the 0.01 the issue asks and below what the even split reads on the whole
+    # dump (0.0066 here, more on a window's fewer prompts), which the traffic must show (else it proves nothing)
+    assert live["fidelity"] < 0.001, live
+    assert even_error > 0.001

@@ -233,10 +233,9 @@ def slot_operator(p2l: np.ndarray, geometry: Geometry, dispatch: str, static_sou
 def source_shares(counts: Counts, rows: list[int], ep_size: int) -> np.ndarray | None:
     """Each source rank's share of every expert's recorded assignments [S, L_moe, E] from the dump's
     per-source counts; None without them (the even split then stands: 1/ep per source rank)."""
-    sources = getattr(counts, "sources", None)
-    if sources is None:
+    if counts.sources is None:
         return None
-    src = np.asarray(sources, dtype=np.float64)[:, rows]
+    src = np.asarray(counts.sources, dtype=np.float64)[:, rows]
     if src.shape[0] != ep_size:
         raise SceneEplbError(
             f"the dump's per-source counts are for {src.shape[0]} source ranks, the layout for ep_size {ep_size}"

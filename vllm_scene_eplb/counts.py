@@ -3,7 +3,8 @@
 Counts are int [T, L, E]: T recorder ring entries, one forward pass each (unordered, unwritten
 entries are zero; not physical expert slots), L layers in the model's layer axis (dense layers stay
 all-zero), E logical experts. A value is a number of (token, top-k) assignments, already summed over
-ranks exactly once.
+ranks exactly once. Where the recorder saw them, ``sources`` [S, L, E] splits the same assignments
+by the EP rank that routed them (``Counts.sources``).
 """
 
 from __future__ import annotations
@@ -65,14 +66,36 @@ def validate_physical(raw: Any, logical: np.ndarray, path: str | None = None) ->
             f"physical_count {list(arr.shape)} does not match logical_count {list(logical.shape)} in ring entries and layers",
             path,
         )
-    differ = arr.sum(axis=2) != logical.sum(axis=2)
+    _same_totals(
+        "physical_count", arr.sum(axis=2), logical.sum(axis=2), "[T, L]", "every assignment goes to exactly one slot", path
+    )
+    return arr
+
+
+def _same_totals(name: str, got: np.ndarray, want: np.ndarray, axes: str, why: str, path: str | None) -> None:
+    """Refuse ``name`` where its totals ``got`` differ from the logical counts' ``want`` (same shape),
+    naming the first differing position on ``axes``."""
+    differ = got != want
     if differ.any():
-        t, layer = (int(i) for i in np.argwhere(differ)[0])
+        pos = tuple(int(i) for i in np.argwhere(differ)[0])
         raise SceneEplbError(
-            f"physical_count holds {int(arr[t, layer].sum())} assignments at [T, L] = [{t}, {layer}], "
-            f"logical_count {int(logical[t, layer].sum())}: every assignment goes to exactly one slot",
-            path,
+            f"{name} holds {int(got[pos])} assignments at {axes} = {list(pos)}, logical_count {int(want[pos])}: {why}", path
         )
+
+
+SOURCE_AXES = {3: "[S, L, E]"}
+
+
+def validate_sources(raw: Any, logical: np.ndarray, path: str | None = None) -> np.ndarray:
+    """Check per-source counts ``source_count`` [S, L, E] against the logical counts [T, L, E] they
+    came with: the same layers and experts, and summed over the S source ranks the window's totals
+    (every assignment was routed by exactly one rank)."""
+    arr = integer_array(raw, "source_count", path, 0, MAX_COUNT, SOURCE_AXES)
+    if arr.shape[1:] != logical.shape[1:]:
+        raise SceneEplbError(
+            f"source_count {list(arr.shape)} does not match logical_count {list(logical.shape)} in layers and experts", path
+        )
+    _same_totals("source_count", arr.sum(axis=0), logical.sum(axis=0), "[L, E]", "every assignment has one source rank", path)
     return arr
 
 
@@ -80,16 +103,22 @@ def validate_physical(raw: Any, logical: np.ndarray, path: str | None = None) ->
 class Counts:
     """Validated routing counts plus free-form metadata (model, role, geometry, layer ids...), and
     where the recorder saw them, the measured replica traffic ``physical`` [T, L, P]: assignments
-    per physical slot, the same entries and layers, the same totals."""
+    per physical slot, the same entries and layers, the same totals; and ``sources`` [S, L, E]: the
+    window's assignments by the EP rank s that routed them itself (its DP rank's tokens, or its even
+    share of the rows of a batch several TP ranks see: the static table's source rank s), summed over
+    the entries: ``sources.sum(0) == data.sum(0)``."""
 
     data: np.ndarray
     meta: dict = field(default_factory=dict)
     physical: np.ndarray | None = None
+    sources: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", validate_count_array(self.data))
         if self.physical is not None:
             object.__setattr__(self, "physical", validate_physical(self.physical, self.data))
+        if self.sources is not None:
+            object.__setattr__(self, "sources", validate_sources(self.sources, self.data))
 
     @property
     def num_entries(self) -> int:

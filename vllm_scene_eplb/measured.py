@@ -7,9 +7,12 @@ modelled share. These say what happened, per window of live traffic:
   recorded (slot p lives on rank p // S): the load the dispatch really put on each rank;
 - fidelity: the largest difference, over slots and layers, between a slot's measured share of its
   expert's assignments and the share the dispatch algorithm gives it. ``static``: each source rank's
-  tokens go to the slot its table row names, the sources' traffic taken from the logical counts of
-  the ranks that route it (a DP rank's own tokens; a batch seen by several TP ranks split evenly over
-  their rows, as the dispatch splits it); ``dynamic``: 1/c of the expert to each of its c replicas.
+  tokens go to the slot its table row names, the sources' traffic being what each rank counted on the
+  rows it routes itself (a DP rank's own tokens; its even share of the rows of a batch several TP
+  ranks see: ``SourceTraffic`` of span 1, exact on any traffic); a ``SourceTraffic`` of span > 1 models
+  a batch's counts as split evenly over its ranks (where per-source counts are missing); ``dynamic``:
+  1/c of the expert to each of its c replicas (row i takes replica i mod c: per-source counts do not
+  make this exact, the split follows the rows' parity).
   Near 0: the dispatch does what the layout expects; large: it does not;
 - time balancedness: per MoE layer, max/mean over EP ranks of the rank's local expert milliseconds
   per pass; ``moe_share``: the MoE part of the ranks' step wall time.
@@ -31,7 +34,8 @@ from .score import balance
 
 @dataclass(frozen=True)
 class SourceTraffic:
-    """The logical counts [L, E] of a batch routed by ``span`` EP ranks from ``base`` (its static-table rows)."""
+    """The logical counts [L, E] of a batch routed by ``span`` EP ranks from ``base`` (its static-table
+    rows, the counts split evenly over them); span 1: exactly the rows EP rank ``base`` routed."""
 
     base: int
     span: int

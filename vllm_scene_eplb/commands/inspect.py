@@ -32,6 +32,7 @@ def run(args, console: Console) -> None:
         "assignments_per_layer": {"min": int(per_layer[active].min()) if active.size else 0, "max": int(per_layer.max())},
         "expert_skew_max_over_mean": {"median": float(np.median(skew)) if skew else None, "worst": max(skew) if skew else None},
         "physical_shape": None if c.physical is None else list(c.physical.shape),
+        "source_shape": None if c.sources is None else list(c.sources.shape),
         "meta": c.meta,
         "counts_sha256": c.digest(),
         "memory": memory_cost(args, None),
@@ -46,6 +47,11 @@ def run(args, console: Console) -> None:
         + (
             f"  measured replica traffic: physical_count [T, L, P={c.physical.shape[2]}] (totals match)\n"
             if c.physical is not None
+            else ""
+        )
+        + (
+            f"  per-source counts: source_count [S={c.sources.shape[0]}, L, E] (their sum matches)\n"
+            if c.sources is not None
             else ""
         )
         + f"  sha256 {c.digest()}"

@@ -1,7 +1,7 @@
 """Counts file formats.
 
 ``native`` (.npz): int64 ``logical_count`` [T, L, E] plus JSON metadata with a checksum; what the
-runtime writes. ``sglang`` (.json): ``{"logical_count": [T][L][E]}`` or ``[L][E]``. ``pt``: a torch
+runtime writes, with ``physical_count`` [T, L, P] and ``source_count`` [S, L, E] where measured. ``sglang`` (.json): ``{"logical_count": [T][L][E]}`` or ``[L][E]``. ``pt``: a torch
 file holding a dict with ``logical_count``, as SGLang's recorder dumps.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..counts import Counts, counts_digest, validate_count_array, validate_physical
+from ..counts import Counts, counts_digest, validate_count_array, validate_physical, validate_sources
 from ..errors import SceneEplbError
 from ..fileio import atomic_write, canonical_json, sha256_hex
 from .base import (
@@ -33,11 +33,13 @@ COUNTS_FORMAT = "scene-eplb-counts"
 
 
 PHYSICAL_KEY = "physical_count"  # measured replica traffic [T, L, P], where the recorder saw it (optional)
+SOURCE_KEY = "source_count"  # the window's assignments by routing EP rank [S, L, E], where the recorder saw them (optional)
+OPTIONAL_KEYS = (PHYSICAL_KEY, SOURCE_KEY)
 
 
-def _native_checksum(meta: dict, data: np.ndarray, physical: np.ndarray | None = None) -> str:
+def _native_checksum(meta: dict, data: np.ndarray, physical: np.ndarray | None = None, sources: np.ndarray | None = None) -> str:
     body = {k: v for k, v in meta.items() if k != "checksum"}
-    extra = b"" if physical is None else counts_digest(physical).encode()
+    extra = b"".join(b"" if a is None else counts_digest(a).encode() for a in (physical, sources))
     return sha256_hex(canonical_json(body) + counts_digest(data).encode() + extra)
 
 
@@ -58,7 +60,7 @@ def _check_headers(path: Path) -> None:
     anything is allocated (a header can claim terabytes in a file of a few bytes)."""
     try:
         with zipfile.ZipFile(path) as zf:
-            names = ["logical_count"] + ([PHYSICAL_KEY] if f"{PHYSICAL_KEY}.npy" in zf.namelist() else [])
+            names = ["logical_count"] + [key for key in OPTIONAL_KEYS if f"{key}.npy" in zf.namelist()]
             arrays = {name: _member_header(zf, f"{name}.npy") for name in names}
             meta_shape, meta_dtype = _member_header(zf, "meta.npy")
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
@@ -84,6 +86,7 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
         with np.load(path, allow_pickle=False) as npz:
             raw, meta_raw = npz["logical_count"], npz["meta"]
             physical_raw = npz[PHYSICAL_KEY] if PHYSICAL_KEY in npz.files else None
+            sources_raw = npz[SOURCE_KEY] if SOURCE_KEY in npz.files else None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
         raise SceneEplbError(f"not a readable scene-eplb counts archive (truncated or corrupt?): {exc}", path) from None
     try:
@@ -96,10 +99,11 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
         raise SceneEplbError(f"counts format version {meta.get('version')!r} is not supported (expected {FORMAT_VERSION})", path)
     data = validate_count_array(raw, str(path))
     physical = None if physical_raw is None else validate_physical(physical_raw, data, str(path))
-    if meta.get("checksum") != _native_checksum(meta, data, physical):
+    sources = None if sources_raw is None else validate_sources(sources_raw, data, str(path))
+    if meta.get("checksum") != _native_checksum(meta, data, physical, sources):
         raise SceneEplbError("checksum mismatch: the counts or their metadata were altered or damaged", path)
     _check_meta(meta, data.shape[1], path)
-    return Counts(data, meta, physical)
+    return Counts(data, meta, physical, sources)
 
 
 def _check_meta(meta: dict, num_layers: int, path: Path) -> None:
@@ -119,15 +123,17 @@ def _read_dict(loaded: Loaded, hint: GeometryHint) -> Counts:
     doc = loaded.doc
     data = validate_count_array(doc["logical_count"], str(loaded.path))
     physical = None if doc.get(PHYSICAL_KEY) is None else validate_physical(doc[PHYSICAL_KEY], data, str(loaded.path))
+    sources = None if doc.get(SOURCE_KEY) is None else validate_sources(doc[SOURCE_KEY], data, str(loaded.path))
     kept = {k: v for k, v in doc.items() if k in ("model", "role") and isinstance(v, str)}
     if type(doc.get("rank")) is int:
         kept["rank"] = doc["rank"]
-    return Counts(data, {"imported_from": loaded.path.name, **kept}, physical)
+    return Counts(data, {"imported_from": loaded.path.name, **kept}, physical, sources)
 
 
 def _arrays(counts: Counts) -> dict[str, np.ndarray]:
-    """The arrays a counts file holds: ``logical_count``, and ``physical_count`` where measured."""
-    return {"logical_count": counts.data, **({} if counts.physical is None else {PHYSICAL_KEY: counts.physical})}
+    """The arrays a counts file holds: ``logical_count``, and ``physical_count`` / ``source_count`` where measured."""
+    optional = {PHYSICAL_KEY: counts.physical, SOURCE_KEY: counts.sources}
+    return {"logical_count": counts.data, **{k: v for k, v in optional.items() if v is not None}}
 
 
 def native_meta(counts: Counts) -> dict:
@@ -138,10 +144,11 @@ def native_meta(counts: Counts) -> dict:
         version=FORMAT_VERSION,
         shape=list(counts.data.shape),
         physical_shape=None if counts.physical is None else list(counts.physical.shape),
+        source_shape=None if counts.sources is None else list(counts.sources.shape),
         entries_written=int(counts.written_entries().size),
         counts_sha256=counts.digest(),
     )
-    meta["checksum"] = _native_checksum(meta, counts.data, counts.physical)
+    meta["checksum"] = _native_checksum(meta, counts.data, counts.physical, counts.sources)
     return meta
 
 

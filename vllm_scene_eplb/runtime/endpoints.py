@@ -310,16 +310,17 @@ class SceneEplbEndpoints:
 
 def live_sample(answers: list[dict]) -> LiveSample:
     """One cumulative sample from every rank's live answer: counts of the ranks that count each token
-    once (logical, physical where every such rank has them, each one's sources), every rank's timing."""
+    once (logical, physical where every such rank has them), the sources (every rank's counts of the
+    rows it routes itself: the traffic of its EP rank's static table row), every rank's timing."""
     counting = sorted((a for a in answers if a["contributes"]), key=lambda a: a["ep_rank"])
     logical = np.sum([np.asarray(a["counts"], dtype=np.int64) for a in counting], axis=0)
     physical = None
     if all(a.get("physical") is not None for a in counting):
         physical = np.sum([np.asarray(a["physical"], dtype=np.int64) for a in counting], axis=0)
-    sources: tuple[SourceTraffic, ...] = ()
-    if all(a.get("source") for a in counting):
-        sources = tuple(SourceTraffic(a["source"][0], a["source"][1], np.asarray(a["counts"], dtype=np.int64)) for a in counting)
     ranked = sorted(answers, key=lambda a: a["ep_rank"])
+    sources: tuple[SourceTraffic, ...] = ()
+    if all(a.get("own_counts") is not None for a in ranked):
+        sources = tuple(SourceTraffic(a["ep_rank"], 1, np.asarray(a["own_counts"], dtype=np.int64)) for a in ranked)
     times: tuple[RankTime, ...] = ()
     if all(a.get("moe_seconds") is not None for a in ranked):
         times = tuple(

@@ -12,6 +12,8 @@ never joins makes every other rank's export fail at the deadline; no partial fil
 Ranks line their ring entries up by stamp (see ``observer``): the export agrees on the window of
 stamps all ranks recorded (the last T of them), places each rank's entries there, and where the
 ranks carry DP signatures, refuses entries whose signatures differ between ranks (not the same steps).
+Where every rank carries the counts of the rows it routes itself, their sums over the window's
+entries go to the rank's row of ``source_count`` [S, L, E] (S = the group's ranks).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class RankRecord:
     passes: int
     steps_per_entry: int = 1
     tokens: int = 0  # scheduled tokens of the recorded passes (0 on a rank whose tokens another rank reports)
+    sources: torch.Tensor | None = None  # [n, L, E]: its own rows' logical counts per entry (every rank)
 
 
 def export_group(export_id: str, rank: int, size: int, timeout_s: float, store=None):
@@ -114,6 +117,20 @@ def _check_aligned(group, record: RankRecord, first: int, entries: int) -> bool:
     return True
 
 
+def _sum_sources(group, record: RankRecord, keep: np.ndarray, shape: tuple[int, int]) -> np.ndarray | None:
+    """Every rank's own-row counts of the window's entries (``keep``: its entries there), summed
+    over them into its row of [S, L, E]; None (on every rank alike) unless every rank has them."""
+    has = torch.tensor([1 if record.sources is not None else 0], dtype=torch.int64)
+    _allreduce(group, has, dist.ReduceOp.MIN)
+    if not has.item() or record.sources is None:  # the second: only for the type checker
+        return None
+    sources = record.sources.detach().to("cpu", torch.int64)
+    out = torch.zeros((group.size(), shape[0], sources.shape[2]), dtype=torch.int64)
+    out[group.rank()] = sources[torch.from_numpy(keep)].sum(dim=0)
+    _allreduce(group, out, dist.ReduceOp.SUM)
+    return out.numpy()
+
+
 def export_counts(
     record: RankRecord,
     group,
@@ -128,7 +145,8 @@ def export_counts(
     have group rank 0 write ``path``.
 
     ``shape`` is (L, W); with ``split``, W is logical counts [..., :split] then physical slot counts
-    [..., split:], written as ``logical_count`` and ``physical_count``. The file's entries are the
+    [..., split:], written as ``logical_count`` and ``physical_count``; the ranks' own-row counts
+    (``RankRecord.sources``, where every rank has them) as ``source_count``. The file's entries are the
     window's, oldest first (zeros after its end); its metadata gains each entry's first global step
     (``entry_steps``), ``steps_per_entry``, every rank's real passes (``passes_per_rank``), the
     engine's scheduled tokens over the record (``scheduled_tokens``: the tokens its model ran, drafts
@@ -145,6 +163,11 @@ def export_counts(
                 f"rank {rank}: counts buffer {list(cpu.shape)} with {record.stamps.size} ascending stamps "
                 f"expected, [n, {shape[0]}, {shape[1]}]"
             )
+        logical_width = shape[1] if split is None else split
+        if record.sources is not None and tuple(record.sources.shape) != (cpu.shape[0], shape[0], logical_width):
+            raise SceneEplbError(
+                f"rank {rank}: own-row counts {list(record.sources.shape)} expected, [{cpu.shape[0]}, {shape[0]}, {logical_width}]"
+            )
     except Exception as exc:  # noqa: BLE001 - reported to every rank below
         error = exc
         record = RankRecord(torch.zeros((0, *shape), dtype=torch.int64), np.zeros(0, dtype=np.int64), None, 0)
@@ -159,6 +182,7 @@ def export_counts(
     keep = np.flatnonzero((at >= 0) & (at < span))
     summed[torch.from_numpy(at[keep])] = cpu[torch.from_numpy(keep)]
     _allreduce(group, summed, dist.ReduceOp.SUM)
+    sources = _sum_sources(group, record, keep, shape)
     per_rank = torch.zeros((2, size), dtype=torch.int64)  # real passes, scheduled tokens
     per_rank[:, rank] = torch.tensor([record.passes, record.tokens])
     _allreduce(group, per_rank, dist.ReduceOp.SUM)
@@ -179,7 +203,7 @@ def export_counts(
                 "entry_steps": [(first + i) * record.steps_per_entry for i in range(span)],
                 "aligned_by": "stamps and DP signatures" if checked else "stamps",
             }
-            write_counts(Counts(logical, {**meta, **extra}, physical=physical), path)
+            write_counts(Counts(logical, {**meta, **extra}, physical=physical, sources=sources), path)
         except Exception as exc:  # noqa: BLE001 - reported to every rank below
             error = exc
     try:

@@ -30,6 +30,13 @@ rows, ids outside [0, W): zero experts, shared-expert pseudo ids) and one for th
 skipped passes: an adapter that cannot tell which rows are this rank's (``skip``) counts nothing
 for that layer and pass, and says so in status and in the dump.
 
+**Own rows** (the static table's source rows): the rows whose replica choice this rank's own static
+table row makes, the rows it routes itself. Where the counted rows are not all its own (TP ranks that
+all route the same batch, split evenly over them: ``source_rows=True``), the adapter also hands them
+(a slice of the pass's rows) to ``capture_sources``, which counts them into buffers of their own
+(pass, ring, live), at most four more device ops; elsewhere the counted rows are the own rows and nothing more runs. Read as
+``Record.sources`` / ``LiveCounts.own``: logical counts of the own rows.
+
 ``live`` (cumulative, never stops, never syncs the host in the forward) feeds live fitness; a
 server can turn it off (``live=False``: decode nodes, whose steps are many and small). The recorder
 (ring, start/stop/snapshot) runs on every role, prefill and decode. ``NullObserver`` stands in
@@ -84,6 +91,7 @@ class LiveCounts:
     steps: int
     step_seconds: float
     step_moe_seconds: float
+    own: torch.Tensor | None = None  # logical [L, E] of this rank's own rows (the static table's source rows)
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,7 @@ class Record:
     passes: int
     tokens: int  # the engine's scheduled tokens of the recorded passes (what its model ran, drafts included)
     wrapped: bool  # the record opened more entries than the ring holds: the oldest were overwritten
+    sources: torch.Tensor | None = None  # logical [n, L, E] of this rank's own rows per entry
 
 
 class RoutingObserver:
@@ -119,6 +128,7 @@ class RoutingObserver:
         live: bool = True,
         steps_per_entry: int = 1,
         dp_size: int = 1,
+        source_rows: bool = False,
     ):
         self.num_moe_layers, self.num_experts, self.entries = num_moe_layers, num_experts, entries
         self.time_moe, self.live_on, self.steps_per_entry = time_moe, live, steps_per_entry
@@ -155,6 +165,7 @@ class RoutingObserver:
         self.step_seconds, self.step_moe_seconds = 0.0, 0.0
         self._pass_seconds = [0.0] * L
         self._step_started: float | None = None
+        self._init_sources(source_rows, device)
 
     def capture(
         self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None, own_rows: torch.Tensor | None = None
@@ -216,6 +227,7 @@ class RoutingObserver:
                 self.live_passes += 1
         if self.time_moe:
             self._end_timing(is_dummy)
+        self._end_sources(is_dummy)
         self.pass_counts.zero_()
         self.step += 1
         self._dp_tokens, self._pass_tokens = None, 0
@@ -226,6 +238,7 @@ class RoutingObserver:
         slot = stamp % self.entries
         if stamp != self.entry:
             self.ring[slot].zero_()
+            self._sources_to_ring(slot, opened=True)
             self.stamps[slot] = stamp
             if self.signature is not None:
                 self.signature[slot] = 0
@@ -233,6 +246,7 @@ class RoutingObserver:
             self.entries_written += 1
         if not is_dummy:
             self.ring[slot].add_(self.pass_counts)
+            self._sources_to_ring(slot, opened=False)
             self.skipped[1].add_(self.pass_counts[:, self.skipped_col])
             self.passes_recorded += 1
             self.tokens_recorded += self._pass_tokens
@@ -250,6 +264,43 @@ class RoutingObserver:
             self.moe_passes += 1
         self._pass_seconds = [0.0] * self.num_moe_layers
         self._step_started = None
+
+    def _init_sources(self, source_rows: bool, device) -> None:
+        """With ``source_rows``, the own rows' buffers (pass [L, W + 2], ring, live); None otherwise:
+        the counted rows are the own rows."""
+        shape = self.pass_counts.shape
+        self.pass_sources = torch.zeros(shape, dtype=torch.int32, device=device) if source_rows else None
+        self.ring_sources = torch.zeros((self.entries, *shape), dtype=torch.int32, device=device) if source_rows else None
+        live = source_rows and self.live_on
+        self.live_sources = torch.zeros(shape, dtype=torch.int64, device=device) if live else None
+
+    def capture_sources(self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None) -> None:
+        """Add the ids [m, k] of MoE layer ``moe_idx`` on the rows this rank routes itself (a slice of
+        the pass's rows), leaving out those where ``padding_rows`` [>= m] is True; traceable, at most
+        four device ops. Only with ``source_rows``."""
+        assert self.pass_sources is not None, "capture_sources needs an observer made with source_rows=True"
+        W = self.width
+        if padding_rows is not None:
+            ids = torch.where(padding_rows[: ids.shape[0]].unsqueeze(1), W, ids)
+        idx = ids.clamp(-1, W).remainder(W + 1).reshape(-1)
+        self.pass_sources[moe_idx].index_add_(0, idx, self._one.expand(idx.shape[0]))
+
+    def _sources_to_ring(self, slot: int, opened: bool) -> None:
+        """``_to_ring`` for the own rows: ring slot ``slot`` zeroed as it is ``opened``, else the pass added."""
+        if self.ring_sources is None or self.pass_sources is None:
+            return
+        if opened:
+            self.ring_sources[slot].zero_()
+        else:
+            self.ring_sources[slot].add_(self.pass_sources)
+
+    def _end_sources(self, is_dummy: bool) -> None:
+        """The own rows' pass into the live counts (a real pass), then cleared."""
+        if self.pass_sources is None:
+            return
+        if not is_dummy and self.live_sources is not None:
+            self.live_sources.add_(self.pass_sources)
+        self.pass_sources.zero_()
 
     def _views(self, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Counts [..., L, W + 2] as (logical [..., L, E], physical [..., L, P] or None), int64 on CPU."""
@@ -275,6 +326,7 @@ class RoutingObserver:
             self.steps,
             self.step_seconds,
             self.step_moe_seconds,
+            self._views(self.live_sources)[0] if self.live_sources is not None else logical,
         )
 
     def skipped_passes(self) -> tuple[int, int]:
@@ -288,6 +340,8 @@ class RoutingObserver:
         if self.recording:
             raise SceneEplbError("recording is already on: stop it (and dump) before starting again")
         self.ring.zero_()
+        if self.ring_sources is not None:
+            self.ring_sources.zero_()
         self.stamps[:] = -1
         self.skipped[1].zero_()
         self.entry, self.entries_written, self.passes_recorded, self.tokens_recorded = None, 0, 0, 0
@@ -306,7 +360,8 @@ class RoutingObserver:
             raise SceneEplbError("nothing recorded yet: start and stop a record before dumping")
         order = np.flatnonzero(self.stamps >= 0)
         order = order[np.argsort(self.stamps[order], kind="stable")]
-        logical, physical = self._views(self.ring[torch.from_numpy(order).to(self.ring.device)])
+        index = torch.from_numpy(order).to(self.ring.device)
+        logical, physical = self._views(self.ring[index])
         return Record(
             logical,
             physical,
@@ -316,6 +371,7 @@ class RoutingObserver:
             self.passes_recorded,
             self.tokens_recorded,
             self.entries_written > self.entries,
+            logical if self.ring_sources is None else self._views(self.ring_sources[index])[0],
         )
 
     def status(self) -> ObserverStatus:

@@ -13,6 +13,9 @@ hot expert's tokens still spread over its replicas the way the static table says
 - DP x TP (DP attention): DP rank d routes its own tokens, seen by its TP ranks, whose EP ranks
   are d*tp .. d*tp+tp-1 in vLLM's numbering: base = d*tp, span = tp (DP16/TP1: the rank itself);
 - sequence-parallel MoE: each rank routes its own rows: base = its EP rank, span 1.
+
+The rows a rank routes itself (``own_source_span``) are those whose source rank is the rank: the rows
+whose replica choice its own static table row makes, and which its per-source counts count.
 """
 
 from __future__ import annotations
@@ -34,6 +37,23 @@ class SourceRanks:
     span: int
 
 
+def row_sources(source: SourceRanks, num_rows: int, device) -> torch.Tensor:
+    """The source rank of each row of a routed batch of ``num_rows`` rows: int64 [num_rows], row i
+    ``base + i * span // num_rows`` (fixed-shape, traceable)."""
+    rows = torch.arange(num_rows, device=device)
+    return source.base + torch.div(rows * source.span, max(num_rows, 1), rounding_mode="floor")
+
+
+def own_source_span(source: SourceRanks, rank: int, num_rows: int) -> tuple[int, int]:
+    """The rows [lo, hi) of a routed batch of ``num_rows`` rows whose source rank (``row_sources``)
+    is EP rank ``rank``: the rows it routes itself. Row i has source base + k exactly where
+    ceil(k * M / span) <= i < ceil((k + 1) * M / span); host integers, so the rows are a slice (a view)."""
+    k = rank - source.base
+    if not 0 <= k < source.span:
+        return 0, 0
+    return -(-k * num_rows // source.span), -(-(k + 1) * num_rows // source.span)
+
+
 @dataclass
 class LayerReplicaMap:
     """One MoE layer's dispatch: ``static`` [ep, E] table or ``dynamic`` l2p [E, W] + replicas [E]."""
@@ -47,13 +67,13 @@ class LayerReplicaMap:
     def __call__(self, topk_ids: torch.Tensor) -> torch.Tensor:
         """Physical slot ids for logical ``topk_ids`` [M, k], same dtype and shape."""
         ids = topk_ids.to(torch.int64)
-        rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
         if self.algorithm == "static":
             assert self.static is not None, "a static map carries its table"
-            src = self.source.base + torch.div(rows * self.source.span, max(ids.shape[0], 1), rounding_mode="floor")
+            src = row_sources(self.source, ids.shape[0], ids.device).unsqueeze(1)
             phys = self.static[src.expand_as(ids), ids]
         else:
             assert self.replicas is not None and self.l2p is not None, "a dynamic map carries l2p and replicas"
+            rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
             replica = torch.remainder(rows, self.replicas[ids])
             phys = self.l2p[ids, replica]
         return phys.to(topk_ids.dtype)

@@ -121,9 +121,10 @@ class RecorderRuntime:
             raise SceneEplbError(f"model built MoE layers {found}, its config says {list(self.model.moe_layers)}")
         self.moe_layer_ids = list(found)
 
-    def make_observer(self, device, slot_to_expert=None, dp_size: int = 1) -> RoutingObserver:
+    def make_observer(self, device, slot_to_expert=None, dp_size: int = 1, source_rows: bool = False) -> RoutingObserver:
         """The observer of the bound model, on every role; ``slot_to_expert`` [L_moe, P]: the adapter
-        captures physical slot ids (None: logical ids); ``dp_size`` > 1: it reports DP tokens per step."""
+        captures physical slot ids (None: logical ids); ``dp_size`` > 1: it reports DP tokens per step;
+        ``source_rows``: it also captures the rows it routes itself (``capture_sources``)."""
         self.observer = RoutingObserver(
             len(self.moe_layer_ids),
             self.model.num_experts,
@@ -134,6 +135,7 @@ class RecorderRuntime:
             live=self.config.live_counts,
             steps_per_entry=self.config.entry_steps(self.role),
             dp_size=dp_size,
+            source_rows=source_rows,
         )
         return self.observer
 
@@ -173,13 +175,15 @@ class RecorderRuntime:
 
     def _live(self) -> dict:
         """This rank's cumulative live counts [L_moe, E] and physical [L_moe, P] (MoE layers in order),
-        whether they count, and with ``time_moe`` its MoE and step seconds."""
+        whether they count, the logical counts of the rows it routes itself (``own_counts`` [L_moe, E]:
+        its static source rows) and with ``time_moe`` its MoE and step seconds."""
         live = self.observer.live_counts()
         if live is None:
             raise SceneEplbError("no live counts on this server (live_counts is off, or the model is not bound yet)")
         return {
             "counts": live.logical.tolist(),
             "physical": None if live.physical is None else live.physical.tolist(),
+            "own_counts": None if live.own is None else live.own.tolist(),
             "passes": live.passes,
             "moe_seconds": live.moe_seconds,
             "moe_passes": live.moe_passes,
@@ -210,6 +214,10 @@ class RecorderRuntime:
         P = 0 if rec.physical is None else rec.physical.shape[2]
         # this rank's entries [n, L, E + P], logical then physical, summed in one export
         local = torch.zeros((rec.stamps.size, L, E + P), dtype=torch.int64)
+        sources = None
+        if rec.sources is not None:  # every rank routes its own rows, contributing or not
+            sources = torch.zeros((rec.stamps.size, L, E), dtype=torch.int64)
+            sources[:, self.moe_layer_ids] = rec.sources
         if self.contributes:
             local[:, self.moe_layer_ids, :E] = rec.logical
             if rec.physical is not None:
@@ -219,7 +227,7 @@ class RecorderRuntime:
         meta.update(ring_wrapped=rec.wrapped, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), skipped_passes=int(skipped))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
         record = RankRecord(
-            local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry, rec.tokens if self.contributes else 0
+            local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry, rec.tokens if self.contributes else 0, sources
         )
         job = self.exporter.begin(export_id, record, path, meta, T, (L, E + P), deadline, split=E)
         return {

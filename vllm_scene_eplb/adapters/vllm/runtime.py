@@ -22,7 +22,7 @@ from ...protocol import startup_line
 from ...runtime.export import Exporter, group_maker
 from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
-from ...runtime.replica_map import SourceRanks
+from ...runtime.replica_map import SourceRanks, own_source_span
 from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
 from .version import check_engine_version, engine_version
 
@@ -56,6 +56,7 @@ class WorkerRuntime(RecorderRuntime):
 
     dp_size: int
     source: SourceRanks  # the EP ranks that route this worker's batch (the static table's source rows)
+    source_rank: int  # this worker's place in vLLM's EP group: its row of the per-source counts
 
     def source_ranks(self) -> list[int]:
         return [self.source.base, self.source.span]
@@ -123,13 +124,14 @@ class WorkerRuntime(RecorderRuntime):
             if self.layout
             else torch.arange(E).expand(L, E)
         )
-        observer = self.make_observer(device, slots, self.dp_size)
+        # where several ranks route the same batch, each also counts the rows its own table row routes
+        observer = self.make_observer(device, slots, self.dp_size, source_rows=self.source.span > 1)
         # the largest pass a MoE layer routes (compiled, the capture cannot grow its ones buffer)
         batch = model_runner.vllm_config.scheduler_config.max_num_batched_tokens
         observer.reserve(batch * self.dp_size * (self.model.top_k or E))
         padding = getattr(model_runner, "is_padding", None)
         for idx, r in enumerate(runners):
-            r.router._scene_eplb_physical = functools.partial(observer.capture, idx, padding_rows=padding)
+            r.router._scene_eplb_physical = functools.partial(_capture, observer, idx, padding, self.source, self.source_rank)
             if self.config.time_moe:
                 if str(device) != "cpu":
                     raise SceneEplbError(
@@ -141,6 +143,15 @@ class WorkerRuntime(RecorderRuntime):
                     raise SceneEplbError(f"layer {r.layer_id}: time_moe found no fused experts to time in this build")
                 experts._scene_eplb_timed_layer = idx
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
+
+
+def _capture(observer, moe_idx: int, padding, source: SourceRanks, source_rank: int, slots) -> None:
+    """Count a MoE layer's slot ids [M, k] (padding rows left out) and, where the observer keeps
+    them, the rows of them this rank routes itself (``source_rank``'s rows of ``source``); traceable."""
+    observer.capture(moe_idx, slots, padding_rows=padding)
+    if observer.pass_sources is not None:
+        lo, hi = own_source_span(source, source_rank, slots.shape[0])
+        observer.capture_sources(moe_idx, slots[lo:hi], None if padding is None else padding[lo:hi])
 
 
 _current: NullRuntime | WorkerRuntime = NULL_RUNTIME
@@ -171,8 +182,10 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
     ep_size = ep.world_size if pc.enable_expert_parallel else 1  # the EP size a layout must be made for
     ep_rank = ep.rank_in_group if pc.enable_expert_parallel else 0
     seq_parallel = bool(pc.use_sequence_parallel_moe)
-    # DP rank d's tokens are routed by its TP ranks, EP ranks d*tp .. d*tp+tp-1 (vLLM's numbering).
-    source = SourceRanks(ep_rank, 1) if seq_parallel else SourceRanks(ep_rank - tp_rank, tp_size)
+    # DP rank d's tokens are routed by its TP ranks, EP ranks d*tp .. d*tp+tp-1 (vLLM's numbering; the
+    # EP group holds every DP x TP rank, with EP on or off).
+    group_rank = ep.rank_in_group
+    source = SourceRanks(group_rank, 1) if seq_parallel else SourceRanks(group_rank - tp_rank, tp_size)
     # The export sums over every rank of vLLM's EP group (DP x TP), which exists with or without EP.
     rt = WorkerRuntime(
         config=cfg,
@@ -186,6 +199,7 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
         dp_size=pc.data_parallel_size,
         tp_rank=tp_rank,
         source=source,
+        source_rank=group_rank,
         contributes=tp_rank == 0 or seq_parallel,
         observer=NullObserver(role, cfg.ring_entries),
         exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
