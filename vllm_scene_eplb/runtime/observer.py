@@ -174,13 +174,19 @@ class RoutingObserver:
         four device ops (where, clamp, remainder, index_add_), none with a Python scalar operand.
         Rows are left out where ``padding_rows`` [>= M] is True or ``own_rows`` [>= M] is False (at
         most one of the two); ids outside [0, W) go to the not-counted column."""
+        self._count(self.pass_counts[moe_idx], ids, padding_rows, own_rows)
+
+    def _count(
+        self, row: torch.Tensor, ids: torch.Tensor, padding_rows: torch.Tensor | None, own_rows: torch.Tensor | None = None
+    ) -> None:
+        """The four ops of a capture into one pass buffer row [W + 2] (``capture`` says which rows count)."""
         W = self.width
         if padding_rows is not None:
             ids = torch.where(padding_rows[: ids.shape[0]].unsqueeze(1), self._fill, ids)
         elif own_rows is not None:
             ids = torch.where(own_rows[: ids.shape[0]].unsqueeze(1), ids, self._fill)
         idx = ids.clamp(-1, W).remainder(W + 1).reshape(-1)  # -1 (and W) -> W: the not-counted column
-        self.pass_counts[moe_idx].index_add_(0, idx, self._ones_for(idx.shape[0]))
+        row.index_add_(0, idx, self._ones_for(idx.shape[0]))
 
     def reserve(self, ids: int) -> None:
         """Preallocate the ones ``capture`` adds for up to ``ids`` (token, top-k) ids a pass (host,
@@ -279,11 +285,7 @@ class RoutingObserver:
         the pass's rows), leaving out those where ``padding_rows`` [>= m] is True; traceable, at most
         four device ops. Only with ``source_rows``."""
         assert self.pass_sources is not None, "capture_sources needs an observer made with source_rows=True"
-        W = self.width
-        if padding_rows is not None:
-            ids = torch.where(padding_rows[: ids.shape[0]].unsqueeze(1), W, ids)
-        idx = ids.clamp(-1, W).remainder(W + 1).reshape(-1)
-        self.pass_sources[moe_idx].index_add_(0, idx, self._one.expand(idx.shape[0]))
+        self._count(self.pass_sources[moe_idx], ids, padding_rows)
 
     def _sources_to_ring(self, slot: int, opened: bool) -> None:
         """``_to_ring`` for the own rows: ring slot ``slot`` zeroed as it is ``opened``, else the pass added."""
