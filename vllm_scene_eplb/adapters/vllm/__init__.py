@@ -1,6 +1,6 @@
-"""vLLM 0.32 adapter.
+"""vLLM 0.32 / 0.33 adapter.
 
-- ``version``: the release it was written for, and the refusal of any other;
+- ``version``: the releases it was written for, and the refusal of any other;
 - ``runtime``: this worker's plugin state (settings, layout, observer, control), a null object when off;
 - ``patches``: the vLLM functions it wraps (model build, router, CPU experts, step boundary);
 - ``routes``: the ``vllm.endpoint_plugins`` entry point (``runtime.endpoints`` on vLLM 0.32's API server);
