@@ -22,12 +22,18 @@ do, so with the flag off (the null runtime) every one passes straight through:
   autotune, the mixed-batch attention warm-up) ends no step, so its pass is discarded;
 - ``coordinate_batch_across_dp`` (as the runner module calls it): each step's tokens per DP rank, the
   same vector on every DP engine, which signs the ring entries so an export can check they line up;
-- ``load_model`` of the V1 runners: configure before the weights load, bind after; under Model Runner
-  V2 (its step hooks are not wired) the flag is refused instead of recording nothing.
+- ``load_model`` of the V1 runners: configure before the weights load, bind after;
+- Model Runner V2 (vLLM 0.33, whose warm-ups run under EPLB's ``suppress()``): ``load_model`` as V1;
+  ``execute_model`` starts each step (a dummy run enters here with ``dummy_run=True``: 0 tokens);
+  ``EPLBController.step`` is the step boundary (dummy steps as dummy, none while suppressed);
+  leaving ``suppress()`` discards what ran inside; ``dispatch_cg_and_sync_dp``'s
+  ``num_tokens_across_dp`` is the DP vector. On 0.32's V2 (no ``suppress()``: its warm-up would
+  step as real) the flag is refused instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -171,13 +177,77 @@ def _patch_runner(runner_cls) -> None:
     runner_cls.load_model = load_model
 
 
+def _argument(signature: inspect.Signature, name: str, *args, **kwargs):
+    """The value ``name`` is called with (its default when not passed)."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments[name]
+
+
+def _patch_v2_step_start(runner_cls) -> None:
+    """Model Runner V2: each step's start in ``execute_model`` (a dummy run's too: 0 tokens)."""
+    execute = runner_cls.execute_model
+    execute_sig = inspect.signature(execute)
+
+    @functools.wraps(execute)
+    def execute_model(self, *args, **kwargs):
+        rt = runtime.current()
+        rt.discard_pass()
+        dummy = _argument(execute_sig, "dummy_run", self, *args, **kwargs)
+        rt.begin_step(
+            0 if dummy else _argument(execute_sig, "scheduler_output", self, *args, **kwargs).total_num_scheduled_tokens
+        )
+        return execute(self, *args, **kwargs)
+
+    runner_cls.execute_model = execute_model
+
+
+def _patch_eplb_controller(EPLBController) -> None:
+    """Model Runner V2's step boundary (``step``) and its discarded warm-ups (``suppress``)."""
+    step, suppress = EPLBController.step, EPLBController.suppress
+
+    @functools.wraps(step)
+    def eplb_step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
+        step(self, is_dummy, is_profile)
+        if not self.suppressed:
+            runtime.current().end_step(is_dummy)
+
+    @functools.wraps(suppress)
+    @contextlib.contextmanager
+    def suppressed(self):
+        try:
+            with suppress(self):
+                yield
+        finally:
+            runtime.current().discard_pass()  # warm-ups and skip_eplb runs never reach the counts
+
+    EPLBController.step = eplb_step
+    EPLBController.suppress = suppressed
+
+
+def _patch_v2_dp_tokens(v2_module) -> None:
+    dispatch = v2_module.dispatch_cg_and_sync_dp
+
+    @functools.wraps(dispatch)
+    def dispatch_cg_and_sync_dp(*args, **kwargs):
+        out = dispatch(*args, **kwargs)
+        if out[1] is not None:  # DPSyncState: None without DP or when no rank has work
+            runtime.current().note_dp_tokens(out[1].num_tokens_across_dp)
+        return out
+
+    v2_module.dispatch_cg_and_sync_dp = dispatch_cg_and_sync_dp
+
+
 def _refuse_v2_runner(runner_cls) -> None:
     load = runner_cls.load_model
 
     @functools.wraps(load)
     def load_model(self, *args, **kwargs):
         if plugin_enabled(self.vllm_config.additional_config):
-            raise SceneEplbError("scene_eplb supports vLLM's V1 model runner only: set VLLM_USE_V2_MODEL_RUNNER=0")
+            raise SceneEplbError(
+                "scene_eplb supports Model Runner V2 from vLLM 0.33 on (0.32's runs its warm-up as real steps): "
+                "set VLLM_USE_V2_MODEL_RUNNER=0"
+            )
         return load(self, *args, **kwargs)
 
     runner_cls.load_model = load_model
@@ -247,7 +317,8 @@ def install() -> None:
     from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
     from vllm.v1.worker import gpu_model_runner
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+    from vllm.v1.worker.gpu import eplb_utils as v2_eplb
+    from vllm.v1.worker.gpu import model_runner as v2_module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.worker_base import WorkerBase
 
@@ -276,5 +347,11 @@ def install() -> None:
         CPUModelRunner = None
     if CPUModelRunner is not None and "load_model" in CPUModelRunner.__dict__:
         _patch_runner(CPUModelRunner)
-    _refuse_v2_runner(GPUModelRunnerV2)
+    if hasattr(v2_eplb.EPLBController, "suppress"):  # vLLM 0.33
+        _patch_runner(v2_module.GPUModelRunner)
+        _patch_v2_step_start(v2_module.GPUModelRunner)
+        _patch_eplb_controller(v2_eplb.EPLBController)
+        _patch_v2_dp_tokens(v2_module)
+    else:
+        _refuse_v2_runner(v2_module.GPUModelRunner)
     WorkerBase.scene_eplb_control = control

@@ -134,7 +134,7 @@ class WorkerRuntime(RecorderRuntime):
             else torch.arange(E).expand(L, E)
         )
         observer = self.make_observer(device, slots, self.dp_size)
-        padding = getattr(model_runner, "is_padding", None)
+        padding = padding_rows_of(model_runner)
         for idx, r in enumerate(runners):
             r.router._scene_eplb_physical = functools.partial(observer.capture, idx, padding_rows=padding)
             if self.config.time_moe:
@@ -204,6 +204,13 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
     return rt
 
 
+def padding_rows_of(model_runner):
+    """The runner's persistent padding-row mask [max tokens] (V1: ``is_padding``; Model Runner V2:
+    ``input_buffers.is_padding``, all True during graph capture), or None."""
+    mask = getattr(model_runner, "is_padding", None)
+    return mask if mask is not None else getattr(getattr(model_runner, "input_buffers", None), "is_padding", None)
+
+
 def check_parallel_settings(pc) -> None:
     """Refuse the parallel settings whose routed rows the observer cannot attribute (each needs its
     own padding mask, which vLLM does not hand the router): dual-batch overlap / micro-batching (the
@@ -213,6 +220,11 @@ def check_parallel_settings(pc) -> None:
         raise SceneEplbError(
             "scene_eplb does not count micro-batched steps (the second micro-batch's padding rows are not "
             "the step's): drop --enable-dbo / --ubatch-size"
+        )
+    if pc.prefill_context_parallel_size > 1:
+        raise SceneEplbError(
+            "scene_eplb does not count prefill context parallelism (it gathers tokens over PCP ranks and keeps "
+            "its own MoE padding): drop --prefill-context-parallel-size"
         )
     if pc.use_sequence_parallel_moe:
         raise SceneEplbError(
