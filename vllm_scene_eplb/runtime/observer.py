@@ -153,6 +153,7 @@ class RoutingObserver:
         self.step_seconds, self.step_moe_seconds = 0.0, 0.0
         self._pass_seconds = [0.0] * L
         self._step_started: float | None = None
+        self.device_timer = None  # attach_device_timer: MoE time from device timestamps (CUDA graphs)
 
     def capture(
         self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None, own_rows: torch.Tensor | None = None
@@ -229,8 +230,32 @@ class RoutingObserver:
         if self.signature is not None and self._dp_tokens is not None and len(self._dp_tokens) == self.signature.shape[1]:
             self.signature[slot] += self._dp_tokens
 
+    def attach_device_timer(self, timer) -> None:
+        """Take MoE time from ``timer`` (``runtime.device_timer.DeviceMoeTimer``: device timestamps that
+        graph replays keep) instead of ``add_moe_seconds``; the steps' wall time stays the host's."""
+        self.device_timer = timer
+
+    def _end_device_timing(self, is_dummy: bool) -> None:
+        """A step boundary with the device timer: the host's step wall time, the device's MoE time in it."""
+        started, timer = self._step_started, self.device_timer
+        assert timer is not None
+        real = not is_dummy and started is not None
+        if started is not None and real:
+            self.step_seconds += time.perf_counter() - started
+            self.steps += 1
+        timer.mark_step(real)
+        self._step_started = None
+
+    def _timing(self) -> tuple[list[float] | None, int, float]:
+        """(MoE seconds per layer or None, passes that ran them, MoE seconds inside real steps)."""
+        if self.device_timer is not None:
+            return self.device_timer.read()
+        return (list(self.moe_seconds) if self.time_moe else None), self.moe_passes, self.step_moe_seconds
+
     def _end_timing(self, is_dummy: bool) -> None:
         """Add this pass's MoE seconds (a dummy pass's too) and, for a real step with a start, its wall time."""
+        if self.device_timer is not None:
+            return self._end_device_timing(is_dummy)
         if any(self._pass_seconds):
             if not is_dummy and self._step_started is not None:
                 self.step_seconds += time.perf_counter() - self._step_started
@@ -256,15 +281,9 @@ class RoutingObserver:
         if not self.live_on:
             return None
         logical, physical = self._views(self.live)
+        moe_seconds, moe_passes, step_moe_seconds = self._timing()
         return LiveCounts(
-            logical,
-            physical,
-            self.live_passes,
-            list(self.moe_seconds) if self.time_moe else None,
-            self.moe_passes,
-            self.steps,
-            self.step_seconds,
-            self.step_moe_seconds,
+            logical, physical, self.live_passes, moe_seconds, moe_passes, self.steps, self.step_seconds, step_moe_seconds
         )
 
     def skipped_passes(self) -> tuple[int, int]:

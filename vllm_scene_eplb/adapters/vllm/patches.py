@@ -225,19 +225,6 @@ def _patch_eplb_controller(EPLBController) -> None:
     EPLBController.suppress = suppressed
 
 
-def _patch_v2_dp_tokens(v2_module) -> None:
-    dispatch = v2_module.dispatch_cg_and_sync_dp
-
-    @functools.wraps(dispatch)
-    def dispatch_cg_and_sync_dp(*args, **kwargs):
-        out = dispatch(*args, **kwargs)
-        if out[1] is not None:  # DPSyncState: None without DP or when no rank has work
-            runtime.current().note_dp_tokens(out[1].num_tokens_across_dp)
-        return out
-
-    v2_module.dispatch_cg_and_sync_dp = dispatch_cg_and_sync_dp
-
-
 def _refuse_v2_runner(runner_cls) -> None:
     load = runner_cls.load_model
 
@@ -289,17 +276,19 @@ def _patch_dummy_run(GPUModelRunner) -> None:
     GPUModelRunner._dummy_run = _dummy_run
 
 
-def _patch_dp_tokens(runner_module) -> None:
-    orig = runner_module.coordinate_batch_across_dp
+def _patch_dp_tokens(module, name: str, tokens_of) -> None:
+    """Wrap ``module.name`` (the runner module's DP sync): ``tokens_of`` its result's second item
+    (None without DP) is this step's tokens per DP rank, the same vector on every DP engine."""
+    orig = getattr(module, name)
 
     @functools.wraps(orig)
-    def coordinate_batch_across_dp(*args, **kwargs):
+    def sync(*args, **kwargs):
         out = orig(*args, **kwargs)
-        if out[1] is not None:  # num_tokens_across_dp: None without DP
-            runtime.current().note_dp_tokens(out[1])
+        if out[1] is not None:
+            runtime.current().note_dp_tokens(tokens_of(out[1]))
         return out
 
-    runner_module.coordinate_batch_across_dp = coordinate_batch_across_dp
+    setattr(module, name, sync)
 
 
 def control(worker, action: str, *args) -> dict:
@@ -339,7 +328,7 @@ def install() -> None:
         _patch_cpu_communicator(CpuCommunicator)
     _patch_step(GPUModelRunner)
     _patch_dummy_run(GPUModelRunner)
-    _patch_dp_tokens(gpu_model_runner)
+    _patch_dp_tokens(gpu_model_runner, "coordinate_batch_across_dp", lambda tokens: tokens)
     _patch_runner(GPUModelRunner)
     try:
         from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -351,7 +340,7 @@ def install() -> None:
         _patch_runner(v2_module.GPUModelRunner)
         _patch_v2_step_start(v2_module.GPUModelRunner)
         _patch_eplb_controller(v2_eplb.EPLBController)
-        _patch_v2_dp_tokens(v2_module)
+        _patch_dp_tokens(v2_module, "dispatch_cg_and_sync_dp", lambda state: state.num_tokens_across_dp)
     else:
         _refuse_v2_runner(v2_module.GPUModelRunner)
     WorkerBase.scene_eplb_control = control

@@ -137,17 +137,34 @@ class WorkerRuntime(RecorderRuntime):
         padding = padding_rows_of(model_runner)
         for idx, r in enumerate(runners):
             r.router._scene_eplb_physical = functools.partial(observer.capture, idx, padding_rows=padding)
-            if self.config.time_moe:
-                if str(device) != "cpu":
-                    raise SceneEplbError(
-                        "scene_eplb.time_moe times the CPU expert path only; on CUDA it is not built yet "
-                        "(device events in eager passes): remove it from --additional-config"
-                    )
-                experts = fused_experts_of(r)
-                if experts is None:
-                    raise SceneEplbError(f"layer {r.layer_id}: time_moe found no fused experts to time in this build")
-                experts._scene_eplb_timed_layer = idx
+        if self.config.time_moe:
+            attach_moe_timer(observer, runners, device)
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
+
+
+def attach_moe_timer(observer, runners: list, device) -> None:
+    """``time_moe``: time each MoE layer's local expert computation (its fused experts' ``apply``,
+    between dispatch and combine). On CPU the local-only expert op times itself (host wall clock); on
+    CUDA device timestamps around ``apply`` (``runtime.device_timer``), which CUDA graphs replay."""
+    experts = [fused_experts_of(r) for r in runners]
+    for r, e in zip(runners, experts):
+        if e is None:
+            raise SceneEplbError(f"layer {r.layer_id}: time_moe found no fused experts to time in this build")
+    if str(device) == "cpu":
+        for idx, e in enumerate(experts):
+            e._scene_eplb_timed_layer = idx
+        return
+    if len({id(e) for e in experts}) != len(experts):
+        raise SceneEplbError("time_moe: MoE layers share one fused-experts object, so their times cannot be told apart")
+    from ...runtime.device_timer import DeviceMoeTimer
+
+    try:
+        timer = DeviceMoeTimer(len(runners), device)  # before any graph capture: replays keep its buffers
+    except SceneEplbError as exc:
+        raise SceneEplbError(f"scene_eplb.time_moe on {device}: {exc.problem}: remove it from --additional-config") from exc
+    for idx, e in enumerate(experts):
+        e.apply = timer.timed(idx, e.apply)
+    observer.attach_device_timer(timer)
 
 
 _current: NullRuntime | WorkerRuntime = NULL_RUNTIME
