@@ -117,6 +117,36 @@ if hasattr(FusedMoERouter, "supports_monolithic_kernels"):
     src = inspect.getsource(layer_mod)
     out["decomposed"] = [off, on, "not router.supports_monolithic_kernels" in src]
 
+# ---- vLLM 0.33: MoNE expert substitution (real parser, a model config that declares it) with a layout
+if hasattr(layer_mod, "make_expert_substitution"):
+    mone_config = SimpleNamespace(hf_text_config=SimpleNamespace(approximate_experts={"3": [1, 2]}), hf_config=SimpleNamespace())
+    args = (mone_config, "model.layers.3.mlp.experts", 8, 64, torch.float32)
+    plain = layer_mod.make_expert_substitution(*args)  # the flag off: vLLM's own answer
+    runtime._current = SimpleNamespace(layout=object())  # a worker runtime with a layout loaded
+    try:
+        layer_mod.make_expert_substitution(*args)
+        mone = None
+    except SceneEplbError as exc:
+        mone = str(exc)
+    runtime._current = runtime.NULL_RUNTIME
+    out["mone"] = {"substituted": plain is not None, "refused": mone}
+
+# ---- vLLM 0.33: the Model Runner V2 hooks the patches read
+from vllm.v1.worker.gpu import eplb_utils as v2_eplb
+from vllm.v1.worker.gpu import input_batch as v2_input
+from vllm.v1.worker.gpu import model_runner as v2_module
+
+if hasattr(v2_eplb.EPLBController, "suppress"):
+    out["v2_hooks"] = {
+        "execute_model": params(v2_module.GPUModelRunner.execute_model)[:3],
+        "step": params(v2_eplb.EPLBController.step),
+        "dispatch_returns_dp_state": "num_tokens_across_dp" in inspect.getsource(v2_module.DPSyncState),
+        "input_buffers_is_padding": "self.is_padding" in inspect.getsource(v2_input),
+        "dummy_run_enters_execute_model": "self.execute_model(" in inspect.getsource(v2_module.GPUModelRunner._dummy_run),
+        "runner_steps_eplb": inspect.getsource(v2_module).count("@step_eplb_after("),
+        "pcp_size_in_config": "prefill_context_parallel_size" in inspect.getsource(type(vllm.config.ParallelConfig())),
+    }
+
 # ---- warm-up passes: a skip_eplb _dummy_run of 64 tokens, then one real step of 10 tokens (top-2)
 TOP_K = 2
 
@@ -221,6 +251,26 @@ def test_a_monolithic_backend_and_a_quant_method_without_eplb_are_refused_by_lay
 def test_the_flag_asks_vllm_0_33_for_a_decomposed_backend(both):
     _, new = both
     assert new["decomposed"] == [True, False, True]
+
+
+def test_mone_expert_substitution_is_refused_with_a_layout(both):
+    _, new = both
+    assert new["mone"]["substituted"] is True
+    assert "model.layers.3.mlp.experts: scene_eplb.layout with MoNE expert substitution" in new["mone"]["refused"]
+
+
+def test_the_model_runner_v2_hooks_are_where_the_patches_read_them(both):
+    _, new = both
+    assert new["v2_hooks"] == {
+        "execute_model": ["self", "scheduler_output", "intermediate_tensors"],
+        "step": ["self", "is_dummy", "is_profile"],
+        "dispatch_returns_dp_state": True,
+        "input_buffers_is_padding": True,
+        "dummy_run_enters_execute_model": True,
+        "runner_steps_eplb": 3,
+        "pcp_size_in_config": True,
+    }
+    assert "v2_hooks" not in both[0]  # 0.32's V2 has no suppress(): the flag refuses it
 
 
 def test_a_skip_eplb_warm_up_pass_never_reaches_the_counts(release):
