@@ -36,8 +36,9 @@ server can turn it off (``live=False``: decode nodes, whose steps are many and s
 before the model is bound (state ``off``).
 
 With ``time_moe`` the adapter also reports each MoE layer's local expert time per pass
-(``add_moe_seconds``, host wall clock around the rank's own expert computation) and the step's wall
-time (``end_step``): cumulative per layer, read with the live counts. Off, nothing is timed.
+(``add_moe_seconds``, host wall clock around the rank's own expert computation; on CUDA an attached
+``device_timer`` instead, whose accumulators graph replays keep) and the step's wall time
+(``end_step``): cumulative per layer, read with the live counts. Off, nothing is timed.
 """
 
 from __future__ import annotations
