@@ -76,7 +76,7 @@ def register() -> None:
     logger.warning(
         "scene-eplb: written for vLLM %s, found %s: the plugin installs nothing here "
         "(a server started with scene_eplb in --additional-config will refuse to start)",
-        ".".join(map(str, vllm_adapter.SUPPORTED_VLLM)),
+        vllm_adapter.supported_names(),
         version,
     )
     refuse_flag(functools.partial(vllm_adapter.check_engine_version, version))

@@ -2,6 +2,7 @@
 
 - ``observer``: the recorder's device ring buffer, and the null observer where it is off (torch);
 - ``replica_map``: logical -> physical ids inside the forward pass (torch);
+- ``device_timer``: per-layer MoE time from GPU timestamps that CUDA graphs replay (torch, Triton);
 - ``export``: the integer SUM of the counts over a Gloo group, rank 0 writes one file (torch);
 - ``layout_check``: the startup check of ``scene_eplb.layout`` against the model and EP size (pure);
 - ``worker``: one worker's recorder state and control actions (start, stop, dump, status, live);

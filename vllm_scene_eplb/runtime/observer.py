@@ -43,8 +43,9 @@ server can turn it off (``live=False``: decode nodes, whose steps are many and s
 before the model is bound (state ``off``).
 
 With ``time_moe`` the adapter also reports each MoE layer's local expert time per pass
-(``add_moe_seconds``, host wall clock around the rank's own expert computation) and the step's wall
-time (``end_step``): cumulative per layer, read with the live counts. Off, nothing is timed.
+(``add_moe_seconds``, host wall clock around the rank's own expert computation; on CUDA an attached
+``device_timer`` instead, whose accumulators graph replays keep) and the step's wall time
+(``end_step``): cumulative per layer, read with the live counts. Off, nothing is timed.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ class RoutingObserver:
         self.step_seconds, self.step_moe_seconds = 0.0, 0.0
         self._pass_seconds = [0.0] * L
         self._step_started: float | None = None
+        self.device_timer = None  # attach_device_timer: MoE time from device timestamps (CUDA graphs)
         self._init_sources(source_rows, device)
 
     def capture(
@@ -217,6 +219,13 @@ class RoutingObserver:
         """This pass's local expert time of MoE layer ``moe_idx`` (host, called by the adapter's timer)."""
         self._pass_seconds[moe_idx] += seconds
 
+    def discard_pass(self) -> None:
+        """Drop what the pass buffer holds (host, between passes): a pass the engine runs outside its
+        steps (a warm-up, ``skip_eplb``, under EPLB's ``suppress()``) never reaches the counts, and
+        each step starts from a cleared buffer. The ring, the live counts and the clock are untouched."""
+        self.pass_counts.zero_()
+        self._pass_seconds = [0.0] * self.num_moe_layers
+
     def note_dp_tokens(self, tokens) -> None:
         """This step's tokens per DP rank (host; a list or a CPU tensor), as every DP engine agreed them for the step."""
         self._dp_tokens = [int(t) for t in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)]
@@ -259,8 +268,32 @@ class RoutingObserver:
         if self.signature is not None and self._dp_tokens is not None and len(self._dp_tokens) == self.signature.shape[1]:
             self.signature[slot] += self._dp_tokens
 
+    def attach_device_timer(self, timer) -> None:
+        """Take MoE time from ``timer`` (``runtime.device_timer.DeviceMoeTimer``: device timestamps that
+        graph replays keep) instead of ``add_moe_seconds``; the steps' wall time stays the host's."""
+        self.device_timer = timer
+
+    def _end_device_timing(self, is_dummy: bool) -> None:
+        """A step boundary with the device timer: the host's step wall time, the device's MoE time in it."""
+        started, timer = self._step_started, self.device_timer
+        assert timer is not None
+        real = not is_dummy and started is not None
+        if started is not None and real:
+            self.step_seconds += time.perf_counter() - started
+            self.steps += 1
+        timer.mark_step(real)
+        self._step_started = None
+
+    def _timing(self) -> tuple[list[float] | None, int, float]:
+        """(MoE seconds per layer or None, passes that ran them, MoE seconds inside real steps)."""
+        if self.device_timer is not None:
+            return self.device_timer.read()
+        return (list(self.moe_seconds) if self.time_moe else None), self.moe_passes, self.step_moe_seconds
+
     def _end_timing(self, is_dummy: bool) -> None:
         """Add this pass's MoE seconds (a dummy pass's too) and, for a real step with a start, its wall time."""
+        if self.device_timer is not None:
+            return self._end_device_timing(is_dummy)
         if any(self._pass_seconds):
             if not is_dummy and self._step_started is not None:
                 self.step_seconds += time.perf_counter() - self._step_started
@@ -319,15 +352,16 @@ class RoutingObserver:
         if not self.live_on:
             return None
         logical, physical = self._views(self.live)
+        moe_seconds, moe_passes, step_moe_seconds = self._timing()
         return LiveCounts(
             logical,
             physical,
             self.live_passes,
-            list(self.moe_seconds) if self.time_moe else None,
-            self.moe_passes,
+            moe_seconds,
+            moe_passes,
             self.steps,
             self.step_seconds,
-            self.step_moe_seconds,
+            step_moe_seconds,
             self._views(self.live_sources)[0] if self.live_sources is not None else logical,
         )
 
@@ -397,6 +431,9 @@ class NullObserver:
         pass
 
     def note_dp_tokens(self, tokens) -> None:
+        pass
+
+    def discard_pass(self) -> None:
         pass
 
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:

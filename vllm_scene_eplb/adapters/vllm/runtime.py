@@ -46,6 +46,9 @@ class NullRuntime(NullRecorderRuntime):
     def opaque_moe_forward(self) -> bool:
         return False
 
+    def needs_router(self) -> bool:
+        return False
+
 
 NULL_RUNTIME = NullRuntime()
 
@@ -91,6 +94,11 @@ class WorkerRuntime(RecorderRuntime):
         keeps the MoE layer out of the traced graph. On CPU only: elsewhere vLLM already uses it."""
         return self.dp_size > 1
 
+    def needs_router(self) -> bool:
+        """Under the flag every MoE layer must route through vLLM's router (its EPLB mapping step is
+        where the replica map and the count run): vLLM 0.33 is asked for a decomposed backend."""
+        return True
+
     # ------------------------------------------------------------ after load: bind to the model
 
     def bind(self, model_runner) -> None:
@@ -99,6 +107,8 @@ class WorkerRuntime(RecorderRuntime):
 
         runners = moe_runners(model_runner.model)
         self.check_moe_layers([int(r.layer_id) for r in runners])
+        for r in runners:
+            check_moe_backend(r)
         device = model_runner.device
         if self.layout is not None:
             maps = layer_maps(self.layout, self.config.dispatch, device, self.source)
@@ -129,19 +139,11 @@ class WorkerRuntime(RecorderRuntime):
         # the largest pass a MoE layer routes (compiled, the capture cannot grow its ones buffer)
         batch = model_runner.vllm_config.scheduler_config.max_num_batched_tokens
         observer.reserve(batch * self.dp_size * (self.model.top_k or E))
-        padding = getattr(model_runner, "is_padding", None)
+        padding = padding_rows_of(model_runner)
         for idx, r in enumerate(runners):
             r.router._scene_eplb_physical = functools.partial(_capture, observer, idx, padding, self.source, self.source_rank)
-            if self.config.time_moe:
-                if str(device) != "cpu":
-                    raise SceneEplbError(
-                        "scene_eplb.time_moe times the CPU expert path only; on CUDA it is not built yet "
-                        "(device events in eager passes): remove it from --additional-config"
-                    )
-                experts = fused_experts_of(r)
-                if experts is None:
-                    raise SceneEplbError(f"layer {r.layer_id}: time_moe found no fused experts to time in this build")
-                experts._scene_eplb_timed_layer = idx
+        if self.config.time_moe:
+            attach_moe_timer(observer, runners, device)
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
 
 
@@ -152,6 +154,31 @@ def _capture(observer, moe_idx: int, padding, source: SourceRanks, source_rank: 
     if observer.pass_sources is not None:
         lo, hi = own_source_span(source, source_rank, slots.shape[0])
         observer.capture_sources(moe_idx, slots[lo:hi], None if padding is None else padding[lo:hi])
+
+
+def attach_moe_timer(observer, runners: list, device) -> None:
+    """``time_moe``: time each MoE layer's local expert computation (its fused experts' ``apply``,
+    between dispatch and combine). On CPU the local-only expert op times itself (host wall clock); on
+    CUDA device timestamps around ``apply`` (``runtime.device_timer``), which CUDA graphs replay."""
+    experts = [fused_experts_of(r) for r in runners]
+    for r, e in zip(runners, experts):
+        if e is None:
+            raise SceneEplbError(f"layer {r.layer_id}: time_moe found no fused experts to time in this build")
+    if str(device) == "cpu":
+        for idx, e in enumerate(experts):
+            e._scene_eplb_timed_layer = idx
+        return
+    if len({id(e) for e in experts}) != len(experts):
+        raise SceneEplbError("time_moe: MoE layers share one fused-experts object, so their times cannot be told apart")
+    from ...runtime.device_timer import DeviceMoeTimer
+
+    try:
+        timer = DeviceMoeTimer(len(runners), device)  # before any graph capture: replays keep its buffers
+    except SceneEplbError as exc:
+        raise SceneEplbError(f"scene_eplb.time_moe on {device}: {exc.problem}: remove it from --additional-config") from exc
+    for idx, e in enumerate(experts):
+        e.apply = timer.timed(idx, e.apply)
+    observer.attach_device_timer(timer)
 
 
 _current: NullRuntime | WorkerRuntime = NULL_RUNTIME
@@ -181,11 +208,11 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
     tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
     ep_size = ep.world_size if pc.enable_expert_parallel else 1  # the EP size a layout must be made for
     ep_rank = ep.rank_in_group if pc.enable_expert_parallel else 0
-    seq_parallel = bool(pc.use_sequence_parallel_moe)
+    check_parallel_settings(pc)
     # DP rank d's tokens are routed by its TP ranks, EP ranks d*tp .. d*tp+tp-1 (vLLM's numbering; the
     # EP group holds every DP x TP rank, with EP on or off).
     group_rank = ep.rank_in_group
-    source = SourceRanks(group_rank, 1) if seq_parallel else SourceRanks(group_rank - tp_rank, tp_size)
+    source = SourceRanks(group_rank - tp_rank, tp_size)
     # The export sums over every rank of vLLM's EP group (DP x TP), which exists with or without EP.
     rt = WorkerRuntime(
         config=cfg,
@@ -200,7 +227,7 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
         tp_rank=tp_rank,
         source=source,
         source_rank=group_rank,
-        contributes=tp_rank == 0 or seq_parallel,
+        contributes=tp_rank == 0,
         observer=NullObserver(role, cfg.ring_entries),
         exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
     )
@@ -209,6 +236,59 @@ def configure(vllm_config) -> NullRuntime | WorkerRuntime:
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
     _current = rt
     return rt
+
+
+def padding_rows_of(model_runner):
+    """The runner's persistent padding-row mask [max tokens] (V1: ``is_padding``; Model Runner V2:
+    ``input_buffers.is_padding``, all True during graph capture), or None."""
+    mask = getattr(model_runner, "is_padding", None)
+    return mask if mask is not None else getattr(getattr(model_runner, "input_buffers", None), "is_padding", None)
+
+
+def check_parallel_settings(pc) -> None:
+    """Refuse the parallel settings whose routed rows the observer cannot attribute (each needs its
+    own padding mask, which vLLM does not hand the router): dual-batch overlap / micro-batching (the
+    second micro-batch starts at an offset into the step's rows) and sequence-parallel MoE (each TP
+    rank routes a chunk padded to a multiple of the TP size)."""
+    if pc.use_ubatching:
+        raise SceneEplbError(
+            "scene_eplb does not count micro-batched steps (the second micro-batch's padding rows are not "
+            "the step's): drop --enable-dbo / --ubatch-size"
+        )
+    if pc.prefill_context_parallel_size > 1:
+        raise SceneEplbError(
+            "scene_eplb does not count prefill context parallelism (it gathers tokens over PCP ranks and keeps "
+            "its own MoE padding): drop --prefill-context-parallel-size"
+        )
+    if pc.use_sequence_parallel_moe:
+        raise SceneEplbError(
+            "scene_eplb does not count sequence-parallel MoE (each TP rank routes a padded chunk of the "
+            "step's rows): serve without sequence-parallel MoE (--enable-expert-parallel with TP, or DP x EP)"
+        )
+
+
+def check_moe_backend(moe_runner) -> None:
+    """Refuse a MoE layer the plugin cannot see into: a monolithic kernel routes inside itself, so
+    the router's EPLB mapping step (the replica map and the count) never runs and, with a layout,
+    logical ids would index physical slots (the wrong experts, silently); a quant method without
+    EPLB support ignores physical ids; naive DP dispatch routes the DP-gathered batch on every rank
+    (each would count every DP rank's tokens)."""
+    qm = moe_runner.routed_experts.quant_method
+    experts = fused_experts_of(moe_runner)
+    backend = qm.__class__.__name__ + ("" if experts is None else f" / {experts.__class__.__name__}")
+    where = f"MoE layer {moe_runner.layer_id} ({getattr(moe_runner, 'layer_name', '?')}), backend {backend}"
+    if qm.is_monolithic:
+        raise SceneEplbError(
+            f"{where}: a monolithic MoE kernel routes inside itself, so scene_eplb's replica map and counts "
+            "never run there: choose a modular MoE backend (--moe-backend) or remove scene_eplb"
+        )
+    if not qm.supports_eplb:
+        raise SceneEplbError(f"{where}: this quant method does not support EPLB (physical expert ids), which scene_eplb needs")
+    if getattr(moe_runner, "do_naive_dispatch_combine", False):
+        raise SceneEplbError(
+            f"{where}: naive DP dispatch routes the DP-gathered batch on every rank, which scene_eplb would "
+            "count once per DP rank: use a backend with a modular kernel (its dispatch follows routing)"
+        )
 
 
 MODEL_FREE_DRAFTS = ("ngram", "ngram_gpu", "suffix")  # vLLM's speculative methods that run no drafter model

@@ -1,0 +1,218 @@
+"""The CUDA acceptance check of the plugin's forward-pass pieces, for the day a GPU is there: one
+CUDA GPU, torch (and Triton through it) and this package's core; no vLLM, nothing downloaded.
+One PASS/FAIL line per check; exit 0 only when every check passes, 2 without a CUDA GPU.
+
+- ``graph_counts``: the observer's count capture and the static / dynamic replica maps inside
+  ``torch.cuda.graph`` replays give the same logical and physical counts as eager passes, over
+  varying batch sizes and padding rows;
+- ``moe_timer``: the graph-safe MoE timer (``runtime.device_timer``) inside graph replays agrees with
+  CUDA events around the same work run eagerly, within 10%;
+- ``capture_cost``: the capture's microseconds per MoE layer and the ratio of a 58-layer
+  decode-sized step with it to the same step without it (both graph replays, CUDA events).
+
+``python scripts/gpu_check.py`` (``bash scripts/gpu_check.sh`` sets PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+import torch
+
+from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.fit import FitOptions, fit
+from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.runtime.device_timer import DeviceMoeTimer
+from vllm_scene_eplb.runtime.observer import RoutingObserver
+from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps
+
+LAYERS, EXPERTS, REDUNDANT, EP, TOP_K = 4, 64, 16, 8, 8
+GRAPH_SIZES = (8, 16, 32, 64)  # the captured batch sizes; each step pads its tokens up to one
+STEPS = 40
+
+
+def report(name: str, ok: bool, detail: str) -> bool:
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    return ok
+
+
+def skewed(rng: np.random.Generator) -> np.ndarray:
+    """Zipf-skewed counts [T, L, E] to fit a layout on."""
+    p = 1.0 / (1 + rng.permutation(EXPERTS)) ** 1.1
+    return rng.multinomial(4096, p / p.sum(), size=(8, LAYERS)).astype(np.int64)
+
+
+def check_graph_counts(dispatch: str) -> bool:
+    """Eager and graph-replayed passes over the same steps count the same (logical and physical)."""
+    dev = torch.device("cuda")
+    rng = np.random.default_rng(0)
+    layout = fit(Counts(skewed(rng)), FitOptions(Geometry(EXPERTS, num_redundant=REDUNDANT, ep_size=EP), dispatch=dispatch))
+    maps = layer_maps(layout, dispatch, dev, SourceRanks(0, EP))
+    slots = torch.as_tensor(layout.physical_to_logical_map[list(layout.moe_layers)])
+    eager, graphed = (RoutingObserver(LAYERS, EXPERTS, 4, dev, slots) for _ in range(2))
+    size_max = max(GRAPH_SIZES)
+    ids_buf = torch.zeros((size_max, TOP_K), dtype=torch.int64, device=dev)  # persistent inputs, as in a runner
+    padding = torch.zeros(size_max, dtype=torch.bool, device=dev)
+
+    def forward(obs: RoutingObserver, m: int) -> None:
+        for i, layer in enumerate(layout.moe_layers):
+            obs.capture(i, maps[int(layer)](ids_buf[:m]), padding_rows=padding)
+
+    graphs = {}
+    for m in GRAPH_SIZES:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward(graphed, m)  # warm-up before capture
+        torch.cuda.current_stream().wait_stream(side)
+        graphs[m] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[m]):
+            forward(graphed, m)
+        graphed.discard_pass()  # the warm-up's counts are not a step's
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    for _ in range(STEPS):
+        n = int(torch.randint(1, size_max + 1, (1,), generator=gen))
+        m = next(s for s in GRAPH_SIZES if s >= n)
+        ids_buf.copy_(torch.randint(0, EXPERTS, (size_max, TOP_K), generator=gen))
+        padding.copy_(torch.arange(size_max) >= n)
+        forward(eager, m)
+        graphs[m].replay()
+        for obs in (eager, graphed):
+            obs.end_step()
+    torch.cuda.synchronize()
+    a, b = eager.live_counts(), graphed.live_counts()
+    same = torch.equal(a.logical, b.logical) and torch.equal(a.physical, b.physical)
+    total = int(a.logical.sum())
+    return report(
+        f"graph_counts[{dispatch}]", same and total > 0, f"{STEPS} steps, {total} assignments eager, equal in replay: {same}"
+    )
+
+
+def check_moe_timer(layers: int = 8, passes: int = 20) -> bool:
+    """The device timer inside graph replays against CUDA events around the same work run eagerly:
+    mean time per layer and pass within 10%, and every replayed pass counted."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    x = torch.randn(512, 7168, device=dev, dtype=torch.bfloat16)
+    w = [torch.randn(7168, 4096, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+    outs = [torch.empty(512, 4096, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
+
+    def experts(i: int) -> None:  # the stand-in for a layer's local expert GEMMs
+        torch.matmul(x, w[i], out=outs[i])
+
+    for i in range(layers):  # warm-up (cuBLAS heuristics, Triton compile)
+        experts(i)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(layers * passes)]
+    for p in range(passes):
+        for i in range(layers):
+            a, b = events[p * layers + i]
+            a.record()
+            experts(i)
+            b.record()
+    torch.cuda.synchronize()
+    eager_us = sum(a.elapsed_time(b) for a, b in events) * 1e3 / len(events)
+
+    timer = DeviceMoeTimer(layers, dev)
+    timed = [timer.timed(i, functools.partial(experts, i)) for i in range(layers)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in timed:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in timed:
+            f()
+    torch.cuda.synchronize()
+    timer.ns.zero_()
+    timer.passes.zero_()
+    for _ in range(passes):
+        g.replay()
+    torch.cuda.synchronize()
+    seconds, counted, _ = timer.read()
+    graph_us = sum(seconds) * 1e6 / (layers * passes)
+    ratio = graph_us / eager_us
+    ok = abs(ratio - 1) <= 0.10 and counted == passes
+    return report(
+        "moe_timer",
+        ok,
+        f"graph replay {graph_us:.1f} us per layer pass, eager CUDA events {eager_us:.1f} us, ratio {ratio:.3f}; passes {counted}/{passes}",
+    )
+
+
+def check_capture_cost(layers: int = 58, tokens: int = 64, hidden: int = 7168, inter: int = 2048, experts: int = 256) -> bool:
+    """A 58-layer decode-sized step (per layer: router GEMM, top-k, one expert-sized MLP) with and
+    without the replica map and the capture, both as graph replays; prints the per-layer cost and the ratio."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    gate = torch.randn(hidden, experts, device=dev, dtype=torch.bfloat16) * 0.02
+    w1 = [torch.randn(hidden, inter, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+    w2 = [torch.randn(inter, hidden, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+    x0 = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16)
+    obs = RoutingObserver(layers, experts, 4, dev)
+    padding = torch.zeros(tokens, dtype=torch.bool, device=dev)
+    replicas = torch.arange(experts, device=dev)  # a linear map: one gather, as a static table costs
+
+    def step(counted: bool) -> torch.Tensor:
+        x = x0
+        for i in range(layers):
+            ids = torch.topk(x @ gate, 8, dim=-1).indices
+            if counted:
+                obs.capture(i, replicas[ids], padding_rows=padding)
+            x = x + torch.relu(x @ w1[i]) @ w2[i]
+        return x
+
+    def timed(counted: bool) -> float:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(counted)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step(counted)
+        for _ in range(5):
+            g.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / 50  # microseconds per step
+
+    base, counted = min(timed(False) for _ in range(3)), min(timed(True) for _ in range(3))
+    per_layer = (counted - base) / layers
+    return report(
+        "capture_cost",
+        True,
+        f"{per_layer:.2f} us per MoE layer; a {layers}-layer step of {tokens} tokens: {counted:.0f} us with, "
+        f"{base:.0f} us without, ratio {counted / base:.4f}",
+    )
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("FAIL gpu_check: no CUDA GPU here (torch.cuda.is_available() is False): nothing was checked", flush=True)
+        return 2
+    print(f"gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    checks = {
+        "graph_counts[static]": lambda: check_graph_counts("static"),
+        "graph_counts[dynamic]": lambda: check_graph_counts("dynamic"),
+        "moe_timer": check_moe_timer,
+        "capture_cost": check_capture_cost,
+    }
+    results = []
+    for name, check in checks.items():
+        try:
+            results.append(check())
+        except Exception as exc:  # one check's failure is its FAIL line; the others still run
+            results.append(report(name, False, f"{type(exc).__name__}: {exc}"))
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
