@@ -35,7 +35,8 @@ layers), so their sum is the MoE critical path, and the step changes by the diff
 
 The running layout's model is checked against what was measured: its modelled slot traffic against
 the dump's measured replica traffic (fidelity, and the slowest ranks' ms on the mean pass), and its
-slowest ranks' ms against the timing window's. Where they differ by more than the noise floor,
+rank shares at the timing window's own load against the window's measured slowest ranks (the window
+and the dump may hold passes of other sizes, so the dump's mean pass is not the window's). Where they differ by more than the noise floor,
 ``insufficient_evidence`` with the numbers: the model does not describe this server.
 
 **Verdict.** ``trial`` when the predicted gain is above the noise floor on the whole recording and
@@ -440,6 +441,12 @@ def advise(
         model.critical(physical_total.reshape(len(rows), g.ep_size, -1).sum(axis=2).astype(np.float64) / mean_pass)
     )
     c_window = float(np.asarray(timing.rank_ms).max(axis=0).sum())
+    # the same check on the timing window's own passes: its measured load per layer spread over the
+    # ranks by the running layout's modelled shares (the window and the dump may differ in batch size)
+    modelled_ranks = modelled_slots.reshape(len(rows), g.ep_size, -1).sum(axis=2)
+    rank_share = modelled_ranks / np.maximum(modelled_ranks.sum(axis=1, keepdims=True), 1e-300)
+    window_load = np.asarray(timing.rank_assignments, dtype=np.float64).sum(axis=0)  # [layers]
+    c_mod_window = float(model.critical(rank_share * window_load[:, None]))
     numbers = {
         "critical_ms_now": c_now,
         "critical_ms_candidate": c_cand,
@@ -454,6 +461,7 @@ def advise(
         "mean_pass_ms_modelled": c_mod_mean,
         "mean_pass_ms_measured": c_meas_mean,
         "timing_window_slowest_ms": c_window,
+        "timing_window_slowest_ms_modelled": c_mod_window,
     }
     reasons.append(
         f"count -> time model: per layer ms = a + b x assignments on a rank, fitted on {timing.ranks} ranks x "
@@ -467,15 +475,15 @@ def advise(
             "the timing window and the dump do not describe the same passes",
             **numbers,
         )
-    for what, modelled, measured in (
-        ("the dump's measured replica traffic", c_mod_mean, c_meas_mean),
-        ("the timing window's measured slowest ranks", c_mod_mean, c_window),
+    for where, what, modelled, measured in (
+        ("the dump's mean pass", "its measured replica traffic", c_mod_mean, c_meas_mean),
+        ("the timing window's mean pass (its load, the modelled rank shares)", "the window measured", c_mod_window, c_window),
     ):
         if abs(modelled - measured) / step > floor:
             return _insufficient(
                 reasons,
-                f"the running layout modelled from the logical counts gives {modelled:.3f} ms on the slowest ranks of the "
-                f"mean pass, {what} {measured:.3f} ms: {abs(modelled - measured) / step:.1%} of the step, above the noise "
+                f"the running layout modelled from the logical counts gives {modelled:.3f} ms on the slowest ranks of "
+                f"{where}, {what} {measured:.3f} ms: {abs(modelled - measured) / step:.1%} of the step, above the noise "
                 f"floor of {floor:.1%} (fidelity {'n/a' if fid is None else f'{fid:.3f}'}): the model does not describe this server",
                 **numbers,
             )
