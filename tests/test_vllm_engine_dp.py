@@ -271,8 +271,10 @@ def test_every_dp_engine_loads_the_layout_and_outputs_are_unchanged(dispatch, ti
         f"{live['measured']['worst']:.4f}, modelled {live['median']:.4f}/{live['worst']:.4f}"
     )
     if dispatch == "static":  # deterministic: what each source rank's table row says, exactly
+        # The slot traffic is the static model's on each DP engine's own tokens. The count balance beside
+        # it (live median/worst) assumes every source rank sends an equal share of every expert, which
+        # holds only when vLLM's DP load balancer hands both engines the same prompts: not asserted.
         assert live["fidelity"] < 0.01, live
-        assert all(abs(live["measured"][stat] / live[stat] - 1) < 0.01 for stat in ("median", "worst")), live
     else:
         _dynamic_takes_replica_row_mod_c(run["single_rows"], layout)
 
