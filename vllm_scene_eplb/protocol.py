@@ -534,20 +534,20 @@ class NativeLoadAnswer(_Answer):
 PROVENANCE_KEYS = ("layout_hash", "ep_size", "redundant_slots", "role", "dispatch", "steps_per_entry", "engine", "plugin_version")
 
 
-def _finite(value, field: str, where: str) -> float:
+def _finite(value, name: str, where: str) -> float:
     """A finite non-negative number (not a bool, not a string)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise SceneEplbError(f"timing {field} must be a finite non-negative number, got {value!r}", where)
+        raise SceneEplbError(f"timing {name} must be a finite non-negative number, got {value!r}", where)
     return float(value)
 
 
-def _matrix(value, field: str, where: str) -> tuple[tuple[float, ...], ...]:
+def _matrix(value, name: str, where: str) -> tuple[tuple[float, ...], ...]:
     """A non-empty [ranks][layers] list of lists of finite non-negative numbers, every row as long."""
     if not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value):
-        raise SceneEplbError(f"timing {field} must be a non-empty [ranks][layers] list of lists", where)
+        raise SceneEplbError(f"timing {name} must be a non-empty [ranks][layers] list of lists", where)
     if len({len(row) for row in value}) != 1:
-        raise SceneEplbError(f"timing {field} is ragged: rows of {sorted({len(r) for r in value})} layers", where)
-    return tuple(tuple(_finite(x, f"{field}[{r}][{i}]", where) for i, x in enumerate(row)) for r, row in enumerate(value))
+        raise SceneEplbError(f"timing {name} is ragged: rows of {sorted({len(r) for r in value})} layers", where)
+    return tuple(tuple(_finite(x, f"{name}[{r}][{i}]", where) for i, x in enumerate(row)) for r, row in enumerate(value))
 
 
 @dataclass(frozen=True)
