@@ -16,10 +16,15 @@ whose true per-pass gain is under the noise floor. The truth shares advise's dis
 linear device, so this measures the per-pass model (thinning, fit, fresh passes), not the
 assumptions themselves (docs/live-fitness.md says where they fail).
 
-``engine_calibration()``: predicted against measured on the real CPU engine at router skews 0,
-0.5 and 1, at least 3 interleaved repeats per side. Not built in this change: it says so.
+``engine_calibration()``: predicted against measured on the real CPU engine (TP=2 x EP=2, the demo's
+generated model and loads) at router skews 0, 0.5 and 1: per skew, a recording on the linear server,
+a fitted layout (2 redundant slots, ``static``) and ``advise``'s predicted throughput ratio from that
+server's dump and timing window; then the fitted server started beside the linear one, both alive,
+and at least 3 rounds of the same target load on each, the side that runs first alternating. The
+measured ratio fitted / linear and its 95% interval come from ``stats.block_effects`` over the
+rounds (each run's place in its round a term of the model), as the factorial A/B's do.
 
-    python benchmarks/verdicts_advise.py [--data DIR] [--json OUT] [--quick]
+    python benchmarks/verdicts_advise.py [--data DIR] [--json OUT] [--quick] [--engine no|also|only]
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ from sample_data import DEFAULT
 
 from vllm_scene_eplb.advise import NOISE_FLOOR, Setup, advise
 from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.fileio import atomic_write_bytes
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts
+from vllm_scene_eplb.harness import demo
 from vllm_scene_eplb.harness.simulated import Device, Scene, Server, critical_ms, linear_setup
 from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.stats import block_effects
 
 DEEPSEEK_V3_GROUPS = 8
 TOP_K = 8
@@ -53,6 +61,7 @@ DEVICES = {"prefill": Device(a_ms=0.05, b_ms=0.0004, other_ms=40.0), "decode": D
 NOISE = 0.03  # relative sd of the timing window's measurement noise (rank ms per layer, sub-window steps)
 RECORDED, FRESH = 256, 1024  # passes in the recording, passes the truth is computed on
 TARGETS = {"k1_vs_k16": 0.005, "vs_truth": 0.02}
+SKEWS = (0.0, 0.5, 1.0)  # router skews of the engine calibration (the demo model's default is 0.3)
 
 
 def distributions(path: Path) -> np.ndarray:
@@ -176,28 +185,100 @@ def summarise(rows: list[dict]) -> dict:
     return {"rows": rows, "summary": summary}
 
 
-def engine_calibration() -> dict:
-    """Predicted against measured on the real CPU engine: not built in this change, and it says so."""
-    return {
-        "status": "not run",
-        "why": "the engine calibration (advise's prediction against an interleaved A/B at router skews 0, 0.5 and 1, "
-        ">= 3 repeats per side) is not built yet; the figures of docs/demo.md are one run per side",
+def _ab_rounds(rig, servers: dict, repeats: int) -> tuple[list[list[float]], list[list[int]], str]:
+    """``repeats`` rounds of the target load on both live servers, the side that runs first
+    alternating (linear first in even rounds): per round [linear, fitted] steady prefill throughput
+    per card (whole-run where a run had no steady window), where each ran in its round, the metric."""
+    docs: dict[str, list[dict]] = {"linear": [], "fitted": []}
+    positions = []
+    for r in range(repeats):
+        order = ("linear", "fitted") if r % 2 == 0 else ("fitted", "linear")
+        for side in order:
+            docs[side].append(demo.measure(servers[side], rig, rig.loads.target, f"{side}-{r + 1}"))
+        positions.append([order.index("linear"), order.index("fitted")])
+    for metric in ("prefill_throughput_per_card_steady", "prefill_throughput_per_card"):
+        values = [[docs[side][r]["aggregate"][metric]["mean"] for side in ("linear", "fitted")] for r in range(repeats)]
+        if all(isinstance(v, float) and v > 0 for row in values for v in row):
+            return values, positions, metric
+    raise SystemExit("engine calibration: a run gave no prefill throughput")
+
+
+def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redundant: int = 2) -> dict:
+    """One router skew: record on the linear server, fit, ``advise``, then both servers alive and the
+    measured rounds alternating between them (``_ab_rounds``); the measured ratio fitted / linear is
+    the block model's (``stats.block_effects`` over rounds, with each run's place in its round)."""
+    rig = demo.prepare(out, skew, loads, "tp2")
+    linear = demo.serve(rig, "linear", demo.plugin_config(out / "dumps"))
+    try:
+        rec = demo.record(linear, rig)
+        cand = demo.fit_and_advise(rec, redundant, out)
+        fitted = demo.serve(rig, "fitted", demo.plugin_config(out / "dumps", cand.path))
+        try:
+            demo.warm_up(fitted, rig, "fitted")
+            demo.warm_up(linear, rig, "linear")
+            values, positions, metric = _ab_rounds(rig, {"linear": linear, "fitted": fitted}, repeats)
+        finally:
+            fitted.stop()
+    finally:
+        linear.stop()
+    (effect,), note = block_effects(np.log(values), [(-1.0, 1.0)], np.array(positions))
+    predicted = cand.advice["predicted_throughput_ratio"]
+    ci = effect.ci
+    row = {
+        "skew": skew,
+        "verdict": cand.advice["verdict"],
+        "predicted": predicted,
+        "bound": cand.advice["details"].get("bound_ratio"),  # where the window leaves the slope open: the steepest one's ratio
+        "measured": effect.ratio,
+        "measured_ci": list(ci) if ci else None,
+        "predicted_in_ci": None if ci is None or predicted is None else bool(ci[0] <= predicted <= ci[1]),
+        "error": None if predicted is None else predicted - effect.ratio,
+        "measured_verdict": effect.verdict,
+        "metric": metric,
+        "rounds": values,
+        "positions": positions,
+        "model": note,
+        "reasons": cand.advice.get("reasons"),
     }
+    print(
+        f"skew {skew}: advise {row['verdict']} predicted {_num(predicted)} (bound {_num(row['bound'])}); measured {effect.ratio:.3f} "
+        f"[{_num(ci[0] if ci else None)}, {_num(ci[1] if ci else None)}] ({effect.verdict}, {repeats} rounds, {metric})",
+        flush=True,
+    )
+    return row
+
+
+def engine_calibration(
+    out: str | Path = "out/verdicts-engine", skews: tuple[float, ...] = SKEWS, repeats: int = 3, num_prompts: int = 600
+) -> dict:
+    """Predicted against measured on the real CPU engine (TP=2 x EP=2, the demo's model and loads):
+    per router skew a recording, a fitted layout (2 redundant slots, static), ``advise``'s predicted
+    throughput ratio, and the measured ratio over ``repeats`` alternating rounds with both servers alive."""
+    if repeats < 3:
+        raise SystemExit("engine calibration: at least 3 repeats per side")
+    loads = demo.Loads.of(num_prompts, concurrency=8, input_len=512)
+    rows = [engine_skew(Path(out) / f"skew{skew}", skew, repeats, loads) for skew in skews]
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    summary = {
+        "skews": list(skews),
+        "repeats_per_side": repeats,
+        "num_prompts": num_prompts,
+        "max_abs_error": max(errors, default=None),
+        "predicted_in_ci": sum(bool(r["predicted_in_ci"]) for r in rows),
+        "trial_verdicts": [r["verdict"] for r in rows],
+    }
+    return {"rows": rows, "summary": summary}
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def _rate(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=DEFAULT, help="folder of the sample counts files")
-    ap.add_argument("--json", help="write the rows and the summary here")
-    ap.add_argument("--quick", action="store_true", help="one prefill and the decode scene only")
-    ap.add_argument("--noise", type=float, default=NOISE, help=f"timing measurement noise, relative sd (default {NOISE})")
-    a = ap.parse_args()
-    result = advise_calibration(a.data, quick=a.quick, noise=a.noise)
-    s = result["summary"]
+def _print_simulated(s: dict) -> None:
     print(
         f"\n{s['cases']} cases: |predicted - truth| max {s['max_abs_error']:.4f}, mean {s['mean_abs_error']:.4f}; "
         f"|k=1 - k=16| max {s['max_k1_k16_gap']:.4f}; the mean pass's slowest rank (aggregate) over the truth: "
@@ -211,11 +292,48 @@ def main() -> int:
         f"EP16 targets (k=1 vs k=16 < {TARGETS['k1_vs_k16']}, each < {TARGETS['vs_truth']} of the truth): "
         f"{'met' if s['ep16_targets_met'] else 'MISSED'}"
     )
-    engine = engine_calibration()
-    print(f"engine calibration: {engine['status']} ({engine['why']})")
+
+
+def _print_engine(rows: list[dict]) -> None:
+    print("\n| skew | advise | predicted (bound) | measured [95% CI] | predicted in CI | measured verdict |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        ci = r["measured_ci"]
+        print(
+            f"| {r['skew']} | {r['verdict']} | {_num(r['predicted'])} ({_num(r['bound'])}) | {r['measured']:.3f} "
+            f"[{_num(ci[0] if ci else None)}, {_num(ci[1] if ci else None)}] | {r['predicted_in_ci']} | {r['measured_verdict']} |"
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=DEFAULT, help="folder of the sample counts files")
+    ap.add_argument("--json", help="write the rows and the summary here")
+    ap.add_argument("--quick", action="store_true", help="one prefill and the decode scene only")
+    ap.add_argument("--noise", type=float, default=NOISE, help=f"timing measurement noise, relative sd (default {NOISE})")
+    ap.add_argument(
+        "--engine",
+        choices=("no", "also", "only"),
+        default="no",
+        help="the engine calibration (starts two vLLM servers per skew, ~7 min each): no (default), also, only",
+    )
+    ap.add_argument("--out", default="out/verdicts-engine", help="the engine calibration's working folder")
+    ap.add_argument("--repeats", type=int, default=3, help="engine calibration: alternating rounds per skew (>= 3)")
+    ap.add_argument("--num-prompts", type=int, default=600, help="engine calibration: requests per measured run")
+    ap.add_argument("--skews", type=float, nargs="+", default=list(SKEWS), help="engine calibration: router skews")
+    a = ap.parse_args()
+    doc: dict = {}
+    ok = True
+    if a.engine != "only":
+        doc["advise"] = advise_calibration(a.data, quick=a.quick, noise=a.noise)
+        _print_simulated(doc["advise"]["summary"])
+        ok = doc["advise"]["summary"]["ep16_targets_met"]
+    if a.engine != "no":
+        doc["engine"] = engine_calibration(a.out, tuple(a.skews), a.repeats, a.num_prompts)
+        _print_engine(doc["engine"]["rows"])
     if a.json:
-        Path(a.json).write_text(json.dumps({"advise": result, "engine": engine}, indent=2))
-    return 0 if s["ep16_targets_met"] else 1
+        atomic_write_bytes(Path(a.json), json.dumps(doc, indent=2).encode())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

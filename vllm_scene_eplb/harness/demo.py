@@ -24,10 +24,12 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..advise import advise
 from ..client.record import call
+from ..counts import Counts
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes, atomic_write_files
 from ..fit import FitOptions, fit
@@ -56,13 +58,83 @@ def say(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
 
 
-def _server(model: Path, out: Path, name: str, cfg: dict, geometry: str):
+@dataclass(frozen=True)
+class Loads:
+    """The demo's three loads on one input length: the measured ``target``, a small ``warmup`` before
+    each measurement, and the ``record`` load the recording server counts (each its own seed)."""
+
+    target: Scene
+    warmup: Scene
+    record: Scene
+
+    @classmethod
+    def of(cls, num_prompts: int, concurrency: int, input_len: int) -> Loads:
+        def scene(name: str, n: int, seed: int) -> Scene:
+            return Scene(
+                name=name,
+                num_prompts=n,
+                concurrency=concurrency,
+                request_rate=float("inf"),
+                input_len=input_len,
+                output_len=4,
+                cards=2,
+                seed=seed,
+            )
+
+        return cls(
+            target=scene(f"prefill-{input_len}", num_prompts, 0),
+            warmup=scene("warm-up", 4 * concurrency, 1),
+            record=scene("record", 8 * concurrency, 2),
+        )
+
+
+@dataclass(frozen=True)
+class Rig:
+    """What every step of a demo run shares: the generated model and its router ``skew``, the output
+    folder, the server geometry and the loads."""
+
+    model: Path
+    skew: float
+    out: Path
+    geometry: str
+    loads: Loads
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The fitted layout, the file it was written to, and what ``advise`` said of it."""
+
+    layout: Layout
+    path: Path
+    advice: dict
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What the recording server gave: its status after the record (the timing window ``advise``
+    reads), the dump's path, and the counts read back from it."""
+
+    status: dict
+    dump_path: str
+    counts: Counts
+
+
+def plugin_config(dumps: Path, layout: Path | None = None, dispatch: str = "static") -> dict:
+    """The P-role plugin settings of a demo server (timed, dumping under ``dumps``), with ``layout``."""
+    cfg: dict = {"role": "prefill", "dump_dir": str(dumps), **TIMED}
+    if layout is not None:
+        cfg.update(layout=str(layout), dispatch=dispatch)
+    return cfg
+
+
+def serve(rig: Rig, name: str, cfg: dict):
+    """A demo server (``local_server``) with the plugin settings ``cfg``, ready."""
     srv = start_server(
-        model,
-        out / "logs",
+        rig.model,
+        rig.out / "logs",
         name,
         extra=["--additional-config", json.dumps({"scene_eplb": cfg})],
-        engine_args=engine_args(geometry) + DEMO_ARGS,
+        engine_args=engine_args(rig.geometry) + DEMO_ARGS,
     )
     t0 = time.time()
     srv.wait_ready()
@@ -70,18 +142,50 @@ def _server(model: Path, out: Path, name: str, cfg: dict, geometry: str):
     return srv
 
 
-def _measure(srv, model: Path, scene: Scene, out: Path, name: str, repeats: int) -> dict:
+def warm_up(srv, rig: Rig, name: str) -> None:
+    """The small warm-up load before a measurement (the first batches after a start run slow)."""
+    bench(srv.url, str(rig.model), rig.loads.warmup, rig.out / f"warmup-{name}.json", progress=say)
+
+
+def measure(srv, rig: Rig, scene: Scene, name: str, repeats: int = 1) -> dict:
+    """``scene`` on ``srv`` with the recorder off (refused otherwise), ``repeats`` times, saved as ``name``."""
     if call(srv.url, "status").get("recording"):
         raise SystemExit("demo: the recorder must be off for a measurement run")
-    doc = bench(srv.url, str(model), scene, out / f"{name}.json", repeats, extra={"chunk_size": 4096}, progress=say)
+    doc = bench(srv.url, str(rig.model), scene, rig.out / f"{name}.json", repeats, extra={"chunk_size": 4096}, progress=say)
     agg = doc["aggregate"]
     say(f"{name}: prefill {agg['prefill_throughput_per_card']['mean']:.0f} tok/s/card, window {agg['window_s']:.0f}s")
     return doc
 
 
-def _factorial(
-    model: Path, out: Path, geometry: str, layouts: dict[str, Path], target: Scene, small: Scene, rounds: int, seed: int
-) -> dict:
+def record(srv, rig: Rig) -> Recording:
+    """Warm ``srv`` up, record ``loads.record``, keep the status (its timing window) and dump."""
+    warm_up(srv, rig, "record")
+    call(srv.url, "start")
+    bench(srv.url, str(rig.model), rig.loads.record, rig.out / "record-load.json", progress=say)
+    call(srv.url, "stop")
+    status = call(srv.url, "status")  # the timing window of the recorded load: what advise needs
+    atomic_write_bytes(rig.out / "timing.json", json.dumps(status, indent=1).encode())
+    dump = call(srv.url, "dump")
+    say(f"dumped {dump['path']} {dump['shape']}")
+    return Recording(status, dump["path"], read_counts(dump["path"]))
+
+
+def fit_and_advise(rec: Recording, redundant: int, out: Path) -> Candidate:
+    """The fitted layout (``redundant`` slots, static dispatch) written with its report, and what
+    ``advise`` says of it from the recording's counts and timing window."""
+    counts = rec.counts
+    fitted = fit(counts, FitOptions(Geometry(counts.num_experts, redundant, ep_size=2), dispatch="static"))
+    path = write_layout(fitted, out / "layout.json")
+    (ev,), _, _ = write_report(fitted, [("demo", counts)], out / "report")
+    scores = ev.summary()
+    say(f"fitted {path}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}")
+    window = TimingWindow.from_status(rec.status, "the linear server's status", len(fitted.moe_layers))
+    advice = advise(counts, fitted, "static", window)
+    say(f"advise: {advice['verdict']}, predicted throughput ratio {advice['predicted_throughput_ratio']}")
+    return Candidate(fitted, path, advice)
+
+
+def _factorial(rig: Rig, layouts: dict[str, Path], rounds: int, seed: int) -> dict:
     """The four arms (baseline and candidate layout x static and dynamic dispatch), ``rounds`` rounds
     each running every arm once in a seeded random order, a server start per run, then their effects
     (``factorial.analyse``, the same code as ``scene-eplb compare --factorial``)."""
@@ -92,22 +196,10 @@ def _factorial(
         for arm in arms:
             layout, dispatch = arm.split("-")
             name = f"{arm}-{rep + 1}"
-            srv = _server(
-                model,
-                out,
-                name,
-                {
-                    "role": "prefill",
-                    "dump_dir": str(out / "dumps"),
-                    "layout": str(layouts[layout]),
-                    "dispatch": dispatch,
-                    **TIMED,
-                },
-                geometry,
-            )
+            srv = serve(rig, name, plugin_config(rig.out / "dumps", layouts[layout], dispatch))
             try:
-                bench(srv.url, str(model), small, out / f"warmup-{name}.json", progress=say)
-                results[arm].append(_measure(srv, model, target, out, name, 1))
+                warm_up(srv, rig, name)
+                results[arm].append(measure(srv, rig, rig.loads.target, name))
             finally:
                 srv.stop()
     try:
@@ -117,6 +209,93 @@ def _factorial(
             raise
         summary = analyse(results, "prefill_throughput_per_card", order)
     return {**summary, "seed": seed, "layouts": {k: str(v) for k, v in layouts.items()}}
+
+
+def run_factorial(rig: Rig, rec: Recording, cand: Candidate, rounds: int, seed: int) -> dict:
+    """The demo's factorial mode: the four-arm A/B after the recording, written to ``report/``."""
+    g = cand.layout.geometry
+    baseline = write_layout(Layout(linear_map(g, cand.layout.num_layers), g, cand.layout.moe_layers), rig.out / "baseline.json")
+    summary = _factorial(rig, {"baseline": baseline, "candidate": cand.path}, rounds, seed)
+    summary.update(skew=rig.skew, geometry=GEOMETRY_NAMES[rig.geometry], counts=rec.dump_path, advice=cand.advice)
+    text = markdown_effects(summary)
+    report = rig.out / "report"
+    atomic_write_files(
+        report,
+        {
+            "factorial.md": text.encode(),
+            "factorial.png": factorial_png(summary),
+            "summary.json": json.dumps(summary, indent=1, default=str).encode(),
+        },
+    )
+    print(text)
+    print(
+        f"factorial A/B on {GEOMETRY_NAMES[rig.geometry]} ({summary['metric']}, {rounds} rounds in random order): "
+        + effect_line(summary)
+        + f"; report in {report}"
+    )
+    return summary
+
+
+def throughput_row(c) -> dict:
+    """The comparison's steady prefill throughput row, or the whole-run one where no steady window was seen."""
+    row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card_steady")
+    if row["ratio"] == NOT_OBSERVED:
+        row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
+    return row
+
+
+def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> dict:
+    """The demo's default mode: the target load on a server restarted with the fitted layout, compared
+    with the linear server's run ``a``, written to ``report/``."""
+    srv = serve(rig, "fitted", plugin_config(rig.out / "dumps", cand.path))
+    try:
+        warm_up(srv, rig, "fitted")
+        b = measure(srv, rig, rig.loads.target, "fitted", repeats)
+        fitted_live = call(srv.url, "status").get("live")
+    finally:
+        srv.stop()
+    names = ("linear", "fitted")
+    c = compare(a, b, names)
+    text = markdown(c, names)
+    report = rig.out / "report"
+    atomic_write_files(report, {"compare.md": text.encode(), "compare.png": chart_png(c, names)})
+    row = throughput_row(c)
+    advice = cand.advice
+    summary = {
+        "prefill_throughput_ratio": row["ratio"],
+        "prefill_metric": row["metric"],
+        "verdict": row["verdict"],
+        "skew": rig.skew,
+        "geometry": GEOMETRY_NAMES[rig.geometry],
+        "parallel": a["manifest"]["parallel"],
+        "layout_hash": cand.layout.digest(),
+        "counts": rec.dump_path,
+        "comparison": c.to_dict(),
+        "advice": advice,
+        "predicted_vs_measured": {
+            "predicted": advice["predicted_throughput_ratio"],
+            "measured": row["ratio"],
+            "metric": row["metric"],
+        },
+        "live": {"linear": rec.status.get("live"), "fitted": fitted_live},
+        "manifests": {"linear": a["manifest"], "fitted": b["manifest"]},
+    }
+    atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())
+    print(text)
+    print(
+        f"prefill throughput fitted / linear on {GEOMETRY_NAMES[rig.geometry]}: "
+        f"{row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')} ({row['metric']}); "
+        f"advise predicted {_ratio_text(advice['predicted_throughput_ratio'])} ({advice['verdict']}); report in {report}"
+    )
+    return summary
+
+
+def prepare(out: Path, skew: float, loads: Loads, geometry: str) -> Rig:
+    """The output folder and the generated model at router ``skew``."""
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    model = make_tiny_moe(out / "model", TinyMoeSpec(**DEMO_SPEC, skew=skew))
+    say(f"generated {model} (skew {skew})")
+    return Rig(model, skew, out, geometry, loads)
 
 
 def run(
@@ -131,114 +310,20 @@ def run(
     factorial: bool = False,
     seed: int = 0,
 ) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
+    """The demo: generate the model, record on the linear server (and measure there, unless
+    ``factorial``), fit and ask ``advise``, then the A/B of the chosen mode."""
     say(f"geometry {GEOMETRY_NAMES[geometry]}")
-    (out / "logs").mkdir(exist_ok=True)
-    model = make_tiny_moe(out / "model", TinyMoeSpec(**DEMO_SPEC, skew=skew))
-    say(f"generated {model} (skew {skew})")
-    target = Scene(f"prefill-{input_len}", num_prompts, concurrency, float("inf"), input_len, 4, cards=2)
-    small = Scene("warm-up", 4 * concurrency, concurrency, float("inf"), input_len, 4, cards=2, seed=1)
-    record_load = Scene("record", 8 * concurrency, concurrency, float("inf"), input_len, 4, cards=2, seed=2)
-    dumps = out / "dumps"
-
-    srv = _server(model, out, "linear", {"role": "prefill", "dump_dir": str(dumps), **TIMED}, geometry)
+    rig = prepare(out, skew, Loads.of(num_prompts, concurrency, input_len), geometry)
+    srv = serve(rig, "linear", plugin_config(out / "dumps"))
     try:
-        bench(srv.url, str(model), small, out / "warmup.json", progress=say)
-        call(srv.url, "start")
-        bench(srv.url, str(model), record_load, out / "record-load.json", progress=say)
-        call(srv.url, "stop")
-        status = call(srv.url, "status")  # the timing window of the recorded load: what advise needs
-        atomic_write_bytes(out / "timing.json", json.dumps(status, indent=1).encode())
-        dump = call(srv.url, "dump")
-        say(f"dumped {dump['path']} {dump['shape']}")
-        a = None if factorial else _measure(srv, model, target, out, "linear", repeats)
+        rec = record(srv, rig)
+        a = None if factorial else measure(srv, rig, rig.loads.target, "linear", repeats)
     finally:
         srv.stop()
-
-    counts = read_counts(dump["path"])
-    fitted = fit(counts, FitOptions(Geometry(counts.num_experts, redundant, ep_size=2), dispatch="static"))
-    layout = write_layout(fitted, out / "layout.json")
-    report = out / "report"
-    (ev,), _, _ = write_report(fitted, [("demo", counts)], report)
-    scores = ev.summary()
-    say(
-        f"fitted {layout}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}"
-    )
-    advice = advise(
-        counts, fitted, "static", TimingWindow.from_status(status, "the linear server's status", len(fitted.moe_layers))
-    )
-    say(f"advise: {advice['verdict']}, predicted throughput ratio {advice['predicted_throughput_ratio']}")
-    if factorial:
-        g = fitted.geometry
-        baseline = write_layout(Layout(linear_map(g, fitted.num_layers), g, fitted.moe_layers), out / "baseline.json")
-        summary = _factorial(model, out, geometry, {"baseline": baseline, "candidate": layout}, target, small, repeats, seed)
-        summary.update(skew=skew, geometry=GEOMETRY_NAMES[geometry], counts=dump["path"], advice=advice)
-        text = markdown_effects(summary)
-        atomic_write_files(
-            report,
-            {
-                "factorial.md": text.encode(),
-                "factorial.png": factorial_png(summary),
-                "summary.json": json.dumps(summary, indent=1, default=str).encode(),
-            },
-        )
-        print(text)
-        print(
-            f"factorial A/B on {GEOMETRY_NAMES[geometry]} ({summary['metric']}, {repeats} rounds in random order): "
-            + effect_line(summary)
-            + f"; report in {report}"
-        )
-        return summary
-
-    assert a is not None  # measured on the linear server unless factorial (returned above)
-    srv = _server(
-        model,
-        out,
-        "fitted",
-        {"role": "prefill", "dump_dir": str(dumps), "layout": str(layout), "dispatch": "static", **TIMED},
-        geometry,
-    )
-    try:
-        bench(srv.url, str(model), small, out / "warmup-fitted.json", progress=say)
-        b = _measure(srv, model, target, out, "fitted", repeats)
-        fitted_live = call(srv.url, "status").get("live")
-    finally:
-        srv.stop()
-
-    names = ("linear", "fitted")
-    c = compare(a, b, names)
-    text = markdown(c, names)
-    atomic_write_files(report, {"compare.md": text.encode(), "compare.png": chart_png(c, names)})
-    row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card_steady")
-    if row["ratio"] == NOT_OBSERVED:
-        row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
-    summary = {
-        "prefill_throughput_ratio": row["ratio"],
-        "prefill_metric": row["metric"],
-        "verdict": row["verdict"],
-        "skew": skew,
-        "geometry": GEOMETRY_NAMES[geometry],
-        "parallel": a["manifest"]["parallel"],
-        "layout_hash": fitted.digest(),
-        "counts": dump["path"],
-        "comparison": c.to_dict(),
-        "advice": advice,
-        "predicted_vs_measured": {
-            "predicted": advice["predicted_throughput_ratio"],
-            "measured": row["ratio"],
-            "metric": row["metric"],
-        },
-        "live": {"linear": status.get("live"), "fitted": fitted_live},
-        "manifests": {"linear": a["manifest"], "fitted": b["manifest"]},
-    }
-    atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())
-    print(text)
-    print(
-        f"prefill throughput fitted / linear on {GEOMETRY_NAMES[geometry]}: "
-        f"{row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')} ({row['metric']}); "
-        f"advise predicted {_ratio_text(advice['predicted_throughput_ratio'])} ({advice['verdict']}); report in {report}"
-    )
-    return summary
+    cand = fit_and_advise(rec, redundant, out)
+    if a is None:
+        return run_factorial(rig, rec, cand, repeats, seed)
+    return run_ab(rig, rec, a, cand, repeats)
 
 
 def _ratio_text(ratio) -> str:
