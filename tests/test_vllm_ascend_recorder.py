@@ -18,6 +18,8 @@ it got and returns zeros).
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from .ascend_env import run
@@ -34,16 +36,26 @@ def recorded(tmp_path_factory):
     return spec, run("ascend_record", model, spec.num_experts, timeout=600)
 
 
-def test_recorded_counts_equal_the_real_select_experts_ids_of_real_tokens(recorded):
-    """Every comm method x DP x TP x quant method: each real token counted once, no padding row, no pseudo id."""
-    spec, rows = recorded
-    assert len(rows) == 3 * 4 * 2
-    for row in rows:
-        assert row["got"] == row["want"], row
-        assert row["seen"] == row["comm"]  # what the mc2 check's log line names
-        assert sum(row["want"]) > 0 and row["padding_rows"] > 0
-    # W8A8 with mix_placement handed pseudo ids on to fused_experts; none reached the counts
-    assert all(row["pseudo_ids_seen"] > 0 for row in rows if row["kind"] == "w8a8_dynamic")
+CASES = list(
+    itertools.product(["MC2", "ALLTOALL", "ALLGATHER"], [(1, 1), (1, 2), (2, 1), (2, 2)], ["unquantized", "w8a8_dynamic"])
+)
+
+
+def test_every_comm_method_geometry_and_quant_method_ran(recorded):
+    _, rows = recorded
+    assert [(r["comm"], (r["dp"], r["tp"]), r["kind"]) for r in rows] == CASES
+
+
+@pytest.mark.parametrize("comm, geometry, kind", CASES, ids=[f"{comm}-DP{dp}xTP{tp}-{kind}" for comm, (dp, tp), kind in CASES])
+def test_recorded_counts_equal_the_real_select_experts_ids_of_real_tokens(recorded, comm, geometry, kind):
+    """Each real token counted once, no padding row, no pseudo id."""
+    _, rows = recorded
+    (row,) = [r for r in rows if (r["comm"], (r["dp"], r["tp"]), r["kind"]) == (comm, geometry, kind)]
+    assert row["got"] == row["want"], row
+    assert row["seen"] == row["comm"]  # what the mc2 check's log line names
+    assert sum(row["want"]) > 0 and row["padding_rows"] > 0
+    if kind == "w8a8_dynamic":  # with mix_placement it handed pseudo ids on to fused_experts; none reached the counts
+        assert row["pseudo_ids_seen"] > 0
 
 
 def test_rows_off_the_comm_methods_rule_are_skipped_and_said(tmp_path):
@@ -91,33 +103,55 @@ def test_when_imported_patches_a_module_at_its_first_import(tmp_path, monkeypatc
     del sys.modules["late_mod_for_scene_eplb"]
 
 
-def test_routes_on_vllm_0_23_api_server_reach_every_dp_engine(tmp_path):
-    """vLLM 0.23 has no endpoint plugins: the wrapped build_app serves the routes, and each route
-    reaches every DP engine's workers (one collective_rpc utility call per engine core)."""
+@pytest.fixture(scope="module")
+def routes(tmp_path_factory):
+    """The routes on vLLM 0.23's API server over two DP engines, driven once (tests/scripts/ascend_routes.py)."""
     from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
 
-    model = make_tiny_moe(tmp_path / "model", TinyMoeSpec())
-    out = run("ascend_routes", model)
-    assert out["paths"] == [
+    return run("ascend_routes", make_tiny_moe(tmp_path_factory.mktemp("ascend-routes") / "model", TinyMoeSpec()))
+
+
+def test_routes_on_vllm_0_23_are_served_by_the_wrapped_build_app(routes):
+    """vLLM 0.23 has no endpoint plugins: the wrapped build_app serves the routes."""
+    assert routes["paths"] == [
         "/dump_expert_distribution_record",
         "/scene_eplb/native_load",
         "/scene_eplb/status",
         "/start_expert_distribution_record",
         "/stop_expert_distribution_record",
     ]
-    st = out["status"]
+
+
+def test_routes_on_vllm_0_23_api_server_reach_every_dp_engine(routes):
+    """Each route reaches every DP engine's workers (one collective_rpc utility call per engine core)."""
+    st = routes["status"]
     assert st["observer"] == "idle" and st["ranks_agree"] and [r["dp_rank"] for r in st["ranks"]] == [0, 1]
-    assert out["start"] == 200 and "already on" in out["again"]["error"]
-    assert out["stop"]["observer"] == "idle" and out["stop"]["passes_recorded"] == 1
+    assert routes["start"] == 200 and "already on" in routes["again"]["error"]
+    assert routes["stop"]["observer"] == "idle" and routes["stop"]["passes_recorded"] == 1
     assert st["skipped_passes"] == 0 and st["skipped_recorded"] == 0
-    ranks = out["skipped_status"]["ranks"]
+    assert routes["recorded"] == [2, 2]
+
+
+def test_a_record_in_which_a_rank_skipped_a_pass_is_refused_unless_kept(routes):
+    ranks = routes["skipped_status"]["ranks"]
     assert [(r["skipped_passes"], r["skipped_recorded"]) for r in ranks] == [(0, 0), (1, 1)]
-    assert out["refused"][0] == 409 and "this record skipped 1 (MoE layer, pass) pairs" in out["refused"][1]
-    assert "keep_skipped=true" in out["refused"][1] and out["bad_flag"] == 400 and out["flag_elsewhere"] == 400
-    assert "skipped" not in out["kept"][1]  # past the gate (the stand-in engine has no export group)
-    assert out["recorded"] == [2, 2]
-    # not bound to a model with vLLM-Ascend's counters: the route says why, for all ranks
-    assert out["native"]["available"] is False and out["native"]["ranks"] == 2 and "dynamic EPLB" in out["native"]["reason"]
+    assert routes["refused"][0] == 409 and "this record skipped 1 (MoE layer, pass) pairs" in routes["refused"][1]
+    assert "keep_skipped=true" in routes["refused"][1]
+    assert "skipped" not in routes["kept"][1]  # past the gate (the stand-in engine has no export group)
+
+
+def test_a_keep_skipped_flag_that_is_not_a_bool_is_a_400(routes):
+    assert routes["bad_flag"] == 400
+
+
+def test_keep_skipped_on_another_route_is_a_400(routes):
+    assert routes["flag_elsewhere"] == 400
+
+
+def test_native_load_on_vllm_0_23_says_why_not_for_all_ranks(routes):
+    """Not bound to a model with vLLM-Ascend's counters: the route says why, for all ranks."""
+    native = routes["native"]
+    assert native["available"] is False and native["ranks"] == 2 and "dynamic EPLB" in native["reason"]
 
 
 def test_native_window_maps_vllm_ascend_slot_counters_to_logical_experts():
@@ -155,15 +189,33 @@ def test_native_window_maps_vllm_ascend_slot_counters_to_logical_experts():
     assert window.result == {"available": False, "reason": UNAVAILABLE}
 
 
-def test_settings_that_reshape_the_routed_rows_are_found_in_vllm_ascends_own_config(tmp_path):
-    """Read back from vLLM-Ascend's real ascend config and enable_sp(): the settings under which the
-    own-row rules do not hold (a collection run refuses them when the recorder binds)."""
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory):
+    """What vLLM-Ascend's real ascend config and enable_sp() say per setting (tests/scripts/ascend_settings.py)."""
     from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
 
-    out = run("ascend_settings", make_tiny_moe(tmp_path / "model", TinyMoeSpec()))
-    assert out["plain"] == []
-    assert out["gate"] == ["multistream_overlap_gate (routing runs before prepare)"]
-    assert out["flashcomm1"] == ["sequence parallelism / flashcomm1 (its EP all-gather drops padding rows)"]
-    assert any(f.startswith("flashcomm2") for f in out["flashcomm2"]), out
-    assert any(f.startswith("xlite_graph_config.enabled") for f in out["xlite"]), out
-    assert any(f.startswith("enable_sp_by_pass") for f in out["sp_by_pass"]), out
+    return run("ascend_settings", make_tiny_moe(tmp_path_factory.mktemp("ascend-settings") / "model", TinyMoeSpec()))
+
+
+def test_plain_settings_keep_the_own_row_rules(settings):
+    assert settings["plain"] == []
+
+
+@pytest.mark.parametrize(
+    "case, found",
+    [
+        ("gate", "multistream_overlap_gate (routing runs before prepare)"),
+        ("flashcomm1", "sequence parallelism / flashcomm1 (its EP all-gather drops padding rows)"),
+        ("flashcomm2", "flashcomm2"),
+        ("xlite", "xlite_graph_config.enabled"),
+        ("sp_by_pass", "enable_sp_by_pass"),
+    ],
+    ids=["gate", "flashcomm1", "flashcomm2", "xlite", "sp_by_pass"],
+)
+def test_settings_that_reshape_the_routed_rows_are_found_in_vllm_ascends_own_config(settings, case, found):
+    """Read back from vLLM-Ascend's real ascend config and enable_sp(): the settings under which the
+    own-row rules do not hold (a collection run refuses them when the recorder binds)."""
+    if case in ("gate", "flashcomm1"):
+        assert settings[case] == [found]
+    else:
+        assert any(f.startswith(found) for f in settings[case]), settings
