@@ -14,6 +14,7 @@ import fastapi
 import httpx
 import torch
 import vllm.entrypoints.openai.api_server as api
+from ascend_worker import prefill_runtime
 
 import vllm_scene_eplb.adapters.entry as entry
 
@@ -21,44 +22,17 @@ import vllm_scene_eplb.adapters.entry as entry
 def main() -> None:
     model_dir = sys.argv[1]
     entry.register()  # the Ascend adapter, as in vLLM 0.23's API server process
-    from transformers import AutoConfig
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from vllm_scene_eplb.adapters.vllm_ascend.routes import AscendEndpoints
-    from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
-    from vllm_scene_eplb.adapters.vllm_ascend.runtime import AscendRuntime
-    from vllm_scene_eplb.config import parse_config
-    from vllm_scene_eplb.model_geometry import from_hf_config
-    from vllm_scene_eplb.runtime.export import Exporter
-    from vllm_scene_eplb.runtime.observer import NullObserver, RoutingObserver
+    from vllm_scene_eplb.runtime.observer import RoutingObserver
 
     extra = {"scene_eplb": {"role": "prefill", "ring_entries": 4}}
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", model_dir, "--additional-config", json.dumps(extra)])
     app = api.build_app(args, ("generate",))  # the wrapped build_app: our routes join vLLM's app
     paths = sorted(r.path for r in app.routes if "expert_distribution" in r.path or "scene_eplb" in r.path)
-    cfg, model = parse_config(extra), from_hf_config(AutoConfig.from_pretrained(model_dir).to_dict())
-    assert cfg is not None  # the flag is set
-    workers = []  # two DP engines of one worker each, bound to their observers
-    for d in range(2):
-        rt = AscendRuntime(
-            config=cfg,
-            role="prefill",
-            engine="vllm-ascend test",
-            model=model,
-            model_name="m",
-            ep_size=2,
-            ep_rank=d,
-            dp_rank=d,
-            tp_rank=0,
-            contributes=True,
-            observer=NullObserver("prefill", 4),
-            exporter=Exporter(None),
-            own_rows=OwnRows(0, 1, d, 2),
-        )
-        rt.check_moe_layers(list(model.moe_layers))
-        rt.make_observer("cpu")
-        workers.append(rt)
+    workers = [prefill_runtime(extra, model_dir, d, 2) for d in range(2)]  # two DP engines of one worker each
 
     class EngineCoreStandIn:  # vLLM's engine-core client: one utility call per engine
         core_engines = [b"\x00\x00", b"\x01\x00"]

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import torch
 import torch_npu
+from ascend_worker import prefill_runtime
 
 import vllm_scene_eplb.adapters.entry as entry
 
@@ -18,7 +19,6 @@ def main() -> None:
     model_dir, E = sys.argv[1], int(sys.argv[2])
     entry.register()
     import vllm_ascend.ascend_forward_context as afc
-    from transformers import AutoConfig
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
     from vllm_ascend.ascend_config import init_ascend_config
     from vllm_ascend.ops.fused_moe import moe_comm_method as mcm
@@ -26,15 +26,10 @@ def main() -> None:
     from vllm_ascend.ops.fused_moe.moe_stage_contracts import MoETokenDispatchOutput
 
     from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks, moe_time
-    from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
-    from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, AscendRuntime, _capture
-    from vllm_scene_eplb.config import parse_config
+    from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, _capture
     from vllm_scene_eplb.errors import SceneEplbError
     from vllm_scene_eplb.fitness import LiveFitness
-    from vllm_scene_eplb.model_geometry import from_hf_config
     from vllm_scene_eplb.runtime.endpoints import live_sample
-    from vllm_scene_eplb.runtime.export import Exporter
-    from vllm_scene_eplb.runtime.observer import NullObserver
 
     H = 16
     events = torch_npu.EVENTS
@@ -66,26 +61,8 @@ def main() -> None:
     mcm._MoECommMethods[afc.MoECommType.ALLTOALL] = comm
 
     extra = {"scene_eplb": {"role": "prefill", "ring_entries": 4, "time_moe": True}}
-    config = parse_config(extra)
-    assert config is not None  # the flag is set
-    model = from_hf_config(AutoConfig.from_pretrained(model_dir).to_dict())
-    rt = AscendRuntime(
-        config=config,
-        role="prefill",
-        engine="vllm-ascend test",
-        model=model,
-        model_name="m",
-        ep_size=1,
-        ep_rank=0,
-        dp_rank=0,
-        tp_rank=0,
-        contributes=True,
-        observer=NullObserver("prefill", 4),
-        exporter=Exporter(None),
-        own_rows=OwnRows(0, 1, 0, 1),
-    )
-    rt.check_moe_layers(list(model.moe_layers))
-    rt.make_observer("cpu")
+    rt = prefill_runtime(extra, model_dir)
+    model = rt.model
     layers = [
         SimpleNamespace(
             w13_weight=torch.randn(1, 2 * H, H), w2_weight=torch.randn(1, H, H), layer_id=i, vllm_config=vc, swiglu_limit=0.0
