@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import run_script
+
 ASCEND_VERSION = "0.23.0.post1"
 SDIST = f"vllm_ascend-{ASCEND_VERSION}.tar.gz"
 SDIST_SHA256 = "a3b9f4a5dd7aa50c37e03d1f35937c4ae5aeacc49b734cac74d59ce5757738e1"
@@ -113,9 +115,9 @@ def env() -> dict:
     return {**os.environ, "PYTHONPATH": path, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "VLLM_PLUGINS": "ascend,scene_eplb"}
 
 
-def run(script: str, timeout: int = 300) -> dict:
-    """Run ``script`` under ``env()``; it must print one JSON object as its last stdout line."""
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=env())
+def run(script: str, *args, timeout: int = 300) -> dict:
+    """Run ``tests/scripts/<script>.py ARGS`` under ``env()``; it must print one JSON object as its last stdout line."""
+    res = run_script(script, *args, env=env(), timeout=timeout)
     if res.returncode != 0:
         raise AssertionError(f"exit {res.returncode}\n{res.stderr[-4000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])

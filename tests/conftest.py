@@ -80,6 +80,18 @@ def tiny_moe(tmp_path_factory) -> Path:
     return out
 
 
+SCRIPTS = REPO / "tests" / "scripts"
+
+
+def run_script(name: str, *args, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``tests/scripts/<name>.py ARGS`` in a process of its own (files, so ruff and mypy check them), the
+    repository first on its path, as for code run from the repository root."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
 def cli(*args) -> subprocess.CompletedProcess:
     """`scene-eplb ARGS`, as an operator runs it."""
     return subprocess.run([sys.executable, "-m", "vllm_scene_eplb.cli", *map(str, args)], capture_output=True, text=True)

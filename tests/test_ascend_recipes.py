@@ -28,45 +28,10 @@ from pathlib import Path
 import pytest
 
 from .ascend_env import env as ascend_env
+from .conftest import run_script
 from .test_deploy import _env as deploy_env
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "ascend-910c"
-
-CHECK = r"""
-import json, logging, os, sys, traceback
-logging.basicConfig(level=logging.INFO)  # a server configures this; a bare script must, to see the config hook's line
-from types import SimpleNamespace
-import vllm_scene_eplb.adapters.entry as entry
-entry.register()
-from vllm.config import KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-from vllm_ascend.distributed.kv_transfer import register_connector
-from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector import MooncakeConnectorWorker
-register_connector()
-recipes, model = json.loads(sys.argv[1]), sys.argv[2]
-out = {}
-for name, r in recipes.items():
-    os.environ.update(r.get("env", {}))
-    try:
-        kv = KVTransferConfig(**r["kv"])
-        connector = KVConnectorFactory.get_connector_class(kv)
-        worker = object.__new__(MooncakeConnectorWorker)
-        worker._get_prefill_decode_size(SimpleNamespace(kv_transfer_config=kv))
-        if worker._prefill_tp_size < worker._decode_tp_size:  # the worker's __init__ check, after the call above
-            raise ValueError("prefill_tp_size must be >= decode_tp_size")
-        pc = ParallelConfig(data_parallel_size=r["dp"], tensor_parallel_size=r["tp"], enable_expert_parallel=True)
-        vc = VllmConfig(model_config=ModelConfig(model=model), parallel_config=pc, kv_transfer_config=kv,
-                        additional_config=r["extra"])
-        from vllm_ascend.ascend_config import get_ascend_config
-        ascend = get_ascend_config()
-        out[name] = {"ok": True, "connector": connector.__name__, "kv_role": vc.kv_transfer_config.kv_role,
-                     "dynamic_eplb": ascend.eplb_config.dynamic_eplb, "prefill_mc2": ascend.enable_prefill_mc2,
-                     "expert_map_path": (vc.additional_config.get("eplb_config") or {}).get("expert_map_path")}
-    except BaseException as exc:
-        traceback.print_exc()
-        out[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:600]}
-print(json.dumps(out))
-"""
 
 
 def _command(script: str, *args: str, **env_extra: str) -> dict:
@@ -139,13 +104,7 @@ def checked(tmp_path_factory):
     wrong = json.loads(json.dumps(recipes["d plain"]))
     wrong["kv"]["kv_connector_extra_config"]["decode"]["dp_size"] = 8
     cases = {**recipes, "old json (no extra config)": old, "decode side sized 8, server 4": wrong}
-    res = subprocess.run(
-        [sys.executable, "-c", CHECK, json.dumps(cases), str(model)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=ascend_env(),
-    )
+    res = run_script("ascend_recipes_check", json.dumps(cases), model, env=ascend_env(), timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     return recipes, json.loads(res.stdout.strip().splitlines()[-1]), res.stdout + res.stderr, root
 

@@ -388,62 +388,92 @@ def small_disk(tmp_path):
         yield mnt
 
 
-def test_a_full_disk_or_read_only_place_is_one_line_and_the_old_file_survives(files, small_disk):
-    big = write_counts(
-        Counts(np.random.default_rng(0).integers(0, 10**6, (512, L, E)), {}), files["dir"] / "big.npz"
-    )  # ~100 KB as JSON
+def _old_output(small_disk: Path) -> Path:
+    """The small disk with an existing output and 16 KiB of filler: what each case must leave as it was."""
     out = small_disk / "counts.json"
     out.write_bytes(SENTINEL)
     (small_disk / "filler").write_bytes(bytes(16 * 1024))
+    return out
+
+
+def test_a_full_disk_is_one_line_and_the_old_file_survives(files, small_disk):
+    big = write_counts(
+        Counts(np.random.default_rng(0).integers(0, 10**6, (512, L, E)), {}), files["dir"] / "big.npz"
+    )  # ~100 KB as JSON
+    out = _old_output(small_disk)
     code, _, err = run("convert", big, "--to", "sglang", "-o", out, "-q")
     assert_one_line_error(code, err, "No space left on device", "full disk")
     assert out.read_bytes() == SENTINEL
     assert sorted(p.name for p in small_disk.iterdir()) == ["counts.json", "filler"]  # no temporary file left
+
+
+def test_a_report_on_a_full_disk_writes_all_of_its_files_or_none(files, small_disk):
+    _old_output(small_disk)
     (small_disk / "filler2").write_bytes(bytes(40 * 1024))  # room for some of a report's files, not all
     code, _, err = run("report", files["layout"], files["counts"], "-o", small_disk / "report", "-q")
     assert_one_line_error(code, err, "No space left on device", "report on a full disk")
     assert not list((small_disk / "report").iterdir())  # all or nothing
-    (small_disk / "filler2").unlink()
+
+
+def test_a_read_only_place_is_one_line_and_the_old_file_survives(files, small_disk):
+    out = _old_output(small_disk)
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     code, _, err = run("fit", files["counts"], *FIT, "-o", out, "-q")
     assert_one_line_error(code, err, "not writable", "read-only file system")
     assert out.read_bytes() == SENTINEL
 
 
-def test_unusual_but_valid_inputs_are_accepted_with_correct_results(files):
+def test_scene_weights_at_the_edge_of_float_range_are_normalised_not_turned_into_zeros(files):
     d = files["dir"]
-    # weights at the edge of float range are normalised, not turned into zeros
     code, out, err = run(
         "fit", files["counts"], files["counts"], *FIT, "--scene-weights", "1e308,1e308", "-o", d / "w.json", "--json", "-q"
     )
     assert code == 0, err
     assert [s["weight"] for s in json.loads(out)["scenes"]] == [0.5, 0.5]
-    # counts at the accepted edge: totals exact, every layer routed
+
+
+def test_counts_at_the_accepted_edge_keep_exact_totals_and_every_layer(files):
+    d = files["dir"]
     edge = 2**53 // (2 * L * E)
     code, out, err = run("inspect", _json(d, "edge.json", {"logical_count": [[[edge] * E] * L] * 2}), "--json", "-q")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["active_layers"] == list(range(L)) and doc["assignments_per_layer"]["max"] == 2 * E * edge
-    # integral floats, a 2-D [L, E] file and a single layer range for convert are fine
+
+
+def test_integral_float_counts_in_a_2d_file_are_read_as_one_pass(files):
+    d = files["dir"]
     code, out, err = run(
         "inspect", _json(d, "floats.json", {"logical_count": [[1.0, 2.0] + [0.0] * (E - 2)] * L}), "--json", "-q"
     )
     assert code == 0 and json.loads(out)["shape"] == [1, L, E], err
+
+
+def test_convert_takes_a_range_of_moe_layers(files):
+    d = files["dir"]
     code, _, err = run("convert", files["layout"], "--to", "vllm-ascend", "--moe-layers", "0-2", "-o", d / "ascend.json", "-q")
     assert code == 0, err
 
 
-def test_an_unexpected_exception_is_one_line_that_says_bug_and_debug_shows_the_traceback(files, monkeypatch):
+@pytest.fixture()
+def broken_inspect(monkeypatch):
+    """``scene-eplb inspect`` with a bug: it raises what no check planned for."""
     from vllm_scene_eplb.commands import inspect
 
     def broken(args, console):
         raise RuntimeError("something nobody planned for")
 
     monkeypatch.setattr(inspect, "run", broken)
+
+
+def test_an_unexpected_exception_is_one_line_that_says_bug(files, broken_inspect):
     code, _, err = run("inspect", files["counts"])
     lines = err.strip().splitlines()
     assert code == 3 and len(lines) == 1 and "internal error (a bug" in lines[0] and "--debug" in lines[0]
     assert "RuntimeError: something nobody planned for" in lines[0]
+
+
+def test_debug_shows_the_traceback_of_an_unexpected_exception(files, broken_inspect):
     code, _, err = run("inspect", files["counts"], "--debug")
     assert code == 3 and "Traceback" in err
 
@@ -458,25 +488,32 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_what_held_keeps_holding_code_never_runs_symlinks_are_replaced_concurrent_writes_leave_one_file(files, tmp_path):
+def test_a_pickle_payload_in_a_pt_file_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.pt"
     torch.save({"logical_count": _Payload(marker)}, evil)
     code, _, err = run("inspect", evil, "-q")
     assert_one_line_error(code, err, "not a readable torch file", "pickle payload")
     assert not marker.exists()
+
+
+def test_an_object_array_in_an_npz_is_refused(tmp_path):
     objects = tmp_path / "objects.npz"
     np.savez(objects, logical_count=np.array([[1, None]], dtype=object), meta=np.frombuffer(b"{}", dtype=np.uint8))
     code, _, err = run("inspect", objects, "-q")
     assert_one_line_error(code, err, "array of integers", "object array in .npz")
-    # an output symlink is replaced by the new file, never written through
+
+
+def test_an_output_symlink_is_replaced_by_the_new_file_never_written_through(files, tmp_path):
     target, link = tmp_path / "target.json", tmp_path / "link.json"
     target.write_bytes(SENTINEL)
     link.symlink_to(target)
     code, _, err = run("fit", files["counts"], *FIT, "-o", link, "-q")
     assert code == 0, err
     assert target.read_bytes() == SENTINEL and not link.is_symlink()
-    # concurrent fits to one path leave one whole, valid file and no temporary ones
+
+
+def test_concurrent_fits_to_one_path_leave_one_whole_valid_file_and_no_temporary_ones(files, tmp_path):
     out = tmp_path / "shared.json"
     procs = [
         subprocess.Popen([sys.executable, "-m", "vllm_scene_eplb.cli", "fit", str(files["counts"]), *FIT, "-o", str(out), "-q"])

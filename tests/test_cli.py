@@ -3,6 +3,8 @@
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -65,96 +67,111 @@ def test_validate_against_a_model_config(tmp_path, counts_file):
     assert proc.returncode == 2 and "64" in proc.stderr
 
 
-def _bad_inputs(tmp_path, counts_file):
-    """(name, command args, file expected in the message, text expected) for each malformed input."""
-    good = tmp_path / "good.json"
-    run("fit", counts_file, "--ep-size", 4, "--redundant", 8, "-o", good, "-q")
-    doc = json.loads(good.read_text())
-    cases = []
+ROW = list(range(32)) + list(range(8))  # a valid bare layout row: 32 experts, 8 redundant slots
+FIT = ["--ep-size", 4, "--redundant", 8]
 
-    def counts_json(name, value):
-        p = tmp_path / f"{name}.json"
-        p.write_text(json.dumps({"logical_count": value}) if not isinstance(value, str) else value)
+
+@pytest.fixture(scope="module")
+def good_layout(tmp_path_factory, counts_file):
+    good = tmp_path_factory.mktemp("good") / "good.json"
+    run("fit", counts_file, *FIT, "-o", good, "-q")
+    return good
+
+
+@dataclass(frozen=True)
+class Work:
+    """Where a bad-input case writes its file, and the good files it starts from."""
+
+    dir: Path
+    counts: Path
+    layout: Path
+
+    def write(self, name: str, text: str) -> Path:
+        p = self.dir / name
+        p.write_text(text)
         return p
 
-    def layout_json(name, mutate):
-        d = json.loads(json.dumps(doc))
-        mutate(d)
-        p = tmp_path / f"{name}.json"
-        p.write_text(json.dumps(d))
+    def counts_json(self, name: str, value) -> Path:
+        return self.write(f"{name}.json", value if isinstance(value, str) else json.dumps({"logical_count": value}))
+
+    def bare(self, name: str, rows) -> Path:
+        return self.write(f"{name}.json", json.dumps({"physical_to_logical_map": rows}))
+
+    def tampered(self, name: str, mutate) -> Path:
+        doc = json.loads(self.layout.read_text())
+        mutate(doc)
+        return self.write(f"{name}.json", json.dumps(doc))
+
+    def truncated(self, name: str, source: Path, size: int) -> Path:
+        p = self.dir / name
+        p.write_bytes(source.read_bytes()[:size])
         return p
 
-    def bare(name, rows):
-        p = tmp_path / f"{name}.json"
-        p.write_text(json.dumps({"physical_to_logical_map": rows}))
-        return p
 
-    fit_args = ["--ep-size", 4, "--redundant", 8]
-    cases.append(("wrong shape", ["fit", counts_json("shape", [[[[1]]]]), *fit_args], "must be [T, L, E]"))
-    cases.append(("float counts", ["inspect", counts_json("float", [[1.5, 2]])], "fractional"))
-    cases.append(("negative", ["inspect", counts_json("neg", [[1, -2]])], "negative"))
-    cases.append(("NaN", ["inspect", counts_json("nan", '{"logical_count": [[1, NaN]]}')], "non-finite"))
-    cases.append(("truncated counts", ["inspect", counts_json("trunc", '{"logical_count": [[1, 2], [3')], "not valid JSON"))
-    row = list(range(32)) + list(range(8))
-    cases.append(
-        (
-            "id out of range",
-            ["validate", bare("range", [row[:-1] + [99]]), "--ep-size", 4, "--num-experts", 32],
-            "outside [0, 32)",
-        )
-    )
-    cases.append(
-        (
-            "missing expert",
-            ["validate", bare("missing", [row[:15] + [25] + row[16:]]), "--ep-size", 4, "--num-experts", 32],
-            "have no slot",
-        )
-    )
-    cases.append(
-        ("same-rank duplicate", ["validate", bare("dup", [[0, 0] + row[2:32] + [1] + row[33:]]), "--ep-size", 4], "twice")
-    )
-    cases.append(
-        ("geometry does not divide", ["fit", counts_file, "--ep-size", 3, "--redundant", 8], "not divisible by ep_size 3")
-    )
-    cases.append(("bare layout geometry", ["validate", bare("div", [row]), "--ep-size", 3], "not divisible"))
-    truncated = tmp_path / "trunc_layout.json"
-    truncated.write_text(good.read_text()[:200])
-    cases.append(("truncated layout", ["validate", truncated], "not valid JSON"))
-    cases.append(
-        ("checksum mismatch", ["validate", layout_json("tamper", lambda d: d["meta"].update(role="decode"))], "checksum mismatch")
-    )
-    npz = tmp_path / "trunc.npz"
-    npz.write_bytes(counts_file.read_bytes()[:300])
-    cases.append(("truncated npz", ["inspect", npz], "truncated or corrupt"))
-    cases.append(("counts given as layout", ["validate", counts_json("asl", [[1, 2]])], "counts file, not a layout"))
-    cases.append(("no such file", ["inspect", tmp_path / "nope.json"], "no such file"))
-    return cases
+# (name, the command's arguments from a Work, the text its one-line error must hold)
+BAD_INPUTS = [
+    ("wrong shape", lambda w: ["fit", w.counts_json("shape", [[[[1]]]]), *FIT], "must be [T, L, E]"),
+    ("float counts", lambda w: ["inspect", w.counts_json("float", [[1.5, 2]])], "fractional"),
+    ("negative", lambda w: ["inspect", w.counts_json("neg", [[1, -2]])], "negative"),
+    ("NaN", lambda w: ["inspect", w.counts_json("nan", '{"logical_count": [[1, NaN]]}')], "non-finite"),
+    ("truncated counts", lambda w: ["inspect", w.counts_json("trunc", '{"logical_count": [[1, 2], [3')], "not valid JSON"),
+    (
+        "id out of range",
+        lambda w: ["validate", w.bare("range", [ROW[:-1] + [99]]), "--ep-size", 4, "--num-experts", 32],
+        "outside [0, 32)",
+    ),
+    (
+        "missing expert",
+        lambda w: ["validate", w.bare("missing", [ROW[:15] + [25] + ROW[16:]]), "--ep-size", 4, "--num-experts", 32],
+        "have no slot",
+    ),
+    (
+        "same-rank duplicate",
+        lambda w: ["validate", w.bare("dup", [[0, 0] + ROW[2:32] + [1] + ROW[33:]]), "--ep-size", 4],
+        "twice",
+    ),
+    ("geometry does not divide", lambda w: ["fit", w.counts, "--ep-size", 3, "--redundant", 8], "not divisible by ep_size 3"),
+    ("bare layout geometry", lambda w: ["validate", w.bare("div", [ROW]), "--ep-size", 3], "not divisible"),
+    ("truncated layout", lambda w: ["validate", w.truncated("trunc_layout.json", w.layout, 200)], "not valid JSON"),
+    (
+        "checksum mismatch",
+        lambda w: ["validate", w.tampered("tamper", lambda d: d["meta"].update(role="decode"))],
+        "checksum mismatch",
+    ),
+    ("truncated npz", lambda w: ["inspect", w.truncated("trunc.npz", w.counts, 300)], "truncated or corrupt"),
+    ("counts given as layout", lambda w: ["validate", w.counts_json("asl", [[1, 2]])], "counts file, not a layout"),
+    ("no such file", lambda w: ["inspect", w.dir / "nope.json"], "no such file"),
+]
 
 
-def test_every_bad_input_gets_one_line_no_traceback_and_no_output(tmp_path, counts_file):
-    for name, args, text in _bad_inputs(tmp_path, counts_file):
-        out = tmp_path / f"out-{name.replace(' ', '_')}"
-        cmd = list(args)
-        if cmd[0] in ("fit",):
-            cmd += ["-o", out]
-        proc = run(*cmd, check=False)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2, (name, proc.stderr)
-        assert "Traceback" not in proc.stderr, name
-        assert text in lines[-1], (name, lines)
-        assert lines[-1].startswith("scene-eplb: error: "), (name, lines)
-        assert not out.exists(), name
+@pytest.mark.parametrize(("name", "args", "text"), BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS])
+def test_a_bad_input_gets_one_line_no_traceback_and_no_output(tmp_path, counts_file, good_layout, name, args, text):
+    out = tmp_path / "out"
+    cmd = list(args(Work(tmp_path, counts_file, good_layout)))
+    if cmd[0] in ("fit",):
+        cmd += ["-o", out]
+    proc = run(*cmd, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (name, proc.stderr)
+    assert "Traceback" not in proc.stderr, name
+    assert text in lines[-1], (name, lines)
+    assert lines[-1].startswith("scene-eplb: error: "), (name, lines)
+    assert not out.exists(), name
 
 
-def test_convert_and_fit_write_nothing_on_bad_input(tmp_path):
+@pytest.mark.parametrize(
+    "command",
+    [
+        lambda bad, d: ["convert", bad, "--to", "native", "-o", d / "o.npz"],
+        lambda bad, d: ["fit", bad, "--ep-size", 1, "--redundant", 0, "-o", d / "o.json"],
+    ],
+    ids=["convert", "fit"],
+)
+def test_convert_and_fit_write_nothing_on_bad_input(tmp_path, command):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"logical_count": [[1, -1]]}))
-    for args in (
-        ["convert", bad, "--to", "native", "-o", tmp_path / "o.npz"],
-        ["fit", bad, "--ep-size", 1, "--redundant", 0, "-o", tmp_path / "o.json"],
-    ):
-        proc = run(*args, check=False)
-        assert proc.returncode == 2 and "bad.json" in proc.stderr
+    proc = run(*command(bad, tmp_path), check=False)
+    assert proc.returncode == 2 and "bad.json" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
 
 

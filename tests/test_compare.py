@@ -8,6 +8,7 @@ import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fileio import doc_checksum
+from vllm_scene_eplb.harness.bench import resolve_cards
 from vllm_scene_eplb.harness.compare import compare
 from vllm_scene_eplb.harness.results import NOT_OBSERVED, Scene, aggregate, read_result, summarise
 
@@ -122,9 +123,7 @@ def _dp_status(dp: int, tp: int) -> dict:
     return {"ep_size": dp * tp, "ranks": ranks}
 
 
-def test_cards_default_to_the_servers_ranks_in_dp_and_never_fall_below_them():
-    from vllm_scene_eplb.harness.bench import resolve_cards
-
+def test_cards_default_to_the_servers_ranks_in_dp_unless_given():
     open_scene = Scene("s", 4, 2, float("inf"), 100, 3)
     scene, source = resolve_cards(open_scene, _dp_status(16, 1))
     assert scene.cards == 16 and "DP16-TP1-EP16" in source  # the field P node: 16 cards, not 1
@@ -132,10 +131,19 @@ def test_cards_default_to_the_servers_ranks_in_dp_and_never_fall_below_them():
         Scene("s", 4, 2, float("inf"), 100, 3, cards=32),
         "--cards",
     )  # P + D cards given
+
+
+def test_fewer_cards_than_the_servers_ranks_are_refused():
     with pytest.raises(SceneEplbError, match="fewer than the 4 ranks"):
         resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3, cards=2), _dp_status(2, 2))
+
+
+def test_cards_are_needed_where_the_server_does_not_say_its_ranks():
     with pytest.raises(SceneEplbError, match="--cards is needed"):
-        resolve_cards(open_scene, {"model": NOT_OBSERVED})
+        resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3), {"model": NOT_OBSERVED})
+
+
+def test_throughput_per_card_divides_by_the_cards():
     raw = _raw()
     assert summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=16))["output_throughput_per_card"] == pytest.approx(
         summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=1))["output_throughput_per_card"] / 16

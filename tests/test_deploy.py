@@ -256,24 +256,31 @@ def _preflight(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=60)
 
 
-def test_preflight_refuses_the_old_p_and_d_recipes_with_the_numbers():
+def test_preflight_refuses_the_old_p_recipe_with_the_numbers():
     """DeepSeek-V3 W8A8 on a 64 GiB 910C die at TP1 (the recipes before this preflight): P with 17
-    slots per rank and D with 16 (vLLM's default max_model_len 163,840 and max_num_seqs 256, and
-    HCCL_BUFFSIZE 200) do not fit, and the refusal says by how much."""
+    slots per rank does not fit, and the refusal says by how much."""
     p = _preflight("--dp", "16", "--tp", "1", "--redundant", "16", "--max-model-len", "163840", "--max-num-seqs", "1")
     assert p.returncode == 2 and "preflight refuses DP16 x TP1, 17 slots per rank" in p.stderr
     assert "the weights do not fit" in p.stderr and "above 0.9 x 64 GiB = 57.6 GiB" in p.stderr
     assert "non-routed weights 17.78 GiB, routed weights 40.48 GiB" in p.stderr  # 17 x 58 x 42.0 MiB
+
+
+def test_preflight_refuses_the_old_d_recipe_with_the_numbers():
+    """D at TP1 with 16 slots per rank, vLLM's default max_model_len 163,840 and max_num_seqs 256, and
+    HCCL_BUFFSIZE 200: MC2's buffer does not fit."""
     d = _preflight("--dp", "16", "--tp", "1", "--max-model-len", "163840", "--max-num-seqs", "256", "--hccl-buffsize", "200")
     assert d.returncode == 2 and "HCCL_BUFFSIZE 200 MB is below the 3838 MB MC2 needs for 512 tokens per rank" in d.stderr
-    # with the weights made to fit (TP4), the default 163,840-token length still does not: the KV cache says so
+
+
+def test_preflight_refuses_a_max_model_len_the_kv_cache_cannot_hold():
+    """With the weights made to fit (TP4), the default 163,840-token length still does not: the KV cache says so."""
     kv = _preflight("--dp", "4", "--tp", "4", "--max-model-len", "163840", "--max-num-seqs", "16")
     assert kv.returncode == 2 and "the KV cache does not hold max_num_seqs 16 x max_model_len 163,840" in kv.stderr
 
 
 def test_preflight_passes_the_new_defaults_and_the_recipes_run_it():
     """The defaults of env.sh (P DP2 x TP8 eager, D DP4 x TP4) fit, and each recipe runs the preflight
-    before the server: HCCL_BUFFSIZE comes from it; a side set back to TP1 stops the recipe, exit 2."""
+    before the server: HCCL_BUFFSIZE comes from it."""
     p = _preflight(
         "--dp", "2", "--tp", "8", "--redundant", "16", "--max-model-len", "32768", "--max-num-seqs", "1", "--enforce-eager"
     )
@@ -283,11 +290,19 @@ def test_preflight_passes_the_new_defaults_and_the_recipes_run_it():
     assert d.returncode == 0 and fit["problems"] == [] and fit["max_num_seqs_fit"] >= 16 and fit["hccl_buffsize_mb"] == 200
     assert _dry("p_server.sh", "layout", "/data/se/layout.json").startswith("HCCL_BUFFSIZE=200 ")
     assert _dry("d_server.sh", "collect").startswith("HCCL_BUFFSIZE=200 ")
-    for script, side in (("p_server.sh", {"P_DP": "16", "P_TP": "1"}), ("d_server.sh", {"D_DP": "16", "D_TP": "1"})):
-        res = subprocess.run(
-            ["bash", str(DEPLOY / script), "plain"], capture_output=True, text=True, env=_env(**side), timeout=60
-        )
-        assert res.returncode == 2 and "preflight refuses DP16 x TP1" in res.stderr and "the recipe does not fit" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "script, side",
+    [("p_server.sh", {"P_DP": "16", "P_TP": "1"}), ("d_server.sh", {"D_DP": "16", "D_TP": "1"})],
+    ids=["p-side", "d-side"],
+)
+def test_a_side_set_back_to_tp1_stops_the_recipe_at_the_preflight(script, side):
+    res = subprocess.run(["bash", str(DEPLOY / script), "plain"], capture_output=True, text=True, env=_env(**side), timeout=60)
+    assert res.returncode == 2 and "preflight refuses DP16 x TP1" in res.stderr and "the recipe does not fit" in res.stderr
+
+
+def test_an_hccl_buffsize_below_what_mc2_prefill_needs_stops_the_recipe():
     mc2 = subprocess.run(
         ["bash", str(DEPLOY / "p_server.sh"), "collect"],
         capture_output=True,

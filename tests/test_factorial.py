@@ -191,16 +191,21 @@ def test_old_manifests_read_plugin_version_from_their_server_status():
         analyse(arms)
 
 
-def test_a_run_counts_only_as_its_own_server_start():
+def test_two_rounds_in_one_server_start_are_refused():
     arms = _arms(1.1, 1.0, rounds=3)
     arms["baseline-static"][2]["manifest"]["server_start"] = arms["baseline-static"][0]["manifest"]["server_start"]
     with pytest.raises(SceneEplbError, match="baseline-static round 1 and baseline-static round 3 ran in one server start"):
         analyse(arms)
+
+
+def test_a_round_without_its_server_start_is_refused():
     arms = _arms(1.1, 1.0, rounds=3)
     arms["candidate-static"][0]["manifest"]["server_start"] = NOT_OBSERVED
     with pytest.raises(SceneEplbError, match="candidate-static round 1 has no server_start"):
         analyse(arms)
-    # repeats inside one start are one observation: their mean
+
+
+def test_repeats_inside_one_server_start_are_one_observation_their_mean():
     arms = _arms(1.1, 1.0, rounds=3)
     doc = arms["candidate-static"][0]
     doc["runs"] = [dict(doc["runs"][0], prefill_throughput_per_card=v) for v in (1000.0, 1200.0)]
@@ -218,26 +223,39 @@ def test_a_run_without_the_primary_metric_is_one_clear_error(value, message):
     with pytest.raises(SceneEplbError, match=message) as exc:
         analyse(arms)
     assert "baseline-dynamic round 2" in str(exc.value)
+
+
+def test_a_run_missing_the_primary_metric_is_one_clear_error():
+    arms = _arms(1.1, 1.0, rounds=3)
     del arms["baseline-dynamic"][1]["runs"][0]["prefill_throughput_per_card"]
     with pytest.raises(SceneEplbError, match="did not observe"):
         analyse(arms)
 
 
-def test_the_runs_must_be_one_per_round_with_one_layout_and_dispatch_per_arm():
-    arms = _arms(1.1, 1.0)
-    with pytest.raises(SceneEplbError, match="one run per round"):
-        analyse({**arms, "baseline-static": arms["baseline-static"][:-1]})
-    same = {a: [json.loads(json.dumps(r).replace("candidate-hash", "baseline-hash")) for r in runs] for a, runs in arms.items()}
-    with pytest.raises(SceneEplbError, match="must differ"):
-        analyse(same)
-    with pytest.raises(SceneEplbError, match="no runs for arm"):
-        analyse({a: r for a, r in arms.items() if a != "candidate-dynamic"})
-    recording = _arms(1.1, 1.0)
-    for docs in recording.values():
+def _one_layout(arms: dict) -> dict:
+    return {a: [json.loads(json.dumps(r).replace("candidate-hash", "baseline-hash")) for r in runs] for a, runs in arms.items()}
+
+
+def _recording(arms: dict) -> dict:
+    for docs in arms.values():
         for d in docs:
             d["manifest"]["recorder"] = "recording"
-    with pytest.raises(SceneEplbError, match="recorder was on"):
-        analyse(recording)
+    return arms
+
+
+@pytest.mark.parametrize(
+    "broken, message",
+    [
+        (lambda arms: {**arms, "baseline-static": arms["baseline-static"][:-1]}, "one run per round"),
+        (_one_layout, "must differ"),
+        (lambda arms: {a: r for a, r in arms.items() if a != "candidate-dynamic"}, "no runs for arm"),
+        (_recording, "recorder was on"),
+    ],
+    ids=["a-round-missing", "one-layout-for-both", "an-arm-missing", "recorder-on"],
+)
+def test_the_runs_must_be_one_per_round_with_one_layout_and_dispatch_per_arm(broken, message):
+    with pytest.raises(SceneEplbError, match=message):
+        analyse(broken(_arms(1.1, 1.0)))
 
 
 def test_markdown_and_chart_show_every_effect_and_the_order():

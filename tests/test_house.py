@@ -4,10 +4,11 @@ other, and a repository that refers to nothing outside itself."""
 import ast
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .conftest import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "vllm_scene_eplb"
@@ -39,13 +40,7 @@ PURE = (
 
 
 def test_core_imports_no_engine_and_no_torch():
-    code = (
-        "import sys\n"
-        + "".join(f"import vllm_scene_eplb.{m}\n" for m in PURE)
-        + "bad = [m for m in ('torch', 'vllm', 'vllm_ascend') if m in sys.modules]\n"
-        "assert not bad, bad\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = run_script("core_imports", *PURE)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -193,3 +188,56 @@ def test_no_import_cycle_anywhere_in_the_package():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+SOURCE_LINE = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s+[\w.]", re.M)
+
+
+def _python_in_strings(tree: ast.AST) -> list[int]:
+    """Lines of ``tree`` where Python source sits in a string, out of ruff's and mypy's sight: a command
+    that runs ``sys.executable -c``, or a string (not a docstring) with an import statement on a line."""
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            python = any(isinstance(e, ast.Attribute) and e.attr == "executable" for e in node.elts)
+            if python and any(isinstance(e, ast.Constant) and e.value == "-c" for e in node.elts):
+                hits.append(node.lineno)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            if "\n" in node.value and SOURCE_LINE.search(node.value):
+                hits.append(node.lineno)
+    return hits
+
+
+def test_no_test_keeps_python_source_in_a_string():
+    """Code a test runs in another process lives in ``tests/scripts/*.py`` (run by path), where ruff
+    and mypy check it like the package, not in strings they never see."""
+    here = Path(__file__).resolve()  # this file spells what it looks for
+    paths = [p for where in ("tests", "benchmarks", "scripts") for p in sorted((REPO / where).rglob("*.py")) if p != here]
+    assert len(paths) > 40 and REPO / "tests" / "scripts" / "ascend_record.py" in paths
+    bad = [f"{p.relative_to(REPO)}:{line}" for p in paths for line in _python_in_strings(ast.parse(p.read_text()))]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'subprocess.run([sys.executable, "-c", code])',
+        'SCRIPT = """\nimport json\nprint(json.dumps({}))\n"""',
+        'run("from vllm.config import VllmConfig\\nVllmConfig()")',
+    ],
+    ids=["python -c", "a script in a constant", "a script passed on"],
+)
+def test_the_string_script_finder_finds_one(source):
+    assert _python_in_strings(ast.parse(source))
+
+
+def test_the_string_script_finder_spares_docstrings_and_other_commands():
+    source = '"""Docs.\n\nimport x\n"""\n\ndef f():\n    """Also\nimport y\n"""\n    subprocess.run(["bash", "-c", "echo import x\\n"])\n'
+    assert _python_in_strings(ast.parse(source)) == []

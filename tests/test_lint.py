@@ -1,5 +1,6 @@
 """Lint, format and types, as configured in pyproject.toml: ruff (lint and format) over the package,
-the tests, the benchmarks and the scripts, mypy over the package. The tools come with the test extra."""
+the tests, the benchmarks and the scripts, mypy over the package and the scripts the tests run
+(``tests/scripts``). The tools come with the test extra."""
 
 from __future__ import annotations
 

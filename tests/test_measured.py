@@ -143,14 +143,17 @@ def test_physical_counts_survive_every_counts_format(tmp_path, fmt, suffix):
     assert np.array_equal(back.data, logical) and np.array_equal(back.physical, physical)
 
 
-def test_physical_counts_that_do_not_add_up_are_refused():
+@pytest.mark.parametrize(
+    "cut, message",
+    [(slice(None), r"physical_count holds .* at \[T, L\] = \[1, 0\]"), (slice(1), "does not match logical_count")],
+    ids=["one-assignment-too-many", "fewer-passes"],
+)
+def test_physical_counts_that_do_not_add_up_are_refused(cut, message):
     logical = skewed_counts(2, 2, 4, seed=1, top_k=1, tokens=16)
     physical = logical.copy()
     physical[1, 0, 0] += 1
-    with pytest.raises(SceneEplbError, match=r"physical_count holds .* at \[T, L\] = \[1, 0\]"):
-        Counts(logical, {}, physical)
-    with pytest.raises(SceneEplbError, match="does not match logical_count"):
-        Counts(logical, {}, physical[:1])
+    with pytest.raises(SceneEplbError, match=message):
+        Counts(logical, {}, physical[cut])
 
 
 def test_the_live_sample_takes_every_ranks_own_rows_as_its_static_source():

@@ -14,12 +14,19 @@ from vllm_scene_eplb.score import dispatch_score
 from .conftest import skewed_counts
 
 
-def test_weights_default_equal_and_bad_weights_are_refused():
+def test_weights_default_equal_and_are_normalised():
     assert normalise_weights(None, 4).tolist() == [0.25] * 4
     assert normalise_weights([3, 1], 2).tolist() == [0.75, 0.25]
-    for bad, msg in (([1.0], "1 scene weight"), ([1, 0], "positive"), ([1, float("nan")], "positive")):
-        with pytest.raises(SceneEplbError, match=msg):
-            normalise_weights(bad, 2)
+
+
+@pytest.mark.parametrize(
+    "bad, msg",
+    [([1.0], "1 scene weight"), ([1, 0], "positive"), ([1, float("nan")], "positive")],
+    ids=["one-weight-for-two-scenes", "zero", "nan"],
+)
+def test_bad_weights_are_refused(bad, msg):
+    with pytest.raises(SceneEplbError, match=msg):
+        normalise_weights(bad, 2)
 
 
 def test_a_long_recording_does_not_drown_a_short_one():
@@ -43,13 +50,21 @@ def test_layout_records_its_scenes_and_weights_change_the_fingerprint():
     assert even.meta["objective"] == "mean" and even.meta["fingerprint"] != skewed.meta["fingerprint"]
 
 
-def test_scenes_that_cannot_share_a_layout_are_refused():
-    opts = FitOptions(Geometry(16, 4, 4))
+@pytest.mark.parametrize(
+    "other, message",
+    [
+        (lambda: Counts(skewed_counts(1, 2, 16), {"model": "m2"}), "different models"),
+        (lambda: Counts(skewed_counts(1, 3, 16)), "scenes must come from one model"),
+    ],
+    ids=["another-model-name", "another-layer-count"],
+)
+def test_scenes_that_cannot_share_a_layout_are_refused(other, message):
     a = Counts(skewed_counts(1, 2, 16), {"model": "m1"})
-    with pytest.raises(SceneEplbError, match="different models"):
-        fit([a, Counts(skewed_counts(1, 2, 16), {"model": "m2"})], opts)
-    with pytest.raises(SceneEplbError, match="scenes must come from one model"):
-        fit([a, Counts(skewed_counts(1, 3, 16))], opts)
+    with pytest.raises(SceneEplbError, match=message):
+        fit([a, other()], FitOptions(Geometry(16, 4, 4)))
+
+
+def test_an_unknown_objective_is_refused():
     with pytest.raises(SceneEplbError, match="objective must be one of"):
         FitOptions(Geometry(16, 4, 4), objective="best")
 

@@ -116,7 +116,13 @@ def test_an_order_that_cannot_separate_places_from_arms_drops_the_place_term():
     same = np.tile(np.arange(4), (3, 1))  # every round the same order
     (e,), note = block_effects(np.random.default_rng(0).normal(0, 0.05, (3, 4)), LAYOUT, same)
     assert "does not separate" in note and e.dof == 6
+
+
+def test_an_order_that_does_not_run_every_arm_once_is_refused():
     with pytest.raises(SceneEplbError, match="every arm once"):
         block_effects(np.zeros((3, 4)), LAYOUT, [[0, 0, 1, 2]] * 3)
+
+
+def test_a_contrast_whose_weights_do_not_sum_to_zero_is_refused():
     with pytest.raises(SceneEplbError, match="summing to 0"):
         block_effects(np.zeros((3, 4)), [(1.0, 0, 0, 0)])

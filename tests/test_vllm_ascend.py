@@ -119,11 +119,22 @@ def test_their_fixed_formula_routes_off_rank_where_ours_stays_local(theirs, fiel
     assert our_off == 0 and their_off > 0
 
 
-def test_other_engine_versions_are_refused_and_builds_of_the_release_are_not():
-    for ok in ("0.23.0.post1", "0.23.0.post1+gabc123", "0.23.0.post1.dev4+g1234abc"):
-        check_versions(ok, "0.23.0")
-    check_versions("0.23.0.post1", "0.23.0+empty")
-    for ascend, vllm in (
+@pytest.mark.parametrize(
+    "ascend, vllm",
+    [
+        ("0.23.0.post1", "0.23.0"),
+        ("0.23.0.post1+gabc123", "0.23.0"),
+        ("0.23.0.post1.dev4+g1234abc", "0.23.0"),
+        ("0.23.0.post1", "0.23.0+empty"),
+    ],
+)
+def test_builds_of_the_release_are_accepted(ascend, vllm):
+    check_versions(ascend, vllm)
+
+
+@pytest.mark.parametrize(
+    "ascend, vllm",
+    [
         ("0.18.0", "0.18.0"),
         ("0.24.0", "0.23.0"),
         ("0.23.0", "0.23.0"),
@@ -131,9 +142,11 @@ def test_other_engine_versions_are_refused_and_builds_of_the_release_are_not():
         ("0.23.0.post1", "0.24.0"),
         ("0.23.0.post1", "0.23.1"),  # vLLM-Ascend picks its fused MoE class on exactly 0.23.0
         ("garbage", "0.23.0"),
-    ):
-        with pytest.raises(SceneEplbError, match="written for vllm-ascend 0.23.0.post1"):
-            check_versions(ascend, vllm)
+    ],
+)
+def test_other_engine_versions_are_refused(ascend, vllm):
+    with pytest.raises(SceneEplbError, match="written for vllm-ascend 0.23.0.post1"):
+        check_versions(ascend, vllm)
 
 
 def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, exported, field_layout):
@@ -149,44 +162,6 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
 
 # ---------------------------------------------------------------- startup wiring (adapters/vllm_ascend/startup)
 
-STARTUP = """
-import json, logging
-logging.basicConfig(level=logging.INFO)  # a server configures this; a bare script must, to see the config hook's line
-from types import SimpleNamespace
-import torch
-from vllm_ascend.eplb.core import eplb_utils as eu
-from vllm_ascend.ascend_config import EplbConfig
-theirs = eu.generate_log2phy_map
-import vllm_scene_eplb.adapters.entry as entry
-entry.register()                              # real vLLM 0.23 and vLLM-Ascend 0.23.0.post1: the Ascend adapter
-from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
-torch.Tensor.npu = lambda self: self         # no NPU here: their code moves log2phy to it
-mc = ModelConfig(model={model!r})
-pc = ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True)
-extra = {extra}
-try:
-    vc = VllmConfig(model_config=mc, parallel_config=pc, additional_config=extra)
-except Exception as exc:
-    print(json.dumps({{"refused": str(exc)}}))
-    raise SystemExit(0)
-if "eplb_config" not in vc.additional_config:  # a collection run: nothing to map
-    print(json.dumps({{"path": None}}))
-    raise SystemExit(0)
-plain = VllmConfig(model_config=mc, parallel_config=pc, additional_config={{}})
-ec = EplbConfig(vc.additional_config["eplb_config"])  # their config class accepts what we set
-out = {{"path": ec.expert_map_path}}
-for name, cfg in (("ours", vc), ("theirs", plain)):
-    rows, formula = [], []
-    with set_current_vllm_config(cfg):
-        for k in range({n_moe}):
-            for r in range(2):
-                g, _, log2phy, _ = eu.init_eplb_config(ec, k, SimpleNamespace(num_experts={E}, ep_size=2, ep_rank=r), tp_size=2)
-                rows.append(log2phy.tolist())
-                formula.append(theirs(list(g), r, tp_size=2).tolist())
-    out[name], out[name + "_formula"] = rows, formula
-print(json.dumps(out))
-"""
-
 
 @pytest.fixture(scope="module")
 def ascend_model(tmp_path_factory):
@@ -200,16 +175,13 @@ def ascend_model(tmp_path_factory):
 
 def _startup(ascend_model, scene: dict, log: list | None = None, extra_env: dict | None = None) -> dict:
     import json
-    import subprocess
-    import sys
 
     from .ascend_env import env
+    from .conftest import run_script
 
     model, layout, _, _ = ascend_model
-    script = STARTUP.format(model=str(model), extra=repr(scene), n_moe=len(layout.moe_layers), E=layout.geometry.num_experts)
-    res = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**env(), **(extra_env or {})}
-    )
+    args = (model, json.dumps(scene), len(layout.moe_layers), layout.geometry.num_experts)
+    res = run_script("ascend_startup", *args, env={**env(), **(extra_env or {})})
     assert res.returncode == 0, res.stderr[-3000:]
     if log is not None:
         log.append(res.stdout + res.stderr)
@@ -272,6 +244,7 @@ def test_startup_refuses_the_v2_model_runner(ascend_model):
         ({"eplb_config": {"expert_map_path": "/x/map.json"}}, "set by hand"),
         ({"mix_placement": True}, "turn off mix_placement"),
     ],
+    ids=["dynamic-eplb", "expert-map-set-by-hand", "mix-placement"],
 )
 def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, message):
     from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run

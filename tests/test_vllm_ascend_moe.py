@@ -43,60 +43,9 @@ def test_every_module_that_binds_select_experts_is_rebound():
             if re.search(r"\bselect_experts\b", block):
                 found.add(".".join(rel.parts))
     assert found == set(SELECT_EXPERTS_BINDERS)
-    out = run("""
-import json, sys
-from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
-from vllm_scene_eplb.adapters.vllm_ascend.runtime import ids_hook_for
-rebound = moe_hooks.install(ids_hook_for)
-import vllm_ascend.ops.fused_moe.experts_selector as source
-original = source.select_experts.__scene_eplb_original__
-holding = sorted(n for n, m in list(sys.modules.items()) if n.startswith("vllm_ascend") and getattr(m, "select_experts", None) is original)
-cls = sys.modules[moe_hooks.FUSED_MOE_MODULE].AscendFusedMoE
-again = moe_hooks.install(ids_hook_for)  # idempotent
-print(json.dumps({"rebound": rebound, "holding": holding, "forward_impl_wrapped": hasattr(cls.forward_impl, "__scene_eplb_original__"),
-                  "again": again, "not_double_wrapped": not hasattr(cls.forward_impl.__scene_eplb_original__, "__scene_eplb_original__")}))
-""")
+    out = run("ascend_select_binders")
     assert set(SELECT_EXPERTS_BINDERS) <= set(out["rebound"]) and out["holding"] == []
     assert out["forward_impl_wrapped"] and out["not_double_wrapped"] and out["again"] == out["rebound"]
-
-
-DYNAMIC = """
-import importlib, json
-from types import SimpleNamespace
-import torch
-import vllm_scene_eplb.adapters.entry as entry
-entry.register()                                  # the Ascend adapter: config hook, log2phy maps, MoE hooks
-from vllm_ascend.eplb.core import eplb_utils as eu
-from vllm_ascend.ascend_config import EplbConfig
-from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
-from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
-torch.Tensor.npu = lambda self: self              # no NPU here: their code moves log2phy to it
-vc = VllmConfig(model_config=ModelConfig(model={model!r}),
-                parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True),
-                additional_config={{"scene_eplb": {{"layout": {layout!r}, "dump_dir": {dump!r}, "dispatch": "dynamic"}}}})
-ec = EplbConfig(vc.additional_config["eplb_config"])
-torch.manual_seed(0)
-x, logits = torch.randn(37, 16), torch.randn(37, {E})
-out = []
-with set_current_vllm_config(vc):
-    for k in range({n_moe}):
-        for r in range({ep}):
-            g, _, log2phy, _ = eu.init_eplb_config(ec, k, SimpleNamespace(num_experts={E}, ep_size={ep}, ep_rank=r), tp_size=2)
-            layer = SimpleNamespace(log2phy=log2phy, global_expert_map=g)  # the attributes AscendFusedMoE holds
-            for name in moe_hooks.SELECT_EXPERTS_BINDERS:
-                select = importlib.import_module(name).select_experts
-                w0, ids0 = select.__scene_eplb_original__(hidden_states=x, router_logits=logits, top_k=2, use_grouped_topk=False, renormalize=False, scoring_func="sigmoid")
-                outside = select(hidden_states=x, router_logits=logits, top_k=2, use_grouped_topk=False, renormalize=False, scoring_func="sigmoid")[1]
-                token = moe_hooks.current_layer.set(layer)
-                try:
-                    w1, ids1 = select(hidden_states=x, router_logits=logits, top_k=2, use_grouped_topk=False, renormalize=False, scoring_func="sigmoid")
-                finally:
-                    moe_hooks.current_layer.reset(token)
-                phys = log2phy[ids1]                      # what MoECommMethod.fused_experts does with them
-                out.append({{"k": k, "rank": r, "module": name, "log2phy_len": log2phy.numel(), "same_weights": bool(torch.equal(w0, w1)),
-                            "outside_unchanged": bool(torch.equal(outside, ids0)), "logical": ids0.tolist(), "phys": phys.tolist()}})
-print(json.dumps(out))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +57,7 @@ def dynamic_run(tmp_path_factory):
     model = make_tiny_moe(root / "model", TinyMoeSpec())
     layout = fit(Counts(skewed_counts(2, N_MOE, E, top_k=2)), FitOptions(Geometry(E, 2, EP), dispatch="dynamic"))
     path = write_layout(layout, root / "layout.json")
-    rows = run(DYNAMIC.format(model=str(model), layout=str(path), dump=str(root / "dump"), E=E, ep=EP, n_moe=N_MOE))
+    rows = run("ascend_dynamic", model, path, root / "dump", E, EP, N_MOE)
     return layout, rows
 
 

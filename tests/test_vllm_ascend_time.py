@@ -18,113 +18,6 @@ from .ascend_env import run
 
 pytestmark = pytest.mark.engine
 
-TIMED = r"""
-import json
-from types import SimpleNamespace
-import torch, torch_npu
-import vllm_scene_eplb.adapters.entry as entry
-entry.register()
-import vllm_ascend.ascend_forward_context as afc
-from vllm_ascend.ops.fused_moe import moe_comm_method as mcm
-from vllm_ascend.ops.fused_moe.fused_moe import AscendUnquantizedFusedMoEMethod
-from vllm_ascend.ops.fused_moe.moe_stage_contracts import MoETokenDispatchOutput
-from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-from transformers import AutoConfig
-from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks, moe_time
-from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, AscendRuntime, _capture
-from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
-from vllm_scene_eplb.config import parse_config
-from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.fitness import LiveFitness
-from vllm_scene_eplb.model_geometry import from_hf_config
-from vllm_scene_eplb.runtime.endpoints import live_sample
-from vllm_scene_eplb.runtime.export import Exporter
-from vllm_scene_eplb.runtime.observer import NullObserver
-
-E, H = {E}, 16
-events = torch_npu.EVENTS
-vc = VllmConfig(model_config=ModelConfig(model={model!r}))
-afc.set_mc2_mask(vc, "cpu")
-afc.get_dp_group = lambda: SimpleNamespace(world_size=1)            # stand-ins for the groups
-afc.get_tensor_model_parallel_world_size = lambda: 1
-afc.select_moe_comm_method = lambda *a, **k: afc.MoECommType.ALLTOALL
-
-class TokenDispatcherStandIn:                      # the NPU dispatch and combine kernels
-    def token_dispatch(self, token_dispatch_input):
-        x = token_dispatch_input.hidden_states
-        return MoETokenDispatchOutput(hidden_states=x, group_list=torch.tensor([x.shape[0]]), group_list_type=1,
-                                      combine_metadata=None)
-    def token_combine(self, hidden_states, combine_metadata):
-        return hidden_states
-
-def mlp_standin(mlp_compute_input):                # the grouped-matmul kernels: plain torch work
-    x = mlp_compute_input.hidden_states
-    for _ in range(20):
-        x = torch.tanh(x @ mlp_compute_input.weights.w1[0][:H, :H])
-    return x, None
-mcm.unified_apply_mlp = mlp_standin
-comm = object.__new__(mcm.AlltoAllCommImpl)        # the real class and its real fused_experts
-comm.token_dispatcher, comm.use_fusion_ops = TokenDispatcherStandIn(), False
-mcm._MoECommMethods[afc.MoECommType.ALLTOALL] = comm
-
-extra = {{"scene_eplb": {{"role": "prefill", "ring_entries": 4, "time_moe": True}}}}
-model = from_hf_config(AutoConfig.from_pretrained({model!r}).to_dict())
-rt = AscendRuntime(config=parse_config(extra), role="prefill", engine="vllm-ascend test", model=model, model_name="m", ep_size=1,
-                   ep_rank=0, dp_rank=0, tp_rank=0, contributes=True, observer=NullObserver("prefill", 4),
-                   exporter=Exporter(None), own_rows=OwnRows(0, 1, 0, 1))
-rt.check_moe_layers(list(model.moe_layers))
-rt.make_observer("cpu")
-layers = [SimpleNamespace(w13_weight=torch.randn(1, 2 * H, H), w2_weight=torch.randn(1, H, H), layer_id=i, vllm_config=vc, swiglu_limit=0.0)
-          for i in range(len(model.moe_layers))]
-for idx, layer in enumerate(layers):                # what AscendRuntime.bind does: the counts, and with time_moe
-    layer.__dict__[CAPTURE_ATTR] = lambda ids, idx=idx: _capture(rt, rt.observer, idx, ids)
-moe_time.install()
-rt.timer = moe_time.MoeTimer()
-moe_time.bind(rt.timer, layers)
-m = object.__new__(AscendUnquantizedFusedMoEMethod)
-m.tid2eid, m.dynamic_eplb, m.moe = None, False, SimpleNamespace(has_bias=False)
-
-def step(capturing=False):
-    events.capturing = capturing
-    rt.begin_step(8)
-    x, logits = torch.randn(8, H), torch.randn(8, E)
-    with set_current_vllm_config(vc), afc.set_ascend_forward_context(None, vc, num_tokens=8, num_actual_tokens=8):
-        events.in_forward = True                   # any synchronize from here on fails
-        for layer in layers:
-            token = moe_hooks.current_layer.set(layer)   # what the wrapped AscendFusedMoE.forward_impl does
-            try:
-                m.apply(layer, x, use_grouped_topk=False, top_k=2, router_logits=logits, renormalize=False,
-                        scoring_func="sigmoid", num_experts=E)   # the plain-torch routing path
-            finally:
-                moe_hooks.current_layer.reset(token)
-        events.in_forward = False
-    rt.end_step(False)
-    events.capturing = False
-
-out = {{}}
-step()
-out["after_one"] = rt.control("live")["moe_seconds"]
-step()
-step(capturing=True)                               # a graph capture: no events recorded
-out["records"] = events.calls.count("record")
-step()
-answer = rt.control("live")
-out["live"] = {{k: answer[k] for k in ("moe_seconds", "moe_passes", "steps", "step_seconds", "step_moe_seconds")}}
-live = LiveFitness.for_server(None, E, 1, None, tuple(model.moe_layers), margin=0.05, windows=3)
-live.observe(live_sample([answer]), 1.0)
-out["time"] = live.to_dict()["time"]
-out["comm_seen"] = rt.comm_seen
-out["syncs"] = events.calls.count("Event.synchronize")
-fused = VllmConfig(model_config=ModelConfig(model={model!r}), additional_config={{"enable_fused_mc2": 1, "refresh": True}})
-from vllm_ascend.ascend_config import init_ascend_config
-try:
-    moe_time.refuse_fused_mc2(init_ascend_config(fused))
-    out["fused"] = "accepted"
-except SceneEplbError as exc:
-    out["fused"] = str(exc)
-print(json.dumps(out))
-"""
-
 
 def test_time_moe_times_the_experts_with_npu_events_and_reaches_live_time(tmp_path):
     """Event pairs around ``_apply_mlp`` in each eager pass (none while a graph is captured), read
@@ -133,7 +26,7 @@ def test_time_moe_times_the_experts_with_npu_events_and_reaches_live_time(tmp_pa
     from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
 
     spec = TinyMoeSpec()
-    out = run(TIMED.format(model=str(make_tiny_moe(tmp_path / "model", spec)), E=spec.num_experts))
+    out = run("ascend_time_moe", make_tiny_moe(tmp_path / "model", spec), spec.num_experts)
     assert out["after_one"] == [0.0] * spec.num_layers  # read a step later: nothing yet after one pass
     layers = spec.num_layers
     assert out["records"] == 2 * 2 * layers  # two eager passes, a pair per layer; the captured pass none

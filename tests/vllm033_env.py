@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import run_script
+
 VERSION = "0.33.0"
 WHEEL = f"vllm-{VERSION}-cp38-abi3-manylinux_2_28_x86_64.whl"
 SHA256 = "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
@@ -93,9 +95,9 @@ def env() -> dict:
     }
 
 
-def run(script: str, timeout: int = 300) -> dict:
-    """Run ``script`` under ``env()``; it must print one JSON object as its last stdout line."""
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=env())
+def run(script: str, *args, timeout: int = 300) -> dict:
+    """Run ``tests/scripts/<script>.py ARGS`` under ``env()``; it must print one JSON object as its last stdout line."""
+    res = run_script(script, *args, env=env(), timeout=timeout)
     if res.returncode != 0:
         raise AssertionError(f"exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])

@@ -16,7 +16,8 @@ import traceback
 
 from . import __version__
 from .commands import COMMANDS
-from .commands.common import Console, output_args
+from .commands.arguments import output_args
+from .commands.console import Console
 from .errors import SceneEplbError
 from .terminal import printable
 

@@ -190,3 +190,12 @@ def cost_sentence(cost: dict, geometry: Geometry | None = None) -> str:
         f"({cost['bytes_per_expert'] / 2**20:.1f} MiB per expert, {cost['expert_format']}), memory that would hold "
         f"{cost['kv_tokens_per_rank']:,} tokens of KV cache per rank ({cost['kv_bytes_per_token']:,} B per token, {cost['kv_format']})."
     )
+
+
+def memory_cost(memory: ModelMemory | None, geometry: Geometry | None) -> dict | None:
+    """The ``memory`` object of ``--json`` (``replica_cost`` with its ``summary`` sentence), None without
+    a model: for the geometry's redundant slots, or per redundant slot per rank without a geometry."""
+    if memory is None:
+        return None
+    cost = geometry_cost(memory, geometry) if geometry else replica_cost(memory, 1.0)
+    return {**cost, "summary": cost_sentence(cost, geometry)}

@@ -8,9 +8,11 @@ from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
 from ..fileio import load_json
 from ..formats import read_counts, read_layout
+from ..memory import memory_cost
 from ..model_geometry import read_model_geometry
 from ..protocol import TimingWindow
-from .common import Console, geometry_args, hint, memory_cost, model_args, server_args
+from .arguments import geometry_args, hint, model_args, model_memory, server_args
+from .console import Console
 
 HELP = "predict whether a candidate layout pays in throughput on a running server (trial | skip | insufficient_evidence)"
 DESCRIPTION = (
@@ -107,7 +109,7 @@ def run(args, console: Console) -> None:
     running = read_layout(args.running, hint(args)) if args.running else None
     timing = _timing(args, len(candidate.moe_layers))
     ab = _ab_ratio(args.noise_ab, counts.meta.get("role"))
-    memory = memory_cost(args, candidate.geometry)
+    memory = memory_cost(model_memory(args), candidate.geometry)
     answer = advise(counts, candidate, dispatch, timing, memory["summary"] if memory else None, running, ab)
     ratio = answer["predicted_throughput_ratio"]
     text = (

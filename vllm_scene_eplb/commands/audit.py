@@ -7,7 +7,8 @@ from ..client.record import answer
 from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
 from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING
-from .common import Console, server_args
+from .arguments import server_args
+from .console import Console
 
 HELP = "check a running server loaded the intended layout, dispatch and recorder state"
 DESCRIPTION = (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import Console, server_args
+from .arguments import server_args
+from .console import Console
 from .options import check_output_file, integer, number
 
 HELP = "run a named scene against a server through vLLM's `vllm bench serve`"

@@ -12,7 +12,7 @@ from ..fileio import atomic_write_files
 from ..harness import factorial
 from ..harness.compare import chart_png, compare, markdown
 from ..harness.results import METRICS, read_result
-from .common import Console, json_safe
+from .console import Console, json_safe
 from .options import check_output_dir, integer
 
 HELP = "deltas between two bench results (refuses different N/C/r), or the factorial A/B of four arms"

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from ..counts import Counts
 from ..errors import SceneEplbError
-from ..formats import COUNTS_FORMATS, LAYOUT_FORMATS, file_kind, read_counts, read_layout, write_counts, write_layout
+from ..formats import (
+    COUNTS_FORMATS,
+    LAYOUT_FORMATS,
+    dropped_table,
+    file_kind,
+    read_counts,
+    read_layout,
+    write_counts,
+    write_layout,
+)
 from ..layout import Layout
-from .common import Console, dropped_table, geometry_args, hint
+from .arguments import geometry_args, hint
+from .console import Console
 from .options import check_output_file
 
 HELP = "convert counts or a layout between formats"

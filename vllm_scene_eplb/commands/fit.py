@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
+
 from ..dispatch import DISPATCH_ALGORITHMS
+from ..errors import SceneEplbError
 from ..evaluation import evaluate
 from ..fit import OBJECTIVES, FitOptions, fit
-from ..formats import LAYOUT_FORMATS, write_layout
+from ..formats import LAYOUT_FORMATS, dropped_table, write_layout
 from ..layout import Geometry
-from .common import (
-    Console,
-    dropped_table,
-    memory_cost,
-    model_args,
-    parse_weights,
-    read_scenes,
-    resolve_routing,
-    scene_names,
-    scenes_payload,
-    scenes_text,
-)
+from ..memory import memory_cost
+from ..model_geometry import read_model_geometry
+from ..scenes import normalise_weights
+from .arguments import model_args, model_memory
+from .console import Console
 from .options import check_output_file, integer
+from .scenes import read_scenes, scene_names, scenes_payload, scenes_text
 
 HELP = "fit a layout to counts (one scene or several)"
 DESCRIPTION = (
@@ -27,6 +25,53 @@ DESCRIPTION = (
     "table, validation; prints train/holdout scores per scene. Several counts files (scenes) give one layout "
     "for their mix, each normalised per layer."
 )
+
+
+def parse_weights(text: str | None, scenes: int) -> list[float] | None:
+    """'0.5,0.3,0.2' into one positive finite weight per scene, or a clear error."""
+    if text is None:
+        return None
+    try:
+        weights = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise SceneEplbError(f"--scene-weights {text!r}: expected numbers separated by commas, e.g. 0.5,0.3,0.2") from None
+    try:
+        normalise_weights(weights, scenes)  # checked now, before any counts file is read
+    except SceneEplbError as exc:
+        raise SceneEplbError(f"--scene-weights {text!r}: {exc.problem}") from None
+    return weights
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The model's routing groups and top-k as a command resolved them, and where they came from."""
+
+    expert_groups: int
+    top_k: int | None
+    source: str  # "--expert-groups", "--model", "counts metadata" or "default"
+
+
+def resolve_routing(args: argparse.Namespace, scenes: list) -> Routing:
+    """Routing groups: ``--expert-groups`` wins, else ``--model``'s config (n_group), else what the
+    recorder wrote into the counts (every scene must agree), else 1 (no groups)."""
+    top_k = None
+    if getattr(args, "model", None):
+        model = read_model_geometry(args.model)
+        if model.num_experts != scenes[0].num_experts:
+            raise SceneEplbError(f"--model has {model.num_experts} experts, the counts {scenes[0].num_experts}", args.model)
+        if args.expert_groups is None:
+            return Routing(model.expert_groups, model.top_k, "--model")
+        top_k = model.top_k
+    recorded = {(c.meta.get("expert_groups"), c.meta.get("top_k")) for c in scenes}
+    if len(recorded) > 1:
+        raise SceneEplbError(f"the counts files record different routing (expert_groups, top_k): {sorted(recorded, key=str)}")
+    groups, recorded_top_k = recorded.pop()
+    top_k = top_k or recorded_top_k
+    if args.expert_groups is not None:
+        return Routing(args.expert_groups, top_k, "--expert-groups")
+    if isinstance(groups, int) and groups >= 1:
+        return Routing(groups, top_k, "counts metadata")
+    return Routing(1, top_k, "default")
 
 
 def add_arguments(p) -> None:
@@ -87,7 +132,7 @@ def run(args, console: Console) -> None:
     options = FitOptions(
         geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups, objective=args.objective
     )
-    memory = memory_cost(args, geometry)
+    memory = memory_cost(model_memory(args), geometry)
     with console.progress(f"fitting {scenes[0].num_layers} layers to {len(scenes)} scene(s)"):
         layout = fit(scenes, options, weights)
     layout.meta["top_k"] = routing.top_k

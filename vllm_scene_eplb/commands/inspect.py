@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats import read_counts
-from .common import Console, memory_cost, model_args
+from ..memory import memory_cost
+from .arguments import model_args, model_memory
+from .console import Console
 
 HELP = "summarise and validate a counts file"
 
@@ -35,7 +37,7 @@ def run(args, console: Console) -> None:
         "source_shape": None if c.sources is None else list(c.sources.shape),
         "meta": c.meta,
         "counts_sha256": c.digest(),
-        "memory": memory_cost(args, None),
+        "memory": memory_cost(model_memory(args), None),
     }
     zero = payload["all_zero_layers"]
     text = (

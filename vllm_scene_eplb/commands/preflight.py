@@ -9,7 +9,7 @@ from ..formats import read_layout
 from ..memory import GIB, read_model_files, read_model_memory
 from ..model_geometry import ConfigFields
 from ..sizing import Recipe, fit
-from .common import geometry_args, hint, model_args
+from .arguments import geometry_args, hint, model_args
 from .options import integer, number
 
 HELP = "check that a server recipe's weights, MC2 buffer and KV cache fit each device"

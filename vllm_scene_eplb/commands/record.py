@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..client.record import answer
 from ..errors import SceneEplbError
 from ..protocol import ACTIONS, RANK_KEYS, DumpAnswer, NativeLoadAnswer
-from .common import Console, server_args
+from .arguments import server_args
+from .console import Console
 from .options import number
 
 HELP = "control a running server's recorder: start | stop | dump | status | native_load"

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from ..formats import read_layout
+from ..memory import memory_cost
 from ..report import write_report
-from .common import Console, geometry_args, hint, memory_cost, model_args, read_scenes, scene_names, scenes_payload, scenes_text
+from .arguments import geometry_args, hint, model_args, model_memory
+from .console import Console
 from .options import check_output_dir
+from .scenes import read_scenes, scene_names, scenes_payload, scenes_text
 
 HELP = "Markdown report plus PNG heat maps of per-rank load before/after, one or several scenes"
 
@@ -27,7 +30,7 @@ def run(args, console: Console) -> None:
     check_output_dir(args.output)
     layout = read_layout(args.layout, hint(args))
     scenes = list(zip(scene_names(args.counts), read_scenes(args.counts, console, layout)))
-    memory = memory_cost(args, layout.geometry)
+    memory = memory_cost(model_memory(args), layout.geometry)
     with console.progress("scoring and drawing heat maps"):
         evals, md, pngs = write_report(layout, scenes, args.output, memory["summary"] if memory else None)
     text = scenes_text(args.counts, evals) + (f"\n{memory['summary']}" if memory else "")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from ..evaluation import evaluate
 from ..formats import read_layout
-from .common import Console, geometry_args, hint, read_scenes, scenes_payload, scenes_text
+from .arguments import geometry_args, hint
+from .console import Console
+from .scenes import read_scenes, scenes_payload, scenes_text
 
 HELP = "score a layout on counts (train/holdout, ideal and static dispatch), one or several scenes"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..errors import SceneEplbError
 from ..formats import read_layout
 from ..model_geometry import read_model_geometry
-from .common import Console, geometry_args, hint
+from .arguments import geometry_args, hint
+from .console import Console
 
 HELP = "check a layout file (and that it fits a model)"
 

@@ -14,7 +14,8 @@ import time
 from ..client.record import answer
 from ..protocol import LiveAnswer
 from ..terminal import printable
-from .common import Console, server_args
+from .arguments import server_args
+from .console import Console
 from .options import integer, number
 
 HELP = "live layout fitness of a running server (balancedness per layer vs the layout's expectation; exit 1 on drift)"

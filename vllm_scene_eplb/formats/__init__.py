@@ -93,3 +93,15 @@ def file_kind(path: str | os.PathLike) -> str:
     if fmt is None:
         raise SceneEplbError("neither a counts nor a layout file", loaded.path)
     return fmt.kind
+
+
+def dropped_table(layout: Layout, fmt: str, out: str | os.PathLike) -> tuple[list[str], str]:
+    """What a layout file of format ``fmt`` cannot hold of ``layout`` (the fitted static table in a
+    bare format), for ``--json``'s ``dropped``, and the note that says so (empty when nothing is lost)."""
+    if layout.static_sources is None or fmt == "native":
+        return [], ""
+    return ["static_sources"], (
+        f"\nnote: {fmt} files cannot hold the fitted static table (static_sources): an engine "
+        f"reading {out} alone uses its own replica choice; the scene_eplb plugin, given the "
+        "native layout, uses the fitted table"
+    )

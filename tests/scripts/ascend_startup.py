@@ -1,0 +1,53 @@
+"""vLLM-Ascend's startup with the plugin's config hook: the expert map it reads and every rank's log2phy, ours and theirs (tests/test_vllm_ascend.py).
+
+Arguments: the model folder, the additional config (JSON), the number of MoE layers and of experts. Prints one JSON object."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from types import SimpleNamespace
+
+
+def main() -> None:
+    model, extra, n_moe, E = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    logging.basicConfig(level=logging.INFO)  # a server configures this; a bare script must, to see the config hook's line
+    import torch
+    from vllm_ascend.ascend_config import EplbConfig
+    from vllm_ascend.eplb.core import eplb_utils as eu
+
+    theirs = eu.generate_log2phy_map
+    import vllm_scene_eplb.adapters.entry as entry
+
+    entry.register()  # real vLLM 0.23 and vLLM-Ascend 0.23.0.post1: the Ascend adapter
+    from vllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
+
+    torch.Tensor.npu = lambda self: self  # type: ignore[attr-defined]  # no NPU here: their code moves log2phy to it
+    mc = ModelConfig(model=model)
+    pc = ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True)
+    try:
+        vc = VllmConfig(model_config=mc, parallel_config=pc, additional_config=extra)
+    except Exception as exc:
+        print(json.dumps({"refused": str(exc)}))
+        return
+    if "eplb_config" not in vc.additional_config:  # a collection run: nothing to map
+        print(json.dumps({"path": None}))
+        return
+    plain = VllmConfig(model_config=mc, parallel_config=pc, additional_config={})
+    ec = EplbConfig(vc.additional_config["eplb_config"])  # their config class accepts what we set
+    out = {"path": ec.expert_map_path}
+    for name, cfg in (("ours", vc), ("theirs", plain)):
+        rows, formula = [], []
+        with set_current_vllm_config(cfg):
+            for k in range(n_moe):
+                for r in range(2):
+                    g, _, log2phy, _ = eu.init_eplb_config(ec, k, SimpleNamespace(num_experts=E, ep_size=2, ep_rank=r), tp_size=2)
+                    rows.append(log2phy.tolist())
+                    formula.append(theirs(list(g), r, tp_size=2).tolist())
+        out[name], out[name + "_formula"] = rows, formula
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

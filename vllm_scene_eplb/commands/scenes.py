@@ -1,0 +1,69 @@
+"""The counts files a scoring command reads (``read_scenes``) and how their scores are printed: the
+summary text and the ``--json`` payload, one scene or several."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..counts import Counts
+from ..errors import SceneEplbError
+from ..evaluation import SCORES, Evaluation, check_compatible
+from ..formats import read_counts
+from .console import Console
+
+
+def read_scenes(paths: list[str], console: Console, layout=None) -> list[Counts]:
+    """Each counts file read and validated for fitting or scoring (some routing; given a layout, the
+    layout's model shape), errors naming the file."""
+    scenes = []
+    for path in paths:
+        with console.progress(f"reading {path}"):
+            counts = read_counts(path)
+        if not counts.data.any():
+            raise SceneEplbError("every count is zero: nothing was routed (an empty record?), nothing to fit or score", path)
+        if layout is not None:
+            try:
+                check_compatible(layout, counts)
+            except SceneEplbError as exc:
+                raise SceneEplbError(exc.problem, path) from None
+        scenes.append(counts)
+    return scenes
+
+
+def summary_text(ev: Evaluation) -> str:
+    """The score summary every scoring command prints: median and worst layer of each score."""
+    s = ev.summary()
+    out = [f"layout {s['layout_hash']}  fingerprint {s['fingerprint'] or '-'}  MoE layers {s['layers']}"]
+    for score in SCORES:
+        st = s[score.key]
+        out.append(
+            f"  {score.key:22s} " + ("NOT_OBSERVED" if st is None else f"median {st['median']:.4f}  worst {st['worst']:.4f}")
+        )
+    return "\n".join(out)
+
+
+def scene_names(paths: list[str]) -> list[str]:
+    """A short, unique name per counts file (its stem; the path where stems repeat)."""
+    stems = [Path(p).stem for p in paths]
+    return [s if stems.count(s) == 1 else str(p) for s, p in zip(stems, paths)]
+
+
+def scenes_payload(paths: list[str], evals: list[Evaluation], weights: list[float] | list[None] | None = None) -> dict:
+    """The scores in ``--json``: ``summary`` and ``layers`` for one counts file; a ``scenes`` list
+    (counts, name, weight, summary, layers) for several."""
+    if len(evals) == 1:
+        return {"summary": evals[0].summary(), "layers": evals[0].rows()}
+    weights = weights or [None] * len(evals)
+    return {
+        "scenes": [
+            {"counts": p, "name": n, "weight": w, "summary": ev.summary(), "layers": ev.rows()}
+            for p, n, w, ev in zip(paths, scene_names(paths), weights, evals)
+        ]
+    }
+
+
+def scenes_text(paths: list[str], evals: list[Evaluation]) -> str:
+    """The score summary of each scene, named when there are several."""
+    if len(evals) == 1:
+        return summary_text(evals[0])
+    return "\n".join(f"scene {n}:\n{summary_text(ev)}" for n, ev in zip(scene_names(paths), evals))
