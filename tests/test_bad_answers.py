@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb import cli
-from vllm_scene_eplb.commands.common import Console
+from vllm_scene_eplb.commands.console import Console
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.formats import write_counts
 from vllm_scene_eplb.protocol import (
