@@ -369,7 +369,7 @@ OUTPUT_CASES: list[tuple[str, Callable[[Corpus], Path | str], str]] = [
 def test_an_output_path_no_command_can_write_is_refused_before_any_work(corpus, command, name, build, expected):
     (corpus.d / "a-file").write_text("x")
     (corpus.d / "a-dir").mkdir(exist_ok=True)
-    cmd = ["fit", corpus.counts, *FIT] if command == "fit" else ["convert", corpus.counts, "--to", "native"]
+    cmd = ["fit", corpus.counts, *FIT] if command == "fit" else ["convert", corpus.counts, "--to", "scene-eplb"]
     code, _, err = run(*cmd, "-o", build(corpus), "-q")
     assert_one_line_error(code, err, expected, f"{command}: {name}")
     assert corpus.counts.stat().st_size > 0

@@ -162,7 +162,7 @@ def test_a_bad_input_gets_one_line_no_traceback_and_no_output(tmp_path, counts_f
 @pytest.mark.parametrize(
     "command",
     [
-        lambda bad, d: ["convert", bad, "--to", "native", "-o", d / "o.npz"],
+        lambda bad, d: ["convert", bad, "--to", "scene-eplb", "-o", d / "o.npz"],
         lambda bad, d: ["fit", bad, "--ep-size", 1, "--redundant", 0, "-o", d / "o.json"],
     ],
     ids=["convert", "fit"],

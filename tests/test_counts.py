@@ -66,7 +66,7 @@ def _with_sources():
     return data, sources
 
 
-@pytest.mark.parametrize("fmt, suffix", [("native", "npz"), ("sglang", "json"), ("pt", "pt")])
+@pytest.mark.parametrize("fmt, suffix", [("scene-eplb", "npz"), ("sglang", "json"), ("pt", "pt")])
 def test_per_source_counts_survive_every_counts_format(tmp_path, fmt, suffix):
     from vllm_scene_eplb.formats import read_counts, write_counts
 
@@ -97,7 +97,7 @@ def test_the_native_checksum_covers_the_per_source_counts(tmp_path):
     from vllm_scene_eplb.formats import read_counts, write_counts
 
     data, sources = _with_sources()
-    path = write_counts(Counts(data, {}, sources=sources), tmp_path / "c.npz", "native")
+    path = write_counts(Counts(data, {}, sources=sources), tmp_path / "c.npz", "scene-eplb")
     with np.load(path) as npz:
         arrays = {k: npz[k] for k in npz.files}
     arrays["source_count"] = arrays["source_count"][::-1]

@@ -7,7 +7,7 @@ import torch  # the test set-up installs it: .pt is SGLang's recorder format
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_counts, write_layout
+from vllm_scene_eplb.formats import OWN_FORMAT, GeometryHint, format_name, read_counts, read_layout, write_counts, write_layout
 from vllm_scene_eplb.formats.vllm_ascend import expert_map_doc
 from vllm_scene_eplb.layout import Geometry
 
@@ -26,12 +26,12 @@ def layout(counts):
     return fit(counts, FitOptions(Geometry(16, 4, 4, 2)))
 
 
-@pytest.mark.parametrize("fmt", ["native", "sglang", "pt"])
+@pytest.mark.parametrize("fmt", ["scene-eplb", "sglang", "pt"])
 def test_counts_round_trip(tmp_path, counts, fmt):
-    path = write_counts(counts, tmp_path / f"c.{ {'native': 'npz', 'sglang': 'json', 'pt': 'pt'}[fmt] }", fmt)
+    path = write_counts(counts, tmp_path / f"c.{ {'scene-eplb': 'npz', 'sglang': 'json', 'pt': 'pt'}[fmt] }", fmt)
     back = read_counts(path)
     assert (back.data == counts.data).all() and back.data.dtype == np.int64
-    if fmt == "native":
+    if fmt == "scene-eplb":
         assert back.meta["model"] == "tiny" and back.meta["moe_layers"] == [1, 2, 3, 4]
         assert back.meta["entries_written"] == 4
 
@@ -53,14 +53,14 @@ def test_native_counts_checksum_catches_tampering(tmp_path, counts):
         read_counts(tmp_path / "bad.npz")
 
 
-@pytest.mark.parametrize("fmt", ["native", "sglang", "vllm-ascend", "pt"])
+@pytest.mark.parametrize("fmt", ["scene-eplb", "sglang", "vllm-ascend", "pt"])
 def test_layout_round_trip(tmp_path, layout, fmt):
     path = write_layout(layout, tmp_path / f"l.{'pt' if fmt == 'pt' else 'json'}", fmt)
     back = read_layout(path, GeometryHint(ep_size=4, num_experts=16, num_nodes=2))
     rows = list(layout.moe_layers) if fmt == "vllm-ascend" else slice(None)
     assert (back.physical_to_logical_map == layout.physical_to_logical_map[rows]).all()
     assert back.geometry == layout.geometry
-    if fmt == "native":
+    if fmt == "scene-eplb":
         assert back.moe_layers == layout.moe_layers and back.meta["fingerprint"] == layout.meta["fingerprint"]
         assert back.digest() == layout.digest()
 
@@ -129,3 +129,14 @@ def test_native_layout_carries_the_fitted_static_table(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(SceneEplbError, match="static_sources|layout_hash"):
         read_layout(path)
+
+
+def test_native_the_own_formats_old_name_still_names_it(tmp_path, counts):
+    """The glossary gave "native" to the engines' own counters; files and commands written with the old
+    name keep working: ``native`` reads as ``scene-eplb`` wherever a format is chosen."""
+    assert format_name("native") == OWN_FORMAT == "scene-eplb"
+    a = write_counts(counts, tmp_path / "a.npz", "native")
+    b = write_counts(counts, tmp_path / "b.npz", OWN_FORMAT)
+    assert a.read_bytes() == b.read_bytes()
+    with pytest.raises(SceneEplbError, match="unknown counts format 'nativ'; choose one of scene-eplb, sglang, pt"):
+        write_counts(counts, tmp_path / "c.npz", "nativ")

@@ -133,7 +133,7 @@ def test_live_window_reports_measured_fidelity_and_time(layout):
     assert live.to_dict()["fidelity"] < 1e-9 and live.to_dict()["time"]["worst"] == pytest.approx(1.6)
 
 
-@pytest.mark.parametrize("fmt, suffix", [("native", "npz"), ("sglang", "json"), ("pt", "pt")])
+@pytest.mark.parametrize("fmt, suffix", [("scene-eplb", "npz"), ("sglang", "json"), ("pt", "pt")])
 def test_physical_counts_survive_every_counts_format(tmp_path, fmt, suffix):
     logical = skewed_counts(3, 2, 4, seed=1, top_k=1, tokens=16)
     physical = np.concatenate([logical, np.zeros_like(logical[..., :2])], axis=2)  # 4 experts on 6 slots

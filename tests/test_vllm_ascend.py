@@ -188,7 +188,7 @@ def _startup(ascend_model, scene: dict, log: list | None = None, extra_env: dict
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("fmt", ["native", "sglang"])
+@pytest.mark.parametrize("fmt", ["scene-eplb", "sglang"])
 def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_model, fmt):
     """Real VllmConfig of vLLM 0.23 with vLLM-Ascend 0.23.0.post1's platform, eplb_utils and
     EplbConfig: the plugin writes the expert map, vLLM-Ascend parses it into our per-rank maps, and
@@ -199,8 +199,8 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
 
     _, layout, native, root = ascend_model
     assert layout.static_sources is not None  # fitted for static: the native file carries its table
-    path = native if fmt == "native" else write_layout(layout, root / "layout.sglang.json", fmt="sglang")
-    if fmt != "native":
+    path = native if fmt == "scene-eplb" else write_layout(layout, root / "layout.sglang.json", fmt="sglang")
+    if fmt != "scene-eplb":
         layout = Layout(layout.physical_to_logical_map, layout.geometry, layout.moe_layers)
     log = []
     out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}}, log)

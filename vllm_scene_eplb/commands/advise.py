@@ -29,7 +29,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p) -> None:
-    p.add_argument("counts", help="a dump of the running server (native .npz with physical_count)")
+    p.add_argument("counts", help="a dump of the running server (scene-eplb .npz with physical_count)")
     p.add_argument("--layout", required=True, help="the candidate layout")
     p.add_argument(
         "--dispatch",

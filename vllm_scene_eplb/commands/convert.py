@@ -9,6 +9,7 @@ from ..formats import (
     LAYOUT_FORMATS,
     dropped_table,
     file_kind,
+    format_name,
     read_counts,
     read_layout,
     write_counts,
@@ -25,7 +26,13 @@ DESCRIPTION = f"Counts formats: {', '.join(COUNTS_FORMATS)}. Layout formats: {',
 
 def add_arguments(p) -> None:
     p.add_argument("input")
-    p.add_argument("--to", required=True, choices=sorted(set(COUNTS_FORMATS + LAYOUT_FORMATS)), help="target format")
+    p.add_argument(
+        "--to",
+        required=True,
+        type=format_name,
+        choices=sorted(set(COUNTS_FORMATS + LAYOUT_FORMATS)),
+        help="target format (native, the old name of scene-eplb, still reads)",
+    )
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--moe-layers", help="layout rows that are MoE layers, e.g. 3-60 (for vllm-ascend export of a bare layout)")
     geometry_args(p)

@@ -9,7 +9,7 @@ from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
 from ..evaluation import evaluate
 from ..fit import OBJECTIVES, FitOptions, fit
-from ..formats import LAYOUT_FORMATS, dropped_table, write_layout
+from ..formats import LAYOUT_FORMATS, OWN_FORMAT, dropped_table, format_name, write_layout
 from ..layout import Geometry
 from ..memory import memory_cost
 from ..model_geometry import read_model_geometry
@@ -75,7 +75,7 @@ def resolve_routing(args: argparse.Namespace, scenes: list) -> Routing:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("counts", nargs="+", help="counts files, one per scene (native .npz, SGLang-style .json, recorder .pt)")
+    p.add_argument("counts", nargs="+", help="counts files, one per scene (scene-eplb .npz, SGLang-style .json, recorder .pt)")
     p.add_argument("--ep-size", type=integer(1), required=True, help="expert-parallel ranks (EP size of the P node)")
     p.add_argument("--redundant", type=integer(0), required=True, help="redundant physical slots R (E + R divisible by ep-size)")
     p.add_argument("--nodes", type=integer(1), default=1, help="nodes the EP ranks span (default 1)")
@@ -120,7 +120,13 @@ def add_arguments(p) -> None:
         required=True,
         help="layout file to write (its folder must exist; replaced atomically, and only once the fit succeeded)",
     )
-    p.add_argument("--format", choices=LAYOUT_FORMATS, default="native", help="layout file format (default native)")
+    p.add_argument(
+        "--format",
+        type=format_name,
+        choices=LAYOUT_FORMATS,
+        default=OWN_FORMAT,
+        help=f"layout file format (default {OWN_FORMAT}; native, its old name, still reads)",
+    )
 
 
 def run(args, console: Console) -> None:

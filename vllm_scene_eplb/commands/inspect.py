@@ -14,7 +14,7 @@ HELP = "summarise and validate a counts file"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("counts", help="counts: native .npz, SGLang-style .json or recorder .pt")
+    p.add_argument("counts", help="counts: scene-eplb .npz, SGLang-style .json or recorder .pt")
     model_args(p)
 
 

@@ -1,15 +1,18 @@
 """Every file format the project reads and writes, in one table; a file's format is detected here, once.
 
     kind     name          detect (on the loaded file)                  module
-    counts   native        a scene-eplb .npz archive                    counts
+    counts   scene-eplb    a scene-eplb .npz archive                    counts
     counts   sglang        JSON dict with logical_count                 counts
     counts   pt            torch dict with logical_count                counts
-    layout   native        JSON dict with format scene-eplb-layout      layouts
+    layout   scene-eplb    JSON dict with format scene-eplb-layout      layouts
     layout   sglang        JSON dict with physical_to_logical_map       layouts
     layout   pt            torch dict with physical_to_logical_map      layouts
     layout   vllm-ascend   JSON dict with layer_list (expert_map_path)  vllm_ascend
 
 Every read is validated before use and names the file in its error; every write is atomic.
+``native``, the
+own format's name before the glossary gave "native" to the engines' own counters only, still
+names it wherever a format is chosen (``format_name``).
 """
 
 from __future__ import annotations
@@ -23,20 +26,24 @@ from ..layout import Layout
 from . import counts as _counts
 from . import layouts as _layouts
 from . import vllm_ascend as _vllm_ascend
-from .base import FileFormat, GeometryHint, Loaded, load
+from .base import OWN_FORMAT, FileFormat, GeometryHint, Loaded, load
 
 FORMATS: tuple[FileFormat, ...] = _counts.FORMATS + _layouts.FORMATS + (_vllm_ascend.FORMAT,)
 COUNTS_FORMATS = tuple(f.name for f in FORMATS if f.kind == "counts")
 LAYOUT_FORMATS = tuple(f.name for f in FORMATS if f.kind == "layout")
+FORMAT_ALIASES = {"native": OWN_FORMAT}  # old spelling -> name
 NOT_A_LAYOUT = "not a layout file (expected physical_to_logical_map or an expert_map layer_list)"
 
 __all__ = [
     "COUNTS_FORMATS",
+    "FORMAT_ALIASES",
+    "OWN_FORMAT",
     "FORMATS",
     "LAYOUT_FORMATS",
     "GeometryHint",
     "detect",
     "file_kind",
+    "format_name",
     "read_counts",
     "read_layout",
     "write_counts",
@@ -50,7 +57,13 @@ def detect(path: str | os.PathLike) -> tuple[FileFormat | None, Loaded]:
     return next((f for f in FORMATS if f.detect(loaded)), None), loaded
 
 
+def format_name(name: str) -> str:
+    """A format's name, an old spelling (``FORMAT_ALIASES``) read as the name it stands for."""
+    return FORMAT_ALIASES.get(name, name)
+
+
 def _lookup(kind: str, name: str) -> FileFormat:
+    name = format_name(name)
     for f in FORMATS:
         if f.kind == kind and f.name == name:
             return f
@@ -77,12 +90,12 @@ def read_layout(path: str | os.PathLike, hint: GeometryHint | None = None) -> La
     return fmt.read(loaded, hint)
 
 
-def write_counts(counts: Counts, path: str | os.PathLike, fmt: str = "native") -> Path:
+def write_counts(counts: Counts, path: str | os.PathLike, fmt: str = OWN_FORMAT) -> Path:
     """Write counts atomically in ``fmt``."""
     return _lookup("counts", fmt).write(counts, Path(path))
 
 
-def write_layout(layout: Layout, path: str | os.PathLike, fmt: str = "native") -> Path:
+def write_layout(layout: Layout, path: str | os.PathLike, fmt: str = OWN_FORMAT) -> Path:
     """Write a layout atomically in ``fmt``."""
     return _lookup("layout", fmt).write(layout, Path(path))
 
@@ -98,10 +111,10 @@ def file_kind(path: str | os.PathLike) -> str:
 def dropped_table(layout: Layout, fmt: str, out: str | os.PathLike) -> tuple[list[str], str]:
     """What a layout file of format ``fmt`` cannot hold of ``layout`` (the fitted static table in a
     bare format), for ``--json``'s ``dropped``, and the note that says so (empty when nothing is lost)."""
-    if layout.static_sources is None or fmt == "native":
+    if layout.static_sources is None or format_name(fmt) == OWN_FORMAT:
         return [], ""
     return ["static_sources"], (
         f"\nnote: {fmt} files cannot hold the fitted static table (static_sources): an engine "
         f"reading {out} alone uses its own replica choice; the scene_eplb plugin, given the "
-        "native layout, uses the fitted table"
+        "scene-eplb layout, uses the fitted table"
     )

@@ -18,6 +18,8 @@ from ..arrays import integer_array
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes
 
+OWN_FORMAT = "scene-eplb"  # the name of the project's own counts and layout formats
+
 FORMAT_VERSION = 1
 MAX_ID = 2**31 - 1  # expert ids and source counts in a layout: far beyond any model, safe in every int type
 
@@ -34,7 +36,7 @@ class GeometryHint:
 @dataclass(frozen=True)
 class Loaded:
     """A file read once: its container (``npz``, ``json`` or ``pt``) and content (the parsed
-    document, or for ``npz`` the path, which the native counts reader opens itself)."""
+    document, or for ``npz`` the path, which the scene-eplb counts reader opens itself)."""
 
     path: Path
     container: str
@@ -158,7 +160,7 @@ def _is_zip(path: Path) -> bool:
         raise SceneEplbError(f"cannot read file: {exc.strerror or exc}", path) from None
 
 
-def _is_native_npz(path: Path) -> bool:
+def _is_own_npz(path: Path) -> bool:
     try:
         with zipfile.ZipFile(path) as zf:
             return "logical_count.npy" in zf.namelist() and "meta.npy" in zf.namelist()
@@ -167,14 +169,14 @@ def _is_native_npz(path: Path) -> bool:
 
 
 def load(path: str | os.PathLike) -> Loaded:
-    """Load a file by its content: a native counts archive, a torch file or JSON."""
+    """Load a file by its content: a scene-eplb counts archive, a torch file or JSON."""
     path = Path(path)
     if not path.exists():
         raise SceneEplbError("no such file", path)
     if path.is_dir():
         raise SceneEplbError("is a directory, expected a file", path)
     if _is_zip(path):
-        if _is_native_npz(path):
+        if _is_own_npz(path):
             return Loaded(path, "npz", path)
         if path.suffix == ".npz":
             raise SceneEplbError("not a scene-eplb counts archive (truncated or corrupt?)", path)

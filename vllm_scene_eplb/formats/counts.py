@@ -1,6 +1,6 @@
 """Counts file formats.
 
-``native`` (.npz): int64 ``logical_count`` [T, L, E] plus JSON metadata with a checksum; what the
+``scene-eplb`` (.npz, the project's own format): int64 ``logical_count`` [T, L, E] plus JSON metadata with a checksum; what the
 runtime writes, with ``physical_count`` [T, L, P] and ``source_count`` [S, L, E] where measured. ``sglang`` (.json): ``{"logical_count": [T][L][E]}`` or ``[L][E]``. ``pt``: a torch
 file holding a dict with ``logical_count``, as SGLang's recorder dumps.
 """
@@ -20,6 +20,7 @@ from ..fileio import atomic_write, canonical_json, sha256_hex
 from .base import (
     FORMAT_VERSION,
     MAX_ID,
+    OWN_FORMAT,
     FileFormat,
     GeometryHint,
     Loaded,
@@ -37,7 +38,7 @@ SOURCE_KEY = "source_count"  # the window's assignments by routing EP rank [S, L
 OPTIONAL_KEYS = (PHYSICAL_KEY, SOURCE_KEY)
 
 
-def _native_checksum(meta: dict, data: np.ndarray, physical: np.ndarray | None = None, sources: np.ndarray | None = None) -> str:
+def _own_checksum(meta: dict, data: np.ndarray, physical: np.ndarray | None = None, sources: np.ndarray | None = None) -> str:
     body = {k: v for k, v in meta.items() if k != "checksum"}
     extra = b"".join(b"" if a is None else counts_digest(a).encode() for a in (physical, sources))
     return sha256_hex(canonical_json(body) + counts_digest(data).encode() + extra)
@@ -79,7 +80,7 @@ def _check_headers(path: Path) -> None:
     check_fits_memory(3 * 8 * sum(sizes.values()), f"{largest} {list(arrays[largest][0])}", path)
 
 
-def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
+def _read_own(loaded: Loaded, hint: GeometryHint) -> Counts:
     path = loaded.path
     _check_headers(path)
     try:
@@ -100,7 +101,7 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Counts:
     data = validate_count_array(raw, str(path))
     physical = None if physical_raw is None else validate_physical(physical_raw, data, str(path))
     sources = None if sources_raw is None else validate_sources(sources_raw, data, str(path))
-    if meta.get("checksum") != _native_checksum(meta, data, physical, sources):
+    if meta.get("checksum") != _own_checksum(meta, data, physical, sources):
         raise SceneEplbError("checksum mismatch: the counts or their metadata were altered or damaged", path)
     _check_meta(meta, data.shape[1], path)
     return Counts(data, meta, physical, sources)
@@ -136,8 +137,8 @@ def _arrays(counts: Counts) -> dict[str, np.ndarray]:
     return {"logical_count": counts.data, **{k: v for k, v in optional.items() if v is not None}}
 
 
-def native_meta(counts: Counts) -> dict:
-    """Metadata for a native counts file: the caller's metadata plus format, shape and checksum."""
+def own_meta(counts: Counts) -> dict:
+    """Metadata for a scene-eplb counts file: the caller's metadata plus format, shape and checksum."""
     meta = {k: v for k, v in counts.meta.items() if k not in ("checksum", "format", "version")}
     meta.update(
         format=COUNTS_FORMAT,
@@ -148,18 +149,18 @@ def native_meta(counts: Counts) -> dict:
         entries_written=int(counts.written_entries().size),
         counts_sha256=counts.digest(),
     )
-    meta["checksum"] = _native_checksum(meta, counts.data, counts.physical, counts.sources)
+    meta["checksum"] = _own_checksum(meta, counts.data, counts.physical, counts.sources)
     return meta
 
 
-def _write_native(counts: Counts, path: Path) -> Path:
-    meta = np.frombuffer(json.dumps(native_meta(counts)).encode(), dtype=np.uint8)
+def _write_own(counts: Counts, path: Path) -> Path:
+    meta = np.frombuffer(json.dumps(own_meta(counts)).encode(), dtype=np.uint8)
     arrays: dict[str, Any] = {**_arrays(counts), "meta": meta}
     return atomic_write(path, lambda fh: np.savez_compressed(fh, **arrays))
 
 
 FORMATS = (
-    FileFormat("counts", "native", lambda f: f.container == "npz", _read_native, _write_native),
+    FileFormat("counts", OWN_FORMAT, lambda f: f.container == "npz", _read_own, _write_own),
     FileFormat(
         "counts",
         "sglang",

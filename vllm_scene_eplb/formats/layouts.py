@@ -1,6 +1,6 @@
 """Layout file formats.
 
-``native`` (.json): ``physical_to_logical_map`` with geometry, MoE layers, provenance, the fitted
+``scene-eplb`` (.json, the project's own format): ``physical_to_logical_map`` with geometry, MoE layers, provenance, the fitted
 static table (``static_sources``) and a checksum. ``sglang``: the bare ``{"physical_to_logical_map": ...}`` SGLang's
 ``--init-expert-location`` takes (it rejects extra keys). ``pt``: a torch dict with the same key.
 vLLM-Ascend's ``expert_map_path`` file is in ``vllm_ascend``. Bare formats carry no geometry:
@@ -18,11 +18,11 @@ from ..errors import SceneEplbError
 from ..fileio import doc_checksum
 from ..fitness import EXPECTED_KEY
 from ..layout import Geometry, Layout
-from .base import FORMAT_VERSION, FileFormat, GeometryHint, Loaded, check_moe_layers, int_map, write_json, write_pt
+from .base import FORMAT_VERSION, OWN_FORMAT, FileFormat, GeometryHint, Loaded, check_moe_layers, int_map, write_json, write_pt
 
 LAYOUT_FORMAT = "scene-eplb-layout"
 MAP_KEY = "physical_to_logical_map"
-SOURCES_KEY = "static_sources"  # native only: source ranks per slot under static dispatch (fitted table)
+SOURCES_KEY = "static_sources"  # scene-eplb format only: source ranks per slot under static dispatch (fitted table)
 
 
 def _geometry(E: int, R: int, ep: int, nodes: int, path: Path) -> Geometry:
@@ -56,7 +56,7 @@ def _read_bare(loaded: Loaded, hint: GeometryHint) -> Layout:
 
 
 def _meta(meta, path: Path) -> dict:
-    """A native layout's ``meta``: an object; the fields the tools read from it have their types."""
+    """A scene-eplb layout's ``meta``: an object; the fields the tools read from it have their types."""
     if meta is None:
         return {}
     if not isinstance(meta, dict):
@@ -79,7 +79,7 @@ def _meta(meta, path: Path) -> dict:
     return dict(meta)
 
 
-def _read_native(loaded: Loaded, hint: GeometryHint) -> Layout:
+def _read_own(loaded: Loaded, hint: GeometryHint) -> Layout:
     doc, path = loaded.doc, loaded.path
     if doc.get("version") != FORMAT_VERSION:
         raise SceneEplbError(f"layout format version {doc.get('version')!r} is not supported (expected {FORMAT_VERSION})", path)
@@ -109,8 +109,8 @@ def _read_native(loaded: Loaded, hint: GeometryHint) -> Layout:
     return layout
 
 
-def native_doc(layout: Layout) -> dict:
-    """The native JSON document of a layout, checksum included."""
+def own_doc(layout: Layout) -> dict:
+    """The scene-eplb JSON document of a layout, checksum included."""
     doc = {
         "format": LAYOUT_FORMAT,
         "version": FORMAT_VERSION,
@@ -126,16 +126,16 @@ def native_doc(layout: Layout) -> dict:
     return doc
 
 
-def _is_native(f: Loaded) -> bool:
+def _is_own(f: Loaded) -> bool:
     return f.container == "json" and isinstance(f.doc, dict) and f.doc.get("format") == LAYOUT_FORMAT
 
 
 FORMATS = (
-    FileFormat("layout", "native", _is_native, _read_native, lambda layout, path: write_json(path, native_doc(layout))),
+    FileFormat("layout", OWN_FORMAT, _is_own, _read_own, lambda layout, path: write_json(path, own_doc(layout))),
     FileFormat(
         "layout",
         "sglang",
-        lambda f: f.container == "json" and f.has_key(MAP_KEY) and not _is_native(f),
+        lambda f: f.container == "json" and f.has_key(MAP_KEY) and not _is_own(f),
         _read_bare,
         lambda layout, path: write_json(path, {MAP_KEY: layout.physical_to_logical_map.tolist()}),
     ),

@@ -12,7 +12,7 @@ row in the file: vLLM-Ascend gives it its default placement with the file's slot
 our static table (local replica first, then the layout's fitted source counts per replica), checked
 against the per-rank maps it is given, so every layer vLLM-Ascend builds from an ``expert_map_path``
 file dispatches exactly as the layout says (the file cannot carry the fitted table; the plugin
-reads it from the native layout). For ``dynamic`` it returns a map over virtual ids instead
+reads it from the scene-eplb layout). For ``dynamic`` it returns a map over virtual ids instead
 (``dynamic_virtual_log2phy``; ``dynamic`` rewrites the ids to match).
 
 What has run: these tables and the replacement against vLLM-Ascend's own code on CPU (tests); the
