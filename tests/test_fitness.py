@@ -5,7 +5,7 @@ import pytest
 
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.fitness import EXPECTED_KEY, SUB_WINDOWS, DriftAlarm, LiveFitness, LiveSample, layer_balancedness
+from vllm_scene_eplb.fitness import EXPECTED_KEY, SUB_WINDOWS, DriftAlarm, LiveFitness, LiveSample, layer_scores
 from vllm_scene_eplb.layout import Geometry
 
 from .conftest import skewed_counts
@@ -19,7 +19,7 @@ def _fitted(seed=0):
 def test_fit_stores_what_it_expects_on_its_own_scene():
     counts, layout = _fitted()
     exp = layout.meta[EXPECTED_KEY]
-    per_layer = layer_balancedness(layout, counts.total(), layout.geometry, "dynamic")
+    per_layer = layer_scores(layout, counts.total(), layout.geometry, "dynamic")
     assert exp == {"dispatch": "dynamic", "median": float(np.median(per_layer)), "worst": float(per_layer.max())}
     assert 1.0 <= exp["median"] <= exp["worst"] < 1.05
 

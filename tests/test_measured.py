@@ -14,7 +14,7 @@ from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.fitness import LiveFitness, LiveSample
 from vllm_scene_eplb.formats import read_counts, write_counts
 from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.measured import RankTime, SourceTraffic, fidelity, measured_balancedness, modelled_slot_counts, time_view
+from vllm_scene_eplb.measured import RankTime, SourceTraffic, fidelity, measured_scores, modelled_slot_counts, time_view
 from vllm_scene_eplb.runtime.observer import RoutingObserver
 from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps
 
@@ -70,8 +70,8 @@ def test_the_runtime_dispatch_does_what_the_model_says_and_a_wrong_one_shows(lay
             first[layer, np.flatnonzero(p2l[layer] == e)[0]] = physical[layer, p2l[layer] == e].sum()
     assert fidelity(first, modelled, p2l, E) > 0.3
     # measured rank balance follows the slot counts: the fitted layout is near 1, the model agrees
-    measured = measured_balancedness(physical, g)
-    assert measured.max() < 1.1 and np.allclose(measured, measured_balancedness(modelled, g), atol=0.02)
+    measured = measured_scores(physical, g)
+    assert measured.max() < 1.1 and np.allclose(measured, measured_scores(modelled, g), atol=0.02)
 
 
 def test_a_tp_batch_seen_by_all_ranks_is_split_over_their_rows(layout):

@@ -26,7 +26,7 @@ from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
 from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
 from vllm_scene_eplb.layout import Geometry
 from vllm_scene_eplb.measured import SourceTraffic, fidelity, modelled_slot_counts
-from vllm_scene_eplb.score import balance
+from vllm_scene_eplb.score import rank_score
 
 from .conftest import cli, plugin_flag, require_vllm
 
@@ -146,7 +146,7 @@ def _metric(text: str, name: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
-def test_linear_server_reports_live_balancedness_without_an_alarm(recorded_counts):
+def test_linear_server_reports_live_scores_without_an_alarm(recorded_counts):
     _, live = recorded_counts
     assert live["windows"] >= 1 and live["median"] > 1.05  # the skewed model on the linear layout is unbalanced
     assert live["expected_median"] is None and live["drift"] is False
@@ -186,8 +186,8 @@ def test_every_rank_times_every_layer_and_the_time_view_counts_what_each_rank_co
         assert 0 < t["moe_share"] < 1 and t["step_ms"] > 0, t
         x = np.asarray(t["rank_assignments"], dtype=np.float64)  # [ranks, layers]
         assert x.shape == (2, 2) and x.sum() > 0, t  # the linear layout's cold rank may compute nothing
-        assert balance(x.T) == pytest.approx(live["measured"]["per_layer"], rel=1e-3), (t, live["measured"])
-        spread[name] = float(balance(x.T).max())
+        assert rank_score(x.T) == pytest.approx(live["measured"]["per_layer"], rel=1e-3), (t, live["measured"])
+        spread[name] = float(rank_score(x.T).max())
     print(
         f"\nassignments per pass, worst max/mean rank: linear {spread['linear']:.3f}, fitted {spread['fitted']:.3f}; "
         f"MoE time (wall clock, not asserted) worst: linear {linear['time']['worst']:.3f}, fitted {fitted['time']['worst']:.3f}"

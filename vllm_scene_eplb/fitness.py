@@ -1,9 +1,9 @@
 """Live layout fitness: how well the loaded layout balances the traffic a server serves now, against
 what it was fitted to expect, and a drift alarm (pure numpy; the adapters feed it live counts).
 
-- ``expected_balancedness``: what ``fit`` stores in a layout (``meta[EXPECTED_KEY]``): the median
+- ``expected_score``: what ``fit`` stores in a layout (``meta[EXPECTED_KEY]``): the median
   and worst MoE layer of max/mean rank load on its own scene under its dispatch algorithm.
-- ``layer_balancedness``: the same per layer for any counts, with the loaded layout (or the linear
+- ``layer_scores``: the same per layer for any counts, with the loaded layout (or the linear
   layout when none is loaded) and its dispatch algorithm.
 - ``DriftAlarm``: fires when the live median exceeds the expected median by more than ``margin``
   for ``windows`` consecutive windows (never without an expectation, never during warm-up), clears
@@ -18,13 +18,13 @@ import numpy as np
 
 from .layout import Geometry, Layout, linear_map
 from .measured import RankTime, SourceTraffic, fidelity, modelled_slot_counts, rank_loads, time_view
-from .score import balance, dispatch_score
+from .score import dispatch_score, rank_score
 
-EXPECTED_KEY = "expected_balancedness"
+EXPECTED_KEY = "expected_balancedness"  # the layout meta key, spelt as files written before the naming pass spell it
 SUB_WINDOWS = 8  # how many recent windows' step ms live.time keeps for advise's noise floor
 
 
-def layer_balancedness(layout: Layout | None, weights: np.ndarray, geometry: Geometry, dispatch: str) -> np.ndarray:
+def layer_scores(layout: Layout | None, weights: np.ndarray, geometry: Geometry, dispatch: str) -> np.ndarray:
     """Max/mean rank load per MoE layer for counts ``weights`` [L_moe, E] (MoE layers in order):
     the layout's MoE rows, or the linear layout of ``geometry`` when ``layout`` is None."""
     weights = np.asarray(weights, dtype=np.float64)
@@ -36,10 +36,10 @@ def layer_balancedness(layout: Layout | None, weights: np.ndarray, geometry: Geo
     return dispatch_score(layout.physical_to_logical_map[rows], weights, geometry, dispatch, layout.static_sources_at(rows))
 
 
-def expected_balancedness(layout: Layout, total: np.ndarray, dispatch: str) -> dict:
+def expected_score(layout: Layout, total: np.ndarray, dispatch: str) -> dict:
     """What ``layout`` scores on its own scene (``total`` [L, E] on the layout's layer axis); None
     values when the scene routed nothing (no expectation, so no drift alarm)."""
-    per_layer = layer_balancedness(layout, np.asarray(total)[list(layout.moe_layers)], layout.geometry, dispatch)
+    per_layer = layer_scores(layout, np.asarray(total)[list(layout.moe_layers)], layout.geometry, dispatch)
     if per_layer.size == 0:
         return {"dispatch": dispatch, "median": None, "worst": None}
     return {"dispatch": dispatch, "median": float(np.median(per_layer)), "worst": float(per_layer.max())}
@@ -47,7 +47,7 @@ def expected_balancedness(layout: Layout, total: np.ndarray, dispatch: str) -> d
 
 @dataclass
 class DriftAlarm:
-    """Consecutive-window drift detection against the layout's expected median balancedness."""
+    """Consecutive-window drift detection against the layout's expected median score."""
 
     expected_median: float | None
     margin: float = 0.05  # fires above expected * (1 + margin)
@@ -71,7 +71,7 @@ class DriftAlarm:
         if not self.drift and self.over >= self.windows:
             self.drift = True
             return (
-                f"scene-eplb: DRIFT: live median balancedness {live_median:.4f} is above the layout's expected "
+                f"scene-eplb: DRIFT: live median score {live_median:.4f} is above the layout's expected "
                 f"{self.expected_median:.4f} by {100 * (live_median / self.expected_median - 1):.1f}% (margin "
                 f"{100 * self.margin:.0f}%) for {self.over} windows: the traffic no longer matches the scene the "
                 "layout was fitted to; record the new scene (scene-eplb record start/stop/dump on a P node) and refit"
@@ -79,7 +79,7 @@ class DriftAlarm:
         if self.drift and self.over == 0:
             self.drift = False
             return (
-                f"scene-eplb: drift cleared: live median balancedness {live_median:.4f} is back within "
+                f"scene-eplb: drift cleared: live median score {live_median:.4f} is back within "
                 f"{100 * self.margin:.0f}% of the expected {self.expected_median:.4f}"
             )
         return None
@@ -141,7 +141,7 @@ class LiveSample:
 
 @dataclass
 class LiveFitness:
-    """The live view of one server: per window, the balancedness that the loaded layout (the linear
+    """The live view of one server: per window, the score that the loaded layout (the linear
     layout without one) and its dispatch algorithm give the counts routed since the last window,
     and what was measured beside it (``measured``: replica traffic and fidelity; time).
 
@@ -211,12 +211,12 @@ class LiveFitness:
             return None  # no traffic in this window: nothing to judge
         self.windows += 1
         self.passes = int(window.passes)
-        self.per_layer = layer_balancedness(self.layout, window.logical, self.geometry, self.dispatch)
+        self.per_layer = layer_scores(self.layout, window.logical, self.geometry, self.dispatch)
         self._measure(window)
         return self.alarm.update(float(np.median(self.per_layer)))
 
     def _measure(self, window: LiveSample) -> None:
-        """Measured balancedness, fidelity and time of this window, where the ranks reported them."""
+        """Measured score, fidelity and time of this window, where the ranks reported them."""
         self.measured = self.fidelity = self.time = None
         loads = None
         if window.physical is not None:
@@ -224,7 +224,7 @@ class LiveFitness:
             p2l, static_sources = self._rows(len(physical))
             if physical.shape == p2l.shape:
                 loads = rank_loads(physical, self.geometry.ep_size)
-                self.measured = balance(loads)
+                self.measured = rank_score(loads)
                 if window.sources:
                     modelled = modelled_slot_counts(p2l, self.geometry, self.dispatch, list(window.sources), static_sources)
                     self.fidelity = fidelity(physical, modelled, p2l, self.geometry.num_experts)

@@ -3,7 +3,7 @@
 The count scores (``score``, ``fitness``) say what a layout should do if every replica gets its
 modelled share. These say what happened, per window of live traffic:
 
-- measured balancedness: per MoE layer, max/mean EP rank load of the physical slot counts the ranks
+- measured score: per MoE layer, max/mean EP rank load of the physical slot counts the ranks
   recorded (slot p lives on rank p // S): the load the dispatch really put on each rank;
 - fidelity: the largest difference, over slots and layers, between a slot's measured share of its
   expert's assignments and the share the dispatch algorithm gives it. ``static``: each source rank's
@@ -14,7 +14,7 @@ modelled share. These say what happened, per window of live traffic:
   1/c of the expert to each of its c replicas (row i takes replica i mod c: per-source counts do not
   make this exact, the split follows the rows' parity).
   Near 0: the dispatch does what the layout expects; large: it does not;
-- time balancedness: per MoE layer, max/mean over EP ranks of the rank's local expert milliseconds
+- time score: per MoE layer, max/mean over EP ranks of the rank's local expert milliseconds
   per pass; ``moe_share``: the MoE part of the ranks' step wall time.
 
 Pure numpy, no engine.
@@ -29,7 +29,7 @@ import numpy as np
 from .dispatch import static_table
 from .errors import SceneEplbError
 from .layout import Geometry, replica_counts
-from .score import balance
+from .score import rank_score
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ def rank_loads(physical: np.ndarray, ep_size: int) -> np.ndarray:
     return physical.reshape(len(physical), ep_size, -1).sum(axis=2)
 
 
-def measured_balancedness(physical: np.ndarray, geometry: Geometry) -> np.ndarray:
+def measured_scores(physical: np.ndarray, geometry: Geometry) -> np.ndarray:
     """Max/mean EP rank load per layer of measured slot counts [L, P]: float [L]."""
-    return balance(rank_loads(physical, geometry.ep_size))
+    return rank_score(rank_loads(physical, geometry.ep_size))
 
 
 def modelled_slot_counts(
@@ -113,7 +113,7 @@ def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> dict | 
     if not timed or len(timed) != len(ranks):
         return None
     rank_ms = np.stack([1000.0 * np.asarray(r.moe_seconds, dtype=np.float64) / r.moe_passes for r in ranks])
-    per_layer = balance(rank_ms.T)  # [L]: max/mean over ranks
+    per_layer = rank_score(rank_ms.T)  # [L]: max/mean over ranks
     seconds, steps = sum(r.step_seconds for r in ranks), sum(r.steps for r in ranks)
     out = {
         "median": float(np.median(per_layer)),

@@ -44,8 +44,8 @@ def static_rank_loads(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, 
     return static_slot_loads(p2l, weights, geometry, sources).reshape(len(p2l), geometry.ep_size, -1).sum(axis=2)
 
 
-def balance(loads: np.ndarray) -> np.ndarray:
-    """max/mean over the last (rank) axis; 1.0 where a layer carries no load."""
+def rank_score(loads: np.ndarray) -> np.ndarray:
+    """The score of rank loads: max/mean over the last (rank) axis; 1.0 where a layer carries no load."""
     mean = loads.mean(axis=-1)
     peak = loads.max(axis=-1)
     return np.where(mean > 0, peak / np.where(mean > 0, mean, 1.0), 1.0)
@@ -53,12 +53,12 @@ def balance(loads: np.ndarray) -> np.ndarray:
 
 def ideal_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry) -> np.ndarray:
     """Ideal (even-split) score per layer: float [L]."""
-    return balance(ideal_rank_loads(p2l, weights, geometry))
+    return rank_score(ideal_rank_loads(p2l, weights, geometry))
 
 
 def static_score(p2l: np.ndarray, weights: np.ndarray, geometry: Geometry, sources: np.ndarray | None = None) -> np.ndarray:
     """Static-dispatch score per layer: float [L]."""
-    return balance(static_rank_loads(p2l, weights, geometry, sources))
+    return rank_score(static_rank_loads(p2l, weights, geometry, sources))
 
 
 def dispatch_score(
@@ -72,7 +72,7 @@ def dispatch_score(
 def per_pass_score(p2l: np.ndarray, passes: np.ndarray, geometry: Geometry) -> np.ndarray:
     """Expected per-pass peak: ideal score of each pass [T, L, E], weighted by its load, per layer [L]."""
     loads = ideal_rank_loads(p2l, passes, geometry)  # [T, L, ep]
-    per_pass = balance(loads)  # [T, L]
+    per_pass = rank_score(loads)  # [T, L]
     w = loads.sum(axis=-1)
     total = w.sum(axis=0)
     return np.where(total > 0, (per_pass * w).sum(axis=0) / np.where(total > 0, total, 1.0), 1.0)

@@ -1,6 +1,6 @@
 """`scene-eplb watch --url URL`: live layout fitness of a running server, refreshed in place.
 
-One character per MoE layer: a heat strip of its live balancedness (max/mean EP rank load of the last
+One character per MoE layer: a heat strip of its live score (max/mean EP rank load of the last
 window) against the loaded layout's expectation, then the median and worst layer and the drift
 state. ``--once --json`` prints the status route's ``live`` object for scripts. Exit status 1
 while the server reports drift, so cron and alerting can use it as it is.
@@ -18,9 +18,9 @@ from .arguments import server_args
 from .console import Console
 from .options import integer, number
 
-HELP = "live layout fitness of a running server (balancedness per layer vs the layout's expectation; exit 1 on drift)"
+HELP = "live layout fitness of a running server (score per layer vs the layout's expectation; exit 1 on drift)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1].replace("\n", " ")
-SHADES = " .:-=+*#%@"  # balancedness 1.0 ... >= 1 + 2 x (len - 1) / 100, one step per 2%
+SHADES = " .:-=+*#%@"  # score 1.0 ... >= 1 + 2 x (len - 1) / 100, one step per 2%
 
 
 def add_arguments(p) -> None:
@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 
 def shade(value: float) -> str:
-    """One character for a balancedness: blank at 1.0, '@' at 1.18 or worse."""
+    """One character for a score: blank at 1.0, '@' at 1.18 or worse."""
     return SHADES[min(len(SHADES) - 1, max(0, int((value - 1.0) * 50)))]
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..counts import Counts
 from ..fileio import canonical_json, sha256_hex
-from ..fitness import EXPECTED_KEY, expected_balancedness
+from ..fitness import EXPECTED_KEY, expected_score
 from ..layout import Layout
 from ..scenes import check_scenes, normalise_weights, normalised_totals
 from .options import FITTER_VERSION, FitOptions
@@ -60,5 +60,5 @@ def fit(counts: Counts | Sequence[Counts], options: FitOptions, scene_weights: S
         },
     )
     mix = (weights[:, None, None] * normalised_totals([c.data for c in scenes])).sum(axis=0)
-    layout.meta[EXPECTED_KEY] = expected_balancedness(layout, mix, options.dispatch)
+    layout.meta[EXPECTED_KEY] = expected_score(layout, mix, options.dispatch)
     return layout

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from ..layout import Geometry, linear_map, replica_counts, same_rank_duplicates
-from ..score import balance, ideal_score, per_pass_score, static_score, static_slot_loads
+from ..score import ideal_score, per_pass_score, rank_score, static_score, static_slot_loads
 from .options import ROBUST_KAPPAS, FitOptions, Fitted
 from .placement import place
 from .refinement import refine
@@ -52,7 +52,7 @@ def _no_worse_than_linear(
     if same_rank_duplicates(linear, g):
         return fitted, score
     slot_loads = weights @ _linear_slot_shares(g, options.dispatch)
-    theirs = balance(slot_loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2))
+    theirs = rank_score(slot_loads.reshape(len(p2l), g.ep_size, -1).sum(axis=2))
     use = theirs < score - 1e-12
     if not use.any():
         return fitted, score
