@@ -148,7 +148,7 @@ def test_skipped_passes_show_in_status_per_record_and_never_count():
 
 def test_live_counts_off_keeps_the_recorder_and_adds_nothing_live():
     obs = RoutingObserver(1, 4, 2, live=False)
-    assert obs.live.numel() == 0
+    assert obs.totals.counts.numel() == 0
     obs.start()
     obs.capture(0, torch.tensor([[0, 3]]))
     obs.end_step()
@@ -187,7 +187,7 @@ def test_the_ring_keeps_the_last_entries_in_time_order_after_wrapping():
     obs.stop()
     rec = obs.snapshot()
     assert rec.stamps.tolist() == [4, 5, 6] and rec.logical[:, 0, 0].tolist() == [5, 6, 7]
-    assert obs.status().entries_written == 3 and obs.entries_written == 7
+    assert obs.status().entries_written == 3 and obs.ring.entries_written == 7
 
 
 def _layout() -> Layout:
@@ -297,22 +297,22 @@ def test_vllm_ascend_own_rows_and_capture_stay_within_four_ops_on_every_path(cas
         obs.capture(0, ids[counted], own_rows=mine)
 
     call()  # warm
-    obs.pass_counts.zero_()
+    obs.passes.counts.zero_()
     ops = _top_level_ops(call)
     assert len(ops) <= MAX_CAPTURE_OPS, ops
     assert not {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::zeros", "aten::cat"} & set(ops)
     want = torch.bincount(ids[list(want_rows)].flatten().to(torch.int64), minlength=4)
-    assert obs.pass_counts[0, :4].tolist() == want.tolist()
+    assert obs.passes.counts[0, :4].tolist() == want.tolist()
 
 
 def test_the_capture_reserves_its_ones_and_grows_them_only_past_the_reserve():
     obs = RoutingObserver(1, 4, 2)
     obs.reserve(10_000)
-    buffer = obs._ones
+    buffer = obs.passes._ones
     obs.capture(0, torch.zeros(4000, 2, dtype=torch.int32))
-    assert obs._ones is buffer and int(obs.pass_counts[0, 0]) == 8000
+    assert obs.passes._ones is buffer and int(obs.passes.counts[0, 0]) == 8000
     obs.capture(0, torch.zeros(6000, 2, dtype=torch.int32))  # 12,000 ids: an eager pass past the reserve
-    assert obs._ones.shape[0] >= 12_000 and int(obs.pass_counts[0, 0]) == 20_000
+    assert obs.passes._ones.shape[0] >= 12_000 and int(obs.passes.counts[0, 0]) == 20_000
 
 
 def _tp_pass(observers, maps, layer: int, ids: torch.Tensor, padding: torch.Tensor) -> None:
@@ -415,6 +415,6 @@ def test_the_tp_capture_with_own_rows_is_traceable_with_dynamic_batch_size():
         ids = torch.randint(0, 6, (n, 2), generator=g)
         compiled(ids)
         _capture(eager, 0, padding, m.source, 1, m(ids))
-    assert torch.equal(traced.pass_sources, eager.pass_sources) and torch.equal(traced.pass_counts, eager.pass_counts)
+    assert torch.equal(traced.passes.sources, eager.passes.sources) and torch.equal(traced.passes.counts, eager.passes.counts)
     # rank 1 routes rows [ceil(n/2), n) of each batch, two ids a row, less the padded row 5 (in its rows when n is 7)
-    assert int(eager.pass_sources[0, : eager.width].sum()) == 2 * sum(n // 2 for n in (3, 7, 16, 61)) - 2
+    assert int(eager.passes.sources[0, : eager.passes.width].sum()) == 2 * sum(n // 2 for n in (3, 7, 16, 61)) - 2
