@@ -118,8 +118,9 @@ class RoutingObserver:
     def end_step(self, is_dummy: bool = False) -> None:
         """Close one forward pass: add it to the live counts and, while recording, to its ring entry
         (a dummy pass adds nothing but still advances the ring); then clear it."""
-        self.skipped.end_step(self.passes.counts[:, self.passes.skipped_col], is_dummy, self.ring.recording)
+        recording = self.ring.recording
         self.ring.end_step(self.passes, is_dummy)
+        self.skipped.end_step(self.passes.counts[:, self.passes.skipped_col], is_dummy, recording)
         if not is_dummy:
             self.totals.add(self.passes)
         self.timing.end_step(is_dummy)
