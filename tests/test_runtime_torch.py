@@ -101,6 +101,39 @@ def test_capture_issues_at_most_four_device_ops_per_layer_and_never_syncs(case):
     assert not {"aten::item", "aten::_local_scalar_dense", "aten::nonzero"} & set(ops)
 
 
+# (own rows counted apart, recording, dummy pass) -> the device ops of the step boundary that opens a ring entry
+STEP_OPS = {
+    (False, False, False): ["add_", "add_", "zero_"],  # skipped since bind, live, clear
+    (False, False, True): ["zero_"],
+    (False, True, False): [
+        "zero_",
+        "add_",
+        "add_",
+        "add_",
+        "add_",
+        "zero_",
+    ],  # + the entry opened, the pass, skipped in the record
+    (False, True, True): ["zero_", "zero_"],  # a dummy pass opens its entry, adds nothing
+    (True, False, False): ["add_", "add_", "add_", "zero_", "zero_"],  # + the own rows' live and their buffer cleared
+    (True, True, False): ["zero_", "zero_", "add_", "add_", "add_", "add_", "add_", "add_", "zero_", "zero_"],
+    (True, True, True): ["zero_", "zero_", "zero_", "zero_"],
+}
+
+
+@pytest.mark.parametrize("sources, recording, dummy", list(STEP_OPS), ids=lambda v: str(v))
+def test_the_step_boundary_issues_a_fixed_list_of_device_ops_and_never_syncs(sources, recording, dummy):
+    """``end_step`` between passes (host): only in-place adds and zeroings of whole buffers, the
+    same list every pass of its kind, no read back to the host (the parts it is composed of add none)."""
+    obs = RoutingObserver(2, 4, 4, source_rows=sources)
+    if recording:
+        obs.start()
+    obs.capture(0, torch.tensor([[0, 1]]))
+    if sources:
+        obs.capture_sources(0, torch.tensor([[0, 1]]))
+    ops = _top_level_ops(lambda: obs.end_step(dummy))
+    assert [op.removeprefix("aten::") for op in ops] == STEP_OPS[sources, recording, dummy]
+
+
 def test_capture_counts_exactly_what_a_bincount_of_the_counted_rows_gives():
     """Out-of-range ids (-1, E, beyond), padding rows and other ranks' rows land in the not-counted
     column; the logical view of physical counts is the slot map's sum; the ring keeps both."""
