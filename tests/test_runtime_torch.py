@@ -419,6 +419,21 @@ def test_own_rows_follow_the_ring_window_after_wrapping():
     assert obs.live_counts().own[0].tolist() == [6, 4]  # the first half of each real pass, the dummy pass not
 
 
+def test_a_discarded_pass_reaches_neither_the_counts_nor_the_own_rows():
+    """A warm-up pass (``skip_eplb``, a graph capture's warm-up) is dropped whole: before the fix its
+    own rows stayed in their buffer and were added to the next step's."""
+    obs = RoutingObserver(1, 2, entries=2, source_rows=True)
+    ids = torch.tensor([[0], [1]])
+    obs.capture(0, ids)
+    obs.capture_sources(0, ids[:1])  # the warm-up
+    obs.discard_pass()
+    obs.capture(0, ids)
+    obs.capture_sources(0, ids[:1])  # the real step: row 0 is this rank's own
+    obs.end_step()
+    live = obs.live_counts()
+    assert live.logical.tolist() == [[1, 1]] and live.own.tolist() == [[1, 0]]
+
+
 def test_without_source_rows_the_counted_rows_are_the_own_rows():
     obs = RoutingObserver(1, 3, entries=2)
     obs.start()

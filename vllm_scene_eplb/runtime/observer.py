@@ -107,8 +107,9 @@ class RoutingObserver:
     def discard_pass(self) -> None:
         """Drop what the pass buffer holds (host, between passes): a pass the engine runs outside its
         steps (a warm-up, ``skip_eplb``, under EPLB's ``suppress()``) never reaches the counts, and
-        each step starts from a cleared buffer. The ring, the live counts and the clock are untouched."""
-        self.passes.discard()
+        each step starts from a cleared buffer (the own rows' too). The ring, the live counts and the
+        clock are untouched."""
+        self.passes.clear()
         self.timing.discard_pass()
 
     def note_dp_tokens(self, tokens) -> None:

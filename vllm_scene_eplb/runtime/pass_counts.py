@@ -79,12 +79,8 @@ class PassCounts:
             self.reserve(max(n, 2 * self._ones.shape[0]))
         return self._ones[:n]
 
-    def discard(self) -> None:
-        """Drop the pass's counts (host, between passes); the own rows' buffer is cleared at the step's end."""
-        self.counts.zero_()
-
     def clear(self) -> None:
-        """Clear both buffers at a step boundary, once the pass is committed (host)."""
+        """Clear both buffers (host, between passes): once the pass is committed, or to drop it."""
         if self.sources is not None:
             self.sources.zero_()
         self.counts.zero_()
