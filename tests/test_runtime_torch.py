@@ -101,6 +101,39 @@ def test_capture_issues_at_most_four_device_ops_per_layer_and_never_syncs(case):
     assert not {"aten::item", "aten::_local_scalar_dense", "aten::nonzero"} & set(ops)
 
 
+# (own rows counted apart, recording, dummy pass) -> the device ops of the step boundary that opens a ring entry
+STEP_OPS = {
+    (False, False, False): ["add_", "add_", "zero_"],  # skipped since bind, live, clear
+    (False, False, True): ["zero_"],
+    (False, True, False): [
+        "zero_",
+        "add_",
+        "add_",
+        "add_",
+        "add_",
+        "zero_",
+    ],  # + the entry opened, the pass, skipped in the record
+    (False, True, True): ["zero_", "zero_"],  # a dummy pass opens its entry, adds nothing
+    (True, False, False): ["add_", "add_", "add_", "zero_", "zero_"],  # + the own rows' live and their buffer cleared
+    (True, True, False): ["zero_", "zero_", "add_", "add_", "add_", "add_", "add_", "add_", "zero_", "zero_"],
+    (True, True, True): ["zero_", "zero_", "zero_", "zero_"],
+}
+
+
+@pytest.mark.parametrize("sources, recording, dummy", list(STEP_OPS), ids=lambda v: str(v))
+def test_the_step_boundary_issues_a_fixed_list_of_device_ops_and_never_syncs(sources, recording, dummy):
+    """``end_step`` between passes (host): only in-place adds and zeroings of whole buffers, the
+    same list every pass of its kind, no read back to the host (the parts it is composed of add none)."""
+    obs = RoutingObserver(2, 4, 4, source_rows=sources)
+    if recording:
+        obs.start()
+    obs.capture(0, torch.tensor([[0, 1]]))
+    if sources:
+        obs.capture_sources(0, torch.tensor([[0, 1]]))
+    ops = _top_level_ops(lambda: obs.end_step(dummy))
+    assert [op.removeprefix("aten::") for op in ops] == STEP_OPS[sources, recording, dummy]
+
+
 def test_capture_counts_exactly_what_a_bincount_of_the_counted_rows_gives():
     """Out-of-range ids (-1, E, beyond), padding rows and other ranks' rows land in the not-counted
     column; the logical view of physical counts is the slot map's sum; the ring keeps both."""
@@ -148,7 +181,7 @@ def test_skipped_passes_show_in_status_per_record_and_never_count():
 
 def test_live_counts_off_keeps_the_recorder_and_adds_nothing_live():
     obs = RoutingObserver(1, 4, 2, live=False)
-    assert obs.live.numel() == 0
+    assert obs.totals.counts.numel() == 0
     obs.start()
     obs.capture(0, torch.tensor([[0, 3]]))
     obs.end_step()
@@ -187,7 +220,7 @@ def test_the_ring_keeps_the_last_entries_in_time_order_after_wrapping():
     obs.stop()
     rec = obs.snapshot()
     assert rec.stamps.tolist() == [4, 5, 6] and rec.logical[:, 0, 0].tolist() == [5, 6, 7]
-    assert obs.status().entries_written == 3 and obs.entries_written == 7
+    assert obs.status().entries_written == 3 and obs.ring.entries_written == 7
 
 
 def _layout() -> Layout:
@@ -297,22 +330,22 @@ def test_vllm_ascend_own_rows_and_capture_stay_within_four_ops_on_every_path(cas
         obs.capture(0, ids[counted], own_rows=mine)
 
     call()  # warm
-    obs.pass_counts.zero_()
+    obs.passes.counts.zero_()
     ops = _top_level_ops(call)
     assert len(ops) <= MAX_CAPTURE_OPS, ops
     assert not {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::zeros", "aten::cat"} & set(ops)
     want = torch.bincount(ids[list(want_rows)].flatten().to(torch.int64), minlength=4)
-    assert obs.pass_counts[0, :4].tolist() == want.tolist()
+    assert obs.passes.counts[0, :4].tolist() == want.tolist()
 
 
 def test_the_capture_reserves_its_ones_and_grows_them_only_past_the_reserve():
     obs = RoutingObserver(1, 4, 2)
     obs.reserve(10_000)
-    buffer = obs._ones
+    buffer = obs.passes._ones
     obs.capture(0, torch.zeros(4000, 2, dtype=torch.int32))
-    assert obs._ones is buffer and int(obs.pass_counts[0, 0]) == 8000
+    assert obs.passes._ones is buffer and int(obs.passes.counts[0, 0]) == 8000
     obs.capture(0, torch.zeros(6000, 2, dtype=torch.int32))  # 12,000 ids: an eager pass past the reserve
-    assert obs._ones.shape[0] >= 12_000 and int(obs.pass_counts[0, 0]) == 20_000
+    assert obs.passes._ones.shape[0] >= 12_000 and int(obs.passes.counts[0, 0]) == 20_000
 
 
 def _tp_pass(observers, maps, layer: int, ids: torch.Tensor, padding: torch.Tensor) -> None:
@@ -386,6 +419,21 @@ def test_own_rows_follow_the_ring_window_after_wrapping():
     assert obs.live_counts().own[0].tolist() == [6, 4]  # the first half of each real pass, the dummy pass not
 
 
+def test_a_discarded_pass_reaches_neither_the_counts_nor_the_own_rows():
+    """A warm-up pass (``skip_eplb``, a graph capture's warm-up) is dropped whole: before the fix its
+    own rows stayed in their buffer and were added to the next step's."""
+    obs = RoutingObserver(1, 2, entries=2, source_rows=True)
+    ids = torch.tensor([[0], [1]])
+    obs.capture(0, ids)
+    obs.capture_sources(0, ids[:1])  # the warm-up
+    obs.discard_pass()
+    obs.capture(0, ids)
+    obs.capture_sources(0, ids[:1])  # the real step: row 0 is this rank's own
+    obs.end_step()
+    live = obs.live_counts()
+    assert live.logical.tolist() == [[1, 1]] and live.own.tolist() == [[1, 0]]
+
+
 def test_without_source_rows_the_counted_rows_are_the_own_rows():
     obs = RoutingObserver(1, 3, entries=2)
     obs.start()
@@ -415,6 +463,6 @@ def test_the_tp_capture_with_own_rows_is_traceable_with_dynamic_batch_size():
         ids = torch.randint(0, 6, (n, 2), generator=g)
         compiled(ids)
         _capture(eager, 0, padding, m.source, 1, m(ids))
-    assert torch.equal(traced.pass_sources, eager.pass_sources) and torch.equal(traced.pass_counts, eager.pass_counts)
+    assert torch.equal(traced.passes.sources, eager.passes.sources) and torch.equal(traced.passes.counts, eager.passes.counts)
     # rank 1 routes rows [ceil(n/2), n) of each batch, two ids a row, less the padded row 5 (in its rows when n is 7)
-    assert int(eager.pass_sources[0, : eager.width].sum()) == 2 * sum(n // 2 for n in (3, 7, 16, 61)) - 2
+    assert int(eager.passes.sources[0, : eager.passes.width].sum()) == 2 * sum(n // 2 for n in (3, 7, 16, 61)) - 2

@@ -1,6 +1,9 @@
 """Engine-neutral runtime pieces both adapters share (no inference engine imported):
 
-- ``observer``: the recorder's device ring buffer, and the null observer where it is off (torch);
+- ``interfaces``: the protocols the adapters call (step hooks, observer, layer capture, worker plugin);
+- ``observer``: the routing observer, composed of ``id_space``, ``pass_counts`` (the traced capture),
+  ``count_ring`` (the recorder's device ring buffer), ``live_totals``, ``skipped_passes`` and
+  ``moe_timing``, and the null observer where it is off (torch);
 - ``replica_map``: logical -> physical ids inside the forward pass (torch);
 - ``device_timer``: per-layer MoE time from GPU timestamps that CUDA graphs replay (torch, Triton);
 - ``export``: the integer SUM of the counts over a Gloo group, rank 0 writes one file (torch);

@@ -20,28 +20,14 @@ from ..layout import Layout
 from ..model_geometry import ModelGeometry
 from ..protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION, NATIVE_ACTION, WorkerStatus
 from .export import Exporter, RankRecord
-from .observer import NullObserver, RoutingObserver
+from .interfaces import NullSteps, Observer
+from .observer import RoutingObserver
 
 NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_eplb in --additional-config)"
 
 
-class NullRecorderRuntime:
+class NullRecorderRuntime(NullSteps):
     """The plugin off on this worker: no step work, nothing bound, every control action refused."""
-
-    def begin_step(self, tokens: int = 0) -> None:
-        pass
-
-    def end_step(self, is_dummy: bool) -> None:
-        pass
-
-    def note_dp_tokens(self, tokens) -> None:
-        pass
-
-    def discard_pass(self) -> None:
-        pass
-
-    def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
-        pass
 
     def bind(self, model_runner) -> None:
         pass
@@ -64,7 +50,7 @@ class RecorderRuntime:
     dp_rank: int
     tp_rank: int
     contributes: bool  # False on ranks whose tokens another rank already counts
-    observer: RoutingObserver | NullObserver
+    observer: Observer  # a NullObserver until ``bind`` makes the RoutingObserver
     exporter: Exporter
     layout: Layout | None = None
     layout_path: str | None = None

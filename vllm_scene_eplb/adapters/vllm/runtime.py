@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ...layout import Layout
 from ...model_geometry import ModelGeometry, from_hf_config
 from ...protocol import startup_line
 from ...runtime.export import Exporter, group_maker
+from ...runtime.interfaces import LayerCapture, WorkerPlugin
 from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
 from ...runtime.replica_map import SourceRanks, own_source_span
@@ -29,10 +31,28 @@ from .version import check_engine_version, engine_version
 logger = logging.getLogger("vllm.scene_eplb")
 
 
+class VllmPlugin(WorkerPlugin, Protocol):
+    """What the vLLM patches call on this worker's runtime: the step hooks, bind and control, and the
+    decisions of the model's build (slots, layout rows, CPU support, MoE forward, router)."""
+
+    @property
+    def layout(self) -> Layout | None: ...
+
+    def extra_slots(self, num_experts: int) -> int: ...
+
+    def layer_row(self, layer_name: str) -> np.ndarray | None: ...
+
+    def cpu_support(self) -> bool: ...
+
+    def opaque_moe_forward(self) -> bool: ...
+
+    def needs_router(self) -> bool: ...
+
+
 class NullRuntime(NullRecorderRuntime):
     """The plugin off on this worker: no extra slots, no layout rows, no step work, control refused."""
 
-    layout = None
+    layout: Layout | None = None
 
     def extra_slots(self, num_experts: int) -> int:
         return 0
@@ -147,11 +167,11 @@ class WorkerRuntime(RecorderRuntime):
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
 
 
-def _capture(observer, moe_idx: int, padding, source: SourceRanks, source_rank: int, slots) -> None:
+def _capture(observer: LayerCapture, moe_idx: int, padding, source: SourceRanks, source_rank: int, slots) -> None:
     """Count a MoE layer's slot ids [M, k] (padding rows left out) and, where the observer keeps
     them, the rows of them this rank routes itself (``source_rank``'s rows of ``source``); traceable."""
     observer.capture(moe_idx, slots, padding_rows=padding)
-    if observer.pass_sources is not None:
+    if observer.source_rows:
         lo, hi = own_source_span(source, source_rank, slots.shape[0])
         observer.capture_sources(moe_idx, slots[lo:hi], None if padding is None else padding[lo:hi])
 
@@ -181,15 +201,15 @@ def attach_moe_timer(observer, runners: list, device) -> None:
     observer.attach_device_timer(timer)
 
 
-_current: NullRuntime | WorkerRuntime = NULL_RUNTIME
+_current: VllmPlugin = NULL_RUNTIME
 
 
-def current() -> NullRuntime | WorkerRuntime:
+def current() -> VllmPlugin:
     """This worker's runtime: a WorkerRuntime when the flag is on, else the null runtime."""
     return _current
 
 
-def configure(vllm_config) -> NullRuntime | WorkerRuntime:
+def configure(vllm_config) -> VllmPlugin:
     """Read and check the plugin settings and layout against the model, before weights load."""
     global _current
     cfg = parse_config(vllm_config.additional_config)

@@ -22,6 +22,7 @@ from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
 from ...protocol import COMM_METHOD_LINE, startup_line
 from ...runtime.export import Exporter, group_maker
+from ...runtime.interfaces import LayerCapture, WorkerPlugin
 from ...runtime.observer import NullObserver
 from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
 from . import moe_time
@@ -135,7 +136,7 @@ def signed_dp_size(vllm_config) -> int:
     return 1 if dp <= 1 or should_skip_allreduce_across_dp_group(vllm_config) else dp
 
 
-def _capture(rt: AscendRuntime, observer, moe_idx: int, ids) -> None:
+def _capture(rt: AscendRuntime, observer: LayerCapture, moe_idx: int, ids) -> None:
     """Count this rank's own rows of the layer's ids, or mark the layer's pass skipped where the rows
     do not follow the comm method's rule (decided when traced: a captured graph replays it)."""
     if moe_idx == 0:
@@ -180,15 +181,15 @@ def moe_layers(model) -> list:
     return sorted((m for m in model.modules() if isinstance(m, cls)), key=lambda m: extract_layer_index(m.layer_name))
 
 
-_current: NullRecorderRuntime | AscendRuntime = NULL_RUNTIME
+_current: WorkerPlugin = NULL_RUNTIME
 
 
-def current() -> NullRecorderRuntime | AscendRuntime:
+def current() -> WorkerPlugin:
     """This worker's runtime: an AscendRuntime when the flag is on, else the null runtime."""
     return _current
 
 
-def configure(vllm_config, engine: str) -> NullRecorderRuntime | AscendRuntime:
+def configure(vllm_config, engine: str) -> WorkerPlugin:
     """Read the plugin settings and this worker's ranks, before the model loads."""
     global _current
     cfg = parse_config(vllm_config.additional_config)
