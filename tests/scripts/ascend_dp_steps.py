@@ -89,7 +89,7 @@ def main() -> None:
     for tokens in ITERATIONS:  # one lockstep iteration of vLLM's DP engine loop each
         shared["tokens"] = tokens
         for e in engines:
-            runtime._current = SimpleNamespace(  # type: ignore[assignment]  # a stand-in runtime: the step calls
+            runtime._current = SimpleNamespace(  # a stand-in runtime: the step calls
                 begin_step=e.observer.begin_step, end_step=e.observer.end_step, note_dp_tokens=e.observer.note_dp_tokens
             )
             so = SimpleNamespace(

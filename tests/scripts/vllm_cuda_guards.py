@@ -93,7 +93,7 @@ def main() -> None:
     if hasattr(FusedMoERouter, "supports_monolithic_kernels"):
         prop = BaseRouter.supports_monolithic_kernels  # the (patched) property every router inherits
         off = prop.fget(ROUTER_STANDIN)
-        runtime._current = SimpleNamespace(needs_router=lambda: True)  # type: ignore[assignment]  # a stand-in runtime
+        runtime._current = SimpleNamespace(needs_router=lambda: True)  # a stand-in runtime
         on = prop.fget(ROUTER_STANDIN)
         runtime._current = runtime.NULL_RUNTIME
         src = inspect.getsource(layer_mod)
@@ -106,7 +106,7 @@ def main() -> None:
         )
         args = (mone_config, "model.layers.3.mlp.experts", 8, 64, torch.float32)
         plain = layer_mod.make_expert_substitution(*args)  # the flag off: vLLM's own answer
-        runtime._current = SimpleNamespace(layout=object())  # type: ignore[assignment]  # a worker runtime with a layout loaded
+        runtime._current = SimpleNamespace(layout=object())  # a worker runtime with a layout loaded
         try:
             layer_mod.make_expert_substitution(*args)
             mone = None
@@ -162,16 +162,18 @@ def main() -> None:
             patches._patch_dummy_run(cls)
             patches._patch_step(cls)
         else:  # the same steps with only the step boundary wired
-            eplb = cls.eplb_step
-            cls.eplb_step = lambda self, is_dummy=False, is_profile=False: (
-                eplb(self, is_dummy, is_profile),
-                runtime.current().end_step(is_dummy),
-            )[0]
-            execute = cls.execute_model
-            cls.execute_model = lambda self, so, *a, **k: (
-                runtime.current().begin_step(so.total_num_scheduled_tokens),
-                execute(self, so, *a, **k),
-            )[1]
+            eplb, execute = cls.eplb_step, cls.execute_model
+
+            def eplb_step(self, is_dummy=False, is_profile=False, eplb=eplb):
+                out = eplb(self, is_dummy, is_profile)
+                runtime.current().end_step(is_dummy)
+                return out
+
+            def execute_model(self, so, *a, execute=execute, **k):
+                runtime.current().begin_step(so.total_num_scheduled_tokens)
+                return execute(self, so, *a, **k)
+
+            cls.eplb_step, cls.execute_model = eplb_step, execute_model
         obs = RoutingObserver(1, 8, 4)
         rt: Any = object.__new__(RecorderRuntime)  # a runtime with only its observer
         rt.observer = obs
