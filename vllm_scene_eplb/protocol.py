@@ -1,7 +1,10 @@
-"""The plugin's wire contract, in one place: route paths, status keys, the startup log line.
+"""The plugin's wire contract, in one place: route paths, status keys, the startup log line, and
+every answer that crosses (worker -> API server -> client) as a typed object with ``from_wire`` /
+``to_wire`` side by side.
 
-The server side (engine adapters) and the client side (``scene-eplb record``, ``audit``, ``bench``)
-both import it, so a route or key renamed here is renamed everywhere. Stdlib only.
+The workers, the API server (engine adapters, ``runtime``) and the client side (``scene-eplb
+record``, ``audit``, ``bench``) all import it, so a route, key or field renamed here is renamed
+everywhere. Stdlib only.
 """
 
 from __future__ import annotations
@@ -123,7 +126,10 @@ COMM_METHOD_RE = re.compile(r"scene-eplb: MoE comm method (\w+) in a real pass")
 # and range and names the field at fault in one line (a server that is not this plugin, or a broken
 # one, never crashes a command; a broken worker answer is a 500, never a crash of the route);
 # ``to_wire`` gives the object back, key for key what crosses. Worker answers cross vLLM's
-# collective_rpc as ``to_wire``'s plain dicts (pickled by the engine), the routes' answers as JSON.
+# collective_rpc as ``to_wire``'s plain dicts: the engine core hands a utility call's result to the
+# API server as msgpack without type information (vLLM's ``v1/serial_utils.py``; an object would
+# need VLLM_ALLOW_INSECURE_SERIALIZATION), so lists and dicts cross, and tuples arrive as lists.
+# The routes' answers cross as JSON.
 
 MAX_WIRE_INT = 2**53  # every integer of an answer (a count, a total, a rank) is exact in float64
 _REQUIRED: Any = object()  # ``_Fields.get``'s default: the key must be there
