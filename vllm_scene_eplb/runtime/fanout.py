@@ -33,8 +33,8 @@ from ..protocol import (
     NativeLoadAnswer,
     RankNativeLoad,
     StatusAnswer,
-    WorkerAnswer,
     WireObject,
+    WorkerAnswer,
     WorkerStatus,
 )
 
