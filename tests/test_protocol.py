@@ -3,6 +3,7 @@ when ranks disagree, and every worker answer crosses as its typed object (``to_w
 worker, ``from_wire`` at the API server) key for key, a broken one refused with its field named."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -181,3 +182,62 @@ def test_the_dump_answer_is_rank_0s_start_done_with_every_ranks_total():
 def test_native_counts_say_available_or_why_not():
     assert NativeCounts(True, counts=((1, 2),)).to_wire() == {"available": True, "counts": [[1, 2]]}
     assert NativeCounts(False, reason="none").to_wire() == {"available": False, "reason": "none"}
+
+
+def _status_with_time(**time) -> dict:
+    live = {
+        "median": None,
+        "worst": None,
+        "expected_median": None,
+        "expected_worst": None,
+        "drift": False,
+        "passes": 4,
+        "window_seconds": 5.0,
+        "windows": 1,
+        "threshold": None,
+        "dispatch": "static",
+        "layers": [1, 2],
+        "per_layer": None,
+        "measured": None,
+        "fidelity": None,
+        "time": {
+            "median": 1.2,
+            "worst": 1.5,
+            "moe_share": 0.4,
+            "step_ms": 10.0,
+            "rank_ms": [[1.0, 2.0], [1.5, 1.0]],
+            "per_layer": [1.2, 1.33],
+            "rank_assignments": [[8.0, 16.0], [12.0, 8.0]],
+            "sub_windows": [9.5, 10.0],
+            "provenance": {"role": "decode"},
+            **time,
+        },
+    }
+    return {**StatusAnswer.of_ranks([_status(0), _status(1)]).to_wire(), "live": live}
+
+
+def test_the_typed_status_gives_the_timing_window_the_raw_one_gives():
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    doc = _status_with_time()
+    typed = TimingWindow.of_status(StatusAnswer.from_wire(doc), "http://x", layers=2)
+    assert typed == TimingWindow.from_status(doc, "http://x", layers=2)
+    assert typed is not None and typed.provenance["role"] == "decode" and typed.provenance["layout_hash"] == "abc"
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"rank_assignments": None}, "timing has no rank_assignments"),
+        ({"step_ms": 2.0}, "shorter than"),
+        ({"rank_assignments": [[8.0], [12.0]]}, "rank_assignments is [2][1]"),
+    ],
+    ids=["no_assignments", "step_shorter_than_moe", "assignments_of_another_shape"],
+)
+def test_the_typed_status_checks_its_timing_window_like_the_raw_one(change, expected):
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    doc = _status_with_time(**change)
+    for read in (lambda: TimingWindow.of_status(StatusAnswer.from_wire(doc), "u"), lambda: TimingWindow.from_status(doc, "u")):
+        with pytest.raises(SceneEplbError, match=re.escape(expected)):
+            read()

@@ -155,6 +155,11 @@ def _non_negative(v: Any) -> bool:
     return _is_number(v, 0)
 
 
+def _floats(rows) -> tuple[tuple[float, ...], ...]:
+    """[rows][cols] numbers as floats."""
+    return tuple(tuple(map(float, row)) for row in rows)
+
+
 class _Fields:
     """One wire object's fields, read with a check each; a failure names the object (``what``, after
     ``prefix``), the field and what it held, with ``source`` (the URL or file) as its place. The one
@@ -413,6 +418,23 @@ class LiveTime(_Answer):
             f.matrix("rank_assignments", _non_negative, "a finite non-negative number", nullable=True),
             f.numbers("sub_windows", 0),
             {} if provenance is None else dict(provenance.doc),
+        )
+
+    def window(self, where: str, layers: int | None, around: dict) -> TimingWindow:
+        """This window as ``advise`` prices it (``TimingWindow.checked``); ``around``: the status's
+        provenance keys, where the window's own ``provenance`` does not say."""
+        f = _Fields({}, "timing", where, prefix="")
+        if self.step_ms is None or self.rank_assignments is None:
+            f.fail(f"has no {'step_ms' if self.step_ms is None else 'rank_assignments'}: the window saw no timed traffic")
+        return TimingWindow.checked(
+            f,
+            _floats(self.rank_ms),
+            _floats(self.rank_assignments),
+            float(self.step_ms),
+            self.moe_share,
+            tuple(map(float, self.sub_windows)),
+            {**around, **self.provenance},
+            layers,
         )
 
 
@@ -795,9 +817,30 @@ class TimingWindow:
             if doc.get(key) is None:
                 f.fail(f"has no {key}: the window saw no timed traffic")
         rank_ms, assignments = (
-            tuple(tuple(map(float, row)) for row in f.matrix(key, _non_negative, "a finite non-negative number") or ())
-            for key in ("rank_ms", "rank_assignments")
+            _floats(f.matrix(key, _non_negative, "a finite non-negative number") or ()) for key in ("rank_ms", "rank_assignments")
         )
+        step_ms = float(f.number("step_ms", 0))
+        share = f.number("moe_share", 0, 1, nullable=True) if "moe_share" in doc else None
+        sub_windows = () if doc.get("sub_windows") is None else tuple(map(float, f.numbers("sub_windows", 0)))
+        said = f.obj("provenance", "provenance", default=None)
+        known = {**(provenance or {}), **({} if said is None else said.doc)}
+        return cls.checked(f, rank_ms, assignments, step_ms, share, sub_windows, known, layers)
+
+    @classmethod
+    def checked(
+        cls,
+        f: _Fields,
+        rank_ms: tuple[tuple[float, ...], ...],
+        assignments: tuple[tuple[float, ...], ...],
+        step_ms: float,
+        share: float | None,
+        sub_windows: tuple[float, ...],
+        provenance: dict,
+        layers: int | None,
+    ) -> TimingWindow:
+        """The window of fields each read (``from_wire``, ``LiveTime.window``), checked as a whole:
+        ``rank_ms`` and ``rank_assignments`` of one shape (``layers`` MoE layers when given), a
+        positive ``step_ms`` at least the MoE ms a rank spends in it; ``f`` names the window in an error."""
         shape = (len(rank_ms), len(rank_ms[0]))
         if (len(assignments), len(assignments[0])) != shape:
             f.fail(
@@ -806,22 +849,26 @@ class TimingWindow:
             )
         if layers is not None and shape[1] != layers:
             f.fail(f"has {shape[1]} MoE layers, the candidate {layers}")
-        step_ms = float(f.number("step_ms", 0))
         rank_moe = max(sum(row) for row in rank_ms)
         if step_ms <= 0 or step_ms < rank_moe * (1 - 1e-9):
             f.fail(f"step_ms {step_ms:g} is not positive or shorter than the {rank_moe:g} ms of MoE a rank spends in it")
-        share = f.number("moe_share", 0, 1, nullable=True) if "moe_share" in doc else None
-        sub_windows = () if doc.get("sub_windows") is None else tuple(map(float, f.numbers("sub_windows", 0)))
-        said = f.obj("provenance", "provenance", default=None)
-        known = {**(provenance or {}), **({} if said is None else said.doc)}
         return cls(
             rank_ms,
             assignments,
             step_ms,
             None if share is None else float(share),
             sub_windows,
-            {k: known.get(k) for k in PROVENANCE_KEYS},
+            {k: provenance.get(k) for k in PROVENANCE_KEYS},
         )
+
+    @classmethod
+    def of_status(cls, status: StatusAnswer, where: str, layers: int | None = None) -> TimingWindow | None:
+        """The window of a status answer read off the wire, its provenance from the status around it;
+        None where the server has no timed window yet."""
+        time = None if status.live is None else status.live.time
+        if time is None:
+            return None
+        return time.window(where, layers, {k: getattr(status.status, k) for k in PROVENANCE_KEYS})
 
     @classmethod
     def from_status(cls, doc, where: str = "timing", layers: int | None = None) -> TimingWindow | None:
