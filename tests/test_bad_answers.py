@@ -12,6 +12,7 @@ The commands run in this process (``cli.main``) for speed, as in ``test_bad_inpu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import socket
@@ -32,7 +33,7 @@ from vllm_scene_eplb.protocol import (
     DumpAnswer,
     NativeLoadAnswer,
     StatusAnswer,
-    aggregate_status,
+    WorkerStatus,
 )
 
 from .conftest import skewed_counts
@@ -149,8 +150,10 @@ LIVE = {
 
 
 def status(live: dict | None = LIVE, **rank0) -> dict:
-    """The status route's answer of a two-rank server (``protocol.aggregate_status`` plus ``live``)."""
-    return {**aggregate_status([worker_status(0, **rank0), worker_status(1)]), "live": live}
+    """The status route's answer of a two-rank server (``protocol.StatusAnswer.of_ranks`` plus ``live``);
+    ``rank0`` changes EP rank 0's status, unchecked (what a broken server could send)."""
+    ranks = [dataclasses.replace(WorkerStatus.from_wire(worker_status(0)), **rank0), WorkerStatus.from_wire(worker_status(1))]
+    return {**StatusAnswer.of_ranks(ranks).to_wire(), "live": live}
 
 
 MODELS = reply({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -307,7 +310,17 @@ def test_the_answer_readers_take_what_the_server_sends_key_for_key():
         {
             **LIVE,
             "measured": {"median": 1.0, "worst": 1.1, "per_layer": [1.0, 1.1]},
-            "time": {"median": 1, "worst": 1, "moe_share": None},
+            "time": {
+                "median": 1,
+                "worst": 1,
+                "moe_share": None,
+                "step_ms": None,
+                "rank_ms": [[0.5, 0.25], [0.5, 0.25]],
+                "per_layer": [1.0, 1.0],
+                "rank_assignments": None,
+                "sub_windows": [],
+                "provenance": {},
+            },
         }
     )
     assert StatusAnswer.from_wire(wire).to_wire() == wire

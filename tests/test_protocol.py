@@ -1,25 +1,64 @@
 """The wire contract: the startup line round-trips through its parser, the status aggregate says
-when ranks disagree."""
+when ranks disagree, and every worker answer crosses as its typed object (``to_wire`` at the
+worker, ``from_wire`` at the API server) key for key, a broken one refused with its field named."""
 
-from vllm_scene_eplb.protocol import AGREE_KEY, RANKS_KEY, aggregate_status, parse_startup_lines, startup_line
+import dataclasses
+import re
+
+import pytest
+
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.protocol import (
+    AGREE_KEY,
+    RANKS_KEY,
+    STATUS_KEYS,
+    DumpAnswer,
+    DumpStarted,
+    ExportJobAnswer,
+    NativeCounts,
+    RankLive,
+    RankNativeLoad,
+    StatusAnswer,
+    WorkerAnswer,
+    WorkerStatus,
+    parse_startup_lines,
+    startup_line,
+)
 
 
-def _status(ep_rank, **over):
-    return {
+def _status(ep_rank, **over) -> WorkerStatus:
+    base = {
+        "plugin_version": "0.1.0",
+        "engine": "vllm 0.32.0",
+        "model": "m",
         "role": "prefill",
-        "observer": "idle",
-        "layout_hash": "abc",
-        "redundant_slots": 2,
-        "dispatch": "static",
         "ep_size": 2,
         "ep_rank": ep_rank,
         "dp_rank": ep_rank,
         "tp_rank": 0,
+        "layout_hash": "abc",
+        "layout_path": "/l.json",
+        "redundant_slots": 2,
+        "dispatch": "static",
+        "observer": "idle",
+        "recording": False,
         "ring_entries": 64,
         "entries_written": 0,
         "passes_recorded": 0,
-        **over,
+        "steps_per_entry": 1,
+        "skipped_passes": 0,
+        "skipped_recorded": 0,
+        "live_counts": False,
+        "moe_layers": [1, 2],
+        "top_k": 2,
+        "expert_groups": None,
+        "server_start": "5f0c",
     }
+    return WorkerStatus.from_wire({**base, **over})
+
+
+def aggregate_status(statuses: list[WorkerStatus]) -> dict:
+    return StatusAnswer.of_ranks(statuses).to_wire()
 
 
 def test_startup_line_round_trips():
@@ -37,3 +76,168 @@ def test_aggregate_lists_every_rank_in_ep_order_and_flags_disagreement():
     assert [r["passes_recorded"] for r in agg[RANKS_KEY]] == [7, 5] and agg[AGREE_KEY]  # counters may differ
     assert not aggregate_status([_status(0), _status(1, layout_hash="def")])[AGREE_KEY]
     assert not aggregate_status([_status(0), _status(1, observer="recording")])[AGREE_KEY]
+
+
+def test_status_keys_are_the_status_fields_in_order():
+    assert STATUS_KEYS == tuple(_status(0).to_wire()) and STATUS_KEYS[-1] == "server_start"
+
+
+JOB = {"export_id": "x", "state": "running", "path": "/d/counts.npz", "error": None, "export_seconds": None}
+STARTED = {
+    **JOB,
+    "ep_rank": 1,
+    "shape": [64, 4, 8],
+    "physical_shape": None,
+    "entries_written": 3,
+    "passes_recorded": 3,
+    "local_total": 48,
+}
+LIVE = {
+    "counts": [[1, 2], [3, 4]],
+    "physical": None,
+    "own_counts": [[1, 0], [0, 4]],
+    "passes": 2,
+    "moe_seconds": [0.5, 0.25],
+    "moe_passes": 2,
+    "steps": 2,
+    "step_seconds": 1.5,
+    "step_moe_seconds": 0.75,
+    "contributes": True,
+    "ep_rank": 0,
+    "source": [0, 2],
+    "moe_layers": [1, 2],
+}
+# every worker answer: (its payload reader, what a worker sends)
+PAYLOADS = {
+    "status": (WorkerStatus.from_wire, _status(0).to_wire()),
+    "export_status": (ExportJobAnswer.from_wire, JOB),
+    "dump": (DumpStarted.from_wire, STARTED),
+    "live": (RankLive.from_wire, LIVE),
+    "native_load available": (
+        RankNativeLoad.from_wire,
+        {"ep_rank": 0, "moe_layers": [1, 2], "available": True, "counts": [[1, 2], [3, 4]]},
+    ),
+    "native_load unavailable": (
+        RankNativeLoad.from_wire,
+        {"ep_rank": 0, "moe_layers": [1, 2], "available": False, "reason": "no counters"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAYLOADS))
+def test_a_worker_answer_crosses_key_for_key(name):
+    read, payload = PAYLOADS[name]
+    wire = {"ok": True, **payload}
+    answer = WorkerAnswer.from_wire(wire, read)
+    assert answer.ok and answer.to_wire() == wire and list(answer.to_wire()) == list(wire)
+
+
+def test_a_refusal_crosses_with_its_http_status():
+    wire = WorkerAnswer.refused("recording is already on", 409).to_wire()
+    assert wire == {"ok": False, "error": "recording is already on", "http_status": 409}
+    back = WorkerAnswer.from_wire(wire, WorkerStatus.from_wire)
+    assert not back.ok and back.error == "recording is already on" and back.http_status == 409
+
+
+BROKEN = {
+    "not an object": (RankLive.from_wire, [1, 2], "must be a JSON object"),
+    "live counts ragged": (RankLive.from_wire, {**LIVE, "counts": [[1, 2], [3]]}, "counts row 1"),
+    "live counts negative": (RankLive.from_wire, {**LIVE, "counts": [[1, -2], [3, 4]]}, "counts[0][1]"),
+    "live counts one row for two layers": (RankLive.from_wire, {**LIVE, "counts": [[1, 2]]}, "counts must be"),
+    "live moe_seconds nan": (RankLive.from_wire, {**LIVE, "moe_seconds": [float("nan"), 1.0]}, "moe_seconds[0]"),
+    "live source of three": (RankLive.from_wire, {**LIVE, "source": [0, 1, 2]}, "source must be a list of 2"),
+    "live contributes a string": (RankLive.from_wire, {**LIVE, "contributes": "yes"}, "contributes must be true or false"),
+    "dump shape of two": (DumpStarted.from_wire, {**STARTED, "shape": [4, 8]}, "shape must be a list of 3"),
+    "job state bogus": (ExportJobAnswer.from_wire, {**JOB, "state": "bogus"}, "state must be one of running, done, failed"),
+    "native without counts": (
+        RankNativeLoad.from_wire,
+        {"ep_rank": 0, "moe_layers": [1], "available": True},
+        "no 'counts'",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_broken_worker_answer_names_its_field(name):
+    read, payload, expected = BROKEN[name]
+    wire = {"ok": True, **payload} if isinstance(payload, dict) else payload
+    with pytest.raises(SceneEplbError, match=expected.replace("[", r"\[")):
+        WorkerAnswer.from_wire(wire, read)
+
+
+def test_a_worker_answer_without_ok_is_refused():
+    with pytest.raises(SceneEplbError, match="no 'ok'"):
+        WorkerAnswer.from_wire(JOB, ExportJobAnswer.from_wire)
+
+
+def test_the_dump_answer_is_rank_0s_start_done_with_every_ranks_total():
+    started = [DumpStarted.from_wire({**STARTED, "ep_rank": r, "local_total": 10 + r}) for r in (1, 0)]
+    jobs = [dataclasses.replace(ExportJobAnswer.from_wire(JOB), state="done", export_seconds=s) for s in (0.5, 0.25)]
+    dump = DumpAnswer.of_ranks(started, jobs)
+    assert dump.ep_rank == 0 and dump.state == "done" and dump.export_seconds == 0.5
+    assert dump.local_total == 21 and dump.ranks == 2
+    assert DumpAnswer.from_wire(dump.to_wire()) == dump
+
+
+def test_native_counts_say_available_or_why_not():
+    assert NativeCounts(True, counts=((1, 2),)).to_wire() == {"available": True, "counts": [[1, 2]]}
+    assert NativeCounts(False, reason="none").to_wire() == {"available": False, "reason": "none"}
+
+
+def _status_with_time(**time) -> dict:
+    live = {
+        "median": None,
+        "worst": None,
+        "expected_median": None,
+        "expected_worst": None,
+        "drift": False,
+        "passes": 4,
+        "window_seconds": 5.0,
+        "windows": 1,
+        "threshold": None,
+        "dispatch": "static",
+        "layers": [1, 2],
+        "per_layer": None,
+        "measured": None,
+        "fidelity": None,
+        "time": {
+            "median": 1.2,
+            "worst": 1.5,
+            "moe_share": 0.4,
+            "step_ms": 10.0,
+            "rank_ms": [[1.0, 2.0], [1.5, 1.0]],
+            "per_layer": [1.2, 1.33],
+            "rank_assignments": [[8.0, 16.0], [12.0, 8.0]],
+            "sub_windows": [9.5, 10.0],
+            "provenance": {"role": "decode"},
+            **time,
+        },
+    }
+    return {**StatusAnswer.of_ranks([_status(0), _status(1)]).to_wire(), "live": live}
+
+
+def test_the_typed_status_gives_the_timing_window_the_raw_one_gives():
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    doc = _status_with_time()
+    typed = TimingWindow.of_status(StatusAnswer.from_wire(doc), "http://x", layers=2)
+    assert typed == TimingWindow.from_status(doc, "http://x", layers=2)
+    assert typed is not None and typed.provenance["role"] == "decode" and typed.provenance["layout_hash"] == "abc"
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"rank_assignments": None}, "timing has no rank_assignments"),
+        ({"step_ms": 2.0}, "shorter than"),
+        ({"rank_assignments": [[8.0], [12.0]]}, "rank_assignments is [2][1]"),
+    ],
+    ids=["no_assignments", "step_shorter_than_moe", "assignments_of_another_shape"],
+)
+def test_the_typed_status_checks_its_timing_window_like_the_raw_one(change, expected):
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    doc = _status_with_time(**change)
+    for read in (lambda: TimingWindow.of_status(StatusAnswer.from_wire(doc), "u"), lambda: TimingWindow.from_status(doc, "u")):
+        with pytest.raises(SceneEplbError, match=re.escape(expected)):
+            read()

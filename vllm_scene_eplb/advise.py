@@ -368,15 +368,15 @@ def advise(
     counts: Counts,
     candidate: Layout,
     dispatch: str,
-    timing: TimingWindow | dict | None,
+    timing: TimingWindow | None,
     memory: str | None = None,
     running: Layout | None = None,
     ab_ratio: float | None = None,
     seed: int = DEFAULT_SEED,
 ) -> dict:
     """The verdict (``VERDICTS``), the predicted throughput ratio and the reasons in words, plus the
-    numbers behind them. ``timing``: the running server's timing window (a ``live.time`` object is
-    read with ``TimingWindow.from_wire``); ``running``: the layout it runs (None: the linear
+    numbers behind them. ``timing``: the running server's timing window (``TimingWindow``: a
+    ``live.time`` object read with ``from_wire`` or ``of_status``; None: none); ``running``: the layout it runs (None: the linear
     layout, which the dump's metadata must then say); ``ab_ratio``: the throughput ratio of two
     identical setups, for the noise floor; ``memory``: what the candidate's redundant slots cost."""
     reasons: list[str] = [memory] if memory else []
@@ -386,8 +386,6 @@ def advise(
             f"the counts have {counts.num_experts} and {counts.num_layers}"
         )
     rows = list(candidate.moe_layers)
-    if isinstance(timing, dict) and timing:
-        timing = TimingWindow.from_wire(timing, layers=len(rows))
     if not isinstance(timing, TimingWindow):
         return _insufficient(
             reasons,

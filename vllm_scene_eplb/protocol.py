@@ -1,15 +1,19 @@
-"""The plugin's wire contract, in one place: route paths, status keys, the startup log line.
+"""The plugin's wire contract, in one place: route paths, status keys, the startup log line, and
+every answer that crosses (worker -> API server -> client) as a typed object with ``from_wire`` /
+``to_wire`` side by side.
 
-The server side (engine adapters) and the client side (``scene-eplb record``, ``audit``, ``bench``)
-both import it, so a route or key renamed here is renamed everywhere. Stdlib only.
+The workers, the API server (engine adapters, ``runtime``) and the client side (``scene-eplb
+record``, ``audit``, ``bench``) all import it, so a route, key or field renamed here is renamed
+everywhere. Stdlib only.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, NoReturn
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from .errors import SceneEplbError
 
@@ -35,49 +39,8 @@ ROUTES = (
 ROUTE_BY_ACTION = {r.action: r for r in ROUTES}
 ACTIONS = tuple(ROUTE_BY_ACTION)
 
-# What each worker reports; GET /scene_eplb/status answers EP rank 0's, plus RANKS_KEY and AGREE_KEY.
-STATUS_KEYS = (
-    "plugin_version",
-    "engine",
-    "model",
-    "role",
-    "ep_size",
-    "ep_rank",
-    "dp_rank",
-    "tp_rank",
-    "layout_hash",
-    "layout_path",
-    "redundant_slots",
-    "dispatch",
-    "observer",
-    "recording",
-    "ring_entries",
-    "entries_written",
-    "passes_recorded",
-    "steps_per_entry",
-    "skipped_passes",
-    "skipped_recorded",
-    "live_counts",
-    "moe_layers",
-    "top_k",
-    "expert_groups",
-    "server_start",  # a random id drawn when the worker started: which server start a bench run measured
-)
-# Every rank's view, one entry per worker, under this key of the status answer.
+# Every rank's view, one entry per worker, under this key of the status answer (``RANK_KEYS``).
 RANKS_KEY = "ranks"
-RANK_KEYS = (
-    "ep_rank",
-    "dp_rank",
-    "tp_rank",
-    "observer",
-    "layout_hash",
-    "redundant_slots",
-    "dispatch",
-    "entries_written",
-    "passes_recorded",
-    "skipped_passes",
-    "skipped_recorded",
-)
 # True when every rank agrees on these keys (what a run's audit relies on).
 AGREE_KEY = "ranks_agree"
 AGREEMENT_KEYS = ("layout_hash", "redundant_slots", "dispatch", "observer", "ring_entries", "ep_size")
@@ -122,8 +85,10 @@ _LINE_RE = re.compile(
 )
 
 
-def startup_line(status: dict, where: str) -> str:
+def startup_line(status: WorkerStatus | Mapping[str, Any], where: str) -> str:
     """The one line each worker logs at startup (what it loaded); ``where`` names the worker."""
+    if isinstance(status, WorkerStatus):
+        status = status.to_wire()
     return _LINE.format(
         role=status["role"],
         observer=status["observer"],
@@ -149,31 +114,25 @@ def parse_startup_lines(text: str) -> list[dict]:
     ]
 
 
-def aggregate_status(statuses: list[dict]) -> dict:
-    """The status route's answer from every worker's status: EP rank 0's, every rank's view under
-    ``RANKS_KEY`` (in EP rank order) and whether they agree under ``AGREE_KEY``."""
-    ranked = sorted(statuses, key=lambda st: st.get("ep_rank", 0))
-    first = ranked[0]
-    return {
-        **first,
-        RANKS_KEY: [{k: st.get(k) for k in RANK_KEYS} for st in ranked],
-        AGREE_KEY: all(st.get(k) == first.get(k) for st in ranked for k in AGREEMENT_KEYS),
-    }
-
-
 # The line each vLLM-Ascend worker logs the first time a real (non-dummy) pass ran a MoE comm method
 # (MC2, FUSED_MC2, ALLTOALL, ALLGATHER), and how verify.sh's mc2 check finds it in a server log.
 COMM_METHOD_LINE = "scene-eplb: MoE comm method %s in a real pass"
 COMM_METHOD_RE = re.compile(r"scene-eplb: MoE comm method (\w+) in a real pass")
 
 
-# ================================================================ server answers
-# The routes' answers as typed objects: a client reads an answer only through ``from_wire``, which
-# checks every field's type, shape, finiteness and range and names the field at fault in one line
-# (a server that is not this plugin, or a broken one, never crashes a command); ``to_wire`` gives
-# the JSON object back, key for key what the server sends.
+# ================================================================ answers
+# What crosses between the workers, the API server and the clients, as typed objects: a reader
+# takes an answer only through ``from_wire``, which checks every field's type, shape, finiteness
+# and range and names the field at fault in one line (a server that is not this plugin, or a broken
+# one, never crashes a command; a broken worker answer is a 500, never a crash of the route);
+# ``to_wire`` gives the object back, key for key what crosses. Worker answers cross vLLM's
+# collective_rpc as ``to_wire``'s plain dicts: the engine core hands a utility call's result to the
+# API server as msgpack without type information (vLLM's ``v1/serial_utils.py``), where a dataclass
+# would arrive as a map of its own fields, not the wire's keys (``tests/test_worker_answers.py``).
+# The routes' answers cross as JSON.
 
 MAX_WIRE_INT = 2**53  # every integer of an answer (a count, a total, a rank) is exact in float64
+_REQUIRED: Any = object()  # ``_Fields.get``'s default: the key must be there
 
 
 def _show(value: Any) -> str:
@@ -192,21 +151,34 @@ def _is_number(v: Any, low: float = -math.inf, high: float = math.inf) -> bool:
     return type(v) in (int, float) and math.isfinite(v) and low <= v <= high
 
 
-class _Fields:
-    """One wire object's fields, read with a check each; a failure names the object, the field and
-    what it held, with ``source`` (the URL) as its place."""
+def _non_negative(v: Any) -> bool:
+    return _is_number(v, 0)
 
-    def __init__(self, doc: Any, what: str, source: str | None):
-        self.what, self.source = what, source
+
+def _floats(rows) -> tuple[tuple[float, ...], ...]:
+    """[rows][cols] numbers as floats."""
+    return tuple(tuple(map(float, row)) for row in rows)
+
+
+class _Fields:
+    """One wire object's fields, read with a check each; a failure names the object (``what``, after
+    ``prefix``), the field and what it held, with ``source`` (the URL or file) as its place. The one
+    reader of every answer and of the timing window."""
+
+    def __init__(self, doc: Any, what: str, source: str | None, prefix: str = "the server's "):
+        self.what, self.source, self.prefix = what, source, prefix
         if not isinstance(doc, dict):
             self.fail(f"must be a JSON object, got {_show(doc)}")
         self.doc = doc
 
     def fail(self, problem: str) -> NoReturn:
-        raise SceneEplbError(f"the server's {self.what} {problem}", self.source)
+        raise SceneEplbError(f"{self.prefix}{self.what} {problem}", self.source)
 
-    def get(self, key: str, ok, expected: str, nullable: bool = False) -> Any:
+    def get(self, key: str, ok, expected: str, nullable: bool = False, default: Any = _REQUIRED) -> Any:
+        """``key``'s value when ``ok`` (or None when ``nullable``); ``default`` where the key may be absent."""
         if key not in self.doc:
+            if default is not _REQUIRED:
+                return default
             self.fail(f"has no {key!r} (not this plugin's answer, or a plugin older than this client?)")
         value = self.doc[key]
         if (value is None and nullable) or ok(value):
@@ -227,14 +199,17 @@ class _Fields:
         return self.get(key, lambda v: type(v) is bool, "true or false")
 
     def _list(self, key: str, ok, expected: str, nullable: bool, length: int | None) -> tuple | None:
+        """A list of values each ``ok`` (of ``length`` when given); a bad value is named by its index."""
         sized = "" if length is None else f"{length} "
         value = self.get(
-            key,
-            lambda v: isinstance(v, list) and all(map(ok, v)) and length in (None, len(v)),
-            f"a list of {sized}{expected}",
-            nullable,
+            key, lambda v: isinstance(v, list) and length in (None, len(v)), f"a list of {sized}{expected}", nullable
         )
-        return None if value is None else tuple(value)
+        if value is None:
+            return None
+        for i, v in enumerate(value):
+            if not ok(v):
+                self.fail(f"{key}[{i}] is {_show(v)}: {key} must be a list of {expected}")
+        return tuple(value)
 
     def integers(self, key: str, length: int | None = None) -> tuple[int, ...]:
         return self._list(key, _is_int, "integers >= 0", False, length) or ()
@@ -242,27 +217,45 @@ class _Fields:
     def integers_or_null(self, key: str, length: int | None = None) -> tuple[int, ...] | None:
         return self._list(key, _is_int, "integers >= 0", True, length)
 
-    def numbers(self, key: str) -> tuple[float, ...]:
-        return self._list(key, _is_number, "finite numbers", False, None) or ()
+    def numbers(self, key: str, low: float = -math.inf) -> tuple[float, ...]:
+        expected = "finite numbers" if low == -math.inf else f"finite numbers >= {low:g}"
+        return self._list(key, lambda v: _is_number(v, low), expected, False, None) or ()
 
     def numbers_or_null(self, key: str) -> tuple[float, ...] | None:
         return self._list(key, _is_number, "finite numbers", True, None)
 
-    def obj(self, key: str, what: str) -> _Fields | None:
+    def obj(self, key: str, what: str, default: Any = _REQUIRED) -> _Fields | None:
         """A nested object (or null), read the same way."""
-        value = self.get(key, lambda v: isinstance(v, dict), "an object", nullable=True)
-        return None if value is None else _Fields(value, f"{self.what} {what}", self.source)
+        value = self.get(key, lambda v: isinstance(v, dict), "an object", True, default)
+        return None if value is None or value is default else _Fields(value, f"{self.what} {what}", self.source, self.prefix)
 
-    def count_matrix(self, key: str, rows: int) -> tuple[tuple[int, ...], ...]:
-        """[rows, E] counts: non-negative integers, rectangular, summing to at most MAX_WIRE_INT."""
-        value = self.get(key, lambda v: isinstance(v, list) and len(v) == rows, f"a list of {rows} rows")
-        width = len(value[0]) if value and isinstance(value[0], list) else 0
-        for i, row in enumerate(value):
-            if not isinstance(row, list) or len(row) != width or not width or not all(map(_is_int, row)):
-                self.fail(f"{key} row {i} must be {width or 'some'} integers >= 0 like row 0, got {_show(row)}")
-        if sum(map(sum, value)) > MAX_WIRE_INT:
-            self.fail(f"{key} sums above 2**53: not counts")
+    def matrix(self, key: str, ok, expected: str, rows: int | None = None, nullable: bool = False) -> tuple[tuple, ...] | None:
+        """[rows, W] values each ``ok``: a non-empty list of non-empty lists of one length (``rows``
+        of them when given); a bad row or value is named by its place."""
+        sized = "[ranks][layers]" if rows is None else f"[{rows}][...]"
+        value = self.get(
+            key,
+            lambda v: isinstance(v, list) and (bool(v) or rows == 0) and rows in (None, len(v)),
+            f"a non-empty {sized} list of lists",
+            nullable,
+        )
+        if not value:
+            return None if value is None else ()
+        width = len(value[0]) if isinstance(value[0], list) else 0
+        for r, row in enumerate(value):
+            if not isinstance(row, list) or not row or len(row) != width:
+                self.fail(f"{key} row {r} must be {width or 'some'} values like row 0, got {_show(row)}: ragged or not a list")
+            for i, v in enumerate(row):
+                if not ok(v):
+                    self.fail(f"{key} row {r}: {key}[{r}][{i}] must be {expected}, got {_show(v)}")
         return tuple(map(tuple, value))
+
+    def count_matrix(self, key: str, rows: int, nullable: bool = False) -> tuple[tuple[int, ...], ...] | None:
+        """[rows, E] counts: non-negative integers, rectangular, summing to at most MAX_WIRE_INT."""
+        value = self.matrix(key, _is_int, "an integer >= 0", rows, nullable)
+        if value is not None and sum(map(sum, value)) > MAX_WIRE_INT:
+            self.fail(f"{key} sums above 2**53: not counts")
+        return value
 
 
 def _wire(obj) -> dict:
@@ -302,6 +295,11 @@ class _Answer:
         return _wire(self)
 
 
+def _read_fields(cls, f: _Fields):
+    """A status-like answer whose every field is a status key, each read its way (``_STATUS_FIELDS``)."""
+    return cls(**{x.name: _STATUS_FIELDS[x.name](f, x.name) for x in fields(cls)})
+
+
 @dataclass(frozen=True)
 class WorkerStatus(_Answer):
     """One worker's status (``STATUS_KEYS``, in order): what the status route and the startup line report."""
@@ -330,12 +328,16 @@ class WorkerStatus(_Answer):
     moe_layers: tuple[int, ...]
     top_k: int | None
     expert_groups: int | None
-    server_start: str | None
+    server_start: str | None  # a random id drawn when the worker started: which server start a bench run measured
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "status answer") -> WorkerStatus:
-        f = _Fields(doc, what, source)
-        return cls(**{key: _STATUS_FIELDS[key](f, key) for key in STATUS_KEYS})
+        return _read_fields(cls, _Fields(doc, what, source))
+
+    def dump_meta(self) -> dict:
+        """The status keys a dump file's metadata carries (``DUMP_META_KEYS``), as on the wire."""
+        wire = self.to_wire()
+        return {k: wire[k] for k in DUMP_META_KEYS}
 
 
 @dataclass(frozen=True)
@@ -356,8 +358,18 @@ class RankView(_Answer):
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "rank") -> RankView:
-        f = _Fields(doc, what, source)
-        return cls(**{key: _STATUS_FIELDS[key](f, key) for key in RANK_KEYS})
+        return _read_fields(cls, _Fields(doc, what, source))
+
+    @classmethod
+    def of(cls, status: WorkerStatus) -> RankView:
+        """This rank's view in its full status."""
+        return cls(**{k: getattr(status, k) for k in RANK_KEYS})
+
+
+# What each worker reports; GET /scene_eplb/status answers EP rank 0's, plus RANKS_KEY and AGREE_KEY.
+STATUS_KEYS = tuple(f.name for f in fields(WorkerStatus))
+# Every rank's view, one entry per worker, under RANKS_KEY of the status answer.
+RANK_KEYS = tuple(f.name for f in fields(RankView))
 
 
 @dataclass(frozen=True)
@@ -374,10 +386,63 @@ class MeasuredView(_Answer):
 
 
 @dataclass(frozen=True)
+class LiveTime(_Answer):
+    """The live object's ``time`` (``measured.time_view``, stamped by ``fitness.LiveFitness``): ``rank_ms``
+    [ranks][layers] mean local expert ms per pass, ``median`` / ``worst`` over layers of its max/mean
+    over ranks (``per_layer``), ``moe_share`` of step time, ``step_ms`` the mean wall ms of a real step,
+    ``rank_assignments`` [ranks][layers] (None: the window had no measured rank loads), the recent
+    windows' ``sub_windows`` step ms and the server's ``provenance``. ``advise`` reads it as a
+    ``TimingWindow``."""
+
+    median: float
+    worst: float
+    moe_share: float | None
+    step_ms: float | None
+    rank_ms: tuple[tuple[float, ...], ...]
+    per_layer: tuple[float, ...]
+    rank_assignments: tuple[tuple[float, ...], ...] | None
+    sub_windows: tuple[float, ...]
+    provenance: dict
+
+    @classmethod
+    def from_wire(cls, f: _Fields) -> LiveTime:
+        median, worst, share = f.number("median", 0), f.number("worst", 0), f.number("moe_share", 0, 1, nullable=True)
+        provenance = f.obj("provenance", "provenance")
+        return cls(
+            median,
+            worst,
+            share,
+            f.number("step_ms", 0, nullable=True),
+            f.matrix("rank_ms", _non_negative, "a finite non-negative number") or (),
+            f.numbers("per_layer", 0),
+            f.matrix("rank_assignments", _non_negative, "a finite non-negative number", nullable=True),
+            f.numbers("sub_windows", 0),
+            {} if provenance is None else dict(provenance.doc),
+        )
+
+    def window(self, where: str, layers: int | None, around: dict) -> TimingWindow:
+        """This window as ``advise`` prices it (``TimingWindow.checked``); ``around``: the status's
+        provenance keys, where the window's own ``provenance`` does not say."""
+        f = _Fields({}, "timing", where, prefix="")
+        if self.step_ms is None or self.rank_assignments is None:
+            f.fail(f"has no {'step_ms' if self.step_ms is None else 'rank_assignments'}: the window saw no timed traffic")
+        return TimingWindow.checked(
+            f,
+            _floats(self.rank_ms),
+            _floats(self.rank_assignments),
+            float(self.step_ms),
+            self.moe_share,
+            tuple(map(float, self.sub_windows)),
+            {**around, **self.provenance},
+            layers,
+        )
+
+
+@dataclass(frozen=True)
 class LiveAnswer(_Answer):
     """The status answer's ``LIVE_KEY`` object (``fitness.LiveFitness.to_dict``): the last window's
-    balancedness per MoE layer, the layout's expectation, the drift alarm; ``time`` is the timing
-    window as sent (its ``median``, ``worst`` and ``moe_share`` checked; ``advise`` reads the rest)."""
+    balancedness per MoE layer, the layout's expectation, the drift alarm, the measured replica
+    traffic and the window's timing (``time``: None without ``time_moe``)."""
 
     median: float | None
     worst: float | None
@@ -393,16 +458,12 @@ class LiveAnswer(_Answer):
     per_layer: tuple[float, ...] | None
     measured: MeasuredView | None
     fidelity: float | None
-    time: dict | None
+    time: LiveTime | None
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> LiveAnswer:
         f = _Fields(doc, "live answer", source)
         measured, time = f.obj("measured", "measured"), f.obj("time", "time")
-        if time is not None:
-            time.number("median", 0)
-            time.number("worst", 0)
-            time.number("moe_share", 0, 1, nullable=True)
         live = cls(
             f.number("median", 0, nullable=True),
             f.number("worst", 0, nullable=True),
@@ -418,7 +479,7 @@ class LiveAnswer(_Answer):
             f.numbers_or_null("per_layer"),
             None if measured is None else MeasuredView.from_wire(measured),
             f.number("fidelity", nullable=True),
-            None if time is None else time.doc,
+            None if time is None else LiveTime.from_wire(time),
         )
         if live.median is not None and (live.worst is None or live.per_layer is None):
             f.fail("has a median but no worst or per_layer")
@@ -434,6 +495,15 @@ class StatusAnswer(_Answer):
     ranks: tuple[RankView, ...]
     ranks_agree: bool
     live: LiveAnswer | None
+
+    @classmethod
+    def of_ranks(cls, statuses: list[WorkerStatus], live: LiveAnswer | None = None) -> StatusAnswer:
+        """The answer from every worker's status: EP rank 0's, every rank's view (in EP rank order)
+        and whether they agree on ``AGREEMENT_KEYS``."""
+        ranked = sorted(statuses, key=lambda st: st.ep_rank)
+        first = ranked[0]
+        agree = all(getattr(st, k) == getattr(first, k) for st in ranked for k in AGREEMENT_KEYS)
+        return cls(first, tuple(map(RankView.of, ranked)), agree, live)
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> StatusAnswer:
@@ -456,41 +526,178 @@ class StatusAnswer(_Answer):
         }
 
 
+EXPORT_STATES = ("running", "done", "failed")
+
+
+def _export_job(f: _Fields, states: tuple[str, ...] = EXPORT_STATES) -> dict[str, Any]:
+    """An export job's fields (``ExportJobAnswer``), read."""
+    path = f.get("path", lambda v: isinstance(v, str) and v != "", "the path of the file written")
+    return {
+        "export_id": f.text("export_id"),
+        "state": f.text("state", choices=states),
+        "path": path,
+        "error": f.text("error", nullable=True),
+        "export_seconds": f.number("export_seconds", 0, nullable=states != ("done",)),
+    }
+
+
 @dataclass(frozen=True)
-class DumpAnswer(_Answer):
-    """The dump route's answer: where the workers wrote the counts file, its shapes and the export's figures."""
+class ExportJobAnswer(_Answer):
+    """A worker's answer to ``EXPORT_STATUS_ACTION``: how its part of one export stands (``running``
+    until ``done`` or ``failed`` with its ``error``), where it writes and how long it took."""
 
     export_id: str
     state: str
     path: str
     error: str | None
-    export_seconds: float
+    export_seconds: float | None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> ExportJobAnswer:
+        return cls(**_export_job(_Fields(doc, "export job answer", source)))
+
+
+@dataclass(frozen=True)
+class DumpStarted(ExportJobAnswer):
+    """A worker's answer to ``dump``: its export job, its EP rank, the record's ``shape`` [T, L, E]
+    and ``physical_shape`` [T, L, P] (None: no physical counts), its ring figures and the total of
+    the logical counts it contributes."""
+
     ep_rank: int
     shape: tuple[int, ...]
     physical_shape: tuple[int, ...] | None
     entries_written: int
     passes_recorded: int
     local_total: int
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> DumpStarted:
+        f = _Fields(doc, "dump start answer", source)
+        return cls(**_export_job(f), **_dump_figures(f))
+
+
+def _dump_figures(f: _Fields) -> dict[str, Any]:
+    """What a dump answer adds to its export job (``DumpStarted``'s own fields), read."""
+    return {
+        "ep_rank": f.integer("ep_rank"),
+        "shape": f.integers("shape", length=3),
+        "physical_shape": f.integers_or_null("physical_shape", length=3),
+        "entries_written": f.integer("entries_written"),
+        "passes_recorded": f.integer("passes_recorded"),
+        "local_total": f.integer("local_total"),
+    }
+
+
+@dataclass(frozen=True)
+class DumpAnswer(DumpStarted):
+    """The dump route's answer: where the workers wrote the counts file, its shapes and the export's
+    figures (EP rank 0's start answer, ``done``, the slowest rank's seconds, every rank's total)."""
+
+    export_seconds: float
     ranks: int
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> DumpAnswer:
         f = _Fields(doc, "dump answer", source)
-        path = f.get("path", lambda v: isinstance(v, str) and v != "", "the path of the file written")
+        return cls(**_export_job(f, ("done",)), **_dump_figures(f), ranks=f.integer("ranks", 1))
+
+    @classmethod
+    def of_ranks(cls, started: list[DumpStarted], jobs: list[ExportJobAnswer]) -> DumpAnswer:
+        """The answer once every rank's job is done: EP rank 0's start answer, the slowest rank's seconds,
+        the total over every rank."""
+        first = min(started, key=lambda r: r.ep_rank)
+        own = {f.name: getattr(first, f.name) for f in fields(DumpStarted)}
         return cls(
-            f.text("export_id"),
-            f.text("state", choices=("done",)),
-            path,
-            f.text("error", nullable=True),
-            f.number("export_seconds", 0),
-            f.integer("ep_rank"),
-            f.integers("shape", length=3),
-            f.integers_or_null("physical_shape", length=3),
-            f.integer("entries_written"),
-            f.integer("passes_recorded"),
-            f.integer("local_total"),
-            f.integer("ranks", 1),
+            **{
+                **own,
+                "state": "done",
+                "export_seconds": max(j.export_seconds or 0.0 for j in jobs),
+                "local_total": sum(r.local_total for r in started),
+            },
+            ranks=len(jobs),
         )
+
+
+@dataclass(frozen=True)
+class RankLive(_Answer):
+    """A worker's answer to ``LIVE_ACTION``: its cumulative live counts [L_moe, E] (``counts``) and
+    physical [L_moe, P] (MoE layers in order), the logical counts of the rows it routes itself
+    (``own_counts`` [L_moe, E]: its static source rows), whether its counts count (``contributes``),
+    ``source`` [base, span] of the static-table rows behind its batch, and with ``time_moe`` its MoE
+    seconds per layer [L_moe] over ``moe_passes`` passes and its real ``steps``' seconds."""
+
+    counts: tuple[tuple[int, ...], ...]
+    physical: tuple[tuple[int, ...], ...] | None
+    own_counts: tuple[tuple[int, ...], ...] | None
+    passes: int
+    moe_seconds: tuple[float, ...] | None
+    moe_passes: int
+    steps: int
+    step_seconds: float
+    step_moe_seconds: float
+    contributes: bool
+    ep_rank: int
+    source: tuple[int, ...] | None
+    moe_layers: tuple[int, ...]
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> RankLive:
+        f = _Fields(doc, "live answer of a rank", source)
+        layers = f.integers("moe_layers")
+        return cls(
+            f.count_matrix("counts", len(layers)) or (),
+            f.count_matrix("physical", len(layers), nullable=True),
+            f.count_matrix("own_counts", len(layers), nullable=True),
+            f.integer("passes"),
+            f._list("moe_seconds", _non_negative, "finite numbers >= 0", True, len(layers)),
+            f.integer("moe_passes"),
+            f.integer("steps"),
+            f.number("step_seconds", 0),
+            f.number("step_moe_seconds", 0),
+            f.flag("contributes"),
+            f.integer("ep_rank"),
+            f.integers_or_null("source", length=2),
+            layers,
+        )
+
+
+@dataclass(frozen=True)
+class NativeCounts(_Answer):
+    """A rank's engine counters over the last record, in logical ids: ``counts`` [L_moe, E] when
+    ``available``, else the ``reason`` there are none."""
+
+    available: bool
+    reason: str | None = None
+    counts: tuple[tuple[int, ...], ...] | None = None
+
+    def to_wire(self) -> dict:
+        if not self.available:
+            return {"available": False, "reason": self.reason}
+        return {"available": True, "counts": [list(r) for r in self.counts or ()]}
+
+    @classmethod
+    def read(cls, f: _Fields, rows: int) -> NativeCounts:
+        if not f.flag("available"):
+            return cls(False, reason=f.text("reason"))
+        return cls(True, counts=f.count_matrix("counts", rows))
+
+
+@dataclass(frozen=True)
+class RankNativeLoad(_Answer):
+    """A worker's answer to ``NATIVE_ACTION``: its EP rank, its MoE layers and its engine counters."""
+
+    ep_rank: int
+    moe_layers: tuple[int, ...]
+    load: NativeCounts
+
+    def to_wire(self) -> dict:
+        return {"ep_rank": self.ep_rank, "moe_layers": list(self.moe_layers), **self.load.to_wire()}
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> RankNativeLoad:
+        f = _Fields(doc, "native_load answer of a rank", source)
+        layers = f.integers("moe_layers")
+        return cls(f.integer("ep_rank"), layers, NativeCounts.read(f, len(layers)))
 
 
 @dataclass(frozen=True)
@@ -523,6 +730,47 @@ class NativeLoadAnswer(_Answer):
         }
 
 
+class WireObject(Protocol):
+    """What a worker answer's payload is: an object with its wire form."""
+
+    def to_wire(self) -> dict: ...
+
+
+A = TypeVar("A", bound=WireObject)
+
+
+@dataclass(frozen=True)
+class WorkerAnswer(Generic[A]):
+    """One worker's answer to a control action, as collective_rpc carries it (``to_wire``): the
+    action's ``payload`` when it ran (``ok``), else the refusal's ``error`` and the HTTP status the
+    route answers with it."""
+
+    payload: A | None
+    error: str | None = None
+    http_status: int = 409
+
+    @classmethod
+    def refused(cls, error: str, http_status: int = 409) -> WorkerAnswer:
+        return cls(None, error, http_status)
+
+    @property
+    def ok(self) -> bool:
+        return self.payload is not None
+
+    def to_wire(self) -> dict:
+        if self.payload is None:
+            return {"ok": False, "error": self.error, "http_status": self.http_status}
+        return {"ok": True, **self.payload.to_wire()}
+
+    @classmethod
+    def from_wire(cls, doc: Any, read: Callable[[Any, str | None], A], source: str | None = None) -> WorkerAnswer[A]:
+        """The answer, its payload read with ``read`` (a payload's ``from_wire``)."""
+        f = _Fields(doc, "worker answer", source, prefix="a ")
+        if not f.flag("ok"):
+            return cls(None, f.text("error"), f.integer("http_status", 400))
+        return cls(read({k: v for k, v in doc.items() if k != "ok"}, source))
+
+
 # ================================================================ timing window
 #
 # The status answer's ``live.time`` object as ``advise`` reads it, checked where it is read: a
@@ -532,22 +780,6 @@ class NativeLoadAnswer(_Answer):
 # What a timing window says about the server it came from; a dump's metadata carries the same keys,
 # and ``advise`` refuses to price a dump with the timing of another layout, geometry or role.
 PROVENANCE_KEYS = ("layout_hash", "ep_size", "redundant_slots", "role", "dispatch", "steps_per_entry", "engine", "plugin_version")
-
-
-def _finite(value, name: str, where: str) -> float:
-    """A finite non-negative number (not a bool, not a string)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise SceneEplbError(f"timing {name} must be a finite non-negative number, got {value!r}", where)
-    return float(value)
-
-
-def _matrix(value, name: str, where: str) -> tuple[tuple[float, ...], ...]:
-    """A non-empty [ranks][layers] list of lists of finite non-negative numbers, every row as long."""
-    if not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value):
-        raise SceneEplbError(f"timing {name} must be a non-empty [ranks][layers] list of lists", where)
-    if len({len(row) for row in value}) != 1:
-        raise SceneEplbError(f"timing {name} is ragged: rows of {sorted({len(r) for r in value})} layers", where)
-    return tuple(tuple(_finite(x, f"{name}[{r}][{i}]", where) for i, x in enumerate(row)) for r, row in enumerate(value))
 
 
 @dataclass(frozen=True)
@@ -580,48 +812,63 @@ class TimingWindow:
         ``step_ms`` at least the MoE ms a rank spends in it, ``moe_share`` in [0, 1], ``rank_ms`` and
         ``rank_assignments`` of one shape (with ``layers`` MoE layers when given). ``provenance``:
         the status answer's keys around it, where the window itself does not carry them."""
-        if not isinstance(doc, dict):
-            raise SceneEplbError(f"timing must be a JSON object, got {type(doc).__name__}", where)
+        f = _Fields(doc, "timing", where, prefix="")
         for key in ("rank_ms", "rank_assignments", "step_ms"):
             if doc.get(key) is None:
-                raise SceneEplbError(f"timing has no {key}: the window saw no timed traffic", where)
-        rank_ms = _matrix(doc["rank_ms"], "rank_ms", where)
-        assignments = _matrix(doc["rank_assignments"], "rank_assignments", where)
+                f.fail(f"has no {key}: the window saw no timed traffic")
+        rank_ms, assignments = (
+            _floats(f.matrix(key, _non_negative, "a finite non-negative number") or ()) for key in ("rank_ms", "rank_assignments")
+        )
+        step_ms = float(f.number("step_ms", 0))
+        share = f.number("moe_share", 0, 1, nullable=True) if "moe_share" in doc else None
+        sub_windows = () if doc.get("sub_windows") is None else tuple(map(float, f.numbers("sub_windows", 0)))
+        said = f.obj("provenance", "provenance", default=None)
+        known = {**(provenance or {}), **({} if said is None else said.doc)}
+        return cls.checked(f, rank_ms, assignments, step_ms, share, sub_windows, known, layers)
+
+    @classmethod
+    def checked(
+        cls,
+        f: _Fields,
+        rank_ms: tuple[tuple[float, ...], ...],
+        assignments: tuple[tuple[float, ...], ...],
+        step_ms: float,
+        share: float | None,
+        sub_windows: tuple[float, ...],
+        provenance: dict,
+        layers: int | None,
+    ) -> TimingWindow:
+        """The window of fields each read (``from_wire``, ``LiveTime.window``), checked as a whole:
+        ``rank_ms`` and ``rank_assignments`` of one shape (``layers`` MoE layers when given), a
+        positive ``step_ms`` at least the MoE ms a rank spends in it; ``f`` names the window in an error."""
         shape = (len(rank_ms), len(rank_ms[0]))
         if (len(assignments), len(assignments[0])) != shape:
-            raise SceneEplbError(
-                f"timing rank_assignments is [{len(assignments)}][{len(assignments[0])}], rank_ms [{shape[0]}][{shape[1]}]: "
-                "one value per rank and MoE layer in both",
-                where,
+            f.fail(
+                f"rank_assignments is [{len(assignments)}][{len(assignments[0])}], rank_ms [{shape[0]}][{shape[1]}]: "
+                "one value per rank and MoE layer in both"
             )
         if layers is not None and shape[1] != layers:
-            raise SceneEplbError(f"timing has {shape[1]} MoE layers, the candidate {layers}", where)
-        step_ms = _finite(doc["step_ms"], "step_ms", where)
+            f.fail(f"has {shape[1]} MoE layers, the candidate {layers}")
         rank_moe = max(sum(row) for row in rank_ms)
         if step_ms <= 0 or step_ms < rank_moe * (1 - 1e-9):
-            raise SceneEplbError(
-                f"timing step_ms {step_ms:g} is not positive or shorter than the {rank_moe:g} ms of MoE a rank spends in it",
-                where,
-            )
-        share = doc.get("moe_share")
-        if share is not None and _finite(share, "moe_share", where) > 1:
-            raise SceneEplbError(f"timing moe_share must be in [0, 1], got {share!r}", where)
-        subs = doc.get("sub_windows") or []
-        if not isinstance(subs, list):
-            raise SceneEplbError("timing sub_windows must be a list of step ms", where)
-        sub_windows = tuple(_finite(x, f"sub_windows[{i}]", where) for i, x in enumerate(subs))
-        said = doc.get("provenance") or {}
-        if not isinstance(said, dict):
-            raise SceneEplbError("timing provenance must be an object", where)
-        known = {**(provenance or {}), **said}
+            f.fail(f"step_ms {step_ms:g} is not positive or shorter than the {rank_moe:g} ms of MoE a rank spends in it")
         return cls(
             rank_ms,
             assignments,
             step_ms,
             None if share is None else float(share),
             sub_windows,
-            {k: known.get(k) for k in PROVENANCE_KEYS},
+            {k: provenance.get(k) for k in PROVENANCE_KEYS},
         )
+
+    @classmethod
+    def of_status(cls, status: StatusAnswer, where: str, layers: int | None = None) -> TimingWindow | None:
+        """The window of a status answer read off the wire, its provenance from the status around it;
+        None where the server has no timed window yet."""
+        time = None if status.live is None else status.live.time
+        if time is None:
+            return None
+        return time.window(where, layers, {k: getattr(status.status, k) for k in PROVENANCE_KEYS})
 
     @classmethod
     def from_status(cls, doc, where: str = "timing", layers: int | None = None) -> TimingWindow | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..advise import advise
-from ..client.record import call
+from ..client.record import answer
 from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
 from ..fileio import load_json
@@ -63,7 +63,7 @@ def _timing(args, layers: int) -> TimingWindow | None:
     if args.url and args.timing:
         raise SceneEplbError("give the timing window as --timing FILE or --url URL, not both")
     if args.url:
-        return TimingWindow.from_status(call(args.url, "status", args.api_key, timeout=30), args.url, layers)
+        return TimingWindow.of_status(answer(args.url, "status", args.api_key, timeout=30), args.url, layers)
     if args.timing:
         return TimingWindow.from_status(load_json(args.timing, "timing"), args.timing, layers)
     return None

@@ -76,10 +76,10 @@ def _measured_line(live: LiveAnswer) -> str:
 
 def _time_line(live: LiveAnswer) -> str:
     t = live.time
-    if not t:
+    if t is None:
         return "  time      off (scene_eplb.time_moe: true times each rank's experts)"
-    share = "n/a" if t["moe_share"] is None else f"{100 * t['moe_share']:.1f}%"
-    return f"  time      median {t['median']:.4f}  worst {t['worst']:.4f}  (max/mean rank MoE ms; MoE {share} of step time)"
+    share = "n/a" if t.moe_share is None else f"{100 * t.moe_share:.1f}%"
+    return f"  time      median {t.median:.4f}  worst {t.worst:.4f}  (max/mean rank MoE ms; MoE {share} of step time)"
 
 
 def run(args, console: Console) -> None:

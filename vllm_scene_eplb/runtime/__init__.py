@@ -9,6 +9,8 @@
 - ``export``: the integer SUM of the counts over a Gloo group, rank 0 writes one file (torch);
 - ``layout_check``: the startup check of ``scene_eplb.layout`` against the model and EP size (pure);
 - ``worker``: one worker's recorder state and control actions (start, stop, dump, status, live);
-- ``endpoints``: the HTTP routes and the live-fitness poller of an API server (FastAPI);
+- ``http_routes``: the HTTP routes of an API server and their API-key check (FastAPI);
+- ``fanout``: one control action on every worker behind an API server, the dump's polling (pure);
+- ``live_poller``: the live-fitness window of an API server: every rank's counts, scored (pure);
 - ``metrics``: live fitness as Prometheus gauges on the server's ``/metrics``.
 """

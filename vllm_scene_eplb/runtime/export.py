@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ..counts import Counts
 from ..errors import SceneEplbError
 from ..formats import write_counts
+from ..protocol import ExportJobAnswer
 
 EXPORT_PREFIX = "scene_eplb/export/"
 KEEP_JOBS = 32  # finished exports each rank can still report on
@@ -228,14 +229,9 @@ class ExportJob:
     error: str | None = None
     seconds: float | None = None
 
-    def to_dict(self) -> dict:
-        return {
-            "export_id": self.export_id,
-            "state": self.state,
-            "path": str(self.path),
-            "error": self.error,
-            "export_seconds": self.seconds,
-        }
+    def answer(self) -> ExportJobAnswer:
+        """How this job stands, as this rank answers ``EXPORT_STATUS_ACTION``."""
+        return ExportJobAnswer(self.export_id, self.state, str(self.path), self.error, self.seconds)
 
 
 class Exporter:

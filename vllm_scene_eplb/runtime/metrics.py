@@ -11,6 +11,8 @@ its metrics, so they land in the registry its ``/metrics`` serves.
 
 from __future__ import annotations
 
+from ..protocol import LiveAnswer
+
 LIVE = "scene_eplb_live_balancedness"
 EXPECTED = "scene_eplb_expected_balancedness"
 MEASURED = "scene_eplb_measured_balancedness"
@@ -30,31 +32,38 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()):
     return _gauges[name]
 
 
-def publish(live: dict, per_layer: bool) -> None:
+def publish(live: LiveAnswer, per_layer: bool) -> None:
     """Set the gauges from the status route's ``live`` object (NaN where there is no value yet)."""
     nan = float("nan")
-    measured, timed = live.get("measured") or {}, live.get("time") or {}
-    stats = (  # gauge, its help, and where its median / worst come from
-        (LIVE, "Max/mean EP rank load of the last live window under the loaded layout and dispatch", live, "{}"),
-        (EXPECTED, "Max/mean EP rank load the loaded layout was fitted to expect on its own scene", live, "expected_{}"),
-        (MEASURED, "Max/mean EP rank load of the physical slot counts the ranks measured in the last window", measured, "{}"),
-        (TIME, "Max/mean over EP ranks of local expert time per MoE layer in the last window (time_moe)", timed, "{}"),
+    stats = (  # gauge, its help, and its (median, worst)
+        (LIVE, "Max/mean EP rank load of the last live window under the loaded layout and dispatch", (live.median, live.worst)),
+        (
+            EXPECTED,
+            "Max/mean EP rank load the loaded layout was fitted to expect on its own scene",
+            (live.expected_median, live.expected_worst),
+        ),
+        (
+            MEASURED,
+            "Max/mean EP rank load of the physical slot counts the ranks measured in the last window",
+            (None, None) if live.measured is None else (live.measured.median, live.measured.worst),
+        ),
+        (
+            TIME,
+            "Max/mean over EP ranks of local expert time per MoE layer in the last window (time_moe)",
+            (None, None) if live.time is None else (live.time.median, live.time.worst),
+        ),
     )
-    for name, doc, source, key in stats:
+    for name, doc, values in stats:
         gauge = _gauge(name, doc, ("stat",))
-        for stat in ("median", "worst"):
-            value = source.get(key.format(stat))
+        for stat, value in zip(("median", "worst"), values):
             gauge.labels(stat=stat).set(nan if value is None else value)
     _gauge(FIDELITY, "Largest difference between a slot's measured and modelled share of its expert in the last window").set(
-        nan if live.get("fidelity") is None else live["fidelity"]
+        nan if live.fidelity is None else live.fidelity
     )
-    _gauge(MOE_SHARE, "Local expert time over step wall time in the last window (time_moe)").set(
-        nan if timed.get("moe_share") is None else timed["moe_share"]
-    )
-    _gauge(DRIFT, "1 while the live median stays above the expected median by the drift margin").set(
-        1 if live.get("drift") else 0
-    )
-    if per_layer and live.get("per_layer") is not None:
+    share = None if live.time is None else live.time.moe_share
+    _gauge(MOE_SHARE, "Local expert time over step wall time in the last window (time_moe)").set(nan if share is None else share)
+    _gauge(DRIFT, "1 while the live median stays above the expected median by the drift margin").set(1 if live.drift else 0)
+    if per_layer and live.per_layer is not None:
         layer = _gauge(LAYER, "Max/mean EP rank load of one MoE layer in the last live window", ("layer",))
-        for idx, value in zip(live["layers"], live["per_layer"]):
+        for idx, value in zip(live.layers, live.per_layer):
             layer.labels(layer=str(idx)).set(value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import __version__
@@ -18,7 +18,17 @@ from ..config import PluginConfig
 from ..errors import SceneEplbError
 from ..layout import Layout
 from ..model_geometry import ModelGeometry
-from ..protocol import DUMP_META_KEYS, EXPORT_STATUS_ACTION, LIVE_ACTION, NATIVE_ACTION, WorkerStatus
+from ..protocol import (
+    EXPORT_STATUS_ACTION,
+    LIVE_ACTION,
+    NATIVE_ACTION,
+    DumpStarted,
+    NativeCounts,
+    RankLive,
+    RankNativeLoad,
+    WorkerAnswer,
+    WorkerStatus,
+)
 from .export import Exporter, RankRecord
 from .interfaces import NullSteps, Observer
 from .observer import RoutingObserver
@@ -58,7 +68,7 @@ class RecorderRuntime:
     # Drawn once per worker process: a new server start, a new id (bench records it per run).
     server_start: str = field(default_factory=lambda: uuid.uuid4().hex)
 
-    def status(self) -> dict:
+    def status(self) -> WorkerStatus:
         """What the status route and the startup log line report (``protocol.STATUS_KEYS``)."""
         obs = self.observer.status()
         return WorkerStatus(
@@ -86,7 +96,7 @@ class RecorderRuntime:
             moe_layers=tuple(self.moe_layer_ids),
             **self.model.routing(),
             server_start=self.server_start,
-        ).to_wire()
+        )
 
     def begin_step(self, tokens: int = 0) -> None:
         """The engine starts a step of ``tokens`` scheduled tokens (its wall time is timed with ``time_moe``)."""
@@ -135,66 +145,67 @@ class RecorderRuntime:
     # ------------------------------------------------------------ control (the engine's worker RPC)
 
     def control(self, action: str, *args) -> dict:
+        """``answer`` as collective_rpc carries it to the API server (``WorkerAnswer.to_wire``: a plain dict)."""
+        return self.answer(action, *args).to_wire()
+
+    def answer(self, action: str, *args) -> WorkerAnswer:
         """start | stop | dump EXPORT_ID DEADLINE | export_status EXPORT_ID | live | native_load | status.
-        Errors come back as ``{"ok": False, ...}``."""
+        A refusal comes back as the answer's error (409), never raised."""
         try:
-            if action == "status":
-                return {"ok": True, **self.status()}
             if action == "start":
                 self.observer.start()
             elif action == "stop":
                 self.observer.stop()
             elif action == "dump":
-                return {"ok": True, **self._begin_dump(*args)}
+                return WorkerAnswer(self._begin_dump(*args))
             elif action == EXPORT_STATUS_ACTION:
-                return {"ok": True, **self.exporter.job(*args).to_dict()}
+                return WorkerAnswer(self.exporter.job(*args).answer())
             elif action == LIVE_ACTION:
-                return {"ok": True, **self._live()}
+                return WorkerAnswer(self._live())
             elif action == NATIVE_ACTION:
-                return {"ok": True, "ep_rank": self.ep_rank, "moe_layers": self.moe_layer_ids, **self.native_load()}
-            else:
+                return WorkerAnswer(RankNativeLoad(self.ep_rank, tuple(self.moe_layer_ids), self.native_load()))
+            elif action != "status":
                 raise SceneEplbError(f"unknown action {action!r}")
-            return {"ok": True, **self.status()}
+            return WorkerAnswer(self.status())
         except (SceneEplbError, TypeError) as exc:
-            return {"ok": False, "error": str(exc), "http_status": 409}
+            return WorkerAnswer.refused(str(exc))
 
-    def native_load(self) -> dict:
-        """The engine's own expert-load counters over the last record, in logical ids (``available``,
-        ``counts`` [L_moe, E] or ``reason``); engines whose counters the plugin does not read say so."""
-        return {
-            "available": False,
-            "reason": f"{self.engine}: the plugin reads the engine's own load counters on vLLM-Ascend with dynamic EPLB only",
-        }
+    def native_load(self) -> NativeCounts:
+        """The engine's own expert-load counters over the last record, in logical ids (``counts``
+        [L_moe, E] or the ``reason`` there are none); engines whose counters the plugin does not read say so."""
+        return NativeCounts(
+            False,
+            reason=f"{self.engine}: the plugin reads the engine's own load counters on vLLM-Ascend with dynamic EPLB only",
+        )
 
-    def _live(self) -> dict:
-        """This rank's cumulative live counts [L_moe, E] and physical [L_moe, P] (MoE layers in order),
-        whether they count, the logical counts of the rows it routes itself (``own_counts`` [L_moe, E]:
-        its static source rows) and with ``time_moe`` its MoE and step seconds."""
+    def _live(self) -> RankLive:
+        """This rank's cumulative live counts (``protocol.RankLive``)."""
         live = self.observer.live_counts()
         if live is None:
             raise SceneEplbError("no live counts on this server (live_counts is off, or the model is not bound yet)")
-        return {
-            "counts": live.logical.tolist(),
-            "physical": None if live.physical is None else live.physical.tolist(),
-            "own_counts": None if live.own is None else live.own.tolist(),
-            "passes": live.passes,
-            "moe_seconds": live.moe_seconds,
-            "moe_passes": live.moe_passes,
-            "steps": live.steps,
-            "step_seconds": live.step_seconds,
-            "step_moe_seconds": live.step_moe_seconds,
-            "contributes": self.contributes,
-            "ep_rank": self.ep_rank,
-            "source": self.source_ranks(),
-            "moe_layers": self.moe_layer_ids,
-        }
+        source = self.source_ranks()
+        return RankLive(
+            counts=_rows(live.logical),
+            physical=None if live.physical is None else _rows(live.physical),
+            own_counts=None if live.own is None else _rows(live.own),
+            passes=int(live.passes),
+            moe_seconds=None if live.moe_seconds is None else tuple(map(float, live.moe_seconds)),
+            moe_passes=int(live.moe_passes),
+            steps=int(live.steps),
+            step_seconds=float(live.step_seconds),
+            step_moe_seconds=float(live.step_moe_seconds),
+            contributes=self.contributes,
+            ep_rank=self.ep_rank,
+            source=None if source is None else tuple(source),
+            moe_layers=tuple(self.moe_layer_ids),
+        )
 
     def source_ranks(self) -> list[int] | None:
         """[base, span]: the EP ranks whose static-table rows route this rank's batch, split evenly
         over its rows (``replica_map.SourceRanks``); None where the adapter does not say."""
         return None
 
-    def _begin_dump(self, export_id: str, deadline: float, skipped: int = 0) -> dict:
+    def _begin_dump(self, export_id: str, deadline: float, skipped: int = 0) -> DumpStarted:
         """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread, which must
         finish by ``deadline`` (wall clock); a request that arrives after it starts nothing. ``skipped``:
         the record's skipped (layer, pass) pairs over all ranks (the route summed them), for the metadata."""
@@ -216,19 +227,24 @@ class RecorderRuntime:
             if rec.physical is not None:
                 local[:, self.moe_layer_ids, E:] = rec.physical
         st = self.status()
-        meta = {k: st[k] for k in DUMP_META_KEYS}
+        meta = st.dump_meta()
         meta.update(ring_wrapped=rec.wrapped, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), skipped_passes=int(skipped))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
         record = RankRecord(
             local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry, rec.tokens if self.contributes else 0, sources
         )
         job = self.exporter.begin(export_id, record, path, meta, T, (L, E + P), deadline, split=E)
-        return {
-            **job.to_dict(),
-            "ep_rank": self.ep_rank,
-            "shape": [T, L, E],
-            "physical_shape": [T, L, P] if P else None,
-            "entries_written": st["entries_written"],
-            "passes_recorded": st["passes_recorded"],
-            "local_total": int(local[..., :E].sum()),
-        }
+        return DumpStarted(
+            **asdict(job.answer()),
+            ep_rank=self.ep_rank,
+            shape=(T, L, E),
+            physical_shape=(T, L, P) if P else None,
+            entries_written=st.entries_written,
+            passes_recorded=st.passes_recorded,
+            local_total=int(local[..., :E].sum()),
+        )
+
+
+def _rows(counts) -> tuple[tuple[int, ...], ...]:
+    """Counts [L, W] (a CPU tensor) as the wire's rows of Python ints."""
+    return tuple(map(tuple, counts.tolist()))

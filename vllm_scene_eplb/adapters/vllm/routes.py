@@ -1,11 +1,12 @@
 """The ``vllm.endpoint_plugins`` entry point of vLLM 0.32: the recorder routes and live fitness
-(``runtime.endpoints``), reaching every worker of every DP engine through each engine core."""
+(``runtime.http_routes``, ``runtime.live_poller``), reaching every worker of every DP engine through each engine core."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...runtime.endpoints import CONTROL, SceneEplbEndpoints
+from ...runtime.fanout import CONTROL
+from ...runtime.http_routes import SceneEplbEndpoints
 from .version import check_engine_version
 
 

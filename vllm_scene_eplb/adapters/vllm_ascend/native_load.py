@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ...protocol import NativeCounts
+
 UNAVAILABLE = "vLLM-Ascend keeps no moe_load counters on this server (they exist with eplb_config.dynamic_eplb only)"
 
 
@@ -38,7 +40,7 @@ class NativeWindow:
 
     num_experts: int
     start: list | None = None
-    result: dict = field(default_factory=lambda: {"available": False, "reason": "no record has stopped yet"})
+    result: NativeCounts = field(default_factory=lambda: NativeCounts(False, reason="no record has stopped yet"))
 
     def mark(self, action: str, layers: list) -> None:
         """``start``: remember the counters; ``stop``: the logical counts they added since."""
@@ -48,20 +50,20 @@ class NativeWindow:
             return
         self.result = self._window(reads)
 
-    def _window(self, end: list) -> dict:
+    def _window(self, end: list) -> NativeCounts:
         if self.start is None or any(r is None for r in end):
-            return {"available": False, "reason": UNAVAILABLE}
+            return NativeCounts(False, reason=UNAVAILABLE)
         counts = np.zeros((len(end), self.num_experts), dtype=np.int64)
         for k, ((load0, map0), (load1, map1)) in enumerate(zip(self.start, end)):
             if not np.array_equal(map0, map1):
-                return {"available": False, "reason": "vLLM-Ascend moved experts during the record (its dynamic EPLB)"}
+                return NativeCounts(False, reason="vLLM-Ascend moved experts during the record (its dynamic EPLB)")
             delta = load1 - load0
             if (delta < 0).any():
-                return {
-                    "available": False,
-                    "reason": "vLLM-Ascend cleared its moe_load during the record (record fewer steps "
+                return NativeCounts(
+                    False,
+                    reason="vLLM-Ascend cleared its moe_load during the record (record fewer steps "
                     "than its EPLB update interval)",
-                }
+                )
             for expert in np.flatnonzero((map1 >= 0) & (np.arange(map1.shape[0]) < self.num_experts)):
                 counts[k, expert] += delta[map1[expert]]
-        return {"available": True, "counts": counts.tolist()}
+        return NativeCounts(True, counts=tuple(map(tuple, counts.tolist())))

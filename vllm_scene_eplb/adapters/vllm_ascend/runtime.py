@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ...config import kv_role_of, parse_config
 from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
-from ...protocol import COMM_METHOD_LINE, startup_line
+from ...protocol import COMM_METHOD_LINE, NativeCounts, WorkerAnswer, startup_line
 from ...runtime.export import Exporter, group_maker
 from ...runtime.interfaces import LayerCapture, WorkerPlugin
 from ...runtime.observer import NullObserver
@@ -71,14 +71,14 @@ class AscendRuntime(RecorderRuntime):
                 logger.info(COMM_METHOD_LINE, comm)
             self.comm_seen[comm] = self.comm_seen.get(comm, 0) + 1
 
-    def control(self, action: str, *args) -> dict:
-        """``RecorderRuntime.control``; a record's start and stop also read vLLM-Ascend's own counters."""
-        answer = super().control(action, *args)
-        if answer.get("ok") and action in ("start", "stop") and self.native is not None:
+    def answer(self, action: str, *args) -> WorkerAnswer:
+        """``RecorderRuntime.answer``; a record's start and stop also read vLLM-Ascend's own counters."""
+        answer = super().answer(action, *args)
+        if answer.ok and action in ("start", "stop") and self.native is not None:
             self.native.mark(action, self.layers)
         return answer
 
-    def native_load(self) -> dict:
+    def native_load(self) -> NativeCounts:
         return self.native.result if self.native is not None else super().native_load()
 
     def bind(self, model_runner) -> None:

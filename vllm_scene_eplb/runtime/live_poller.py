@@ -1,0 +1,102 @@
+"""Live fitness in the API server: with ``scene_eplb.live_counts`` on, a background task reads every
+rank's cumulative live counts (``protocol.RankLive``) each ``live_window_s``, sums the ranks that
+count each token once, scores the window with the loaded layout and dispatch
+(``fitness.LiveFitness``), logs the drift alarm's changes, sets the gauges on ``/metrics``
+(``metrics``) and holds the status route's ``live`` object (``protocol.LiveAnswer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..config import PluginConfig
+from ..errors import SceneEplbError
+from ..fitness import LiveFitness, LiveSample
+from ..formats import GeometryHint, read_layout
+from ..measured import RankTime, SourceTraffic
+from ..protocol import LIVE_ACTION, PROVENANCE_KEYS, LiveAnswer, RankLive, StatusAnswer
+from . import metrics
+from .fanout import RouteError, WorkerFanout
+
+logger = logging.getLogger("vllm.scene_eplb")
+
+
+class LivePoller:
+    """The live-fitness poller of one API server: ``start`` its task; ``answer`` is the last window's
+    live object (None before the first window)."""
+
+    def __init__(self, fanout: WorkerFanout, config: PluginConfig):
+        self.fanout, self.config = fanout, config
+        self.live: LiveFitness | None = None
+        self.answer: LiveAnswer | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="scene-eplb-live")
+
+    async def _loop(self) -> None:
+        """Every window: read, score, alarm, publish. Never raises: a missed window is logged and skipped."""
+        window = self.config.live_window_s
+        while True:
+            await asyncio.sleep(window)
+            try:
+                await self.window(window)
+            except (RouteError, SceneEplbError) as exc:
+                logger.warning("scene-eplb: live fitness window skipped: %s", exc)
+            except Exception:  # noqa: BLE001 - the poller must outlive any one bad window
+                logger.exception("scene-eplb: live fitness window failed")
+
+    async def window(self, window: float) -> None:
+        """One window: every rank's counts, scored, its alarm logged when it changes, published."""
+        sample = live_sample(await self.fanout.all_ok(LIVE_ACTION, RankLive.from_wire, timeout=window))
+        if self.live is None:
+            self.live = await self._view(sample.logical.shape[1])
+        line = self.live.observe(sample, time.monotonic())
+        if line:
+            (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
+        self.answer = LiveAnswer.from_wire(self.live.to_dict(), "the live fitness of this server")
+        metrics.publish(self.answer, self.config.live_per_layer_metrics)
+
+    async def _view(self, num_experts: int) -> LiveFitness:
+        """The live view of what this server loaded (its layout, or the linear one), from rank 0's status."""
+        st = StatusAnswer.of_ranks(await self.fanout.statuses()).status
+        layout = None
+        if st.layout_path:
+            layout = read_layout(st.layout_path, GeometryHint(ep_size=st.ep_size, num_experts=num_experts))
+        return LiveFitness.for_server(
+            layout,
+            num_experts,
+            st.ep_size,
+            st.dispatch,
+            st.moe_layers,
+            self.config.drift_margin,
+            self.config.drift_windows,
+            provenance={k: getattr(st, k) for k in PROVENANCE_KEYS},
+        )
+
+
+def live_sample(ranks: Sequence[RankLive]) -> LiveSample:
+    """One cumulative sample from every rank's live answer: counts of the ranks that count each token
+    once (logical, physical where every such rank has them), the sources (every rank's counts of the
+    rows it routes itself: the traffic of its EP rank's static table row), every rank's timing."""
+    counting = sorted((a for a in ranks if a.contributes), key=lambda a: a.ep_rank)
+    logical = np.sum([np.asarray(a.counts, dtype=np.int64) for a in counting], axis=0)
+    physical = None
+    if all(a.physical is not None for a in counting):
+        physical = np.sum([np.asarray(a.physical, dtype=np.int64) for a in counting], axis=0)
+    ranked = sorted(ranks, key=lambda a: a.ep_rank)
+    sources: tuple[SourceTraffic, ...] = ()
+    if all(a.own_counts is not None for a in ranked):
+        sources = tuple(SourceTraffic(a.ep_rank, 1, np.asarray(a.own_counts, dtype=np.int64)) for a in ranked)
+    times: tuple[RankTime, ...] = ()
+    if all(a.moe_seconds is not None for a in ranked):
+        times = tuple(
+            RankTime(np.asarray(a.moe_seconds, dtype=np.float64), a.moe_passes, a.steps, a.step_seconds, a.step_moe_seconds)
+            for a in ranked
+        )
+    return LiveSample(logical, sum(a.passes for a in counting), physical, sources, times)
