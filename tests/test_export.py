@@ -77,7 +77,7 @@ def _worker(rank, port, dump_dir, scenario, out_dir):
         began_s = time.monotonic() - t0
         while exporter.job("e1").state == "running":
             time.sleep(0.05)
-        result = {**job.to_dict(), "began_s": began_s, "waited_s": time.monotonic() - t0}
+        result = {**job.answer().to_wire(), "began_s": began_s, "waited_s": time.monotonic() - t0}
         with open(f"{out_dir}/rank{rank}.json", "w") as fh:
             json.dump(result, fh)
     finally:

@@ -159,21 +159,29 @@ def test_physical_counts_that_do_not_add_up_are_refused(cut, message):
 def test_the_live_sample_takes_every_ranks_own_rows_as_its_static_source():
     """TP=2: rank 0 counts the batch, each rank its own rows; the sample's sources are the own rows
     of every rank (span 1, row = EP rank), contributing or not, never an even split of the counts."""
-    from vllm_scene_eplb.runtime.endpoints import live_sample
+    from vllm_scene_eplb.protocol import RankLive
+    from vllm_scene_eplb.runtime.live_poller import live_sample
 
     batch, own0 = np.array([[5, 3, 0, 2]]), np.array([[4, 0, 0, 1]])
 
-    def answer(rank: int, own) -> dict:
-        return {
-            "counts": batch.tolist(),
-            "physical": None,
-            "own_counts": own.tolist(),
-            "passes": 2,
-            "contributes": rank == 0,
-            "ep_rank": rank,
-            "source": [0, 2],
-            "moe_seconds": None,
-        }
+    def answer(rank: int, own) -> RankLive:
+        return RankLive.from_wire(
+            {
+                "counts": batch.tolist(),
+                "physical": None,
+                "own_counts": own.tolist(),
+                "passes": 2,
+                "moe_seconds": None,
+                "moe_passes": 0,
+                "steps": 0,
+                "step_seconds": 0.0,
+                "step_moe_seconds": 0.0,
+                "contributes": rank == 0,
+                "ep_rank": rank,
+                "source": [0, 2],
+                "moe_layers": [3],
+            }
+        )
 
     sample = live_sample([answer(1, batch - own0), answer(0, own0)])
     assert sample.logical.tolist() == batch.tolist() and sample.passes == 2

@@ -174,19 +174,19 @@ def test_native_window_maps_vllm_ascend_slot_counters_to_logical_experts():
     a.moe_load += torch.tensor([3, 4, 9])
     b.moe_load[1] += torch.tensor([1, 2, 3])
     window.mark("stop", [a, b])
-    assert window.result == {"available": True, "counts": [[0, 3, 0, 4], [3, 0, 1, 2]]}
+    assert window.result.to_wire() == {"available": True, "counts": [[0, 3, 0, 4], [3, 0, 1, 2]]}
     window.mark("start", [a, b])
     a._expert_map = torch.tensor([0, -1, -1, 1, 2])
     window.mark("stop", [a, b])
-    assert "moved experts" in window.result["reason"]
+    assert "moved experts" in str(window.result.reason)
     window.mark("start", [a, b])
     b.moe_load.zero_()
     window.mark("stop", [a, b])
-    assert "cleared its moe_load" in window.result["reason"]
+    assert "cleared its moe_load" in str(window.result.reason)
     plain = SimpleNamespace(moe_load=None, _expert_map=torch.tensor([0, 1]))
     window.mark("start", [plain])
     window.mark("stop", [plain])
-    assert window.result == {"available": False, "reason": UNAVAILABLE}
+    assert window.result.to_wire() == {"available": False, "reason": UNAVAILABLE}
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ def main() -> None:
     from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, _capture
     from vllm_scene_eplb.errors import SceneEplbError
     from vllm_scene_eplb.fitness import LiveFitness
-    from vllm_scene_eplb.runtime.endpoints import live_sample
+    from vllm_scene_eplb.protocol import RankLive, WorkerAnswer
+    from vllm_scene_eplb.runtime.live_poller import live_sample
 
     H = 16
     events = torch_npu.EVENTS
@@ -112,7 +113,9 @@ def main() -> None:
     answer = rt.control("live")
     out["live"] = {k: answer[k] for k in ("moe_seconds", "moe_passes", "steps", "step_seconds", "step_moe_seconds")}
     live = LiveFitness.for_server(None, E, 1, None, tuple(model.moe_layers), margin=0.05, windows=3)
-    live.observe(live_sample([answer]), 1.0)
+    rank = WorkerAnswer.from_wire(answer, RankLive.from_wire).payload
+    assert rank is not None, answer
+    live.observe(live_sample([rank]), 1.0)
     out["time"] = live.to_dict()["time"]
     out["comm_seen"] = rt.comm_seen
     out["syncs"] = events.calls.count("Event.synchronize")
