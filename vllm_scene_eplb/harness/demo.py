@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..advise import advise
-from ..client.record import call
+from ..client.record import answer
 from ..counts import Counts
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes, atomic_write_files
 from ..fit import FitOptions, fit
 from ..formats import read_counts, write_layout
 from ..layout import Geometry, Layout, linear_map
-from ..protocol import TimingWindow
+from ..protocol import StatusAnswer, TimingWindow
 from ..report import write_report
 from .bench import bench
 from .compare import chart_png, compare, markdown
@@ -114,7 +114,7 @@ class Recording:
     """What the recording server gave: its status after the record (the timing window ``advise``
     reads), the dump's path, and the counts read back from it."""
 
-    status: dict
+    status: StatusAnswer
     dump_path: str
     counts: Counts
 
@@ -149,7 +149,7 @@ def warm_up(srv, rig: Rig, name: str) -> None:
 
 def measure(srv, rig: Rig, scene: Scene, name: str, repeats: int = 1) -> dict:
     """``scene`` on ``srv`` with the recorder off (refused otherwise), ``repeats`` times, saved as ``name``."""
-    if call(srv.url, "status").get("recording"):
+    if answer(srv.url, "status").status.recording:
         raise SystemExit("demo: the recorder must be off for a measurement run")
     doc = bench(srv.url, str(rig.model), scene, rig.out / f"{name}.json", repeats, extra={"chunk_size": 4096}, progress=say)
     agg = doc["aggregate"]
@@ -160,14 +160,14 @@ def measure(srv, rig: Rig, scene: Scene, name: str, repeats: int = 1) -> dict:
 def record(srv, rig: Rig) -> Recording:
     """Warm ``srv`` up, record ``loads.record``, keep the status (its timing window) and dump."""
     warm_up(srv, rig, "record")
-    call(srv.url, "start")
+    answer(srv.url, "start")
     bench(srv.url, str(rig.model), rig.loads.record, rig.out / "record-load.json", progress=say)
-    call(srv.url, "stop")
-    status = call(srv.url, "status")  # the timing window of the recorded load: what advise needs
-    atomic_write_bytes(rig.out / "timing.json", json.dumps(status, indent=1).encode())
-    dump = call(srv.url, "dump")
-    say(f"dumped {dump['path']} {dump['shape']}")
-    return Recording(status, dump["path"], read_counts(dump["path"]))
+    answer(srv.url, "stop")
+    status = answer(srv.url, "status")  # the timing window of the recorded load: what advise needs
+    atomic_write_bytes(rig.out / "timing.json", json.dumps(status.to_wire(), indent=1).encode())
+    dump = answer(srv.url, "dump")
+    say(f"dumped {dump.path} {list(dump.shape)}")
+    return Recording(status, dump.path, read_counts(dump.path))
 
 
 def fit_and_advise(rec: Recording, redundant: int, out: Path) -> Candidate:
@@ -179,7 +179,7 @@ def fit_and_advise(rec: Recording, redundant: int, out: Path) -> Candidate:
     (ev,), _, _ = write_report(fitted, [("demo", counts)], out / "report")
     scores = ev.summary()
     say(f"fitted {path}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}")
-    window = TimingWindow.from_status(rec.status, "the linear server's status", len(fitted.moe_layers))
+    window = TimingWindow.of_status(rec.status, "the linear server's status", len(fitted.moe_layers))
     advice = advise(counts, fitted, "static", window)
     say(f"advise: {advice['verdict']}, predicted throughput ratio {advice['predicted_throughput_ratio']}")
     return Candidate(fitted, path, advice)
@@ -251,7 +251,7 @@ def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> 
     try:
         warm_up(srv, rig, "fitted")
         b = measure(srv, rig, rig.loads.target, "fitted", repeats)
-        fitted_live = call(srv.url, "status").get("live")
+        fitted_live = answer(srv.url, "status").live
     finally:
         srv.stop()
     names = ("linear", "fitted")
@@ -277,7 +277,10 @@ def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> 
             "measured": row["ratio"],
             "metric": row["metric"],
         },
-        "live": {"linear": rec.status.get("live"), "fitted": fitted_live},
+        "live": {
+            side: None if live is None else live.to_wire()
+            for side, live in (("linear", rec.status.live), ("fitted", fitted_live))
+        },
         "manifests": {"linear": a["manifest"], "fitted": b["manifest"]},
     }
     atomic_write_bytes(report / "summary.json", json.dumps(summary, indent=1, default=str).encode())

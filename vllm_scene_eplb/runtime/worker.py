@@ -43,7 +43,7 @@ class NullRecorderRuntime(NullSteps):
         pass
 
     def control(self, action: str, *args) -> dict:
-        return {"ok": False, "error": NOT_ENABLED, "http_status": 404}
+        return WorkerAnswer.refused(NOT_ENABLED, 404).to_wire()
 
 
 @dataclass(kw_only=True)
