@@ -351,7 +351,7 @@ def test_the_capture_reserves_its_ones_and_grows_them_only_past_the_reserve():
 def _tp_pass(observers, maps, layer: int, ids: torch.Tensor, padding: torch.Tensor) -> None:
     """One pass of a batch every TP rank routes: each maps it by the static table, then the vLLM
     adapter's capture counts it (padding out) and the rows the rank routes itself."""
-    from vllm_scene_eplb.adapters.vllm.runtime import _capture
+    from vllm_scene_eplb.adapters.vllm.worker_plugin import _capture
 
     for rank, obs in enumerate(observers):
         _capture(obs, layer, padding, maps[layer].source, rank, maps[layer](ids))
@@ -447,7 +447,7 @@ def test_without_source_rows_the_counted_rows_are_the_own_rows():
 def test_the_tp_capture_with_own_rows_is_traceable_with_dynamic_batch_size():
     """The vLLM adapter's capture (counts and the rank's own slice of the rows) under torch.compile
     with a dynamic batch size, one graph, no break: the same counts as run eagerly."""
-    from vllm_scene_eplb.adapters.vllm.runtime import _capture
+    from vllm_scene_eplb.adapters.vllm.worker_plugin import _capture
 
     layout = _layout()
     m = layer_maps(layout, "static", source=SourceRanks(0, 2))[0]

@@ -123,7 +123,7 @@ def test_an_r0_layout_fitted_on_decode_counts_loads_and_serves_the_same_tokens(r
 
 
 def test_a_layout_run_refuses_a_drafter_with_moe_layers():
-    from vllm_scene_eplb.adapters.vllm.runtime import check_drafter
+    from vllm_scene_eplb.adapters.vllm.worker_plugin import check_drafter
 
     def config(method, hf):
         draft = SimpleNamespace(hf_config=SimpleNamespace(to_dict=lambda: hf))

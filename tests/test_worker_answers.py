@@ -1,5 +1,5 @@
 """Every worker answer crosses to the API server the way vLLM carries it and reads back typed: a real
-``RecorderRuntime`` on CPU answers each control action (``WorkerAnswer.to_wire``), vLLM's own
+``RecorderPlugin`` on CPU answers each control action (``WorkerAnswer.to_wire``), vLLM's own
 engine-core output encoding (msgpack, ``vllm.v1.serial_utils``) carries it, and the fan-out reads it
 through ``from_wire``. The typed object itself would cross as a map of its fields, not the wire's keys."""
 
@@ -23,15 +23,15 @@ from vllm_scene_eplb.runtime.export import Exporter
 from vllm_scene_eplb.runtime.fanout import RouteError, WorkerFanout
 from vllm_scene_eplb.runtime.live_poller import live_sample
 from vllm_scene_eplb.runtime.observer import NullObserver
-from vllm_scene_eplb.runtime.worker import RecorderRuntime
+from vllm_scene_eplb.runtime.worker import RecorderPlugin
 
 MODEL = {"num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]}
 
 
-def _worker(ep_rank: int) -> RecorderRuntime:
+def _worker(ep_rank: int) -> RecorderPlugin:
     cfg = parse_config({"scene_eplb": {"role": "prefill", "ring_entries": 4, "live_counts": True}})
     model = from_hf_config(MODEL)
-    rt = RecorderRuntime(
+    rt = RecorderPlugin(
         config=cfg,
         role="prefill",
         engine="vllm 0.32.0",
@@ -61,7 +61,7 @@ def _carried(answers: list) -> list:
 
 
 @pytest.fixture
-def workers() -> list[RecorderRuntime]:
+def workers() -> list[RecorderPlugin]:
     ranks = [_worker(1), _worker(0)]
     for rt in ranks:
         rt.begin_step(2)

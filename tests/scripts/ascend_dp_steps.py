@@ -29,7 +29,7 @@ def main() -> None:
     import vllm_ascend.worker.model_runner_v1 as mr
     from vllm_ascend.worker.worker import NPUWorker
 
-    from vllm_scene_eplb.adapters.vllm_ascend import patches, runtime
+    from vllm_scene_eplb.adapters.vllm_ascend import patches, worker_plugin
     from vllm_scene_eplb.errors import SceneEplbError
     from vllm_scene_eplb.formats import read_counts
     from vllm_scene_eplb.runtime.export import RankRecord, export_counts
@@ -89,7 +89,7 @@ def main() -> None:
     for tokens in ITERATIONS:  # one lockstep iteration of vLLM's DP engine loop each
         shared["tokens"] = tokens
         for e in engines:
-            runtime._current = SimpleNamespace(  # a stand-in runtime: the step calls
+            worker_plugin._current = SimpleNamespace(  # a stand-in plugin: the step calls
                 begin_step=e.observer.begin_step, end_step=e.observer.end_step, note_dp_tokens=e.observer.note_dp_tokens
             )
             so = SimpleNamespace(

@@ -30,7 +30,7 @@ def main() -> None:
 
     from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
     from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
-    from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, AscendRuntime, _capture
+    from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import CAPTURE_ATTR, AscendWorkerPlugin, _capture
     from vllm_scene_eplb.runtime.observer import RoutingObserver
 
     K, H = 2, 16
@@ -86,8 +86,8 @@ def main() -> None:
                 **extra,
             )
             rt: Any = SimpleNamespace(own_rows=own, _pass_comm=None)  # the runtime's parts _capture reads
-            rt.note_comm = partial(AscendRuntime.note_comm, rt)
-            layer.__dict__[CAPTURE_ATTR] = partial(_capture, rt, observer, 0)  # what AscendRuntime.bind installs
+            rt.note_comm = partial(AscendWorkerPlugin.note_comm, rt)
+            layer.__dict__[CAPTURE_ATTR] = partial(_capture, rt, observer, 0)  # what AscendWorkerPlugin.bind installs
             standin = FusedExpertsStandIn()
             afc.get_dp_group = lambda: SimpleNamespace(world_size=dp)
             afc.get_tensor_model_parallel_world_size = lambda: tp

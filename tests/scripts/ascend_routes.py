@@ -14,7 +14,7 @@ import fastapi
 import httpx
 import torch
 import vllm.entrypoints.openai.api_server as api
-from ascend_worker import prefill_runtime
+from ascend_worker import prefill_plugin
 
 import vllm_scene_eplb.adapters.entry as entry
 
@@ -32,7 +32,7 @@ def main() -> None:
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", model_dir, "--additional-config", json.dumps(extra)])
     app = api.build_app(args, ("generate",))  # the wrapped build_app: our routes join vLLM's app
     paths = sorted(r.path for r in app.routes if "expert_distribution" in r.path or "scene_eplb" in r.path)
-    workers = [prefill_runtime(extra, model_dir, d, 2) for d in range(2)]  # two DP engines of one worker each
+    workers = [prefill_plugin(extra, model_dir, d, 2) for d in range(2)]  # two DP engines of one worker each
 
     class EngineCoreStandIn:  # vLLM's engine-core client: one utility call per engine
         core_engines = [b"\x00\x00", b"\x01\x00"]

@@ -8,7 +8,7 @@ import json
 import sys
 
 from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
-from vllm_scene_eplb.adapters.vllm_ascend.runtime import ids_hook_for
+from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import ids_hook_for
 
 
 def main() -> None:

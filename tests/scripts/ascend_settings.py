@@ -34,7 +34,7 @@ def main() -> None:
             parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True),
             **kwargs,
         )
-        out[name] = unsupported_settings(vc)  # what AscendRuntime.bind reads once vLLM-Ascend set up its config
+        out[name] = unsupported_settings(vc)  # what AscendWorkerPlugin.bind reads once vLLM-Ascend set up its config
     print(json.dumps(out))
 
 

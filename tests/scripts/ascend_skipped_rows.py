@@ -21,7 +21,7 @@ def main() -> None:
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 
     from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
-    from vllm_scene_eplb.adapters.vllm_ascend.runtime import AscendRuntime, _capture
+    from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import AscendWorkerPlugin, _capture
     from vllm_scene_eplb.runtime.observer import RoutingObserver
 
     vc = VllmConfig(model_config=ModelConfig(model=model))
@@ -32,7 +32,7 @@ def main() -> None:
     observer = RoutingObserver(2, E, 4)
     observer.start()
     rt: Any = SimpleNamespace(own_rows=OwnRows(0, 1, 0, 1), _pass_comm=None)  # the runtime's parts _capture reads
-    rt.note_comm = lambda: AscendRuntime.note_comm(rt)
+    rt.note_comm = lambda: AscendWorkerPlugin.note_comm(rt)
     with set_current_vllm_config(vc), afc.set_ascend_forward_context(None, vc, num_tokens=8, num_actual_tokens=6):
         _capture(rt, observer, 0, torch.zeros(8, 2, dtype=torch.int32))  # the MC2 rows: counted
         _capture(rt, observer, 1, torch.zeros(5, 2, dtype=torch.int32))  # 5 rows where MC2 has 8: skipped

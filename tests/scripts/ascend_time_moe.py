@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 import torch_npu
-from ascend_worker import prefill_runtime
+from ascend_worker import prefill_plugin
 
 import vllm_scene_eplb.adapters.entry as entry
 
@@ -26,7 +26,7 @@ def main() -> None:
     from vllm_ascend.ops.fused_moe.moe_stage_contracts import MoETokenDispatchOutput
 
     from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks, moe_time
-    from vllm_scene_eplb.adapters.vllm_ascend.runtime import CAPTURE_ATTR, _capture
+    from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import CAPTURE_ATTR, _capture
     from vllm_scene_eplb.errors import SceneEplbError
     from vllm_scene_eplb.fitness import LiveFitness
     from vllm_scene_eplb.protocol import RankLive, WorkerAnswer
@@ -62,7 +62,7 @@ def main() -> None:
     mcm._MoECommMethods[afc.MoECommType.ALLTOALL] = comm
 
     extra = {"scene_eplb": {"role": "prefill", "ring_entries": 4, "time_moe": True}}
-    rt = prefill_runtime(extra, model_dir)
+    rt = prefill_plugin(extra, model_dir)
     model = rt.model
     layers = [
         SimpleNamespace(
@@ -70,7 +70,7 @@ def main() -> None:
         )
         for i in range(len(model.moe_layers))
     ]
-    for idx, layer in enumerate(layers):  # what AscendRuntime.bind does: the counts, and with time_moe
+    for idx, layer in enumerate(layers):  # what AscendWorkerPlugin.bind does: the counts, and with time_moe
         layer.__dict__[CAPTURE_ATTR] = lambda ids, idx=idx: _capture(rt, rt.observer, idx, ids)
     moe_time.install()
     rt.timer = moe_time.MoeTimer()

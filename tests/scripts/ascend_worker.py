@@ -1,22 +1,22 @@
 """What the scripts that drive vLLM-Ascend's routes and MoE forward share: a prefill worker's real
-``AscendRuntime``, built as the worker plugin builds it (not a script: the scripts import it)."""
+``AscendWorkerPlugin``, built as the worker plugin builds it (not a script: the scripts import it)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vllm_scene_eplb.adapters.vllm_ascend.runtime import AscendRuntime
+    from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import AscendWorkerPlugin
 
 
-def prefill_runtime(extra: dict, model_dir: str, dp_rank: int = 0, dp_size: int = 1) -> AscendRuntime:
+def prefill_plugin(extra: dict, model_dir: str, dp_rank: int = 0, dp_size: int = 1) -> AscendWorkerPlugin:
     """The runtime of DP rank ``dp_rank`` of ``dp_size`` (one worker per engine: TP 1, EP rank = DP rank)
     for the additional config ``extra`` and the model in ``model_dir``, bound to its MoE layers with a
     CPU observer. Imported after ``entry.register()``, as in a worker."""
     from transformers import AutoConfig
 
     from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
-    from vllm_scene_eplb.adapters.vllm_ascend.runtime import AscendRuntime
+    from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import AscendWorkerPlugin
     from vllm_scene_eplb.config import parse_config
     from vllm_scene_eplb.model_geometry import from_hf_config
     from vllm_scene_eplb.runtime.export import Exporter
@@ -25,7 +25,7 @@ def prefill_runtime(extra: dict, model_dir: str, dp_rank: int = 0, dp_size: int 
     config = parse_config(extra)
     assert config is not None  # the flag is set
     model = from_hf_config(AutoConfig.from_pretrained(model_dir).to_dict())
-    rt = AscendRuntime(
+    rt = AscendWorkerPlugin(
         config=config,
         role="prefill",
         engine="vllm-ascend test",

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 import vllm
 
-from vllm_scene_eplb.adapters.vllm import check_engine_version, patches, register, runtime, version_supported
+from vllm_scene_eplb.adapters.vllm import check_engine_version, patches, register, version_supported, worker_plugin
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.worker import RecorderRuntime
+from vllm_scene_eplb.runtime.worker import RecorderPlugin
 
 
 def main() -> None:
@@ -76,7 +76,7 @@ def main() -> None:
 
     def refusal(qm):
         try:
-            runtime.check_moe_backend(moe_runner(qm))
+            worker_plugin.check_moe_backend(moe_runner(qm))
         except SceneEplbError as exc:
             return str(exc)
         return None
@@ -93,9 +93,9 @@ def main() -> None:
     if hasattr(FusedMoERouter, "supports_monolithic_kernels"):
         prop = BaseRouter.supports_monolithic_kernels  # the (patched) property every router inherits
         off = prop.fget(ROUTER_STANDIN)
-        runtime._current = SimpleNamespace(needs_router=lambda: True)  # a stand-in runtime
+        worker_plugin._current = SimpleNamespace(needs_router=lambda: True)  # a stand-in plugin
         on = prop.fget(ROUTER_STANDIN)
-        runtime._current = runtime.NULL_RUNTIME
+        worker_plugin._current = worker_plugin.NULL_PLUGIN
         src = inspect.getsource(layer_mod)
         out["decomposed"] = [off, on, "not router.supports_monolithic_kernels" in src]
 
@@ -106,13 +106,13 @@ def main() -> None:
         )
         args = (mone_config, "model.layers.3.mlp.experts", 8, 64, torch.float32)
         plain = layer_mod.make_expert_substitution(*args)  # the flag off: vLLM's own answer
-        runtime._current = SimpleNamespace(layout=object())  # a worker runtime with a layout loaded
+        worker_plugin._current = SimpleNamespace(layout=object())  # a worker plugin with a layout loaded
         try:
             layer_mod.make_expert_substitution(*args)
             mone = None
         except SceneEplbError as exc:
             mone = str(exc)
-        runtime._current = runtime.NULL_RUNTIME
+        worker_plugin._current = worker_plugin.NULL_PLUGIN
         out["mone"] = {"substituted": plain is not None, "refused": mone}
 
     # ---- vLLM 0.33: the Model Runner V2 hooks the patches read
@@ -166,18 +166,18 @@ def main() -> None:
 
             def eplb_step(self, is_dummy=False, is_profile=False, eplb=eplb):
                 out = eplb(self, is_dummy, is_profile)
-                runtime.current().end_step(is_dummy)
+                worker_plugin.current().end_step(is_dummy)
                 return out
 
             def execute_model(self, so, *a, execute=execute, **k):
-                runtime.current().begin_step(so.total_num_scheduled_tokens)
+                worker_plugin.current().begin_step(so.total_num_scheduled_tokens)
                 return execute(self, so, *a, **k)
 
             cls.eplb_step, cls.execute_model = eplb_step, execute_model
         obs = RoutingObserver(1, 8, 4)
-        rt: Any = object.__new__(RecorderRuntime)  # a runtime with only its observer
+        rt: Any = object.__new__(RecorderPlugin)  # a runtime with only its observer
         rt.observer = obs
-        runtime._current = rt
+        worker_plugin._current = rt
         ROUTER_STANDIN._scene_eplb_physical = functools.partial(obs.capture, 0)
         obs.start()
         runner: Any = object.__new__(cls)
@@ -186,7 +186,7 @@ def main() -> None:
         runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=10))
         runner.sample_tokens()
         obs.stop()
-        runtime._current = runtime.NULL_RUNTIME
+        worker_plugin._current = worker_plugin.NULL_PLUGIN
         live, rec = obs.live_counts(), obs.snapshot()
         assert live is not None  # observing: the live totals are kept
         return {"live": int(live.logical.sum()), "ring": int(rec.logical.sum()), "passes": rec.passes}

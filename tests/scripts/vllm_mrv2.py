@@ -13,9 +13,9 @@ from typing import Any
 import torch
 import vllm
 
-from vllm_scene_eplb.adapters.vllm import patches, register, runtime
+from vllm_scene_eplb.adapters.vllm import patches, register, worker_plugin
 from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.worker import RecorderRuntime
+from vllm_scene_eplb.runtime.worker import RecorderPlugin
 
 
 def main() -> None:
@@ -76,10 +76,12 @@ def main() -> None:
         runner.eplb = controller(SimpleNamespace(enable_eplb=False), torch.device("cpu"))
         runner.input_buffers = SimpleNamespace(is_padding=torch.zeros(CAPACITY, dtype=torch.bool))
         obs = RoutingObserver(1, 8, 8, dp_size=2)
-        rt: Any = object.__new__(RecorderRuntime)  # a runtime with only its observer
+        rt: Any = object.__new__(RecorderPlugin)  # a runtime with only its observer
         rt.observer = obs
-        runtime._current = rt
-        ROUTER_STANDIN._scene_eplb_physical = functools.partial(obs.capture, 0, padding_rows=runtime.padding_rows_of(runner))
+        worker_plugin._current = rt
+        ROUTER_STANDIN._scene_eplb_physical = functools.partial(
+            obs.capture, 0, padding_rows=worker_plugin.padding_rows_of(runner)
+        )
         obs.start()
         runner._dummy_run(16)  # a DP dummy step (a peer has work)
         runner._dummy_run(64, skip_eplb=True, is_profile=True)  # a skip_eplb warm-up: under suppress()
@@ -90,7 +92,7 @@ def main() -> None:
             runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=n))
             runner.sample_tokens(None)
         obs.stop()
-        runtime._current = runtime.NULL_RUNTIME
+        worker_plugin._current = worker_plugin.NULL_PLUGIN
         rec, live = obs.snapshot(), obs.live_counts()
         assert live is not None and rec.signature is not None  # observing, with DP: both are kept
         return {

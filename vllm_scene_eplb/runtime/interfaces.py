@@ -2,11 +2,11 @@
 
 - ``StepHooks``: the engine's step boundary, on the host between passes; a worker's plugin runtime
   and its observer alike;
-- ``Observer``: what a worker's runtime holds and drives (``RoutingObserver``, or ``NullObserver``
+- ``Observer``: what a worker plugin holds and drives (``RoutingObserver``, or ``NullObserver``
   before the model is bound): the step hooks and the record's control;
 - ``LayerCapture``: what a MoE layer's capture calls inside the forward, traced (``RoutingObserver``);
-- ``WorkerPlugin``: what the adapters' patches call on this worker's runtime (``RecorderRuntime``'s
-  subclasses, or the null runtime with the flag off).
+- ``WorkerPlugin``: what the adapters' patches call on this worker plugin (``RecorderPlugin``'s
+  subclasses, or the null plugin with the flag off).
 
 ``ObserverStatus`` is what an observer reports; ``NullSteps`` the no-op step hooks every null
 object is built on.

@@ -1,6 +1,6 @@
 """One worker's recorder state and its control actions, the same on every engine.
 
-An engine adapter subclasses ``RecorderRuntime`` with what only it knows (how its MoE layers are
+An engine adapter subclasses ``RecorderPlugin`` with what only it knows (how its MoE layers are
 found and hooked, where its step boundary is), builds one per worker when the flag is on, and
 routes the control RPC of its HTTP routes to ``control``. Control returns between steps at once,
 never waits for a peer and never raises: the export of a dump runs on the ``Exporter``'s thread.
@@ -36,7 +36,7 @@ from .observer import RoutingObserver
 NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_eplb in --additional-config)"
 
 
-class NullRecorderRuntime(NullSteps):
+class NullPlugin(NullSteps):
     """The plugin off on this worker: no step work, nothing bound, every control action refused."""
 
     def bind(self, model_runner) -> None:
@@ -47,7 +47,7 @@ class NullRecorderRuntime(NullSteps):
 
 
 @dataclass(kw_only=True)
-class RecorderRuntime:
+class RecorderPlugin:
     """This worker's plugin state: settings, the loaded layout, the observer and where it counts."""
 
     config: PluginConfig

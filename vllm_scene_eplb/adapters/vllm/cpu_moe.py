@@ -16,7 +16,7 @@ import time
 import torch
 from vllm._custom_ops import cpu_fused_moe
 
-from . import runtime
+from . import worker_plugin
 
 
 @torch.library.custom_op("scene_eplb::cpu_local_fused_moe", mutates_args=("output",))
@@ -57,7 +57,7 @@ def cpu_local_fused_moe(
         )
         output.index_add_(0, token, rows_out)
     if started is not None:
-        runtime.current().add_moe_seconds(timed_layer, time.perf_counter() - started)
+        worker_plugin.current().add_moe_seconds(timed_layer, time.perf_counter() - started)
 
 
 @cpu_local_fused_moe.register_fake

@@ -1,5 +1,5 @@
-"""The vLLM 0.32 and 0.33 functions the plugin wraps. Each wrapper asks ``runtime.current()`` what to
-do, so with the flag off (the null runtime) every one passes straight through:
+"""The vLLM 0.32 and 0.33 functions the plugin wraps. Each wrapper asks ``worker_plugin.current()`` what to
+do, so with the flag off (the null plugin) every one passes straight through:
 
 - ``determine_expert_counts``: E+R physical slots per MoE layer;
 - ``make_expert_substitution`` (0.33, MoNE, called right after it): refused with a layout (it removes
@@ -39,7 +39,7 @@ import inspect
 
 from ...config import plugin_enabled
 from ...errors import SceneEplbError
-from . import runtime
+from . import worker_plugin
 
 
 def _patch_expert_counts(layer_mod) -> None:
@@ -47,7 +47,7 @@ def _patch_expert_counts(layer_mod) -> None:
 
     @functools.wraps(orig)
     def determine_expert_counts(num_experts, num_redundant_experts, *args, **kwargs):
-        extra = runtime.current().extra_slots(num_experts)
+        extra = worker_plugin.current().extra_slots(num_experts)
         total, logical, shared = orig(num_experts, num_redundant_experts, *args, **kwargs)
         return total + extra, logical, shared
 
@@ -60,7 +60,7 @@ def _patch_expert_substitution(layer_mod) -> None:
     @functools.wraps(orig)
     def make_expert_substitution(model_config, layer_name, *args, **kwargs):
         out = orig(model_config, layer_name, *args, **kwargs)
-        if out is not None and runtime.current().layout is not None:
+        if out is not None and worker_plugin.current().layout is not None:
             raise SceneEplbError(
                 f"{layer_name}: scene_eplb.layout with MoNE expert substitution (vLLM removes the substituted "
                 "experts' slots, which the layout places): serve the layout without expert substitution"
@@ -74,7 +74,7 @@ def _patch_router_decomposed(FusedMoERouter) -> None:
     orig = FusedMoERouter.supports_monolithic_kernels
 
     def supports_monolithic_kernels(self) -> bool:
-        return not runtime.current().needs_router() and orig.fget(self)
+        return not worker_plugin.current().needs_router() and orig.fget(self)
 
     FusedMoERouter.supports_monolithic_kernels = property(functools.wraps(orig.fget)(supports_monolithic_kernels))
 
@@ -84,7 +84,7 @@ def _patch_expert_mapping(RoutedExperts, EplbState) -> None:
 
     @functools.wraps(orig)
     def get_expert_mapping(self, *args, **kwargs):
-        row = runtime.current().layer_row(self.layer_name)
+        row = worker_plugin.current().layer_row(self.layer_name)
         if row is None:
             return orig(self, *args, **kwargs)
         saved = EplbState.__dict__["build_initial_global_physical_to_logical_map"]
@@ -117,7 +117,7 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
 
     @functools.wraps(orig)
     def apply(self, *args, **kw):
-        if runtime.current().cpu_support() and kw.get("expert_map") is not None and not args and not self._use_zentorch:
+        if worker_plugin.current().cpu_support() and kw.get("expert_map") is not None and not args and not self._use_zentorch:
             from .cpu_moe import local_apply
 
             return local_apply(
@@ -145,7 +145,7 @@ def _patch_cpu_communicator(CpuCommunicator) -> None:
         orig, ours = getattr(CpuCommunicator, name), getattr(cpu_collectives, name)
 
         def method(self, *args, _orig=orig, _ours=ours, **kwargs):
-            return (_ours if runtime.current().cpu_support() else _orig)(self, *args, **kwargs)
+            return (_ours if worker_plugin.current().cpu_support() else _orig)(self, *args, **kwargs)
 
         setattr(CpuCommunicator, name, functools.wraps(orig)(method))
 
@@ -155,7 +155,7 @@ def _patch_moe_forward(MoERunner) -> None:
 
     @functools.wraps(orig)
     def _select_forward(self):
-        if runtime.current().opaque_moe_forward():
+        if worker_plugin.current().opaque_moe_forward():
             import torch
 
             return torch.ops.vllm.moe_forward if self._shared_experts is None else torch.ops.vllm.moe_forward_shared
@@ -169,7 +169,7 @@ def _patch_runner(runner_cls) -> None:
 
     @functools.wraps(load)
     def load_model(self, *args, **kwargs):
-        rt = runtime.configure(self.vllm_config)
+        rt = worker_plugin.configure(self.vllm_config)
         out = load(self, *args, **kwargs)
         rt.bind(self)
         return out
@@ -191,7 +191,7 @@ def _patch_v2_step_start(runner_cls) -> None:
 
     @functools.wraps(execute)
     def execute_model(self, *args, **kwargs):
-        rt = runtime.current()
+        rt = worker_plugin.current()
         rt.discard_pass()
         dummy = _argument(execute_sig, "dummy_run", self, *args, **kwargs)
         rt.begin_step(
@@ -210,7 +210,7 @@ def _patch_eplb_controller(EPLBController) -> None:
     def eplb_step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
         step(self, is_dummy, is_profile)
         if not self.suppressed:
-            runtime.current().end_step(is_dummy)
+            worker_plugin.current().end_step(is_dummy)
 
     @functools.wraps(suppress)
     @contextlib.contextmanager
@@ -219,7 +219,7 @@ def _patch_eplb_controller(EPLBController) -> None:
             with suppress(self):
                 yield
         finally:
-            runtime.current().discard_pass()  # warm-ups and skip_eplb runs never reach the counts
+            worker_plugin.current().discard_pass()  # warm-ups and skip_eplb runs never reach the counts
 
     EPLBController.step = eplb_step
     EPLBController.suppress = suppressed
@@ -247,11 +247,11 @@ def _patch_step(GPUModelRunner) -> None:
     @functools.wraps(orig)
     def eplb_step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
         orig(self, is_dummy, is_profile)
-        runtime.current().end_step(is_dummy)
+        worker_plugin.current().end_step(is_dummy)
 
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        rt = runtime.current()
+        rt = worker_plugin.current()
         rt.discard_pass()  # whatever ran since the last step boundary (a warm-up) is not this step's
         rt.begin_step(scheduler_output.total_num_scheduled_tokens)
         return execute(self, scheduler_output, *args, **kwargs)
@@ -271,7 +271,7 @@ def _patch_dummy_run(GPUModelRunner) -> None:
         try:
             return orig(self, *args, **kwargs)
         finally:
-            runtime.current().discard_pass()  # no step ends: its pass must not reach the next step
+            worker_plugin.current().discard_pass()  # no step ends: its pass must not reach the next step
 
     GPUModelRunner._dummy_run = _dummy_run
 
@@ -285,7 +285,7 @@ def _patch_dp_tokens(module, name: str, tokens_of) -> None:
     def sync(*args, **kwargs):
         out = orig(*args, **kwargs)
         if out[1] is not None:
-            runtime.current().note_dp_tokens(tokens_of(out[1]))
+            worker_plugin.current().note_dp_tokens(tokens_of(out[1]))
         return out
 
     setattr(module, name, sync)
@@ -293,7 +293,7 @@ def _patch_dp_tokens(module, name: str, tokens_of) -> None:
 
 def control(worker, action: str, *args) -> dict:
     """Worker side of the HTTP routes (``WorkerBase.scene_eplb_control``, reached by collective_rpc)."""
-    return runtime.current().control(action, *args)
+    return worker_plugin.current().control(action, *args)
 
 
 def install() -> None:

@@ -1,5 +1,5 @@
 """The vLLM-Ascend 0.23 / vLLM 0.23 functions the recorder wraps. Each wrapper asks
-``runtime.current()`` what to do, so with the flag off (the null runtime) every one passes through:
+``worker_plugin.current()`` what to do, so with the flag off (the null plugin) every one passes through:
 
 - ``NPUModelRunner.load_model``: configure before the model loads, bind after;
 - ``NPUModelRunner.execute_model``: the step boundary, where the observer commits a real pass, but
@@ -27,7 +27,7 @@ import importlib.util
 import sys
 from collections.abc import Callable
 
-from . import runtime
+from . import worker_plugin
 
 MODEL_RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -44,7 +44,7 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
 
     @functools.wraps(load)
     def load_model(self, *args, **kwargs):
-        rt = runtime.configure(self.vllm_config, engine)
+        rt = worker_plugin.configure(self.vllm_config, engine)
         out = load(self, *args, **kwargs)
         rt.bind(self)
         return out
@@ -52,11 +52,11 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
         tokens = scheduler_output.total_num_scheduled_tokens
-        runtime.current().begin_step(tokens)
+        worker_plugin.current().begin_step(tokens)
         self.__dict__[FORWARD_ATTR] = False
         out = execute(self, scheduler_output, *args, **kwargs)
         if self.__dict__.pop(FORWARD_ATTR, False):  # no forward (nothing scheduled): the dummy batch is the step
-            runtime.current().end_step(is_dummy=tokens == 0)
+            worker_plugin.current().end_step(is_dummy=tokens == 0)
         return out
 
     @functools.wraps(dummy)
@@ -65,14 +65,14 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
             return dummy(self, *args, **kwargs)
         finally:
             self.__dict__[FORWARD_ATTR] = False  # its step ends here, not again in an enclosing execute_model
-            runtime.current().end_step(is_dummy=True)
+            worker_plugin.current().end_step(is_dummy=True)
 
     @functools.wraps(batch)
     def determine_batch(self, *args, **kwargs):
         out = batch(self, *args, **kwargs)
         self.__dict__[FORWARD_ATTR] = True
         if out[3] is not None:  # num_tokens_across_dp: None without DP
-            runtime.current().note_dp_tokens(out[3])
+            worker_plugin.current().note_dp_tokens(out[3])
         return out
 
     runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run = load_model, execute_model, _dummy_run
@@ -81,7 +81,7 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
 
 def control(worker, action: str, *args) -> dict:
     """Worker side of the HTTP routes (``WorkerBase.scene_eplb_control``, reached by collective_rpc)."""
-    return runtime.current().control(action, *args)
+    return worker_plugin.current().control(action, *args)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -32,10 +32,10 @@ from ...layout import Layout
 from ...model_geometry import from_hf_config
 from ...runtime.layout_check import layout_for_server
 from . import moe_hooks, patches
-from .runtime import ids_hook_for
 from .server_layout import ep_size_of, layout_of, remember
 from .tables import AscendDispatch, install_dispatch
 from .version import check_versions
+from .worker_plugin import ids_hook_for
 
 logger = logging.getLogger("vllm.scene_eplb")
 

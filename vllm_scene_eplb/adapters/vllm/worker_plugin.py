@@ -2,7 +2,7 @@
 
 ``configure`` runs before the weights load (settings, layout checked against the model and the EP
 size), ``bind`` after (observer and replica maps attached to the model's routers). The patches in
-``patches`` ask ``current()`` for every decision; with the flag off it is ``NULL_RUNTIME``, whose
+``patches`` ask ``current()`` for every decision; with the flag off it is ``NULL_PLUGIN``, whose
 hooks pass straight through, so no patch checks "is the plugin on?" itself.
 """
 
@@ -25,14 +25,14 @@ from ...runtime.interfaces import LayerCapture, WorkerPlugin
 from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
 from ...runtime.replica_map import SourceRanks, own_source_span
-from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
+from ...runtime.worker import NullPlugin, RecorderPlugin
 from .version import check_engine_version, engine_version
 
 logger = logging.getLogger("vllm.scene_eplb")
 
 
 class VllmPlugin(WorkerPlugin, Protocol):
-    """What the vLLM patches call on this worker's runtime: the step hooks, bind and control, and the
+    """What the vLLM patches call on this worker plugin: the step hooks, bind and control, and the
     decisions of the model's build (slots, layout rows, CPU support, MoE forward, router)."""
 
     @property
@@ -49,7 +49,7 @@ class VllmPlugin(WorkerPlugin, Protocol):
     def needs_router(self) -> bool: ...
 
 
-class NullRuntime(NullRecorderRuntime):
+class VllmNullPlugin(NullPlugin):
     """The plugin off on this worker: no extra slots, no layout rows, no step work, control refused."""
 
     layout: Layout | None = None
@@ -70,11 +70,11 @@ class NullRuntime(NullRecorderRuntime):
         return False
 
 
-NULL_RUNTIME = NullRuntime()
+NULL_PLUGIN = VllmNullPlugin()
 
 
 @dataclass(kw_only=True)
-class WorkerRuntime(RecorderRuntime):
+class VllmWorkerPlugin(RecorderPlugin):
     """A vLLM worker's plugin state: the recorder's, plus where its routed batch comes from."""
 
     dp_size: int
@@ -201,11 +201,11 @@ def attach_moe_timer(observer, runners: list, device) -> None:
     observer.attach_device_timer(timer)
 
 
-_current: VllmPlugin = NULL_RUNTIME
+_current: VllmPlugin = NULL_PLUGIN
 
 
 def current() -> VllmPlugin:
-    """This worker's runtime: a WorkerRuntime when the flag is on, else the null runtime."""
+    """This worker plugin: a VllmWorkerPlugin when the flag is on, else the null plugin."""
     return _current
 
 
@@ -214,7 +214,7 @@ def configure(vllm_config) -> VllmPlugin:
     global _current
     cfg = parse_config(vllm_config.additional_config)
     if cfg is None:
-        _current = NULL_RUNTIME
+        _current = NULL_PLUGIN
         return _current
     check_engine_version()
     pc = vllm_config.parallel_config
@@ -234,7 +234,7 @@ def configure(vllm_config) -> VllmPlugin:
     group_rank = ep.rank_in_group
     source = SourceRanks(group_rank - tp_rank, tp_size)
     # The export sums over every rank of vLLM's EP group (DP x TP), which exists with or without EP.
-    rt = WorkerRuntime(
+    rt = VllmWorkerPlugin(
         config=cfg,
         role=role,
         engine=f"vllm {engine_version()}",

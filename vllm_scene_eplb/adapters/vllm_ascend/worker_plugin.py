@@ -7,7 +7,7 @@ The ids of every layer then pass ``LayerIds``: counted by the observer when the 
 bound main-model layers (this rank's own real rows only, ``rows``), then rewritten to virtual ids
 when the layer's ``log2phy`` was built for ``dispatch: dynamic`` (``dynamic``). Layers of a drafter
 (the MTP layer) are never counted: a layout places the main model's MoE layers. With the flag off
-the runtime is ``NULL_RUNTIME`` and no layer has a capture.
+the runtime is ``NULL_PLUGIN`` and no layer has a capture.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ...protocol import COMM_METHOD_LINE, NativeCounts, WorkerAnswer, startup_li
 from ...runtime.export import Exporter, group_maker
 from ...runtime.interfaces import LayerCapture, WorkerPlugin
 from ...runtime.observer import NullObserver
-from ...runtime.worker import NullRecorderRuntime, RecorderRuntime
+from ...runtime.worker import NullPlugin, RecorderPlugin
 from . import moe_time
 from .dynamic import virtual_ids_for
 from .moe_hooks import FUSED_MOE_MODULE
@@ -38,12 +38,12 @@ HOOK_ATTR = "_scene_eplb_ids_hook"  # on any layer, once worked out: its LayerId
 _UNSET = object()
 
 
-NULL_RUNTIME = NullRecorderRuntime()
+NULL_PLUGIN = NullPlugin()
 
 
 @dataclass(kw_only=True)
-class AscendRuntime(RecorderRuntime):
-    """A vLLM-Ascend worker's recorder state (``RecorderRuntime``) and its binding to the model."""
+class AscendWorkerPlugin(RecorderPlugin):
+    """A vLLM-Ascend worker's recorder state (``RecorderPlugin``) and its binding to the model."""
 
     own_rows: OwnRows  # where this rank's own real rows are in what it routes
     layers: list = field(default_factory=list)  # the bound main-model MoE layers, in order
@@ -60,7 +60,7 @@ class AscendRuntime(RecorderRuntime):
         self._pass_comm = _EXTRA_CTX.moe_comm_type.name
 
     def end_step(self, is_dummy: bool) -> None:
-        """``RecorderRuntime.end_step``; with ``time_moe`` the pass before's expert seconds first (read a
+        """``RecorderPlugin.end_step``; with ``time_moe`` the pass before's expert seconds first (read a
         step later, no wait in the forward); a real pass's comm method is tallied, and logged the first time."""
         if self.timer is not None:
             self.timer.flush(self.observer.add_moe_seconds)
@@ -72,7 +72,7 @@ class AscendRuntime(RecorderRuntime):
             self.comm_seen[comm] = self.comm_seen.get(comm, 0) + 1
 
     def answer(self, action: str, *args) -> WorkerAnswer:
-        """``RecorderRuntime.answer``; a record's start and stop also read vLLM-Ascend's own counters."""
+        """``RecorderPlugin.answer``; a record's start and stop also read vLLM-Ascend's own counters."""
         answer = super().answer(action, *args)
         if answer.ok and action in ("start", "stop") and self.native is not None:
             self.native.mark(action, self.layers)
@@ -136,7 +136,7 @@ def signed_dp_size(vllm_config) -> int:
     return 1 if dp <= 1 or should_skip_allreduce_across_dp_group(vllm_config) else dp
 
 
-def _capture(rt: AscendRuntime, observer: LayerCapture, moe_idx: int, ids) -> None:
+def _capture(rt: AscendWorkerPlugin, observer: LayerCapture, moe_idx: int, ids) -> None:
     """Count this rank's own rows of the layer's ids, or mark the layer's pass skipped where the rows
     do not follow the comm method's rule (decided when traced: a captured graph replays it)."""
     if moe_idx == 0:
@@ -181,11 +181,11 @@ def moe_layers(model) -> list:
     return sorted((m for m in model.modules() if isinstance(m, cls)), key=lambda m: extract_layer_index(m.layer_name))
 
 
-_current: WorkerPlugin = NULL_RUNTIME
+_current: WorkerPlugin = NULL_PLUGIN
 
 
 def current() -> WorkerPlugin:
-    """This worker's runtime: an AscendRuntime when the flag is on, else the null runtime."""
+    """This worker plugin: an AscendWorkerPlugin when the flag is on, else the null plugin."""
     return _current
 
 
@@ -194,7 +194,7 @@ def configure(vllm_config, engine: str) -> WorkerPlugin:
     global _current
     cfg = parse_config(vllm_config.additional_config)
     if cfg is None:
-        _current = NULL_RUNTIME
+        _current = NULL_PLUGIN
         return _current
     from vllm.distributed import get_ep_group, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
@@ -204,7 +204,7 @@ def configure(vllm_config, engine: str) -> WorkerPlugin:
     ep = get_ep_group()
     layout = layout_of(vllm_config) if cfg.layout else None  # the one vLLM-Ascend's log2phy maps are built from
     tp_rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-    rt = AscendRuntime(
+    rt = AscendWorkerPlugin(
         config=cfg,
         role=role,
         engine=engine,
