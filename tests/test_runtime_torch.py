@@ -180,7 +180,7 @@ def test_skipped_passes_show_in_status_per_record_and_never_count():
 
 
 def test_live_counts_off_keeps_the_recorder_and_adds_nothing_live():
-    obs = RoutingObserver(1, 4, 2, live=False)
+    obs = RoutingObserver(1, 4, 2, live_counts=False)
     assert obs.totals.counts.numel() == 0
     obs.start()
     obs.capture(0, torch.tensor([[0, 3]]))

@@ -1,7 +1,7 @@
 """The live totals: cumulative counts of every real pass, never stopped, read between steps.
 
-They feed live fitness. ``live`` never syncs the host in the forward; a server can turn it off
-(``live=False``: decode nodes, whose steps are many and small), and the recorder still runs.
+They feed live fitness and never sync the host in the forward; a server can turn them off
+(``live_counts`` off: decode nodes, whose steps are many and small), and the recorder still runs.
 """
 
 from __future__ import annotations

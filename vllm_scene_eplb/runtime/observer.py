@@ -42,7 +42,7 @@ class RoutingObserver:
 
     ``slot_to_expert`` (optional) [L, P]: the logical expert of every physical slot; given, ``capture``
     takes slot ids and logical counts are derived. ``dp_size`` > 1 keeps a DP signature per entry;
-    ``source_rows``: the own rows are counted apart too (``capture_sources``); ``live=False``: no live totals.
+    ``source_rows``: the own rows are counted apart too (``capture_sources``); ``live_counts=False``: no live totals (the plugin key of that name).
     """
 
     def __init__(
@@ -53,7 +53,7 @@ class RoutingObserver:
         device: torch.device | str = "cpu",
         slot_to_expert: torch.Tensor | None = None,
         time_moe: bool = False,
-        live: bool = True,
+        live_counts: bool = True,
         steps_per_entry: int = 1,
         dp_size: int = 1,
         source_rows: bool = False,
@@ -62,7 +62,7 @@ class RoutingObserver:
         self.space = IdSpace(L, num_experts, device, slot_to_expert)
         self.passes = PassCounts(L, self.space, device, source_rows)
         row = (L, self.space.width + 2)
-        self.totals = LiveTotals(row, device, live, source_rows)
+        self.totals = LiveTotals(row, device, live_counts, source_rows)
         self.ring = CountRing(entries, row, device, steps_per_entry, dp_size, source_rows)
         self.skipped = SkippedPasses(L, device)
         self.timing = MoeTiming(L, time_moe)

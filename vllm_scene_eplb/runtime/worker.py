@@ -135,7 +135,7 @@ class RecorderPlugin:
             device,
             slot_to_expert=slot_to_expert,
             time_moe=self.config.time_moe,
-            live=self.config.live_counts,
+            live_counts=self.config.live_counts,
             steps_per_entry=self.config.entry_steps(self.role),
             dp_size=dp_size,
             source_rows=source_rows,
