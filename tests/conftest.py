@@ -19,22 +19,21 @@ settings.load_profile("reproducible")
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Test groups by file, one home: `-m unit` (pure code, seconds), `-m repository` (the tree itself: lint,
-# types, imports, docs, scripts), `-m ascend` (vLLM-Ascend's released code with stand-ins), `-m engine`
-# (real vLLM servers and the Ascend runs; marked in each file). `scripts/test.sh --quick` runs `not engine`.
-REPOSITORY_TESTS = {"test_lint", "test_house", "test_docs", "test_dashboard", "test_deploy"}
-ASCEND_PREFIXES = ("test_vllm_ascend", "test_ascend_")
+# Test groups by folder, one home: `tests/unit/` (`-m unit`: pure code, seconds), `tests/repository/`
+# (`-m repository`: the tree itself: lint, types, imports, docs, scripts), `tests/ascend/` (`-m ascend`:
+# vLLM-Ascend's released code with stand-ins), `tests/engine/` (real vLLM servers). `engine` (real vLLM
+# servers and the Ascend runs) is marked in each file that starts one; `scripts/test.sh --quick` runs
+# `not engine`.
+GROUPS = ("unit", "repository", "ascend", "engine")
 
 
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
-        name = item.path.stem
-        if name in REPOSITORY_TESTS:
-            item.add_marker(pytest.mark.repository)
-        elif name.startswith(ASCEND_PREFIXES):
-            item.add_marker(pytest.mark.ascend)
-        elif item.get_closest_marker("engine") is None:
-            item.add_marker(pytest.mark.unit)
+        group = item.path.parent.name
+        if group not in GROUPS:
+            raise pytest.UsageError(f"{item.path}: a test file lives in one of tests/{{{','.join(GROUPS)}}}/")
+        if group != "engine":
+            item.add_marker(getattr(pytest.mark, group))
 
 
 DATA = Path(os.environ.get("SCENE_EPLB_DATA", REPO / "data" / "deepseek_v3_counts"))

@@ -128,7 +128,7 @@ COMM_METHOD_RE = re.compile(r"scene-eplb: MoE comm method (\w+) in a real pass")
 # ``to_wire`` gives the object back, key for key what crosses. Worker answers cross vLLM's
 # collective_rpc as ``to_wire``'s plain dicts: the engine core hands a utility call's result to the
 # API server as msgpack without type information (vLLM's ``v1/serial_utils.py``), where a dataclass
-# would arrive as a map of its own fields, not the wire's keys (``tests/test_worker_answers.py``).
+# would arrive as a map of its own fields, not the wire's keys (``tests/unit/test_worker_answers.py``).
 # The routes' answers cross as JSON.
 
 MAX_WIRE_INT = 2**53  # every integer of an answer (a count, a total, a rank) is exact in float64

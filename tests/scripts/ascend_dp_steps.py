@@ -1,4 +1,4 @@
-"""Two DP engines through vLLM-Ascend's real execute_model, one waiting for KV, and their export (tests/test_vllm_ascend_recorder.py).
+"""Two DP engines through vLLM-Ascend's real execute_model, one waiting for KV, and their export (tests/ascend/test_vllm_ascend_recorder.py).
 
 Argument: the folder the dumps are written to. Prints one JSON object."""
 

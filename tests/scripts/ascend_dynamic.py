@@ -1,4 +1,4 @@
-"""Dynamic dispatch through every module's real select_experts and vLLM-Ascend's own log2phy (tests/test_vllm_ascend_moe.py).
+"""Dynamic dispatch through every module's real select_experts and vLLM-Ascend's own log2phy (tests/ascend/test_vllm_ascend_moe.py).
 
 Arguments: the model folder, the layout file, the dump folder, experts, EP size, MoE layers. Prints one JSON list."""
 

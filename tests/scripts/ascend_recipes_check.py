@@ -1,4 +1,4 @@
-"""Each recipe's configuration through the released engine code's own checks (tests/test_ascend_recipes.py).
+"""Each recipe's configuration through the released engine code's own checks (tests/ascend/test_ascend_recipes.py).
 
 Arguments: the recipes (JSON: name -> kv, extra, dp, tp, env) and the model folder. Prints one JSON object, a verdict per recipe."""
 

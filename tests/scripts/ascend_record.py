@@ -1,4 +1,4 @@
-"""The recorder through vLLM-Ascend's real forward context, comm methods and quant methods (tests/test_vllm_ascend_recorder.py).
+"""The recorder through vLLM-Ascend's real forward context, comm methods and quant methods (tests/ascend/test_vllm_ascend_recorder.py).
 
 Arguments: the model folder and its number of experts. Prints one JSON list, a row per comm method x DP x TP x quant method."""
 

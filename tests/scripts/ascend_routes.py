@@ -1,4 +1,4 @@
-"""The routes on vLLM 0.23's API server, each reaching every DP engine (tests/test_vllm_ascend_recorder.py).
+"""The routes on vLLM 0.23's API server, each reaching every DP engine (tests/ascend/test_vllm_ascend_recorder.py).
 
 Argument: the model folder. Prints one JSON object."""
 

@@ -1,4 +1,4 @@
-"""Every vLLM-Ascend module that binds select_experts, rebound by the plugin's MoE hooks (tests/test_vllm_ascend_moe.py).
+"""Every vLLM-Ascend module that binds select_experts, rebound by the plugin's MoE hooks (tests/ascend/test_vllm_ascend_moe.py).
 
 Prints one JSON object."""
 

@@ -1,4 +1,4 @@
-"""The settings that reshape the routed rows, read from vLLM-Ascend's own config (tests/test_vllm_ascend_recorder.py).
+"""The settings that reshape the routed rows, read from vLLM-Ascend's own config (tests/ascend/test_vllm_ascend_recorder.py).
 
 Argument: the model folder. Prints one JSON object, the unsupported settings per case."""
 

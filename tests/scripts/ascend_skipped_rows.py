@@ -1,4 +1,4 @@
-"""A layer whose rows break its comm method's rule is skipped and counted as skipped (tests/test_vllm_ascend_recorder.py).
+"""A layer whose rows break its comm method's rule is skipped and counted as skipped (tests/ascend/test_vllm_ascend_recorder.py).
 
 Arguments: the model folder and its number of experts. Prints one JSON object."""
 

@@ -1,4 +1,4 @@
-"""vLLM-Ascend's startup with the plugin's config hook: the expert map it reads and every rank's log2phy, ours and theirs (tests/test_vllm_ascend.py).
+"""vLLM-Ascend's startup with the plugin's config hook: the expert map it reads and every rank's log2phy, ours and theirs (tests/ascend/test_vllm_ascend.py).
 
 Arguments: the model folder, the additional config (JSON), the number of MoE layers and of experts. Prints one JSON object."""
 

@@ -1,4 +1,4 @@
-"""time_moe on vLLM-Ascend through its real forward and ALLTOALL fused_experts (tests/test_vllm_ascend_time.py).
+"""time_moe on vLLM-Ascend through its real forward and ALLTOALL fused_experts (tests/ascend/test_vllm_ascend_time.py).
 
 Arguments: the model folder and its number of experts. Prints one JSON object."""
 

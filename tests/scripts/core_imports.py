@@ -1,5 +1,5 @@
 """Imports the given modules of the package and fails if that brought in an engine or torch
-(tests/test_house.py: the pure core imports no engine and no torch).
+(tests/repository/test_house.py: the pure core imports no engine and no torch).
 
 Arguments: module names under ``vllm_scene_eplb``. Exits 1 naming the engine modules it found."""
 

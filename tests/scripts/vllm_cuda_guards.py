@@ -1,4 +1,4 @@
-"""What keeps a CUDA server from counting or computing the wrong experts, under the vLLM release on the path (tests/test_vllm_cuda_guards.py).
+"""What keeps a CUDA server from counting or computing the wrong experts, under the vLLM release on the path (tests/engine/test_vllm_cuda_guards.py).
 
 Prints one JSON object."""
 

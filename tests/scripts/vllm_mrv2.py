@@ -1,4 +1,4 @@
-"""Model Runner V2 of vLLM 0.33 driving the observer, with and without the plugin's guards (tests/test_vllm_mrv2.py).
+"""Model Runner V2 of vLLM 0.33 driving the observer, with and without the plugin's guards (tests/engine/test_vllm_mrv2.py).
 
 Prints one JSON object."""
 

@@ -1,4 +1,4 @@
-"""The vLLM adapter under a faked vLLM 0.23 (tests/test_vllm_version.py): plugin off starts, the given additional config is refused or starts.
+"""The vLLM adapter under a faked vLLM 0.23 (tests/engine/test_vllm_version.py): plugin off starts, the given additional config is refused or starts.
 
 Argument: the additional config (JSON). Prints REFUSED: <message> or STARTED."""
 

@@ -1,0 +1,131 @@
+"""Every Ascend recipe's configuration through the released engine code's own checks.
+
+Each server command of ``deploy/ascend-910c`` (dry run) gives its ``--kv-transfer-config``,
+``--additional-config`` and parallel sizes; a process with real vLLM 0.23 and vLLM-Ascend 0.23.0.post1
+(``tests/ascend_env.py``) then feeds them to:
+
+- vLLM's ``KVTransferConfig`` and its connector factory with vLLM-Ascend's connectors registered;
+- the ``MooncakeConnectorV1`` worker's own ``_get_prefill_decode_size`` (it asserts that ``prefill``
+  and ``decode`` each carry ``tp_size`` and ``dp_size``), with the worker's ``prefill_tp >= decode_tp``
+  check; the module is imported for real, with a stand-in ``mooncake.engine`` (tests/ascend_standin);
+- a real ``VllmConfig`` on vLLM-Ascend's platform: ``AscendConfig`` reads the additional config,
+  ``check_kv_extra_config`` compares each side's sizes with the server's, and this plugin's config
+  hook reads ``scene_eplb`` (a layout run writes vLLM-Ascend's expert map).
+
+The old recipes' KV JSON (no ``kv_connector_extra_config``) must fail the connector's check, and a
+side whose sizes differ from its server must fail the platform's: the checks can fail.
+The model is the tests' generated one (8 experts), so layouts are fitted for it at EP16.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..ascend_env import env as ascend_env
+from ..conftest import run_script
+from ..repository.test_deploy import _env as deploy_env
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "ascend-910c"
+
+
+def _command(script: str, *args: str, **env_extra: str) -> dict:
+    """The recipe's server command (dry run) as the JSON and sizes the engine reads."""
+    res = subprocess.run(
+        ["bash", str(DEPLOY / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=deploy_env(**env_extra),
+    )
+    assert res.returncode == 0, res.stderr
+    argv = shlex.split(res.stdout)[1:]  # after the HCCL_BUFFSIZE the preflight set
+
+    def flag(name):
+        return argv[argv.index(name) + 1] if name in argv else None
+
+    return {
+        "kv": json.loads(flag("--kv-transfer-config")),
+        "extra": json.loads(flag("--additional-config") or "{}"),
+        "dp": int(flag("--data-parallel-size")),
+        "tp": int(flag("--tensor-parallel-size")),
+    }
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    """Every recipe (and two that must fail) through the released code, in one process."""
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec
+
+    from ..conftest import tiny_model_and_layout
+
+    root = tmp_path_factory.mktemp("recipes")
+    spec = TinyMoeSpec(num_heads=8, num_kv_heads=4)  # heads that the recipes' TP8 and TP4 divide
+    model, _, layout = tiny_model_and_layout(root, entries=3, num_redundant=8, ep_size=16, spec=spec)
+    # the plugin-off layout run reads the expert map the recipe converts before starting
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_scene_eplb.cli",
+            "convert",
+            str(layout),
+            "--to",
+            "vllm-ascend",
+            "-o",
+            str(root / "layout.expert_map.json"),
+            "-q",
+        ],
+        check=True,
+    )
+    base = {"SCENE_EPLB_DIR": str(root / "se")}
+    recipes = {
+        "p collect": _command("p_server.sh", "collect", **base),
+        "p layout static": _command("p_server.sh", "layout", str(layout), **base),
+        "p layout dynamic": _command("p_server.sh", "layout", str(layout), DISPATCH="dynamic", **base),
+        "p layout, plugin off": _command("p_server.sh", "layout", str(layout), SCENE_EPLB_PLUGIN="0", **base),
+        "p plain": _command("p_server.sh", "plain", **base),
+        # verify.sh's knobs: vLLM-Ascend's counters on (the recipe exports DYNAMIC_EPLB, their config asserts it), MC2 prefill
+        "p collect, native EPLB, MC2 prefill": {
+            **_command("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1", CHUNK="2048", **base),
+            "env": {"DYNAMIC_EPLB": "true"},
+        },
+        "p plain, native EPLB": {**_command("p_server.sh", "plain", NATIVE_EPLB="1", **base), "env": {"DYNAMIC_EPLB": "true"}},
+        "d collect": _command("d_server.sh", "collect", **base),
+        "d layout": _command("d_server.sh", "layout", str(layout), **base),
+        "d plain": _command("d_server.sh", "plain", **base),
+    }
+    old = dict(recipes["p collect"], kv={k: v for k, v in recipes["p collect"]["kv"].items() if k != "kv_connector_extra_config"})
+    wrong = json.loads(json.dumps(recipes["d plain"]))
+    wrong["kv"]["kv_connector_extra_config"]["decode"]["dp_size"] = 8
+    cases = {**recipes, "old json (no extra config)": old, "decode side sized 8, server 4": wrong}
+    res = run_script("ascend_recipes_check", json.dumps(cases), model, env=ascend_env(), timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return recipes, json.loads(res.stdout.strip().splitlines()[-1]), res.stdout + res.stderr, root
+
+
+def test_every_recipe_passes_the_released_engine_checks(checked):
+    recipes, out, log, root = checked
+    for name in recipes:
+        assert out[name]["ok"], f"{name}: {out[name]['error']}"
+        assert out[name]["connector"] == "MooncakeConnector"
+    assert {out[n]["kv_role"] for n in recipes if n.startswith("p ")} == {"kv_producer"}
+    assert {out[n]["kv_role"] for n in recipes if n.startswith("d ")} == {"kv_consumer"}
+    # the plugin's layout run points vLLM-Ascend at the map it wrote; plugin off, at the converted one
+    assert out["p layout static"]["expert_map_path"].startswith(str(root / "se" / "dumps"))
+    assert out["p layout, plugin off"]["expert_map_path"] == str(root / "layout.expert_map.json")
+    assert "scene-eplb: collection run (role prefill" in log and "scene-eplb: collection run (role decode" in log
+    knobs = out["p collect, native EPLB, MC2 prefill"]
+    assert knobs["dynamic_eplb"] and knobs["prefill_mc2"] and not out["p collect"]["dynamic_eplb"]
+
+
+def test_the_old_json_and_a_mismatched_side_fail_the_same_checks(checked):
+    _, out, _, _ = checked
+    assert not out["old json (no extra config)"]["ok"] and out["old json (no extra config)"]["error"].startswith("AssertionError")
+    bad = out["decode side sized 8, server 4"]
+    assert not bad["ok"] and "conflicting data parallel size" in bad["error"]

@@ -1,0 +1,312 @@
+"""Our layouts against vLLM-Ascend 0.23.0.post1's own eplb_utils.py (its released code, run on CPU)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_scene_eplb.adapters.vllm_ascend import check_versions
+from vllm_scene_eplb.adapters.vllm_ascend.tables import (
+    AscendDispatch,
+    install_dispatch,
+    log2phy_dynamic,
+    log2phy_static,
+    off_rank_with_local,
+    rank_expert_maps,
+)
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.fit import FitOptions, fit
+from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_layout
+from vllm_scene_eplb.layout import Geometry
+
+from ..ascend_env import load_eplb_utils
+from ..conftest import DATA, require_vllm
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def eu():
+    require_vllm()  # eplb_utils imports vllm.logger and vLLM's determine_expert_map
+    return load_eplb_utils()
+
+
+@pytest.fixture(scope="module")
+def field_layout():
+    """The field geometry: 256 experts, EP16, 16 redundant slots, fitted on real DeepSeek-V3 prefill counts."""
+    counts = read_counts(DATA / "prefill_in4096.json")
+    return fit(counts, FitOptions(Geometry(256, 16, 16)))
+
+
+def _their_maps(eu, path, moe_layers, ep, E, tp_size=None):
+    """init_eplb_config for every MoE layer and rank: (global expert maps [L, ep, E], log2phy [L, ep, E])."""
+    cfg = SimpleNamespace(expert_map_path=str(path), dynamic_eplb=False, num_redundant_experts=0)
+    maps, l2p = [], []
+    orig = getattr(torch.Tensor, "npu", None)
+    torch.Tensor.npu = lambda self: self  # their code moves log2phy to the NPU; keep it on CPU
+    try:
+        for k in range(moe_layers):
+            per_rank = []
+            for r in range(ep):
+                g, _local, log2phy, n_red = eu.init_eplb_config(
+                    cfg, k, SimpleNamespace(num_experts=E, ep_size=ep, ep_rank=r), tp_size=tp_size
+                )
+                per_rank.append(log2phy.numpy())
+            maps.append(g.numpy())
+            l2p.append(np.stack(per_rank))
+    finally:
+        if orig is None:
+            del torch.Tensor.npu
+        else:
+            torch.Tensor.npu = orig
+    return np.stack(maps), np.stack(l2p), n_red
+
+
+@pytest.fixture(scope="module")
+def exported(field_layout, tmp_path_factory):
+    return write_layout(field_layout, tmp_path_factory.mktemp("ascend") / "expert_map.json", fmt="vllm-ascend")
+
+
+@pytest.fixture(scope="module")
+def theirs(eu, exported, field_layout):
+    """vLLM-Ascend's maps for every MoE layer (its log2phy without and with TP=2)."""
+    n = len(field_layout.moe_layers)
+    maps, l2p, n_red = _their_maps(eu, exported, n, 16, 256)
+    _, l2p_tp2, _ = _their_maps(eu, exported, n, 16, 256, tp_size=2)
+    return {"maps": maps, "n_red": n_red, None: l2p, 2: l2p_tp2}
+
+
+def test_exported_map_parses_into_exactly_our_rank_maps(theirs, exported, field_layout):
+    assert theirs["n_red"] == 16
+    np.testing.assert_array_equal(theirs["maps"], rank_expert_maps(field_layout))
+    path = exported
+    back = read_layout(path, GeometryHint(ep_size=16, num_experts=256))
+    np.testing.assert_array_equal(
+        back.physical_to_logical_map, field_layout.physical_to_logical_map[list(field_layout.moe_layers)]
+    )
+
+
+def test_mtp_layer_gets_the_files_slot_count(eu, field_layout, exported):
+    placement, physical = eu.expert_file_to_tensor(str(exported), len(field_layout.moe_layers))
+    assert placement is None and physical == 272
+
+
+def test_our_tables_are_valid_physical_ids_for_every_rank_and_expert(field_layout):
+    p2l = field_layout.physical_to_logical_map[list(field_layout.moe_layers)]
+    static = log2phy_static(field_layout)
+    assert static.shape == (len(field_layout.moe_layers), 16, 256)
+    assert ((static >= 0) & (static < 272)).all()
+    assert (np.take_along_axis(p2l[:, None, :].repeat(16, 1), static, axis=2) == np.arange(256)).all()
+    l2p, replicas = log2phy_dynamic(field_layout)
+    valid = np.arange(l2p.shape[2])[None, None, :] < replicas[..., None]
+    assert (l2p[valid] >= 0).all()
+    assert (
+        np.take_along_axis(p2l, np.where(valid, l2p, 0).reshape(len(p2l), -1), axis=1).reshape(l2p.shape)[valid]
+        == np.broadcast_to(np.arange(256)[None, :, None], l2p.shape)[valid]
+    ).all()
+
+
+@pytest.mark.parametrize("tp_size", [None, 2])
+def test_their_fixed_formula_routes_off_rank_where_ours_stays_local(theirs, field_layout, tp_size):
+    ours = log2phy_static(field_layout)
+    their_off, our_off = off_rank_with_local(theirs[tp_size], field_layout), off_rank_with_local(ours, field_layout)
+    replicated = int((field_layout.replica_counts()[list(field_layout.moe_layers)] > 1).sum())
+    print(
+        f"\nfield geometry, tp_size={tp_size}: (layer, rank, expert) routed off-rank although a local replica exists: "
+        f"vLLM-Ascend formula {their_off}, ours {our_off} ({replicated} replicated (layer, expert) pairs)"
+    )
+    assert our_off == 0 and their_off > 0
+
+
+@pytest.mark.parametrize(
+    "ascend, vllm",
+    [
+        ("0.23.0.post1", "0.23.0"),
+        ("0.23.0.post1+gabc123", "0.23.0"),
+        ("0.23.0.post1.dev4+g1234abc", "0.23.0"),
+        ("0.23.0.post1", "0.23.0+empty"),
+    ],
+)
+def test_builds_of_the_release_are_accepted(ascend, vllm):
+    check_versions(ascend, vllm)
+
+
+@pytest.mark.parametrize(
+    "ascend, vllm",
+    [
+        ("0.18.0", "0.18.0"),
+        ("0.24.0", "0.23.0"),
+        ("0.23.0", "0.23.0"),
+        ("0.23.0.post2", "0.23.0"),
+        ("0.23.0.post1", "0.24.0"),
+        ("0.23.0.post1", "0.23.1"),  # vLLM-Ascend picks its fused MoE class on exactly 0.23.0
+        ("garbage", "0.23.0"),
+    ],
+)
+def test_other_engine_versions_are_refused(ascend, vllm):
+    with pytest.raises(SceneEplbError, match="written for vllm-ascend 0.23.0.post1"):
+        check_versions(ascend, vllm)
+
+
+def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, exported, field_layout):
+    """vLLM-Ascend's own init_eplb_config, with generate_log2phy_map replaced: every rank's log2phy
+    is our static table row, and no rank routes off-rank when it holds a replica."""
+    fresh = load_eplb_utils()  # a second instance: the fixture's keeps their formula for the other tests
+    install_dispatch(fresh, lambda: AscendDispatch(field_layout, "static"))
+    n = len(field_layout.moe_layers)
+    _, l2p, _ = _their_maps(fresh, exported, n, 16, 256, tp_size=2)
+    np.testing.assert_array_equal(l2p, log2phy_static(field_layout))
+    assert off_rank_with_local(l2p, field_layout) == 0
+
+
+# ---------------------------------------------------------------- startup wiring (adapters/vllm_ascend/startup)
+
+
+@pytest.fixture(scope="module")
+def ascend_model(tmp_path_factory):
+    """A generated Qwen3-MoE checkpoint (8 experts, 2 MoE layers) and a layout fitted for EP=2, R=2."""
+    from ..conftest import tiny_model_and_layout
+
+    root = tmp_path_factory.mktemp("ascend-startup")
+    model, layout, path = tiny_model_and_layout(root, entries=2, num_redundant=2, ep_size=2)
+    return model, layout, path, root
+
+
+def _startup(ascend_model, scene: dict, log: list | None = None, extra_env: dict | None = None) -> dict:
+    import json
+
+    from ..ascend_env import env
+    from ..conftest import run_script
+
+    model, layout, _, _ = ascend_model
+    args = (model, json.dumps(scene), len(layout.moe_layers), layout.geometry.num_experts)
+    res = run_script("ascend_startup", *args, env={**env(), **(extra_env or {})})
+    assert res.returncode == 0, res.stderr[-3000:]
+    if log is not None:
+        log.append(res.stdout + res.stderr)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("fmt", ["scene-eplb", "sglang"])
+def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_model, fmt):
+    """Real VllmConfig of vLLM 0.23 with vLLM-Ascend 0.23.0.post1's platform, eplb_utils and
+    EplbConfig: the plugin writes the expert map, vLLM-Ascend parses it into our per-rank maps, and
+    its log2phy is our static table while the config carries the layout, its formula otherwise.
+    A bare SGLang layout (no geometry, no fitted table in the file) works the same with the
+    even-split table; the config hook logs what it prepared."""
+    from vllm_scene_eplb.layout import Layout
+
+    _, layout, native, root = ascend_model
+    assert layout.static_sources is not None  # fitted for static: the native file carries its table
+    path = native if fmt == "scene-eplb" else write_layout(layout, root / "layout.sglang.json", fmt="sglang")
+    if fmt != "scene-eplb":
+        layout = Layout(layout.physical_to_logical_map, layout.geometry, layout.moe_layers)
+    log = []
+    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}}, log)
+    assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, static dispatch) -> vLLM-Ascend expert_map_path" in log[0]
+    assert out["path"].startswith(str(root / "dump")) and out["path"].endswith(".json")
+    assert (
+        read_layout(out["path"], GeometryHint(ep_size=2, num_experts=8)).physical_to_logical_map.tolist()
+        == layout.physical_to_logical_map[list(layout.moe_layers)].tolist()
+    )
+    ours = np.array(out["ours"]).reshape(len(layout.moe_layers), 2, -1)
+    np.testing.assert_array_equal(ours, log2phy_static(layout))
+    assert out["theirs"] == out["theirs_formula"]  # plugin off: their formula, untouched
+    assert off_rank_with_local(ours, layout) == 0
+
+
+def test_startup_accepts_a_collection_run(ascend_model):
+    """No layout: the flag alone is a collection run; vLLM-Ascend's eplb_config is left alone and
+    nothing is written at config time (the recorder binds in the workers)."""
+    _, _, _, root = ascend_model
+    log = []
+    out = _startup(ascend_model, {"scene_eplb": {"role": "prefill", "dump_dir": str(root / "dump2")}}, log)
+    assert "refused" not in out and out["path"] is None
+    assert "scene-eplb: collection run (role prefill, 512 ring entries" in log[0]
+    assert not (root / "dump2").exists()
+
+
+def test_startup_refuses_the_v2_model_runner(ascend_model):
+    _, _, path, root = ascend_model
+    out = _startup(
+        ascend_model,
+        {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-v2")}},
+        extra_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+    )
+    assert "V1 model runner only" in out["refused"] and not (root / "d-v2").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"eplb_config": {"dynamic_eplb": True}}, "both move experts"),
+        ({"eplb_config": {"expert_map_path": "/x/map.json"}}, "set by hand"),
+        ({"mix_placement": True}, "turn off mix_placement"),
+    ],
+    ids=["dynamic-eplb", "expert-map-set-by-hand", "mix-placement"],
+)
+def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, message):
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump3")}, **extra}
+    before = repr(additional)
+    with pytest.raises(SceneEplbError, match=message):
+        prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2)
+    assert repr(additional) == before and not (root / "dump3").exists()
+
+
+def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    with pytest.raises(SceneEplbError, match="does not fit this server"):
+        prepare_layout_run(
+            {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d4")}}, hf_config(TinyMoeSpec()), ep_size=4
+        )
+
+
+def test_prepare_needs_an_explicit_role_with_kv_both(ascend_model):
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d5")}}
+    with pytest.raises(SceneEplbError, match="kv_both"):
+        prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2, kv_role="kv_both")
+    additional["scene_eplb"]["role"] = "prefill"
+    _, written = prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2, kv_role="kv_both")
+    assert written.is_file() and additional["eplb_config"]["expert_map_path"] == str(written)
+
+
+def test_startup_with_dynamic_dispatch_builds_virtual_id_maps(ascend_model):
+    """dispatch "dynamic" on vLLM-Ascend: the config hook's line says so and, inside their own
+    init_eplb_config, every rank's log2phy is the virtual-id map (replica j of expert e at e + E*j)
+    that the select_experts hook pairs with (tests/ascend/test_vllm_ascend_moe.py runs the two together)."""
+    from vllm_scene_eplb.adapters.vllm_ascend.tables import dynamic_virtual_log2phy
+
+    _, layout, native, root = ascend_model
+    log = []
+    out = _startup(
+        ascend_model, {"scene_eplb": {"layout": str(native), "dump_dir": str(root / "dump-dyn"), "dispatch": "dynamic"}}, log
+    )
+    assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, dynamic dispatch)" in log[0]
+    maps = rank_expert_maps(layout)
+    want = [dynamic_virtual_log2phy(maps[k]).tolist() for k in range(len(layout.moe_layers)) for _ in range(2)]
+    assert out["ours"] == want
+    assert all(len(row) > layout.geometry.num_experts for row in out["ours"])
+    assert out["theirs"] == out["theirs_formula"]
+
+
+def test_dynamic_dispatch_refuses_returning_routed_experts(ascend_model):
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-routed"), "dispatch": "dynamic"}}
+    with pytest.raises(SceneEplbError, match="enable_return_routed_experts"):
+        prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2, returns_routed_experts=True)
+    assert not (root / "d-routed").exists()

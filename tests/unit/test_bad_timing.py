@@ -1,0 +1,115 @@
+"""Hostile and broken timing windows and candidates for `advise` (issue 31): each gives one line
+naming the problem and exit 2, never `trial`, no traceback."""
+
+import json
+
+import pytest
+
+from vllm_scene_eplb.formats import read_layout, write_layout
+
+from ..advise_scene import write_case
+from .test_bad_input import assert_one_line_error, run
+
+MODEL = "data/models/deepseek-v3"  # 256 experts and 58 MoE layers, for a 16-expert 4-layer candidate
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    return write_case(tmp_path_factory.mktemp("timing"))
+
+
+def _time(case) -> dict:
+    return json.loads(case["status"].read_text())["live"]["time"]
+
+
+def _with(case, tmp_path, **change) -> str:
+    doc = json.loads(case["status"].read_text())
+    doc["live"]["time"].update(change)
+    path = tmp_path / "status.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_the_untouched_case_says_trial(case):
+    code, out, err = run("advise", case["dump"], "--layout", case["cand"], "--timing", case["status"])
+    assert code == 0 and "verdict: trial" in out, (out, err)
+
+
+TIMING_CASES = {
+    "nan_rank_ms": (lambda t: {"rank_ms": [[float("nan")] + r[1:] for r in t["rank_ms"]]}, "rank_ms[0][0]"),
+    "negative_rank_ms": (lambda t: {"rank_ms": [[-1.0] + r[1:] for r in t["rank_ms"]]}, "rank_ms[0][0]"),
+    "step_shorter_than_moe": (
+        lambda t: {"rank_ms": [[35.0 / len(r)] * len(r) for r in t["rank_ms"]], "step_ms": 10.0},
+        "shorter than",
+    ),
+    "negative_step_ms": (lambda t: {"step_ms": -5.0}, "step_ms"),
+    "zero_step_ms": (lambda t: {"step_ms": 0}, "step_ms"),
+    "string_step_ms": (lambda t: {"step_ms": "12"}, "step_ms"),
+    "infinite_step_ms": (lambda t: {"step_ms": float("inf")}, "step_ms"),
+    "bool_step_ms": (lambda t: {"step_ms": True}, "step_ms"),
+    "moe_share_above_one": (lambda t: {"moe_share": 3.5}, "moe_share"),
+    "negative_moe_share": (lambda t: {"moe_share": -0.1}, "moe_share"),
+    "one_layer_for_four": (
+        lambda t: {"rank_ms": [r[:1] for r in t["rank_ms"]], "rank_assignments": [r[:1] for r in t["rank_assignments"]]},
+        "MoE layers",
+    ),
+    "three_layers_for_four": (
+        lambda t: {"rank_ms": [r[:3] for r in t["rank_ms"]], "rank_assignments": [r[:3] for r in t["rank_assignments"]]},
+        "MoE layers",
+    ),
+    "assignments_of_another_shape": (lambda t: {"rank_assignments": [r[:2] for r in t["rank_assignments"]]}, "rank_assignments"),
+    "ragged_rank_ms": (lambda t: {"rank_ms": [t["rank_ms"][0], t["rank_ms"][1][:2]]}, "ragged"),
+    "rank_ms_not_a_list": (lambda t: {"rank_ms": "fast"}, "rank_ms"),
+    "assignments_nan": (
+        lambda t: {"rank_assignments": [[float("nan")] * len(r) for r in t["rank_assignments"]]},
+        "rank_assignments",
+    ),
+    "sub_windows_negative": (lambda t: {"sub_windows": [1.0, -2.0]}, "sub_windows[1]"),
+    "provenance_not_an_object": (lambda t: {"provenance": "mine"}, "provenance"),
+    "three_ranks_for_two": (
+        lambda t: {
+            "rank_ms": t["rank_ms"] + t["rank_ms"][:1],
+            "rank_assignments": t["rank_assignments"] + t["rank_assignments"][:1],
+        },
+        "ranks",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIMING_CASES))
+def test_a_bad_timing_window_is_one_line_and_exit_2(name, case, tmp_path):
+    change, expected = TIMING_CASES[name]
+    timing = _with(case, tmp_path, **change(_time(case)))
+    code, out, err = run("advise", case["dump"], "--layout", case["cand"], "--timing", timing)
+    assert "trial" not in out
+    assert_one_line_error(code, err, expected, name)
+
+
+def test_a_timing_that_is_not_an_object(case, tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"live": {"time": [1, 2]}}))
+    code, out, err = run("advise", case["dump"], "--layout", case["cand"], "--timing", path)
+    assert_one_line_error(code, err, "JSON object", "time_not_an_object")
+
+
+def test_a_candidate_with_an_unknown_dispatch(case, tmp_path):
+    layout = read_layout(case["cand"])
+    layout.meta["dispatch"] = "bogus"
+    cand = write_layout(layout, tmp_path / "cand.json")
+    code, out, err = run("advise", case["dump"], "--layout", cand, "--timing", case["status"])
+    assert "trial" not in out
+    assert_one_line_error(code, err, "bogus", "dispatch_bogus")
+
+
+def test_a_model_that_is_not_the_candidates(case):
+    code, out, err = run("advise", case["dump"], "--layout", case["cand"], "--timing", case["status"], "--model", MODEL)
+    assert "trial" not in out
+    assert_one_line_error(code, err, "--model", "model_mismatch")
+
+
+def test_url_and_timing_together_blame_the_options_not_the_layout(case):
+    code, out, err = run(
+        "advise", case["dump"], "--layout", case["cand"], "--timing", case["status"], "--url", "http://127.0.0.1:9"
+    )
+    assert_one_line_error(code, err, "not both", "url_and_timing")
+    assert str(case["cand"]) not in err
