@@ -12,12 +12,13 @@ what it was fitted to expect, and a drift alarm (pure numpy; the adapters feed i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .layout import Geometry, Layout, linear_map
 from .measured import RankTime, SourceTraffic, fidelity, modelled_slot_counts, rank_loads, time_view
+from .protocol import LiveAnswer, LiveTime, MeasuredView
 from .score import dispatch_score, rank_score
 
 EXPECTED_KEY = "expected_balancedness"  # the layout meta key, spelt as files written before the naming pass spell it
@@ -161,7 +162,7 @@ class LiveFitness:
     per_layer: np.ndarray | None = None
     measured: np.ndarray | None = None
     fidelity: float | None = None
-    time: dict | None = None
+    time: LiveTime | None = None
     provenance: dict = field(default_factory=dict)  # the server's PROVENANCE_KEYS, stamped on live.time
     _step_ms: list[float] = field(default_factory=list)  # recent windows' step ms: live.time's sub_windows
     _last: LiveSample | None = None
@@ -237,30 +238,33 @@ class LiveFitness:
         windows (this one included), which ``advise`` reads as its measured noise."""
         if self.time is None:
             return
-        if self.time.get("step_ms") is not None:
-            self._step_ms = [*self._step_ms, float(self.time["step_ms"])][-SUB_WINDOWS:]
-        self.time["sub_windows"] = [round(x, 4) for x in self._step_ms]
-        self.time["provenance"] = dict(self.provenance)
+        if self.time.step_ms is not None:
+            self._step_ms = [*self._step_ms, float(self.time.step_ms)][-SUB_WINDOWS:]
+        self.time = replace(self.time, sub_windows=tuple(round(x, 4) for x in self._step_ms), provenance=dict(self.provenance))
 
-    def to_dict(self) -> dict:
+    def answer(self) -> LiveAnswer:
         """The status route's ``live`` object."""
         pl, m = self.per_layer, self.measured
-        return {
-            "median": None if pl is None else float(np.median(pl)),
-            "worst": None if pl is None else float(pl.max()),
-            "expected_median": self.alarm.expected_median,
-            "expected_worst": self.expected_worst,
-            "drift": self.alarm.drift,
-            "passes": self.passes,
-            "window_seconds": round(self.window_seconds, 3),
-            "windows": self.windows,
-            "threshold": self.alarm.threshold,
-            "dispatch": self.dispatch,
-            "layers": list(self.moe_layers),
-            "per_layer": None if pl is None else [round(float(x), 5) for x in pl],
-            "measured": None
+        return LiveAnswer(
+            median=None if pl is None else float(np.median(pl)),
+            worst=None if pl is None else float(pl.max()),
+            expected_median=self.alarm.expected_median,
+            expected_worst=self.expected_worst,
+            drift=self.alarm.drift,
+            passes=self.passes,
+            window_seconds=round(self.window_seconds, 3),
+            windows=self.windows,
+            threshold=self.alarm.threshold,
+            dispatch=self.dispatch,
+            layers=tuple(self.moe_layers),
+            per_layer=None if pl is None else tuple(round(float(x), 5) for x in pl),
+            measured=None
             if m is None
-            else {"median": float(np.median(m)), "worst": float(m.max()), "per_layer": [round(float(x), 5) for x in m]},
-            "fidelity": self.fidelity,
-            "time": self.time,
-        }
+            else MeasuredView(float(np.median(m)), float(m.max()), tuple(round(float(x), 5) for x in m)),
+            fidelity=self.fidelity,
+            time=self.time,
+        )
+
+    def to_wire(self) -> dict:
+        """``answer()`` as its JSON object."""
+        return self.answer().to_wire()

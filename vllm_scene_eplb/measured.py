@@ -29,6 +29,7 @@ import numpy as np
 from .dispatch import static_table
 from .errors import SceneEplbError
 from .layout import Geometry, replica_counts
+from .protocol import LiveTime
 from .score import rank_score
 
 
@@ -102,8 +103,8 @@ def fidelity(physical: np.ndarray, modelled: np.ndarray, p2l: np.ndarray, num_ex
     return float(diff.max())
 
 
-def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> dict | None:
-    """The status ``live.time`` object from every rank's window: ``rank_ms`` [ranks][layers] mean
+def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> LiveTime | None:
+    """The status ``live.time`` object (``protocol.LiveTime``) from every rank's window: ``rank_ms`` [ranks][layers] mean
     local expert ms per pass, ``median`` and ``worst`` over layers of max/mean rank time,
     ``moe_share`` (MoE seconds over step seconds, over the ranks' real steps) and ``step_ms`` (mean
     wall ms of a real step); with the window's measured rank ``loads`` [L, ranks], also
@@ -115,15 +116,17 @@ def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> dict | 
     rank_ms = np.stack([1000.0 * np.asarray(r.moe_seconds, dtype=np.float64) / r.moe_passes for r in ranks])
     per_layer = rank_score(rank_ms.T)  # [L]: max/mean over ranks
     seconds, steps = sum(r.step_seconds for r in ranks), sum(r.steps for r in ranks)
-    out = {
-        "median": float(np.median(per_layer)),
-        "worst": float(per_layer.max()),
-        "moe_share": None if seconds <= 0 else float(sum(r.step_moe_seconds for r in ranks) / seconds),
-        "step_ms": None if steps <= 0 else 1000.0 * seconds / steps,
-        "rank_ms": [[round(float(x), 4) for x in row] for row in rank_ms],
-        "per_layer": [round(float(x), 5) for x in per_layer],
-        "rank_assignments": None,
-    }
+    assignments = None
     if loads is not None and loads.shape == rank_ms.T.shape:
-        out["rank_assignments"] = [[round(float(x), 2) for x in loads[:, r] / ranks[r].moe_passes] for r in range(len(ranks))]
-    return out
+        assignments = tuple(tuple(round(float(x), 2) for x in loads[:, r] / ranks[r].moe_passes) for r in range(len(ranks)))
+    return LiveTime(
+        median=float(np.median(per_layer)),
+        worst=float(per_layer.max()),
+        moe_share=None if seconds <= 0 else float(sum(r.step_moe_seconds for r in ranks) / seconds),
+        step_ms=None if steps <= 0 else 1000.0 * seconds / steps,
+        rank_ms=tuple(tuple(round(float(x), 4) for x in row) for row in rank_ms),
+        per_layer=tuple(round(float(x), 5) for x in per_layer),
+        rank_assignments=assignments,
+        sub_windows=(),
+        provenance={},
+    )

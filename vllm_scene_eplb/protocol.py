@@ -52,7 +52,7 @@ EXPORT_STATUS_ACTION = "export_status"
 LIVE_ACTION = "live"
 # The native_load route's action: each worker's logical counts from the engine's own counters.
 NATIVE_ACTION = "native_load"
-# The status answer's live-fitness object (see ``fitness.LiveFitness.to_dict``).
+# The status answer's live-fitness object (built by ``fitness.LiveFitness.answer``).
 LIVE_KEY = "live"
 # The status keys a dump file's metadata carries (besides what the export adds).
 DUMP_META_KEYS = (
@@ -374,7 +374,7 @@ RANK_KEYS = tuple(f.name for f in fields(RankView))
 
 @dataclass(frozen=True)
 class MeasuredView(_Answer):
-    """The live object's ``measured``: balancedness of the measured replica traffic."""
+    """The live object's ``measured``: the score of the measured replica traffic."""
 
     median: float
     worst: float
@@ -440,8 +440,8 @@ class LiveTime(_Answer):
 
 @dataclass(frozen=True)
 class LiveAnswer(_Answer):
-    """The status answer's ``LIVE_KEY`` object (``fitness.LiveFitness.to_dict``): the last window's
-    balancedness per MoE layer, the layout's expectation, the drift alarm, the measured replica
+    """The status answer's ``LIVE_KEY`` object (``fitness.LiveFitness.answer``): the last window's
+    score per MoE layer, the layout's expectation, the drift alarm, the measured replica
     traffic and the window's timing (``time``: None without ``time_moe``)."""
 
     median: float | None

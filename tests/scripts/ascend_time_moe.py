@@ -116,7 +116,7 @@ def main() -> None:
     rank = WorkerAnswer.from_wire(answer, RankLive.from_wire).payload
     assert rank is not None, answer
     live.observe(live_sample([rank]), 1.0)
-    out["time"] = live.to_dict()["time"]
+    out["time"] = live.to_wire()["time"]
     out["comm_seen"] = rt.comm_seen
     out["syncs"] = events.calls.count("Event.synchronize")
     fused = VllmConfig(model_config=ModelConfig(model=model_dir), additional_config={"enable_fused_mc2": 1, "refresh": True})

@@ -50,8 +50,8 @@ def test_live_windows_use_counts_since_the_last_window_and_detect_a_new_scene():
         total = total + window
         lines.append(live.observe(LiveSample(total, passes=10 * (t + 1)), now=float(t)))
         if t == 2:
-            assert not live.alarm.drift and abs(live.to_dict()["median"] / live.alarm.expected_median - 1) < 0.05
-    d = live.to_dict()
+            assert not live.alarm.drift and abs(live.to_wire()["median"] / live.alarm.expected_median - 1) < 0.05
+    d = live.to_wire()
     assert d["drift"] and d["median"] > d["threshold"] and d["passes"] == 10 and d["window_seconds"] == 1.0
     assert sum(line is not None for line in lines) == 1
     assert live.observe(LiveSample(total, passes=60), now=7.0) is None and live.windows == 6  # an idle window is skipped
@@ -61,7 +61,7 @@ def test_linear_layout_when_none_is_loaded():
     counts = Counts(skewed_counts(1, 2, 8, seed=3))
     live = LiveFitness.for_server(None, 8, 2, None, (0, 1), margin=0.05, windows=3)
     live.observe(LiveSample(counts.total(), passes=1), now=0.0)
-    d = live.to_dict()
+    d = live.to_wire()
     assert d["expected_median"] is None and not d["drift"] and d["median"] >= 1.0 and len(d["per_layer"]) == 2
 
 
@@ -71,9 +71,9 @@ def test_watch_renders_a_heat_strip_and_the_drift_state():
 
     counts, layout = _fitted()
     live = LiveFitness.for_server(layout, 16, 4, "dynamic", (0, 1, 2), margin=0.05, windows=1)
-    assert "no live window" in render(LiveAnswer.from_wire(live.to_dict()), "http://x")
+    assert "no live window" in render(LiveAnswer.from_wire(live.to_wire()), "http://x")
     live.observe(LiveSample(counts.total(), passes=3), now=0.0)
-    wire = live.to_dict()
+    wire = live.to_wire()
     assert LiveAnswer.from_wire(wire).to_wire() == wire  # the client's reader takes the server's object key for key
     text = render(LiveAnswer.from_wire(wire), "http://x")
     assert "drift     no" in text and "layers    " in text and "worst     layer" in text
@@ -93,7 +93,7 @@ def test_live_time_carries_the_servers_provenance_and_its_recent_windows_steps()
             for _ in range(2)
         )
         live.observe(LiveSample(counts * (t + 1), passes=t + 1, physical=counts * (t + 1), times=times), now=float(t))
-    timing = live.to_dict()["time"]
+    timing = live.to_wire()["time"]
     assert timing["provenance"] == said
     assert len(timing["sub_windows"]) == SUB_WINDOWS and timing["sub_windows"][-1] == pytest.approx(10.0 * (SUB_WINDOWS + 2))
     window = TimingWindow.from_wire(timing, layers=2)

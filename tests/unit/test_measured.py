@@ -84,7 +84,9 @@ def test_a_tp_batch_seen_by_all_ranks_is_split_over_their_rows(layout):
 
 def test_time_view_names_the_slow_rank_and_the_moe_share():
     ranks = [RankTime(np.array([0.2, 0.1]), 10, 10, 2.0, 0.3), RankTime(np.array([0.6, 0.1]), 10, 10, 2.0, 0.7)]
-    t = time_view(ranks, np.array([[100.0, 300.0], [50.0, 50.0]]))
+    view = time_view(ranks, np.array([[100.0, 300.0], [50.0, 50.0]]))
+    assert view is not None
+    t = view.to_wire()
     assert t["rank_ms"] == [[20.0, 10.0], [60.0, 10.0]]
     assert t["per_layer"] == [1.5, 1.0] and t["worst"] == 1.5 and t["median"] == 1.25
     assert t["moe_share"] == pytest.approx(0.25) and t["step_ms"] == pytest.approx(200.0)
@@ -116,7 +118,7 @@ def test_live_window_reports_measured_fidelity_and_time(layout):
     live = LiveFitness.for_server(layout, E, EP, "static", tuple(range(L)), margin=0.05, windows=3)
     times = tuple(RankTime(np.full(L, 0.01 * (r + 1)), 5, 5, 1.0, 0.1) for r in range(EP))
     live.observe(LiveSample(logical, 5, physical, tuple(sources), times), now=0.0)
-    d = live.to_dict()
+    d = live.to_wire()
     assert d["fidelity"] < 1e-9 and abs(d["measured"]["median"] / d["median"] - 1) < 0.02
     assert d["time"]["worst"] == pytest.approx(1.6) and d["time"]["moe_share"] == pytest.approx(0.1)
     # the next window works on differences: twice the same traffic reads the same
@@ -130,7 +132,7 @@ def test_live_window_reports_measured_fidelity_and_time(layout):
         ),
         now=1.0,
     )
-    assert live.to_dict()["fidelity"] < 1e-9 and live.to_dict()["time"]["worst"] == pytest.approx(1.6)
+    assert live.to_wire()["fidelity"] < 1e-9 and live.to_wire()["time"]["worst"] == pytest.approx(1.6)
 
 
 @pytest.mark.parametrize("fmt, suffix", [("scene-eplb", "npz"), ("sglang", "json"), ("pt", "pt")])

@@ -59,7 +59,7 @@ class LivePoller:
         line = self.live.observe(sample, time.monotonic())
         if line:
             (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
-        self.answer = LiveAnswer.from_wire(self.live.to_dict(), "the live fitness of this server")
+        self.answer = LiveAnswer.from_wire(self.live.to_wire(), "the live fitness of this server")
         metrics.publish(self.answer, self.config.live_per_layer_metrics)
 
     async def _view(self, num_experts: int) -> LiveFitness:
