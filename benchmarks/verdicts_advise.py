@@ -124,10 +124,10 @@ def _case(
     elapsed = (time.perf_counter() - t0) / len(answers)
     truth = srv.true_ratio(layout, dispatch, FRESH, np.random.default_rng(1000 + ep))
     aggregate = _aggregate_ratio(srv, rec, layout, dispatch)
-    ratios = {s: a["predicted_throughput_ratio"] for s, a in answers.items()}
+    ratios = {s: a.predicted_throughput_ratio for s, a in answers.items()}
     print(
         f"{file:26s} EP{ep:<3d} running {running_name:10s} {name:17s} truth {truth:.4f}  predicted "
-        + "  ".join(f"k={s}: {'n/a' if r is None else f'{r:.4f}'} ({answers[s]['verdict']})" for s, r in ratios.items())
+        + "  ".join(f"k={s}: {'n/a' if r is None else f'{r:.4f}'} ({answers[s].verdict})" for s, r in ratios.items())
         + f"  aggregate {aggregate:.4f}  [{elapsed:.1f} s each]",
         flush=True,
     )
@@ -140,8 +140,8 @@ def _case(
         "true_ratio": truth,
         "aggregate_ratio": aggregate,
         "predicted": {str(s): r for s, r in ratios.items()},
-        "verdict": {str(s): a["verdict"] for s, a in answers.items()},
-        "noise_floor": answers[k]["details"].get("noise_floor", NOISE_FLOOR),
+        "verdict": {str(s): a.verdict for s, a in answers.items()},
+        "noise_floor": answers[k].details.get("noise_floor", NOISE_FLOOR),
         "advise_seconds": elapsed,
     }
 
@@ -222,13 +222,13 @@ def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redunda
     finally:
         linear.stop()
     (effect,), note = block_effects(np.log(values), [(-1.0, 1.0)], np.array(positions))
-    predicted = cand.advice["predicted_throughput_ratio"]
+    predicted = cand.advice.predicted_throughput_ratio
     ci = effect.ci
     row = {
         "skew": skew,
-        "verdict": cand.advice["verdict"],
+        "verdict": cand.advice.verdict,
         "predicted": predicted,
-        "bound": cand.advice["details"].get("bound_ratio"),  # where the window leaves the slope open: the steepest one's ratio
+        "bound": cand.advice.details.get("bound_ratio"),  # where the window leaves the slope open: the steepest one's ratio
         "measured": effect.ratio,
         "measured_ci": list(ci) if ci else None,
         "predicted_in_ci": None if ci is None or predicted is None else bool(ci[0] <= predicted <= ci[1]),
@@ -238,7 +238,7 @@ def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redunda
         "rounds": values,
         "positions": positions,
         "model": note,
-        "reasons": cand.advice.get("reasons"),
+        "reasons": list(cand.advice.reasons),
     }
     print(
         f"skew {skew}: advise {row['verdict']} predicted {_num(predicted)} (bound {_num(row['bound'])}); measured {effect.ratio:.3f} "

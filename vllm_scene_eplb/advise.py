@@ -61,12 +61,11 @@ from .dispatch import static_table
 from .errors import SceneEplbError
 from .layout import Geometry, Layout, linear_map, replica_counts
 from .measured import fidelity
-from .protocol import PROVENANCE_KEYS, TimingWindow
+from .protocol import PROVENANCE_KEYS, Advice, TimingWindow
 
 NOISE_FLOOR = 0.02  # the lower bound of the noise floor: below a 2% gain no single A/B here separates it
 MAX_SLOPE_ERROR = 0.25  # a pooled slope less certain than this is not identified by the window
 MIN_PASSES = 16  # fewer recorded passes than this give no per-pass distribution to speak of
-VERDICTS = ("trial", "skip", "insufficient_evidence")
 # The provenance a timing window must share with the dump (the rest is compared when both say it).
 REQUIRED_PROVENANCE = ("layout_hash", "ep_size", "role", "steps_per_entry")
 DEFAULT_SEED = 0
@@ -305,18 +304,13 @@ def noise_floor(timing: TimingWindow, model: TimeModel, critical_now: float, ab_
     return terms[source], source
 
 
-def _insufficient(reasons: list[str], *why: str, **details) -> dict:
-    return {
-        "verdict": "insufficient_evidence",
-        "predicted_throughput_ratio": None,
-        "reasons": reasons + list(why),
-        "details": details,
-    }
+def _insufficient(reasons: list[str], *why: str, **details) -> Advice:
+    return Advice("insufficient_evidence", None, (*reasons, *why), details)
 
 
 def _unidentified(
     reasons: list[str], model: TimeModel, timing: TimingWindow, now: np.ndarray, cand: np.ndarray, ab_ratio
-) -> dict:
+) -> Advice:
     """The window does not pin the slope down (its ranks' loads hardly differ, or time does not grow
     with them): the gain lies between none and what the steepest slope gives. ``skip`` if even that
     is under the noise floor, else ``insufficient_evidence``; ``now`` / ``cand``: per-pass rank loads."""
@@ -332,15 +326,15 @@ def _unidentified(
     )
     details = {"step_ms": timing.step_ms, "noise_floor": floor, "noise_floor_source": source, "bound_ratio": ratio}
     if ratio - 1 < floor:
-        return {
-            "verdict": "skip",
-            "predicted_throughput_ratio": None,
-            "reasons": reasons
-            + [
-                f"{why}; even if all MoE time scaled with assignments the gain would be {ratio - 1:+.1%}, within the noise floor of {floor:.1%}"
-            ],
-            "details": details,
-        }
+        return Advice(
+            "skip",
+            None,
+            (
+                *reasons,
+                f"{why}; even if all MoE time scaled with assignments the gain would be {ratio - 1:+.1%}, within the noise floor of {floor:.1%}",
+            ),
+            details,
+        )
     return _insufficient(
         reasons,
         f"{why}: the gain lies between none and {ratio - 1:+.1%}; time a window where the ranks' loads differ "
@@ -373,12 +367,13 @@ def advise(
     running: Layout | None = None,
     ab_ratio: float | None = None,
     seed: int = DEFAULT_SEED,
-) -> dict:
-    """The verdict (``VERDICTS``), the predicted throughput ratio and the reasons in words, plus the
-    numbers behind them. ``timing``: the running server's timing window (``TimingWindow``: a
-    ``live.time`` object read with ``from_wire`` or ``of_status``; None: none); ``running``: the layout it runs (None: the linear
-    layout, which the dump's metadata must then say); ``ab_ratio``: the throughput ratio of two
-    identical setups, for the noise floor; ``memory``: what the candidate's redundant slots cost."""
+) -> Advice:
+    """The advice (``protocol.Advice``): the verdict (``protocol.VERDICTS``), the predicted throughput
+    ratio and the reasons in words, plus the numbers behind them. ``timing``: the running server's
+    timing window (``TimingWindow``: a ``live.time`` object read with ``from_wire`` or ``of_status``;
+    None: none); ``running``: the layout it runs (None: the linear layout, which the dump's metadata
+    must then say); ``ab_ratio``: the throughput ratio of two identical setups, for the noise floor;
+    ``memory``: what the candidate's redundant slots cost."""
     reasons: list[str] = [memory] if memory else []
     if counts.num_experts != candidate.geometry.num_experts or counts.num_layers != candidate.num_layers:
         raise SceneEplbError(
@@ -516,9 +511,4 @@ def advise(
             f"predicted gain {ratio - 1:+.1%} clears the noise floor of {floor:.1%} ({floor_source}) on the whole recording "
             "and both halves: try it, and measure with an A/B on the same load"
         )
-    return {
-        "verdict": verdict,
-        "predicted_throughput_ratio": ratio,
-        "reasons": reasons,
-        "details": {**numbers, "halves": halves},
-    }
+    return Advice(verdict, ratio, tuple(reasons), {**numbers, "halves": halves})

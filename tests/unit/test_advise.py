@@ -37,8 +37,8 @@ def test_the_ratio_is_the_per_pass_truth_at_one_step_per_entry_and_at_16(tokens)
     for k in (1, 16):
         counts = server(s).dump(rec, k)
         answer = _advise(counts, s, rec, k)
-        assert answer["verdict"] == "trial", answer["reasons"]
-        ratios[k] = answer["predicted_throughput_ratio"]
+        assert answer.verdict == "trial", answer.reasons
+        ratios[k] = answer.predicted_throughput_ratio
     truth = server(s).true_ratio(candidate(server(s).dump(rec, 1)), "static", 4096, np.random.default_rng(99))
     assert abs(ratios[1] - ratios[16]) < 0.005, ratios
     assert abs(ratios[1] - truth) < 0.02 and abs(ratios[16] - truth) < 0.02, (ratios, truth)
@@ -56,7 +56,7 @@ def test_a_k_pass_entry_is_split_into_k_passes_of_equal_size_that_sum_back():
 def test_an_even_scene_says_skip():
     s, rec = _recording(EVEN, seed=1)
     answer = _advise(server(s).dump(rec, 16), s, rec, 16)
-    assert answer["verdict"] == "skip" and answer["predicted_throughput_ratio"] < 1.02, answer["reasons"]
+    assert answer.verdict == "skip" and answer.predicted_throughput_ratio < 1.02, answer.reasons
 
 
 def test_a_gain_that_does_not_hold_on_both_halves_says_skip():
@@ -67,9 +67,9 @@ def test_a_gain_that_does_not_hold_on_both_halves_says_skip():
     fitted = candidate(server(s).dump(first, 1))  # fitted on the first half's scene only
     window = replace(server(s).timing_window(rec, 1), sub_windows=())  # (their spread would see the change too)
     answer = advise(counts, fitted, "static", window)
-    assert answer["verdict"] == "skip" and answer["predicted_throughput_ratio"] > 1.02, answer["reasons"]
-    assert min(answer["details"]["halves"]) < 1.02 < max(answer["details"]["halves"])
-    assert "does not hold on both halves" in answer["reasons"][-1]
+    assert answer.verdict == "skip" and answer.predicted_throughput_ratio > 1.02, answer.reasons
+    assert min(answer.details["halves"]) < 1.02 < max(answer.details["halves"])
+    assert "does not hold on both halves" in answer.reasons[-1]
 
 
 def test_a_critical_path_longer_than_the_step_says_so():
@@ -77,8 +77,8 @@ def test_a_critical_path_longer_than_the_step_says_so():
     big = scene(SKEWED, tokens=640)
     heavy = big.passes(PASSES, np.random.default_rng(5))  # the dump's passes are ten times the timed ones
     answer = _advise(server(big).dump(heavy, 1), s, rec, 1)
-    assert answer["verdict"] == "insufficient_evidence"
-    assert "longer than the whole step" in answer["reasons"][-1], answer["reasons"]
+    assert answer.verdict == "insufficient_evidence"
+    assert "longer than the whole step" in answer.reasons[-1], answer.reasons
 
 
 @pytest.mark.parametrize(
@@ -90,8 +90,8 @@ def test_a_timing_window_from_another_setup_names_the_mismatch(key, value):
     window = server(s).timing_window(rec, 1)
     window = replace(window, provenance={**window.provenance, key: value})
     answer = advise(counts, candidate(counts), "static", window)
-    assert answer["verdict"] == "insufficient_evidence"
-    assert key in answer["reasons"][-1] and repr(value) in answer["reasons"][-1], answer["reasons"]
+    assert answer.verdict == "insufficient_evidence"
+    assert key in answer.reasons[-1] and repr(value) in answer.reasons[-1], answer.reasons
 
 
 def test_a_timing_window_without_provenance_is_not_priced():
@@ -99,7 +99,7 @@ def test_a_timing_window_without_provenance_is_not_priced():
     counts = server(s).dump(rec, 1)
     window = replace(server(s).timing_window(rec, 1), provenance={})
     answer = advise(counts, candidate(counts), "static", window)
-    assert answer["verdict"] == "insufficient_evidence" and "no provenance" in answer["reasons"][-1]
+    assert answer.verdict == "insufficient_evidence" and "no provenance" in answer.reasons[-1]
 
 
 def test_a_model_that_disagrees_with_the_measured_traffic_says_so():
@@ -109,16 +109,16 @@ def test_a_model_that_disagrees_with_the_measured_traffic_says_so():
     even = total // 16 + (np.arange(16) < total % 16)
     wrong = Counts(counts.data, counts.meta, physical=even)
     answer = _advise(wrong, s, rec, 1)
-    assert answer["verdict"] == "insufficient_evidence", answer["reasons"]
-    assert "measured replica traffic" in answer["reasons"][-1] and "does not describe this server" in answer["reasons"][-1]
+    assert answer.verdict == "insufficient_evidence", answer.reasons
+    assert "measured replica traffic" in answer.reasons[-1] and "does not describe this server" in answer.reasons[-1]
 
 
 def test_a_timing_window_of_another_traffic_says_so():
     s, rec = _recording()
     _, even = _recording(EVEN, seed=4)
     answer = _advise(server(s).dump(rec, 1), s, even, 1)  # timed on even traffic, the dump is skewed
-    assert answer["verdict"] == "insufficient_evidence"
-    assert "timing window's mean pass" in answer["reasons"][-1], answer["reasons"]
+    assert answer.verdict == "insufficient_evidence"
+    assert "timing window's mean pass" in answer.reasons[-1], answer.reasons
 
 
 def test_a_timing_window_of_the_same_traffic_in_larger_passes_is_not_a_disagreement():
@@ -128,36 +128,36 @@ def test_a_timing_window_of_the_same_traffic_in_larger_passes_is_not_a_disagreem
     s, rec = _recording(tokens=64)
     big, rec_big = _recording(tokens=256, seed=5)
     answer = advise(server(s).dump(rec, 1), candidate(server(s).dump(rec, 1)), "static", server(big).timing_window(rec_big, 1))
-    assert answer["verdict"] in ("trial", "skip"), answer["reasons"]
+    assert answer.verdict in ("trial", "skip"), answer.reasons
 
 
 def test_too_few_passes_say_so():
     s, rec = _recording(passes=MIN_PASSES - 1)
     answer = _advise(server(s).dump(rec, 1), s, rec, 1)
-    assert answer["verdict"] == "insufficient_evidence" and f"{MIN_PASSES - 1} passes" in answer["reasons"][-1]
+    assert answer.verdict == "insufficient_evidence" and f"{MIN_PASSES - 1} passes" in answer.reasons[-1]
 
 
 def test_missing_evidence_says_so():
     s, rec = _recording()
     counts = server(s).dump(rec, 1)
     layout = candidate(counts)
-    assert advise(counts, layout, "static", None)["verdict"] == "insufficient_evidence"
-    assert "time_moe" in advise(counts, layout, "static", {})["reasons"][-1]
+    assert advise(counts, layout, "static", None).verdict == "insufficient_evidence"
+    assert "time_moe" in advise(counts, layout, "static", {}).reasons[-1]
     no_physical = Counts(counts.data, counts.meta)
-    assert "physical_count" in advise(no_physical, layout, "static", server(s).timing_window(rec, 1))["reasons"][-1]
+    assert "physical_count" in advise(no_physical, layout, "static", server(s).timing_window(rec, 1)).reasons[-1]
 
 
 def test_the_noise_floor_is_measured_and_never_under_two_percent():
     s, rec = _recording()
     counts = server(s).dump(rec, 1)
     window = server(s).timing_window(rec, 1)
-    base = advise(counts, candidate(counts), "static", window)["details"]
+    base = advise(counts, candidate(counts), "static", window).details
     assert base["noise_floor"] == pytest.approx(0.02)
     noisy = replace(window, sub_windows=tuple(window.step_ms * f for f in (0.8, 1.2, 0.9, 1.1)))
     answer = advise(counts, candidate(counts), "static", noisy)
-    assert answer["details"]["noise_floor"] > 0.2 and answer["verdict"] == "skip", answer["details"]
+    assert answer.details["noise_floor"] > 0.2 and answer.verdict == "skip", answer.details
     ab = advise(counts, candidate(counts), "static", window, ab_ratio=1.149)
-    assert ab["details"]["noise_floor"] == pytest.approx(0.149) and "identical setups" in ab["details"]["noise_floor_source"]
+    assert ab.details["noise_floor"] == pytest.approx(0.149) and "identical setups" in ab.details["noise_floor_source"]
 
 
 def test_a_slope_that_is_not_positive_takes_the_pooled_fit():
@@ -173,7 +173,7 @@ def test_a_window_whose_time_falls_with_assignments_cannot_price_a_layout():
     ms = np.asarray(window.rank_ms)
     flipped = replace(window, rank_ms=tuple(tuple(float(x) for x in row) for row in ms[::-1]))  # the busy rank is fastest
     answer = advise(counts, candidate(counts), "static", flipped)
-    assert answer["verdict"] == "insufficient_evidence" and "does not grow with assignments" in answer["reasons"][-1]
+    assert answer.verdict == "insufficient_evidence" and "does not grow with assignments" in answer.reasons[-1]
     assert fit_time_model(ms[::-1], np.asarray(window.rank_assignments)).pooled_b < 0
 
 
@@ -192,8 +192,8 @@ def test_a_server_running_a_layout_is_priced_through_its_own_dispatch():
     srv = server(s, running, "static")
     counts, window = srv.dump(rec, 16), srv.timing_window(rec, 16)
     answer = advise(counts, running, "static", window, running=running)  # the same layout again: nothing to gain
-    assert answer["verdict"] == "skip" and answer["predicted_throughput_ratio"] == pytest.approx(1.0), answer["reasons"]
-    assert answer["details"]["fidelity_now"] < 0.01
+    assert answer.verdict == "skip" and answer.predicted_throughput_ratio == pytest.approx(1.0), answer.reasons
+    assert answer.details["fidelity_now"] < 0.01
     with pytest.raises(SceneEplbError, match="--running"):
         advise(counts, running, "static", window)
 
@@ -212,12 +212,12 @@ def test_a_window_that_does_not_pin_the_slope_gives_the_bound_not_a_ratio():
     srv = replace(server(s, running, "static"), noise=0.05)  # balanced ranks, noisy ms: the slope is not identified
     counts, window = srv.dump(rec, 1), srv.timing_window(rec, 1)
     same = advise(counts, running, "static", window, running=running)
-    assert same["verdict"] == "skip" and same["predicted_throughput_ratio"] is None, same["reasons"]
-    assert "does not pin the slope" in same["reasons"][-1] and same["details"]["bound_ratio"] == pytest.approx(1.0)
+    assert same.verdict == "skip" and same.predicted_throughput_ratio is None, same.reasons
+    assert "does not pin the slope" in same.reasons[-1] and same.details["bound_ratio"] == pytest.approx(1.0)
     linear = Setup.of(None, Geometry(16, 0, 2), "dynamic", list(range(L)), None)
     back = Layout(linear.p2l, linear.geometry)  # back to the linear layout: a large loss, and even its bound is no trial
     worse = advise(counts, back, "dynamic", window, running=running)
-    assert worse["verdict"] != "trial", worse["reasons"]
+    assert worse.verdict != "trial", worse.reasons
 
 
 def _bench_result(path, throughput: float):

@@ -3,6 +3,7 @@ when ranks disagree, and every worker answer crosses as its typed object (``to_w
 worker, ``from_wire`` at the API server) key for key, a broken one refused with its field named."""
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -12,6 +13,7 @@ from vllm_scene_eplb.protocol import (
     AGREE_KEY,
     RANKS_KEY,
     STATUS_KEYS,
+    Advice,
     DumpAnswer,
     DumpStarted,
     ExportJobAnswer,
@@ -241,3 +243,57 @@ def test_the_typed_status_checks_its_timing_window_like_the_raw_one(change, expe
     for read in (lambda: TimingWindow.of_status(StatusAnswer.from_wire(doc), "u"), lambda: TimingWindow.from_status(doc, "u")):
         with pytest.raises(SceneEplbError, match=re.escape(expected)):
             read()
+
+
+ADVICE = Advice(
+    "trial",
+    1.25,
+    ("count -> time model: ...", "predicted gain +25.0% clears the noise floor"),
+    {"noise_floor": 0.02, "model": {"a": [0.1], "b": [0.01]}, "fidelity_now": None, "halves": [1.2, 1.3]},
+)
+
+
+@pytest.mark.parametrize(
+    "advice",
+    [ADVICE, Advice("insufficient_evidence", None, ("no timing window",), {})],
+    ids=["trial_with_its_figures", "insufficient_without_a_ratio"],
+)
+def test_advice_crosses_as_json_key_for_key(advice):
+    wire = json.loads(json.dumps(advice.to_wire()))
+    assert list(wire) == ["verdict", "predicted_throughput_ratio", "reasons", "details"]
+    assert Advice.from_wire(wire) == advice and wire == advice.to_wire()
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"verdict": "maybe"}, "verdict must be one of trial, skip, insufficient_evidence"),
+        ({"verdict": None}, "verdict must be one of"),
+        ({"predicted_throughput_ratio": float("nan")}, "predicted_throughput_ratio must be a finite number > 0"),
+        ({"predicted_throughput_ratio": float("inf")}, "predicted_throughput_ratio must be a finite number > 0"),
+        ({"predicted_throughput_ratio": 0.0}, "predicted_throughput_ratio must be a finite number > 0"),
+        ({"predicted_throughput_ratio": "1.2"}, "predicted_throughput_ratio must be a finite number > 0"),
+        ({"reasons": ["ok", 3]}, "reasons[1] is 3"),
+        ({"details": [1]}, "details must be an object"),
+    ],
+    ids=[
+        "unknown_verdict",
+        "null_verdict",
+        "nan_ratio",
+        "infinite_ratio",
+        "zero_ratio",
+        "ratio_as_text",
+        "reason_not_text",
+        "details_not_object",
+    ],
+)
+def test_broken_advice_names_its_field(change, expected):
+    with pytest.raises(SceneEplbError, match=re.escape(expected)):
+        Advice.from_wire({**ADVICE.to_wire(), **change}, "advice.json")
+
+
+def test_advice_without_a_verdict_is_refused():
+    wire = ADVICE.to_wire()
+    del wire["verdict"]
+    with pytest.raises(SceneEplbError, match="no 'verdict'"):
+        Advice.from_wire(wire)

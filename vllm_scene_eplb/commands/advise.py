@@ -111,12 +111,12 @@ def run(args, console: Console) -> None:
     ab = _ab_ratio(args.noise_ab, counts.meta.get("role"))
     memory = memory_cost(model_memory(args), candidate.geometry)
     answer = advise(counts, candidate, dispatch, timing, memory["summary"] if memory else None, running, ab)
-    ratio = answer["predicted_throughput_ratio"]
+    ratio = answer.predicted_throughput_ratio
     text = (
-        f"verdict: {answer['verdict']}"
+        f"verdict: {answer.verdict}"
         + ("" if ratio is None else f"  (predicted throughput ratio {ratio:.3f})")
-        + "".join(f"\n  - {r}" for r in answer["reasons"])
+        + "".join(f"\n  - {r}" for r in answer.reasons)
     )
-    console.emit({**answer, "dispatch": dispatch, "memory": memory}, text)
-    if answer["verdict"] != "trial":
+    console.emit({**answer.to_wire(), "dispatch": dispatch, "memory": memory}, text)
+    if answer.verdict != "trial":
         raise SystemExit(1)

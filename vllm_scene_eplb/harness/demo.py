@@ -35,7 +35,7 @@ from ..fileio import atomic_write_bytes, atomic_write_files
 from ..fit import FitOptions, fit
 from ..formats import read_counts, write_layout
 from ..layout import Geometry, Layout, linear_map
-from ..protocol import StatusAnswer, TimingWindow
+from ..protocol import Advice, StatusAnswer, TimingWindow
 from ..report import write_report
 from .bench import bench
 from .compare import chart_png, compare, markdown
@@ -106,7 +106,7 @@ class Candidate:
 
     layout: Layout
     path: Path
-    advice: dict
+    advice: Advice
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def fit_and_advise(rec: Recording, redundant: int, out: Path) -> Candidate:
     say(f"fitted {path}: ideal score median {scores['old_train']['median']:.4f} (linear) -> {scores['new_train']['median']:.4f}")
     window = TimingWindow.of_status(rec.status, "the linear server's status", len(fitted.moe_layers))
     advice = advise(counts, fitted, "static", window)
-    say(f"advise: {advice['verdict']}, predicted throughput ratio {advice['predicted_throughput_ratio']}")
+    say(f"advise: {advice.verdict}, predicted throughput ratio {advice.predicted_throughput_ratio}")
     return Candidate(fitted, path, advice)
 
 
@@ -216,7 +216,7 @@ def run_factorial(rig: Rig, rec: Recording, cand: Candidate, rounds: int, seed: 
     g = cand.layout.geometry
     baseline = write_layout(Layout(linear_map(g, cand.layout.num_layers), g, cand.layout.moe_layers), rig.out / "baseline.json")
     summary = _factorial(rig, {"baseline": baseline, "candidate": cand.path}, rounds, seed)
-    summary.update(skew=rig.skew, geometry=GEOMETRY_NAMES[rig.geometry], counts=rec.dump_path, advice=cand.advice)
+    summary.update(skew=rig.skew, geometry=GEOMETRY_NAMES[rig.geometry], counts=rec.dump_path, advice=cand.advice.to_wire())
     text = markdown_effects(summary)
     report = rig.out / "report"
     atomic_write_files(
@@ -271,9 +271,9 @@ def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> 
         "layout_hash": cand.layout.digest(),
         "counts": rec.dump_path,
         "comparison": c.to_dict(),
-        "advice": advice,
+        "advice": advice.to_wire(),
         "predicted_vs_measured": {
-            "predicted": advice["predicted_throughput_ratio"],
+            "predicted": advice.predicted_throughput_ratio,
             "measured": row["ratio"],
             "metric": row["metric"],
         },
@@ -288,7 +288,7 @@ def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> 
     print(
         f"prefill throughput fitted / linear on {GEOMETRY_NAMES[rig.geometry]}: "
         f"{row['ratio'] if isinstance(row['ratio'], str) else format(row['ratio'], '.3f')} ({row['metric']}); "
-        f"advise predicted {_ratio_text(advice['predicted_throughput_ratio'])} ({advice['verdict']}); report in {report}"
+        f"advise predicted {_ratio_text(advice.predicted_throughput_ratio)} ({advice.verdict}); report in {report}"
     )
     return summary
 
