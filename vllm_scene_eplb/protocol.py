@@ -100,16 +100,24 @@ def startup_line(status: WorkerStatus | Mapping[str, Any], where: str) -> str:
     )
 
 
-def parse_startup_lines(text: str) -> list[dict]:
-    """Every startup line in a log, as the status keys it carries (None for "none")."""
+@dataclass(frozen=True)
+class StartupLine:
+    """What one worker's startup line says it loaded: the status keys the line carries (None for "none")."""
+
+    role: str
+    observer: str
+    layout_hash: str | None
+    redundant_slots: int
+    dispatch: str | None
+
+    def to_wire(self) -> dict:
+        return _wire(self)
+
+
+def parse_startup_lines(text: str) -> list[StartupLine]:
+    """Every startup line in a log, in order."""
     return [
-        {
-            "role": m[0],
-            "observer": m[1],
-            "layout_hash": None if m[2] == "none" else m[2],
-            "redundant_slots": int(m[3]),
-            "dispatch": None if m[4] == "none" else m[4],
-        }
+        StartupLine(m[0], m[1], None if m[2] == "none" else m[2], int(m[3]), None if m[4] == "none" else m[4])
         for m in _LINE_RE.findall(text)
     ]
 

@@ -65,11 +65,11 @@ def aggregate_status(statuses: list[WorkerStatus]) -> dict:
 
 def test_startup_line_round_trips():
     line = startup_line(_status(0), "ep_rank 0")
-    assert parse_startup_lines(f"INFO x {line}\n") == [
+    assert [r.to_wire() for r in parse_startup_lines(f"INFO x {line}\n")] == [
         {"role": "prefill", "observer": "idle", "layout_hash": "abc", "redundant_slots": 2, "dispatch": "static"}
     ]
     linear = startup_line(_status(1, layout_hash=None, dispatch=None, redundant_slots=0), "ep_rank 1")
-    assert "layout_hash=none (linear)" in linear and parse_startup_lines(linear)[0]["layout_hash"] is None
+    assert "layout_hash=none (linear)" in linear and parse_startup_lines(linear)[0].layout_hash is None
 
 
 def test_aggregate_lists_every_rank_in_ep_order_and_flags_disagreement():

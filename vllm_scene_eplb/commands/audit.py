@@ -6,7 +6,7 @@ from ..client.audit import audit, status_from_log
 from ..client.record import answer
 from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
-from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING
+from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING, StartupLine, StatusAnswer
 from .arguments import server_args
 from .console import Console
 
@@ -40,8 +40,9 @@ def add_arguments(p) -> None:
 
 
 def run(args, console: Console) -> None:
+    status: StatusAnswer | StartupLine
     if args.url:
-        status = answer(args.url, "status", args.api_key).to_wire()
+        status = answer(args.url, "status", args.api_key)
     elif args.log:
         status = status_from_log(args.log)
     else:
@@ -50,7 +51,8 @@ def run(args, console: Console) -> None:
     ok = all(c.ok for c in checks)
     text = "\n".join(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in checks)
     console.emit(
-        {"ok": ok, "checks": [c.__dict__ for c in checks], "status": status}, text + f"\naudit: {'PASS' if ok else 'FAIL'}"
+        {"ok": ok, "checks": [c.__dict__ for c in checks], "status": status.to_wire()},
+        text + f"\naudit: {'PASS' if ok else 'FAIL'}",
     )
     if not ok:
         raise SystemExit(1)
