@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+from vllm_scene_eplb.protocol import WorkerStatus
+
 # Property tests draw the same examples in every run, so a failure reproduces (fixed seeds everywhere).
 settings.register_profile("reproducible", derandomize=True)
 settings.load_profile("reproducible")
@@ -163,3 +165,35 @@ def small_tmpfs(where: Path, size: str):
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def worker_status(ep_rank: int = 0, **over) -> WorkerStatus:
+    """A full worker status (EP rank ``ep_rank``: a TP=1 DP rank), the fields in ``over`` replaced."""
+    base = {
+        "plugin_version": "0.1.0",
+        "engine": "vllm 0.32.0",
+        "model": "m",
+        "role": "prefill",
+        "ep_size": 2,
+        "ep_rank": ep_rank,
+        "dp_rank": ep_rank,
+        "tp_rank": 0,
+        "layout_hash": "abc",
+        "layout_path": "/l.json",
+        "redundant_slots": 2,
+        "dispatch": "static",
+        "observer": "idle",
+        "recording": False,
+        "ring_entries": 64,
+        "entries_written": 0,
+        "passes_recorded": 0,
+        "steps_per_entry": 1,
+        "skipped_passes": 0,
+        "skipped_recorded": 0,
+        "live_counts": False,
+        "moe_layers": [1, 2],
+        "top_k": 2,
+        "expert_groups": None,
+        "server_start": "5f0c",
+    }
+    return WorkerStatus.from_wire({**base, **over})

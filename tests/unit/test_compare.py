@@ -11,6 +11,9 @@ from vllm_scene_eplb.fileio import doc_checksum
 from vllm_scene_eplb.harness.bench import resolve_cards
 from vllm_scene_eplb.harness.compare import compare
 from vllm_scene_eplb.harness.results import NOT_OBSERVED, Scene, aggregate, read_result, summarise
+from vllm_scene_eplb.protocol import StatusAnswer
+
+from ..conftest import worker_status
 
 SCENE = Scene("s", num_prompts=4, concurrency=2, request_rate=float("inf"), input_len=100, output_len=3, cards=2)
 
@@ -118,9 +121,9 @@ def test_cli_compare_json_and_checksum(tmp_path):
     assert res.returncode == 2 and "checksum mismatch" in res.stderr and "Traceback" not in res.stderr
 
 
-def _dp_status(dp: int, tp: int) -> dict:
-    ranks = [{"ep_rank": d * tp + t, "dp_rank": d, "tp_rank": t} for d in range(dp) for t in range(tp)]
-    return {"ep_size": dp * tp, "ranks": ranks}
+def _dp_status(dp: int, tp: int) -> StatusAnswer:
+    ranks = [worker_status(d * tp + t, dp_rank=d, tp_rank=t, ep_size=dp * tp) for d in range(dp) for t in range(tp)]
+    return StatusAnswer.of_ranks(ranks)
 
 
 def test_cards_default_to_the_servers_ranks_in_dp_unless_given():
@@ -140,7 +143,7 @@ def test_fewer_cards_than_the_servers_ranks_are_refused():
 
 def test_cards_are_needed_where_the_server_does_not_say_its_ranks():
     with pytest.raises(SceneEplbError, match="--cards is needed"):
-        resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3), {"model": NOT_OBSERVED})
+        resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3), None)
 
 
 def test_throughput_per_card_divides_by_the_cards():

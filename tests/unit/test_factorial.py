@@ -22,6 +22,9 @@ from vllm_scene_eplb.harness.factorial import (
     round_orders,
 )
 from vllm_scene_eplb.harness.results import METRICS, NOT_OBSERVED, RESULT_FORMAT
+from vllm_scene_eplb.protocol import StatusAnswer
+
+from ..conftest import worker_status
 
 SCENE = {
     "name": "prefill-512",
@@ -313,9 +316,9 @@ def test_bench_manifests_carry_what_the_factorial_checks():
     from vllm_scene_eplb.harness.bench import manifest
     from vllm_scene_eplb.harness.results import Scene
 
-    status = {"plugin_version": "0.1.0", "engine": "vllm 0.32.0", "server_start": "abc", "observer": "idle", "ep_size": 2}
+    status = StatusAnswer.of_ranks([worker_status(0, server_start="abc"), worker_status(1, server_start="abc")])
     m = manifest(Scene("s", 10, 2, float("inf"), 64, 4, cards=2), status, {"model": "m"})
     assert (m["plugin_version"], m["engine"], m["server_start"], m["recorder"]) == ("0.1.0", "vllm 0.32.0", "abc", "idle")
     assert isinstance(m["recorded_unix"], float)
     assert all(k in m or k in m["scene"] for k in FIXED)
-    assert manifest(Scene("s", 10, 2, float("inf"), 64, 4, cards=2), {}, {})["server_start"] == NOT_OBSERVED
+    assert manifest(Scene("s", 10, 2, float("inf"), 64, 4, cards=2), None, {})["server_start"] == NOT_OBSERVED

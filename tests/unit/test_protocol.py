@@ -27,36 +27,7 @@ from vllm_scene_eplb.protocol import (
     startup_line,
 )
 
-
-def _status(ep_rank, **over) -> WorkerStatus:
-    base = {
-        "plugin_version": "0.1.0",
-        "engine": "vllm 0.32.0",
-        "model": "m",
-        "role": "prefill",
-        "ep_size": 2,
-        "ep_rank": ep_rank,
-        "dp_rank": ep_rank,
-        "tp_rank": 0,
-        "layout_hash": "abc",
-        "layout_path": "/l.json",
-        "redundant_slots": 2,
-        "dispatch": "static",
-        "observer": "idle",
-        "recording": False,
-        "ring_entries": 64,
-        "entries_written": 0,
-        "passes_recorded": 0,
-        "steps_per_entry": 1,
-        "skipped_passes": 0,
-        "skipped_recorded": 0,
-        "live_counts": False,
-        "moe_layers": [1, 2],
-        "top_k": 2,
-        "expert_groups": None,
-        "server_start": "5f0c",
-    }
-    return WorkerStatus.from_wire({**base, **over})
+from ..conftest import worker_status
 
 
 def aggregate_status(statuses: list[WorkerStatus]) -> dict:
@@ -64,24 +35,24 @@ def aggregate_status(statuses: list[WorkerStatus]) -> dict:
 
 
 def test_startup_line_round_trips():
-    line = startup_line(_status(0), "ep_rank 0")
+    line = startup_line(worker_status(0), "ep_rank 0")
     assert [r.to_wire() for r in parse_startup_lines(f"INFO x {line}\n")] == [
         {"role": "prefill", "observer": "idle", "layout_hash": "abc", "redundant_slots": 2, "dispatch": "static"}
     ]
-    linear = startup_line(_status(1, layout_hash=None, dispatch=None, redundant_slots=0), "ep_rank 1")
+    linear = startup_line(worker_status(1, layout_hash=None, dispatch=None, redundant_slots=0), "ep_rank 1")
     assert "layout_hash=none (linear)" in linear and parse_startup_lines(linear)[0].layout_hash is None
 
 
 def test_aggregate_lists_every_rank_in_ep_order_and_flags_disagreement():
-    agg = aggregate_status([_status(1, passes_recorded=5), _status(0, passes_recorded=7)])
+    agg = aggregate_status([worker_status(1, passes_recorded=5), worker_status(0, passes_recorded=7)])
     assert agg["ep_rank"] == 0 and [r["ep_rank"] for r in agg[RANKS_KEY]] == [0, 1]
     assert [r["passes_recorded"] for r in agg[RANKS_KEY]] == [7, 5] and agg[AGREE_KEY]  # counters may differ
-    assert not aggregate_status([_status(0), _status(1, layout_hash="def")])[AGREE_KEY]
-    assert not aggregate_status([_status(0), _status(1, observer="recording")])[AGREE_KEY]
+    assert not aggregate_status([worker_status(0), worker_status(1, layout_hash="def")])[AGREE_KEY]
+    assert not aggregate_status([worker_status(0), worker_status(1, observer="recording")])[AGREE_KEY]
 
 
 def test_status_keys_are_the_status_fields_in_order():
-    assert STATUS_KEYS == tuple(_status(0).to_wire()) and STATUS_KEYS[-1] == "server_start"
+    assert STATUS_KEYS == tuple(worker_status(0).to_wire()) and STATUS_KEYS[-1] == "server_start"
 
 
 JOB = {"export_id": "x", "state": "running", "path": "/d/counts.npz", "error": None, "export_seconds": None}
@@ -111,7 +82,7 @@ LIVE = {
 }
 # every worker answer: (its payload reader, what a worker sends)
 PAYLOADS = {
-    "status": (WorkerStatus.from_wire, _status(0).to_wire()),
+    "status": (WorkerStatus.from_wire, worker_status(0).to_wire()),
     "export_status": (ExportJobAnswer.from_wire, JOB),
     "dump": (DumpStarted.from_wire, STARTED),
     "live": (RankLive.from_wire, LIVE),
@@ -215,7 +186,7 @@ def _status_with_time(**time) -> dict:
             **time,
         },
     }
-    return {**StatusAnswer.of_ranks([_status(0), _status(1)]).to_wire(), "live": live}
+    return {**StatusAnswer.of_ranks([worker_status(0), worker_status(1)]).to_wire(), "live": live}
 
 
 def test_the_typed_status_gives_the_timing_window_the_raw_one_gives():

@@ -22,7 +22,7 @@ from ..client.http import ServerError, request_json
 from ..client.record import answer
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes, doc_checksum
-from ..protocol import STATUS_KEYS
+from ..protocol import STATUS_KEYS, StatusAnswer
 from ..terminal import printable, shorten
 from .results import NOT_OBSERVED, RESULT_FORMAT, Scene, aggregate, server_geometry, summarise
 
@@ -113,18 +113,18 @@ def check_server(url: str, model: str, api_key: str | None = None) -> None:
         raise SceneEplbError(f"the server serves {', '.join(map(repr, served)) or 'no model'}, not --model {model!r}", target)
 
 
-def server_status(url: str, api_key: str | None = None) -> dict:
-    """The plugin's status route, checked (``protocol.StatusAnswer``), or NOT_OBSERVED fields when the
-    server has none (404: no plugin, or the plugin off); any other failure is an error."""
+def server_status(url: str, api_key: str | None = None) -> StatusAnswer | None:
+    """The plugin's status route, checked, or None when the server has none (404: no plugin, or the
+    plugin off); any other failure is an error."""
     try:
-        return answer(url, "status", api_key, timeout=30).to_wire()
+        return answer(url, "status", api_key, timeout=30)
     except ServerError as exc:
         if exc.status != 404:
             raise
-        return {k: NOT_OBSERVED for k in STATUS_KEYS}
+        return None
 
 
-def resolve_cards(scene: Scene, status: dict) -> tuple[Scene, str]:
+def resolve_cards(scene: Scene, status: StatusAnswer | None) -> tuple[Scene, str]:
     """The scene with its card count settled, and where that count came from. Without ``--cards``
     it is the server's own ranks (DP x TP workers, from the status route); a count below them
     would inflate per-card throughput and is refused."""
@@ -144,27 +144,29 @@ def resolve_cards(scene: Scene, status: dict) -> tuple[Scene, str]:
     return scene, "--cards"
 
 
-def manifest(scene: Scene, status: dict, extra: dict) -> dict:
-    """Everything that defines a run; `compare` refuses or warns from these fields."""
+def manifest(scene: Scene, status: StatusAnswer | None, extra: dict) -> dict:
+    """Everything that defines a run; `compare` refuses or warns from these fields. Without a status
+    route (``status`` None) the server's fields are NOT_OBSERVED."""
     geo = server_geometry(status)
+    own = {k: NOT_OBSERVED for k in STATUS_KEYS} if status is None else status.to_wire()
     return {
         "scene": asdict(scene),
-        "model": extra.get("model") or status.get("model", NOT_OBSERVED),
+        "model": extra.get("model") or own["model"],
         "quantization": extra.get("quantization") or NOT_OBSERVED,
-        "role": status.get("role", NOT_OBSERVED),
+        "role": own["role"],
         "chunk_size": extra.get("chunk_size") or NOT_OBSERVED,
         "parallel": extra.get("parallel") or (geo["name"] if geo else NOT_OBSERVED),
         "cards_source": extra.get("cards_source", NOT_OBSERVED),
-        "ep_size": status.get("ep_size", NOT_OBSERVED),
-        "redundant_slots": status.get("redundant_slots", NOT_OBSERVED),
-        "layout_hash": status.get("layout_hash", NOT_OBSERVED),
-        "dispatch": status.get("dispatch", NOT_OBSERVED),
-        "recorder": status.get("observer", NOT_OBSERVED),
-        "plugin_version": status.get("plugin_version", NOT_OBSERVED),
-        "engine": status.get("engine", NOT_OBSERVED),
+        "ep_size": own["ep_size"],
+        "redundant_slots": own["redundant_slots"],
+        "layout_hash": own["layout_hash"],
+        "dispatch": own["dispatch"],
+        "recorder": own["observer"],
+        "plugin_version": own["plugin_version"],
+        "engine": own["engine"],
         # which server start this run measured: the factorial A/B counts one run per start
-        "server_start": status.get("server_start", NOT_OBSERVED),
-        "server_status": status,
+        "server_start": own["server_start"],
+        "server_status": own,
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "recorded_unix": time.time(),
     }
@@ -186,7 +188,7 @@ def bench(
     check_server(url, model, api_key)
     status = server_status(url, api_key)
     scene, cards_source = resolve_cards(scene, status)
-    if status.get("recording") is True:
+    if status is not None and status.status.recording:
         progress("scene-eplb: warning: the server's recorder is ON: this is not a measurement run")
     runs = []
     with tempfile.TemporaryDirectory(prefix="scene-eplb-bench-") as tmp:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import SceneEplbError
 from ..fileio import doc_checksum, load_json
-from ..protocol import RANKS_KEY
+from ..protocol import StatusAnswer
 from ..stats import t_quantile
 
 NOT_OBSERVED = "NOT_OBSERVED"
@@ -74,19 +74,13 @@ class Scene:
         return int(round(self.input_len * self.prefix_share))
 
 
-def server_geometry(status: dict) -> dict | None:
+def server_geometry(status: StatusAnswer | None) -> dict | None:
     """The server's ranks, DP, TP and EP size from its status route's per-rank list (None without one)."""
-    ranks = status.get(RANKS_KEY)
-    if not isinstance(ranks, list) or not ranks:
+    if status is None or not status.ranks:
         return None
-    dp, tp = 1 + max(r.get("dp_rank") or 0 for r in ranks), 1 + max(r.get("tp_rank") or 0 for r in ranks)
-    return {
-        "ranks": len(ranks),
-        "dp": dp,
-        "tp": tp,
-        "ep": status.get("ep_size"),
-        "name": f"DP{dp}-TP{tp}-EP{status.get('ep_size')}",
-    }
+    ranks, ep = status.ranks, status.status.ep_size
+    dp, tp = 1 + max(r.dp_rank for r in ranks), 1 + max(r.tp_rank for r in ranks)
+    return {"ranks": len(ranks), "dp": dp, "tp": tp, "ep": ep, "name": f"DP{dp}-TP{tp}-EP{ep}"}
 
 
 def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
