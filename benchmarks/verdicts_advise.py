@@ -44,9 +44,10 @@ from vllm_scene_eplb.fileio import atomic_write_bytes
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.harness import demo
+from vllm_scene_eplb.harness.results import prefill_metric
 from vllm_scene_eplb.harness.simulated import Device, Scene, Server, critical_ms, linear_setup
 from vllm_scene_eplb.layout import Geometry, Layout
-from vllm_scene_eplb.stats import block_effects
+from vllm_scene_eplb.stats import block_effects, check_positive
 
 DEEPSEEK_V3_GROUPS = 8
 TOP_K = 8
@@ -196,11 +197,10 @@ def _ab_rounds(rig, servers: dict, repeats: int) -> tuple[list[list[float]], lis
         for side in order:
             docs[side].append(demo.measure(servers[side], rig, rig.loads.target, f"{side}-{r + 1}"))
         positions.append([order.index("linear"), order.index("fitted")])
-    for metric in ("prefill_throughput_per_card_steady", "prefill_throughput_per_card"):
-        values = [[docs[side][r]["aggregate"][metric]["mean"] for side in ("linear", "fitted")] for r in range(repeats)]
-        if all(isinstance(v, float) and v > 0 for row in values for v in row):
-            return values, positions, metric
-    raise SystemExit("engine calibration: a run gave no prefill throughput")
+    metric = prefill_metric(docs["linear"] + docs["fitted"])
+    values = [[docs[side][r]["aggregate"][metric]["mean"] for side in ("linear", "fitted")] for r in range(repeats)]
+    check_positive(values, f"engine calibration: {metric}")
+    return values, positions, metric
 
 
 def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redundant: int = 2) -> dict:
@@ -224,11 +224,12 @@ def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redunda
     (effect,), note = block_effects(np.log(values), [(-1.0, 1.0)], np.array(positions))
     predicted = cand.advice.predicted_throughput_ratio
     ci = effect.ci
+    bound = cand.advice.details.get("bound_ratio")
     row = {
         "skew": skew,
         "verdict": cand.advice.verdict,
         "predicted": predicted,
-        "bound": cand.advice.details.get("bound_ratio"),  # where the window leaves the slope open: the steepest one's ratio
+        "bound": bound,  # where the window leaves the slope open: the steepest one's ratio
         "measured": effect.ratio,
         "measured_ci": list(ci) if ci else None,
         "predicted_in_ci": None if ci is None or predicted is None else bool(ci[0] <= predicted <= ci[1]),
@@ -241,7 +242,7 @@ def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redunda
         "reasons": list(cand.advice.reasons),
     }
     print(
-        f"skew {skew}: advise {row['verdict']} predicted {_num(predicted)} (bound {_num(row['bound'])}); measured {effect.ratio:.3f} "
+        f"skew {skew}: advise {row['verdict']} predicted {_num(predicted)} (bound {_num(bound)}); measured {effect.ratio:.3f} "
         f"[{_num(ci[0] if ci else None)}, {_num(ci[1] if ci else None)}] ({effect.verdict}, {repeats} rounds, {metric})",
         flush=True,
     )

@@ -151,3 +151,18 @@ def test_throughput_per_card_divides_by_the_cards():
     assert summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=16))["output_throughput_per_card"] == pytest.approx(
         summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=1))["output_throughput_per_card"] / 16
     )
+
+
+def test_the_prefill_metric_is_the_steady_one_only_where_every_run_saw_it():
+    from vllm_scene_eplb.harness.results import PREFILL_METRICS, prefill_metric
+
+    steady, whole = PREFILL_METRICS
+
+    def doc(*runs):
+        return {"runs": [dict(r) for r in runs]}
+
+    both = {steady: 5.0, whole: 4.0}
+    assert prefill_metric([doc(both), doc(both, both)]) == steady
+    assert prefill_metric([doc(both), doc(both, {steady: NOT_OBSERVED, whole: 4.0})]) == whole  # one run had no window
+    assert prefill_metric([doc(both), doc({steady: 0.0, whole: 4.0})]) == whole  # a steady window without prefill
+    assert prefill_metric([doc({whole: 4.0})]) == whole

@@ -30,7 +30,6 @@ from pathlib import Path
 from ..advise import advise
 from ..client.record import answer
 from ..counts import Counts
-from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes, atomic_write_files
 from ..fit import FitOptions, fit
 from ..formats import read_counts, write_layout
@@ -43,7 +42,7 @@ from .factorial import ARMS, analyse, effect_line, round_orders
 from .factorial import chart_png as factorial_png
 from .factorial import markdown as markdown_effects
 from .local_server import GEOMETRIES, engine_args, start_server
-from .results import NOT_OBSERVED, Scene
+from .results import Scene, prefill_metric
 from .tiny_model import TinyMoeSpec, make_tiny_moe
 
 DEMO_SPEC = dict(num_experts=16, num_layers=4, hidden_size=256, moe_intermediate_size=1024)
@@ -202,12 +201,7 @@ def _factorial(rig: Rig, layouts: dict[str, Path], rounds: int, seed: int) -> di
                 results[arm].append(measure(srv, rig, rig.loads.target, name))
             finally:
                 srv.stop()
-    try:
-        summary = analyse(results, "prefill_throughput_per_card_steady", order)
-    except SceneEplbError as exc:  # no steady window (or none with prefill) in some run: the whole-run throughput
-        if "prefill_throughput_per_card_steady" not in str(exc):
-            raise
-        summary = analyse(results, "prefill_throughput_per_card", order)
+    summary = analyse(results, prefill_metric([doc for docs in results.values() for doc in docs]), order)
     return {**summary, "seed": seed, "layouts": {k: str(v) for k, v in layouts.items()}}
 
 
@@ -236,14 +230,6 @@ def run_factorial(rig: Rig, rec: Recording, cand: Candidate, rounds: int, seed: 
     return summary
 
 
-def throughput_row(c) -> dict:
-    """The comparison's steady prefill throughput row, or the whole-run one where no steady window was seen."""
-    row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card_steady")
-    if row["ratio"] == NOT_OBSERVED:
-        row = next(r for r in c.rows if r["metric"] == "prefill_throughput_per_card")
-    return row
-
-
 def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> dict:
     """The demo's default mode: the target load on a server restarted with the fitted layout, compared
     with the linear server's run ``a``, written to ``report/``."""
@@ -259,7 +245,8 @@ def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> 
     text = markdown(c, names)
     report = rig.out / "report"
     atomic_write_files(report, {"compare.md": text.encode(), "compare.png": chart_png(c, names)})
-    row = throughput_row(c)
+    metric = prefill_metric([a, b])
+    row = next(r for r in c.rows if r["metric"] == metric)
     advice = cand.advice
     summary = {
         "prefill_throughput_ratio": row["ratio"],

@@ -74,6 +74,22 @@ class Scene:
         return int(round(self.input_len * self.prefix_share))
 
 
+# The prefill throughput an A/B of a prefill scene reads: the steady window's, else the whole run's.
+PREFILL_METRICS = ("prefill_throughput_per_card_steady", "prefill_throughput_per_card")
+
+
+def prefill_metric(docs: list[dict]) -> str:
+    """The first of ``PREFILL_METRICS`` that every run of every bench result in ``docs`` observed as a
+    positive number (a run with no steady window has none), else the last (whole-run) one, whose
+    reader then says which run lacks it."""
+
+    def observed(metric: str) -> bool:
+        values = [run.get(metric) for doc in docs for run in doc.get("runs") or [{}]]
+        return all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in values)
+
+    return next((m for m in PREFILL_METRICS[:-1] if observed(m)), PREFILL_METRICS[-1])
+
+
 def server_geometry(status: StatusAnswer | None) -> dict | None:
     """The server's ranks, DP, TP and EP size from its status route's per-rank list (None without one)."""
     if status is None or not status.ranks:
