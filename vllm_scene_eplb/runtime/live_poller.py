@@ -59,6 +59,8 @@ class LivePoller:
         line = self.live.observe(sample, time.monotonic())
         if line:
             (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
+        # through its own reader, as a client will read it: a window that would not read back (a NaN) is
+        # skipped here, and the status keeps serving the last good one
         self.answer = LiveAnswer.from_wire(self.live.to_wire(), "the live fitness of this server")
         metrics.publish(self.answer, self.config.live_per_layer_metrics)
 
