@@ -1,7 +1,8 @@
 """Will a candidate layout pay in time, not only in counts? A count -> time model, per pass, and a verdict.
 
 **Time.** From the running server's timing window (``protocol.TimingWindow``: every rank's local
-expert ms per pass and the assignments it computed per pass, per MoE layer, the step's wall ms) the
+expert ms per pass and the assignments it computed per pass, per MoE layer, the step's wall ms;
+best the record's own window, ``live.record_time``, which times exactly the dump's passes) the
 model fits, per layer, rank MoE time against assignments, t = a + b * n (least squares over the
 ranks; a layer whose fit has no positive slope takes the fit pooled over all layers, since a
 model's MoE layers share their shapes). A window that does not pin the pooled slope down (not
@@ -64,6 +65,8 @@ from .measured import fidelity
 from .protocol import PROVENANCE_KEYS, Advice, TimingWindow
 
 NOISE_FLOOR = 0.02  # the lower bound of the noise floor: below a 2% gain no single A/B here separates it
+# How the model's reason names its window (``TimingWindow.record``).
+WINDOW_KINDS = {True: "the record's own passes", False: "a live window, which may hold other passes than the dump's"}
 MAX_SLOPE_ERROR = 0.25  # a pooled slope less certain than this is not identified by the window
 MIN_PASSES = 16  # fewer recorded passes than this give no per-pass distribution to speak of
 # The provenance a timing window must share with the dump (the rest is compared when both say it).
@@ -384,8 +387,8 @@ def advise(
     if not isinstance(timing, TimingWindow):
         return _insufficient(
             reasons,
-            "no timing window with traffic: start the running server with scene_eplb.time_moe true, serve the scene "
-            "for a live window, and give its status (--url or --timing)",
+            "no timing window with traffic: start the running server with scene_eplb.time_moe true, record the scene "
+            "(the stop's status carries the record's own window) and give that status (--url or --timing)",
         )
     if timing.layers != len(rows):
         raise SceneEplbError(f"the timing has {timing.layers} MoE layers, the candidate {len(rows)}")
@@ -458,14 +461,19 @@ def advise(
     }
     reasons.append(
         f"count -> time model: per layer ms = a + b x assignments on a rank, fitted on {timing.ranks} ranks x "
-        f"{len(rows)} layers of the timing window (relative residual {model.residual:.1%}); {passes.shape[0]} passes "
-        f"from {n_entries} entries"
+        f"{len(rows)} layers of the timing window ({WINDOW_KINDS[timing.record]}; relative residual {model.residual:.1%}); "
+        f"{passes.shape[0]} passes from {n_entries} entries"
     )
     if c_now > step:
         return _insufficient(
             reasons,
             f"the modelled MoE critical path now ({c_now:.2f} ms per pass) is longer than the whole step ({step:.2f} ms): "
-            "the timing window and the dump do not describe the same passes",
+            "the timing window and the dump do not describe the same passes"
+            + (
+                ""
+                if timing.record
+                else " (give the status the record's stop answered: its record_time is the record's own window)"
+            ),
             **numbers,
         )
     for where, what, modelled, measured in (

@@ -163,6 +163,7 @@ class LiveFitness:
     measured: np.ndarray | None = None
     fidelity: float | None = None
     time: LiveTime | None = None
+    record_time: LiveTime | None = None  # the last record's own window (``record``); None while one runs
     provenance: dict = field(default_factory=dict)  # the server's PROVENANCE_KEYS, stamped on live.time
     _step_ms: list[float] = field(default_factory=list)  # recent windows' step ms: live.time's sub_windows
     _last: LiveSample | None = None
@@ -213,34 +214,37 @@ class LiveFitness:
         self.windows += 1
         self.passes = int(window.passes)
         self.per_layer = layer_scores(self.layout, window.logical, self.geometry, self.dispatch)
-        self._measure(window)
+        self.measured, self.fidelity, time = self._measure(window)
+        if time is not None and time.step_ms is not None:
+            self._step_ms = [*self._step_ms, float(time.step_ms)][-SUB_WINDOWS:]
+        self.time = self._stamped(time)
         return self.alarm.update(float(np.median(self.per_layer)))
 
-    def _measure(self, window: LiveSample) -> None:
-        """Measured score, fidelity and time of this window, where the ranks reported them."""
-        self.measured = self.fidelity = self.time = None
-        loads = None
+    def record(self, window: LiveSample | None) -> None:
+        """Take ``window``, the passes of a record from its start to its stop, as ``record_time``
+        (None: a record started, the last one's window no longer describes what is recorded)."""
+        self.record_time = None if window is None else self._stamped(self._measure(window)[2])
+
+    def _measure(self, window: LiveSample) -> tuple[np.ndarray | None, float | None, LiveTime | None]:
+        """Measured score [L], fidelity and time of ``window``, where the ranks reported them."""
+        measured = fid = loads = None
         if window.physical is not None:
             physical = np.asarray(window.physical, dtype=np.int64)
             p2l, static_sources = self._rows(len(physical))
             if physical.shape == p2l.shape:
                 loads = rank_loads(physical, self.geometry.ep_size)
-                self.measured = rank_score(loads)
+                measured = rank_score(loads)
                 if window.sources:
                     modelled = modelled_slot_counts(p2l, self.geometry, self.dispatch, list(window.sources), static_sources)
-                    self.fidelity = fidelity(physical, modelled, p2l, self.geometry.num_experts)
-        if window.times:
-            self.time = time_view(list(window.times), loads)
-            self._stamp_time()
+                    fid = fidelity(physical, modelled, p2l, self.geometry.num_experts)
+        return measured, fid, (time_view(list(window.times), loads) if window.times else None)
 
-    def _stamp_time(self) -> None:
-        """Give ``live.time`` the server's provenance and the step ms of the last ``SUB_WINDOWS``
-        windows (this one included), which ``advise`` reads as its measured noise."""
-        if self.time is None:
-            return
-        if self.time.step_ms is not None:
-            self._step_ms = [*self._step_ms, float(self.time.step_ms)][-SUB_WINDOWS:]
-        self.time = replace(self.time, sub_windows=tuple(round(x, 4) for x in self._step_ms), provenance=dict(self.provenance))
+    def _stamped(self, time: LiveTime | None) -> LiveTime | None:
+        """``time`` with the server's provenance and the step ms of the last ``SUB_WINDOWS`` windows,
+        which ``advise`` reads as its measured noise."""
+        if time is None:
+            return None
+        return replace(time, sub_windows=tuple(round(x, 4) for x in self._step_ms), provenance=dict(self.provenance))
 
     def answer(self) -> LiveAnswer:
         """The status route's ``live`` object."""
@@ -263,6 +267,7 @@ class LiveFitness:
             else MeasuredView(float(np.median(m)), float(m.max()), tuple(round(float(x), 5) for x in m)),
             fidelity=self.fidelity,
             time=self.time,
+            record_time=self.record_time,
         )
 
     def to_wire(self) -> dict:

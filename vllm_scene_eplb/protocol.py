@@ -47,9 +47,11 @@ AGREEMENT_KEYS = ("layout_hash", "redundant_slots", "dispatch", "observer", "rin
 # The dump route's query flag that writes a record with skipped passes anyway (refused without it).
 KEEP_SKIPPED = "keep_skipped"
 # Worker actions behind the routes (not routes of their own): the dump route polls an export with
-# the first; the live-fitness poller reads every rank's cumulative counts with the second.
+# the first; the live-fitness poller reads every rank's cumulative counts with the second, and with
+# the third the counts each rank had as the last record started and stopped (the record's own window).
 EXPORT_STATUS_ACTION = "export_status"
 LIVE_ACTION = "live"
+RECORD_LIVE_ACTION = "record_live"
 # The native_load route's action: each worker's logical counts from the engine's own counters.
 NATIVE_ACTION = "native_load"
 # The status answer's live-fitness object (built by ``fitness.LiveFitness.answer``).
@@ -428,9 +430,10 @@ class LiveTime(_Answer):
             {} if provenance is None else dict(provenance.doc),
         )
 
-    def window(self, where: str, layers: int | None, around: dict) -> TimingWindow:
+    def window(self, where: str, layers: int | None, around: dict, record: bool = False) -> TimingWindow:
         """This window as ``advise`` prices it (``TimingWindow.checked``); ``around``: the status's
-        provenance keys, where the window's own ``provenance`` does not say."""
+        provenance keys, where the window's own ``provenance`` does not say; ``record``: it is a
+        record's own window."""
         f = _Fields({}, "timing", where, prefix="")
         if self.step_ms is None or self.rank_assignments is None:
             f.fail(f"has no {'step_ms' if self.step_ms is None else 'rank_assignments'}: the window saw no timed traffic")
@@ -443,6 +446,7 @@ class LiveTime(_Answer):
             tuple(map(float, self.sub_windows)),
             {**around, **self.provenance},
             layers,
+            record,
         )
 
 
@@ -450,7 +454,8 @@ class LiveTime(_Answer):
 class LiveAnswer(_Answer):
     """The status answer's ``LIVE_KEY`` object (``fitness.LiveFitness.answer``): the last window's
     score per MoE layer, the layout's expectation, the drift alarm, the measured replica
-    traffic and the window's timing (``time``: None without ``time_moe``)."""
+    traffic and the window's timing (``time``: None without ``time_moe``), and the timing of the
+    last record's own passes (``record_time``: what ``advise`` prices that record's dump with)."""
 
     median: float | None
     worst: float | None
@@ -467,11 +472,13 @@ class LiveAnswer(_Answer):
     measured: MeasuredView | None
     fidelity: float | None
     time: LiveTime | None
+    record_time: LiveTime | None = None  # the last record's own window, start to stop (None while one runs)
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> LiveAnswer:
         f = _Fields(doc, "live answer", source)
         measured, time = f.obj("measured", "measured"), f.obj("time", "time")
+        record_time = f.obj("record_time", "record_time", default=None)  # a status saved before it was added has none
         live = cls(
             f.number("median", 0, nullable=True),
             f.number("worst", 0, nullable=True),
@@ -488,6 +495,7 @@ class LiveAnswer(_Answer):
             None if measured is None else MeasuredView.from_wire(measured),
             f.number("fidelity", nullable=True),
             None if time is None else LiveTime.from_wire(time),
+            None if record_time is None else LiveTime.from_wire(record_time),
         )
         if live.median is not None and (live.worst is None or live.per_layer is None):
             f.fail("has a median but no worst or per_layer")
@@ -670,6 +678,22 @@ class RankLive(_Answer):
 
 
 @dataclass(frozen=True)
+class RecordLive(_Answer):
+    """A worker's answer to ``RECORD_LIVE_ACTION``: its cumulative live counts as the last record
+    started and as it stopped, each read at that boundary, so their difference is exactly the
+    passes the record counted (the poller's windows fall where they fall)."""
+
+    start: RankLive
+    stop: RankLive
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> RecordLive:
+        f = _Fields(doc, "record live answer", source)
+        start, stop = (f.get(k, lambda v: isinstance(v, dict), "an object") for k in ("start", "stop"))
+        return cls(RankLive.from_wire(start, source), RankLive.from_wire(stop, source))
+
+
+@dataclass(frozen=True)
 class NativeCounts(_Answer):
     """A rank's engine counters over the last record, in logical ids: ``counts`` [L_moe, E] when
     ``available``, else the ``reason`` there are none."""
@@ -797,7 +821,8 @@ class TimingWindow:
     (the x of advise's count -> time model), ``step_ms`` the mean wall ms of a step, ``moe_share``
     its MoE part, ``sub_windows`` the step ms of the server's recent windows (their spread is a
     measured noise floor), ``provenance`` the server it came from (``PROVENANCE_KEYS``, None where
-    not said)."""
+    not said), ``record`` whether it is a record's own window (``live.record_time``: the passes of
+    that record's dump) rather than a live window that falls where it falls."""
 
     rank_ms: tuple[tuple[float, ...], ...]
     rank_assignments: tuple[tuple[float, ...], ...]
@@ -805,6 +830,7 @@ class TimingWindow:
     moe_share: float | None = None
     sub_windows: tuple[float, ...] = ()
     provenance: dict = field(default_factory=dict)
+    record: bool = False
 
     @property
     def ranks(self) -> int:
@@ -815,11 +841,14 @@ class TimingWindow:
         return len(self.rank_ms[0])
 
     @classmethod
-    def from_wire(cls, doc, where: str = "timing", layers: int | None = None, provenance: dict | None = None) -> TimingWindow:
+    def from_wire(
+        cls, doc, where: str = "timing", layers: int | None = None, provenance: dict | None = None, record: bool = False
+    ) -> TimingWindow:
         """The window from a ``live.time`` object, checked: finite non-negative ms, a positive
         ``step_ms`` at least the MoE ms a rank spends in it, ``moe_share`` in [0, 1], ``rank_ms`` and
         ``rank_assignments`` of one shape (with ``layers`` MoE layers when given). ``provenance``:
-        the status answer's keys around it, where the window itself does not carry them."""
+        the status answer's keys around it, where the window itself does not carry them; ``record``:
+        it is a record's own window (as the object's ``record`` flag, where it has one, may also say)."""
         f = _Fields(doc, "timing", where, prefix="")
         for key in ("rank_ms", "rank_assignments", "step_ms"):
             if doc.get(key) is None:
@@ -832,7 +861,8 @@ class TimingWindow:
         sub_windows = () if doc.get("sub_windows") is None else tuple(map(float, f.numbers("sub_windows", 0)))
         said = f.obj("provenance", "provenance", default=None)
         known = {**(provenance or {}), **({} if said is None else said.doc)}
-        return cls.checked(f, rank_ms, assignments, step_ms, share, sub_windows, known, layers)
+        record = record or ("record" in doc and f.flag("record"))
+        return cls.checked(f, rank_ms, assignments, step_ms, share, sub_windows, known, layers, record)
 
     @classmethod
     def checked(
@@ -845,6 +875,7 @@ class TimingWindow:
         sub_windows: tuple[float, ...],
         provenance: dict,
         layers: int | None,
+        record: bool = False,
     ) -> TimingWindow:
         """The window of fields each read (``from_wire``, ``LiveTime.window``), checked as a whole:
         ``rank_ms`` and ``rank_assignments`` of one shape (``layers`` MoE layers when given), a
@@ -867,21 +898,26 @@ class TimingWindow:
             None if share is None else float(share),
             sub_windows,
             {k: provenance.get(k) for k in PROVENANCE_KEYS},
+            record,
         )
 
     @classmethod
     def of_status(cls, status: StatusAnswer, where: str, layers: int | None = None) -> TimingWindow | None:
-        """The window of a status answer read off the wire, its provenance from the status around it;
-        None where the server has no timed window yet."""
-        time = None if status.live is None else status.live.time
-        if time is None:
+        """The window of a status answer read off the wire (its last record's own window where it
+        has one, else the live window), its provenance from the status around it; None where the
+        server has no timed window yet."""
+        live = status.live
+        time = None if live is None else (live.record_time or live.time)
+        if live is None or time is None:
             return None
-        return time.window(where, layers, {k: getattr(status.status, k) for k in PROVENANCE_KEYS})
+        around = {k: getattr(status.status, k) for k in PROVENANCE_KEYS}
+        return time.window(where, layers, around, record=time is live.record_time)
 
     @classmethod
     def from_status(cls, doc, where: str = "timing", layers: int | None = None) -> TimingWindow | None:
-        """The window of a status answer, its ``live`` object or the ``live.time`` object itself, its
-        provenance from the status keys around it; None where the server has no timed window yet."""
+        """The window of a status answer, its ``live`` object (their last record's own window,
+        ``record_time``, where it has one, else ``time``) or such a time object itself, its provenance
+        from the status keys around it; None where the server has no timed window yet."""
         if not isinstance(doc, dict):
             raise SceneEplbError("timing must be a JSON object (a status answer, its live object or live.time)", where)
         around = {k: doc[k] for k in PROVENANCE_KEYS if k in doc}
@@ -890,8 +926,9 @@ class TimingWindow:
             return None  # a status answer without a live window yet
         if not isinstance(live, dict):
             raise SceneEplbError("timing's live must be an object", where)
-        timing = live.get("time", live)
-        return None if timing is None else cls.from_wire(timing, where, layers, around)
+        record = live.get("record_time")
+        timing = record or live.get("time", live)
+        return None if timing is None else cls.from_wire(timing, where, layers, around, record=record is not None)
 
     def to_wire(self) -> dict:
         return {
@@ -901,6 +938,7 @@ class TimingWindow:
             "moe_share": self.moe_share,
             "sub_windows": list(self.sub_windows),
             "provenance": dict(self.provenance),
+            "record": self.record,
         }
 
 

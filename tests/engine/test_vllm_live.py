@@ -14,6 +14,7 @@ import json
 import threading
 import time
 import urllib.request
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -73,6 +74,14 @@ def work(tmp_path_factory):
     return root, make_tiny_moe(root / "skewed-moe", SPEC)
 
 
+class Recorded(NamedTuple):
+    """The linear server's record: its dump, the live object after it, the stop route's live object."""
+
+    counts: Counts
+    live: dict
+    stopped: dict
+
+
 @pytest.fixture(scope="module")
 def recorded_counts(work):
     """Counts of the served traffic, recorded by a server on the linear layout (whose live view is checked too)."""
@@ -80,13 +89,15 @@ def recorded_counts(work):
     srv = start_server(model, root, "live-linear", engine_args=ENGINE, extra=_flag(dump_dir=str(root / "dumps")))
     try:
         srv.wait_ready()
+        srv.complete(SINGLES[:20], 2)  # other traffic just before the record: its window must leave it out
         assert http("POST", srv.url + "/start_expert_distribution_record")[0] == 200
         _serve_traffic(srv, 3 * WINDOW_S)
-        assert http("POST", srv.url + "/stop_expert_distribution_record")[0] == 200
+        code, stopped = http("POST", srv.url + "/stop_expert_distribution_record")
+        assert code == 200, stopped
         code, dump = http("POST", srv.url + "/dump_expert_distribution_record")
         assert code == 200, dump
         time.sleep(WINDOW_S)
-        return read_counts(dump["path"]), http("GET", srv.url + "/scene_eplb/status")[1]["live"]
+        return Recorded(read_counts(dump["path"]), http("GET", srv.url + "/scene_eplb/status")[1]["live"], stopped["live"])
     finally:
         srv.stop()
 
@@ -147,13 +158,13 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_linear_server_reports_live_scores_without_an_alarm(recorded_counts):
-    _, live = recorded_counts
+    live = recorded_counts.live
     assert live["windows"] >= 1 and live["median"] > 1.05  # the skewed model on the linear layout is unbalanced
     assert live["expected_median"] is None and live["drift"] is False
 
 
 def test_the_dump_carries_measured_replica_traffic_that_adds_up(recorded_counts):
-    counts, live = recorded_counts
+    counts, live = recorded_counts.counts, recorded_counts.live
     assert counts.physical is not None and counts.physical.shape == counts.data.shape  # linear: slot p holds expert p
     layers = counts.meta["moe_layers"]
     assert counts.physical.sum(axis=(0, 2))[layers].tolist() == counts.data.sum(axis=(0, 2))[layers].tolist()
@@ -165,10 +176,23 @@ def test_the_timing_window_says_which_server_it_came_from_as_the_dump_does(recor
     from vllm_scene_eplb.advise import provenance_mismatch
     from vllm_scene_eplb.protocol import PROVENANCE_KEYS, TimingWindow
 
-    counts, live = recorded_counts
+    counts, live = recorded_counts.counts, recorded_counts.live
     window = TimingWindow.from_wire(live["time"], layers=len(counts.meta["moe_layers"]))
     assert set(window.provenance) == set(PROVENANCE_KEYS) and window.provenance["layout_hash"] is None
     assert provenance_mismatch(counts.meta, window) == [], (counts.meta, window.provenance)
+
+
+def test_the_stop_answers_the_records_own_window_which_times_exactly_the_dumps_passes(recorded_counts):
+    """The record's window comes from every rank's counts as the record started and stopped: its
+    assignments per rank and pass are the dump's, though other traffic (single prompts, fewer
+    assignments per pass) ran just before it; the status keeps it."""
+    counts, stopped, live = recorded_counts.counts, recorded_counts.stopped, recorded_counts.live
+    layers = counts.meta["moe_layers"]
+    physical = counts.physical[:, layers].sum(axis=0)  # [L_moe, P]: linear, two ranks of four slots
+    dumped = physical.reshape(len(layers), 2, -1).sum(axis=2).T / max(counts.meta["passes_per_rank"])  # [ranks, L_moe]
+    record = stopped["record_time"]
+    assert record is not None and live["record_time"] == record, (stopped, live)
+    assert np.allclose(record["rank_assignments"], dumped, atol=0.006), (record["rank_assignments"], dumped.tolist())
 
 
 def test_every_rank_times_every_layer_and_the_time_view_counts_what_each_rank_computed(recorded_counts, matched_run):
@@ -177,7 +201,7 @@ def test_every_rank_times_every_layer_and_the_time_view_counts_what_each_rank_co
     traffic of its slots over the passes it timed: its balance per layer is the measured balance
     (a rank timing other passes or another rank's layer breaks it). On those x the fitted layout
     evens out the linear layout's hot rank."""
-    _, linear = recorded_counts
+    linear = recorded_counts.live
     fitted = matched_run["live"]
     spread = {}
     for name, live in (("linear", linear), ("fitted", fitted)):
@@ -202,7 +226,7 @@ def test_every_rank_times_every_layer_and_the_time_view_counts_what_each_rank_co
 @pytest.fixture(scope="module")
 def matched_run(work, recorded_counts):
     root, _ = work
-    counts, _ = recorded_counts
+    counts = recorded_counts.counts
     layout, path = _fit(counts, root, "matched")
     return {"layout": layout, **_live_run(work, path, "live-matched", singles=True)}
 
@@ -239,7 +263,7 @@ def test_layout_fitted_on_the_served_traffic_reads_no_drift(matched_run):
 
 def test_layout_fitted_for_other_traffic_raises_the_drift_alarm(work, recorded_counts):
     root, _ = work
-    counts, _ = recorded_counts
+    counts = recorded_counts.counts
     # The same counts with each layer's hot and cold experts swapped: another scene.
     total = counts.total()
     swapped = np.zeros_like(total)

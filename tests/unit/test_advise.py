@@ -79,6 +79,8 @@ def test_a_critical_path_longer_than_the_step_says_so():
     answer = _advise(server(big).dump(heavy, 1), s, rec, 1)
     assert answer.verdict == "insufficient_evidence"
     assert "longer than the whole step" in answer.reasons[-1], answer.reasons
+    assert "its record_time is the record's own window" in answer.reasons[-1]  # a live window: the way out named
+    assert "a live window, which may hold other passes" in answer.reasons[-2]
 
 
 @pytest.mark.parametrize(

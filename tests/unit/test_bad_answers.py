@@ -146,6 +146,7 @@ LIVE = {
     "measured": None,
     "fidelity": None,
     "time": None,
+    "record_time": None,
 }
 
 
@@ -202,6 +203,12 @@ CASES = [
         {STATUS: reply(status({**LIVE, "time": {"median": 1, "worst": 1, "moe_share": 3.5}}))},
         WATCH,
         "moe_share",
+    ),
+    (
+        "watch: live record_time a list",
+        {STATUS: reply(status({**LIVE, "record_time": [1]}))},
+        WATCH,
+        "record_time must be an object",
     ),
     ("record status: ep_size 0", {STATUS: reply(status(ep_size=0))}, RECORD, "ep_size must be an integer >= 1"),
     ("record status: observer bogus", {STATUS: reply(status(observer="bogus"))}, RECORD, "observer must be one of"),

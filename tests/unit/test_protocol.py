@@ -20,6 +20,7 @@ from vllm_scene_eplb.protocol import (
     NativeCounts,
     RankLive,
     RankNativeLoad,
+    RecordLive,
     StatusAnswer,
     WorkerAnswer,
     WorkerStatus,
@@ -86,6 +87,7 @@ PAYLOADS = {
     "export_status": (ExportJobAnswer.from_wire, JOB),
     "dump": (DumpStarted.from_wire, STARTED),
     "live": (RankLive.from_wire, LIVE),
+    "record_live": (RecordLive.from_wire, {"start": LIVE, "stop": {**LIVE, "passes": 5}}),
     "native_load available": (
         RankNativeLoad.from_wire,
         {"ep_rank": 0, "moe_layers": [1, 2], "available": True, "counts": [[1, 2], [3, 4]]},
@@ -120,6 +122,9 @@ BROKEN = {
     "live moe_seconds nan": (RankLive.from_wire, {**LIVE, "moe_seconds": [float("nan"), 1.0]}, "moe_seconds[0]"),
     "live source of three": (RankLive.from_wire, {**LIVE, "source": [0, 1, 2]}, "source must be a list of 2"),
     "live contributes a string": (RankLive.from_wire, {**LIVE, "contributes": "yes"}, "contributes must be true or false"),
+    "record live without its stop": (RecordLive.from_wire, {"start": LIVE}, "no 'stop'"),
+    "record live stop not an object": (RecordLive.from_wire, {"start": LIVE, "stop": [1]}, "stop must be an object"),
+    "record live stop broken": (RecordLive.from_wire, {"start": LIVE, "stop": {**LIVE, "passes": -1}}, "passes must be"),
     "dump shape of two": (DumpStarted.from_wire, {**STARTED, "shape": [4, 8]}, "shape must be a list of 3"),
     "job state bogus": (ExportJobAnswer.from_wire, {**JOB, "state": "bogus"}, "state must be one of running, done, failed"),
     "native without counts": (
@@ -196,6 +201,25 @@ def test_the_typed_status_gives_the_timing_window_the_raw_one_gives():
     typed = TimingWindow.of_status(StatusAnswer.from_wire(doc), "http://x", layers=2)
     assert typed == TimingWindow.from_status(doc, "http://x", layers=2)
     assert typed is not None and typed.provenance["role"] == "decode" and typed.provenance["layout_hash"] == "abc"
+
+
+def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_reads_its_live_window():
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    doc = _status_with_time()
+    record = {**doc["live"]["time"], "rank_ms": [[0.5, 0.5], [0.5, 0.5]], "step_ms": 4.0}
+    with_record = {**doc, "live": {**doc["live"], "record_time": record}}
+    for read in (
+        lambda d: TimingWindow.of_status(StatusAnswer.from_wire(d), "u", layers=2),
+        lambda d: TimingWindow.from_status(d, "u", layers=2),
+    ):
+        got, saved = read(with_record), read(doc)  # ``doc``: a status saved before record_time existed
+        assert got is not None and got.step_ms == 4.0 and got.rank_ms[0] == (0.5, 0.5) and got.record
+        assert saved is not None and saved.step_ms == 10.0 and not saved.record
+        assert TimingWindow.from_wire(got.to_wire()) == got  # a saved window still says it was a record's
+    answer = StatusAnswer.from_wire(with_record)
+    assert answer.live is not None and StatusAnswer.from_wire(answer.to_wire()) == answer
+    assert StatusAnswer.from_wire({**doc, "live": {**doc["live"], "record_time": None}}).live.record_time is None
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 from argparse import Namespace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -83,7 +84,13 @@ class SceneEplbEndpoints:
             return (await self.fanout.dump(keep_skipped, export_s)).to_wire()
         if action == NATIVE_ACTION:
             return (await self.fanout.native()).to_wire()
-        return (await self.fanout.status(action, self.poller.answer if self.poller else None)).to_wire()
+        if self.poller is None:
+            return (await self.fanout.status(action, None)).to_wire()
+        answer = await self.fanout.status(action, self.poller.answer)
+        if action in ("start", "stop"):  # the record's own window, as it stopped: the answer says it
+            await self.poller.record(action)
+            answer = replace(answer, live=self.poller.answer)
+        return answer.to_wire()
 
     def _handler(self, action: str):
         async def handle(request: Request) -> JSONResponse:

@@ -2,7 +2,9 @@
 rank's cumulative live counts (``protocol.RankLive``) each ``live_window_s``, sums the ranks that
 count each token once, scores the window with the loaded layout and dispatch
 (``fitness.LiveFitness``), logs the drift alarm's changes, sets the gauges on ``/metrics``
-(``metrics``) and holds the status route's ``live`` object (``protocol.LiveAnswer``).
+(``metrics``) and holds the status route's ``live`` object (``protocol.LiveAnswer``). When a record
+stops it also takes that record's own window (``record``): every rank's counts as it started and
+stopped, so the timing ``advise`` prices the dump with covers exactly the dump's passes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -19,7 +22,7 @@ from ..errors import SceneEplbError
 from ..fitness import LiveFitness, LiveSample
 from ..formats import GeometryHint, read_layout
 from ..measured import RankTime, SourceTraffic
-from ..protocol import LIVE_ACTION, PROVENANCE_KEYS, LiveAnswer, RankLive, StatusAnswer
+from ..protocol import LIVE_ACTION, PROVENANCE_KEYS, RECORD_LIVE_ACTION, LiveAnswer, RankLive, RecordLive, StatusAnswer
 from . import metrics
 from .fanout import RouteError, WorkerFanout
 
@@ -59,10 +62,28 @@ class LivePoller:
         line = self.live.observe(sample, time.monotonic())
         if line:
             (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
-        # through its own reader, as a client will read it: a window that would not read back (a NaN) is
-        # skipped here, and the status keeps serving the last good one
-        self.answer = LiveAnswer.from_wire(self.live.to_wire(), "the live fitness of this server")
+        self.answer = self._publish(self.live)
         metrics.publish(self.answer, self.config.live_per_layer_metrics)
+
+    async def record(self, action: str) -> None:
+        """After a record's ``start`` (its predecessor's window is dropped) or ``stop`` (its own
+        window is taken). Never raises: the record itself stands, the status says ``record_time`` null."""
+        try:
+            window = None
+            if action == "stop":
+                spans = await self.fanout.all_ok(RECORD_LIVE_ACTION, RecordLive.from_wire)
+                window = live_sample([s.stop for s in spans]).since(live_sample([s.start for s in spans]))
+                if self.live is None:
+                    self.live = await self._view(window.logical.shape[1])
+            if self.live is not None:
+                self.live.record(window)
+                self.answer = self._publish(self.live)
+        except (RouteError, SceneEplbError) as exc:
+            logger.warning("scene-eplb: the record's own timing window was not taken: %s", exc)
+            if self.live is not None:
+                self.live.record(None)
+            if self.answer is not None:
+                self.answer = replace(self.answer, record_time=None)
 
     async def _view(self, num_experts: int) -> LiveFitness:
         """The live view of what this server loaded (its layout, or the linear one), from rank 0's status."""
@@ -80,6 +101,12 @@ class LivePoller:
             self.config.drift_windows,
             provenance={k: getattr(st, k) for k in PROVENANCE_KEYS},
         )
+
+    @staticmethod
+    def _publish(live: LiveFitness) -> LiveAnswer:
+        """The live object the status serves, read back through its own reader as a client will read
+        it: one that would not read back (a NaN) is refused here, and the last good one stays served."""
+        return LiveAnswer.from_wire(live.to_wire(), "the live fitness of this server")
 
 
 def live_sample(ranks: Sequence[RankLive]) -> LiveSample:

@@ -22,10 +22,12 @@ from ..protocol import (
     EXPORT_STATUS_ACTION,
     LIVE_ACTION,
     NATIVE_ACTION,
+    RECORD_LIVE_ACTION,
     DumpStarted,
     NativeCounts,
     RankLive,
     RankNativeLoad,
+    RecordLive,
     WorkerAnswer,
     WorkerStatus,
 )
@@ -67,6 +69,8 @@ class RecorderPlugin:
     moe_layer_ids: list[int] = field(default_factory=list)
     # Drawn once per worker process: a new server start, a new id (bench records it per run).
     server_start: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The live counts as the last record started and stopped (None: live counts off, or not yet).
+    record_live: tuple[RankLive | None, RankLive | None] = (None, None)
 
     def status(self) -> WorkerStatus:
         """What the status route and the startup log line report (``protocol.STATUS_KEYS``)."""
@@ -149,19 +153,23 @@ class RecorderPlugin:
         return self.answer(action, *args).to_wire()
 
     def answer(self, action: str, *args) -> WorkerAnswer:
-        """start | stop | dump EXPORT_ID DEADLINE | export_status EXPORT_ID | live | native_load | status.
-        A refusal comes back as the answer's error (409), never raised."""
+        """start | stop | dump EXPORT_ID DEADLINE | export_status EXPORT_ID | live | record_live |
+        native_load | status. A refusal comes back as the answer's error (409), never raised."""
         try:
             if action == "start":
                 self.observer.start()
+                self.record_live = (self._live_now(), None)
             elif action == "stop":
                 self.observer.stop()
+                self.record_live = (self.record_live[0], self._live_now())
             elif action == "dump":
                 return WorkerAnswer(self._begin_dump(*args))
             elif action == EXPORT_STATUS_ACTION:
                 return WorkerAnswer(self.exporter.job(*args).answer())
             elif action == LIVE_ACTION:
                 return WorkerAnswer(self._live())
+            elif action == RECORD_LIVE_ACTION:
+                return WorkerAnswer(self._record_live())
             elif action == NATIVE_ACTION:
                 return WorkerAnswer(RankNativeLoad(self.ep_rank, tuple(self.moe_layer_ids), self.native_load()))
             elif action != "status":
@@ -199,6 +207,18 @@ class RecorderPlugin:
             source=None if source is None else tuple(source),
             moe_layers=tuple(self.moe_layer_ids),
         )
+
+    def _live_now(self) -> RankLive | None:
+        """``_live`` where live counts are on; None where they are off."""
+        return self._live() if self.config.live_counts else None
+
+    def _record_live(self) -> RecordLive:
+        """The live counts at the last record's start and stop; refused before a record has stopped."""
+        start, stop = self.record_live
+        if start is None or stop is None:
+            why = "live_counts is off" if not self.config.live_counts else "no record has started and stopped yet"
+            raise SceneEplbError(f"no record window on this rank: {why}")
+        return RecordLive(start, stop)
 
     def source_ranks(self) -> list[int] | None:
         """[base, span]: the EP ranks whose static-table rows route this rank's batch, split evenly

@@ -1,0 +1,137 @@
+"""A record's own timing window: two real ``RecorderPlugin`` ranks on CPU (EP=2, physical ids, MoE
+timed) answer through vLLM's encoding, and the API server's poller takes the window at the record's
+stop from every rank's counts as it started and stopped. It must price exactly the recorded passes,
+however different the traffic before and after, be dropped when the next record starts, and never
+fail a stop where live counts are off."""
+
+import asyncio
+import logging
+import time
+
+import pytest
+import torch
+
+from vllm_scene_eplb.config import parse_config
+from vllm_scene_eplb.model_geometry import from_hf_config
+from vllm_scene_eplb.protocol import RECORD_LIVE_ACTION, RecordLive, TimingWindow
+from vllm_scene_eplb.runtime.export import Exporter
+from vllm_scene_eplb.runtime.fanout import RouteError, WorkerFanout
+from vllm_scene_eplb.runtime.live_poller import LivePoller
+from vllm_scene_eplb.runtime.observer import NullObserver
+from vllm_scene_eplb.runtime.worker import RecorderPlugin
+
+from .test_worker_answers import MODEL, _carried
+
+LINEAR = torch.arange(8).repeat(2, 1)  # [L_moe, P]: slot p holds expert p; slots 0-3 on rank 0, 4-7 on rank 1
+COLD = torch.tensor([[0, 1], [2, 3], [0, 1]])  # three tokens on rank 0's experts
+HOT = torch.tensor([[4, 5], [6, 7], [4, 0], [5, 6]])  # four tokens, seven of eight assignments on rank 1
+
+
+def _worker(ep_rank: int, **cfg) -> RecorderPlugin:
+    config = parse_config({"scene_eplb": {"role": "prefill", "ring_entries": 8, "time_moe": True, **cfg}})
+    model = from_hf_config(MODEL)
+    rt = RecorderPlugin(
+        config=config,
+        role="prefill",
+        engine="vllm 0.32.0",
+        model=model,
+        model_name="m",
+        ep_size=2,
+        ep_rank=ep_rank,
+        dp_rank=ep_rank,
+        tp_rank=0,
+        contributes=True,
+        observer=NullObserver("prefill", 8),
+        exporter=Exporter(None),
+    )
+    rt.check_moe_layers(list(model.moe_layers))
+    rt.make_observer("cpu", slot_to_expert=LINEAR)
+    return rt
+
+
+def _passes(ranks: list[RecorderPlugin], ids: torch.Tensor, ms: float, n: int) -> None:
+    """``n`` passes of ``ids`` on every rank, each of its MoE layers timed ``ms`` (the step's wall
+    time, which must hold its MoE time, is slept)."""
+    for _ in range(n):
+        for rt in ranks:
+            rt.begin_step(len(ids))
+            for layer in range(2):
+                rt.observer.capture(layer, ids)
+                rt.add_moe_seconds(layer, ms / 1000)
+            time.sleep(2 * ms / 1000 + 0.001)
+            rt.end_step(False)
+
+
+def _server(ranks: list[RecorderPlugin]) -> tuple[WorkerFanout, LivePoller]:
+    async def call_every_worker(args: tuple) -> list:
+        return _carried([rt.control(*args) for rt in ranks])
+
+    fanout = WorkerFanout(call_every_worker)
+    return fanout, LivePoller(fanout, ranks[0].config)
+
+
+async def _control(fanout: WorkerFanout, poller: LivePoller, action: str):
+    """What the start and stop routes do: the action on every rank, then the poller's record window."""
+    await fanout.status(action, None)
+    await poller.record(action)
+    return poller.answer
+
+
+def test_the_record_window_prices_exactly_the_recorded_passes():
+    ranks = [_worker(0), _worker(1)]
+    fanout, poller = _server(ranks)
+
+    async def main():
+        _passes(ranks, COLD, 9.0, 5)  # before the record: other traffic, slower
+        await _control(fanout, poller, "start")
+        _passes(ranks, HOT, 2.0, 3)
+        stopped = await _control(fanout, poller, "stop")
+        _passes(ranks, COLD, 9.0, 4)  # after it: the live windows would mix these in
+        return stopped, await fanout.status("status", poller.answer)
+
+    stopped, status = asyncio.run(main())
+    t = stopped.record_time
+    assert t is not None and t.rank_ms == ((2.0, 2.0), (2.0, 2.0)), t
+    # per pass both DP ranks route HOT (16 assignments): rank 0 computes the two of expert 0, rank 1
+    # the other fourteen, in both layers
+    assert t.rank_assignments == ((2.0, 2.0), (14.0, 14.0)), t
+    assert stopped.time is None  # no poller window has run: only the record's own
+    window = TimingWindow.of_status(status, "the status", layers=2)
+    assert window is not None and window.record and window.rank_assignments == ((2.0, 2.0), (14.0, 14.0))
+    assert window.provenance["role"] == "prefill" and window.provenance["steps_per_entry"] == 1
+
+
+def test_the_next_start_drops_the_last_records_window():
+    ranks = [_worker(0), _worker(1)]
+    fanout, poller = _server(ranks)
+
+    async def main():
+        await _control(fanout, poller, "start")
+        _passes(ranks, HOT, 2.0, 2)
+        assert (await _control(fanout, poller, "stop")).record_time is not None
+        return await _control(fanout, poller, "start")
+
+    assert asyncio.run(main()).record_time is None
+
+
+def test_a_rank_refuses_a_record_window_before_a_record_has_stopped():
+    ranks = [_worker(0), _worker(1)]
+    fanout, _ = _server(ranks)
+    with pytest.raises(RouteError, match="no record has started and stopped yet") as refused:
+        asyncio.run(fanout.all_ok(RECORD_LIVE_ACTION, RecordLive.from_wire))
+    assert refused.value.status == 409
+
+
+def test_without_live_counts_a_stop_stands_and_the_log_says_why_there_is_no_window(caplog):
+    ranks = [_worker(0, live_counts=False), _worker(1, live_counts=False)]
+    fanout, poller = _server(ranks)
+
+    async def main():
+        await _control(fanout, poller, "start")
+        _passes(ranks, HOT, 2.0, 2)
+        return await _control(fanout, poller, "stop")
+
+    with caplog.at_level(logging.WARNING, logger="vllm.scene_eplb"):
+        answer = asyncio.run(main())
+    assert answer is None and all(not rt.observer.status().state == "recording" for rt in ranks)
+    assert "record's own timing window was not taken" in caplog.text and "live_counts is off" in caplog.text
