@@ -30,9 +30,13 @@ candidate: ``static`` sends each source rank's share of an expert to the slot it
 (the shares from the dump's per-source counts ``Counts.sources`` where it has them, else 1/ep per
 source rank), ``dynamic`` 1/c to each of an expert's c replicas. Per pass and layer the slowest
 rank's a + b * n; every layer waits for its slowest rank (a barrier per layer, no overlap of
-layers), so their sum is the MoE critical path, and the step changes by the difference:
+layers), so their sum is the MoE critical path, and the step changes by the difference. A busy
+engine's throughput pays for each step and for the pause before the next one (``gap_ms``:
+scheduling, sampling, the API server's and the client's share of the machine, measured between
+steps), which no layout changes, so the ratio is over their sum, the step's cycle:
 
-    predicted throughput ratio = step_ms / (step_ms - critical_now + critical_candidate)
+    predicted throughput ratio = cycle_ms / (cycle_ms - critical_now + critical_candidate)
+    cycle_ms = step_ms + gap_ms
 
 The running layout's model is checked against what was measured: its modelled slot traffic against
 the dump's measured replica traffic (fidelity, and the slowest ranks' ms on the mean pass), and its
@@ -297,7 +301,7 @@ def noise_floor(timing: TimingWindow, model: TimeModel, critical_now: float, ab_
     """The floor a predicted gain must clear, and where it came from: the largest of ``NOISE_FLOOR``,
     twice the coefficient of variation of the sub-windows' step ms (at least 3 of them), the gap of
     an A/B between identical setups, and twice the model's residual on the critical path."""
-    terms = {"the 2% lower bound": NOISE_FLOOR, "the time model's residual": 2 * model.residual * critical_now / timing.step_ms}
+    terms = {"the 2% lower bound": NOISE_FLOOR, "the time model's residual": 2 * model.residual * critical_now / cycle_ms(timing)}
     subs = np.asarray(timing.sub_windows, dtype=np.float64)
     if subs.size >= 3 and subs.mean() > 0:
         terms[f"the spread of {subs.size} sub-windows' step time"] = 2 * float(subs.std(ddof=1) / subs.mean())
@@ -305,6 +309,16 @@ def noise_floor(timing: TimingWindow, model: TimeModel, critical_now: float, ab_
         terms[f"the A/B of two identical setups ({ab_ratio:.3f})"] = max(abs(ab_ratio - 1), abs(1 / ab_ratio - 1))
     source = max(terms, key=lambda k: terms[k])
     return terms[source], source
+
+
+def cycle_ms(timing: TimingWindow) -> float:
+    """A busy step's cycle: the step and the pause before the next one (what each step's throughput pays)."""
+    return timing.step_ms + timing.gap_ms
+
+
+def throughput_ratio(cycle: float, critical_now: float, critical_candidate: float) -> float:
+    """The candidate's throughput over the running layout's when only the MoE critical path changes."""
+    return cycle / max(cycle - critical_now + critical_candidate, 1e-9)
 
 
 def _insufficient(reasons: list[str], *why: str, **details) -> Advice:
@@ -319,7 +333,7 @@ def _unidentified(
     is under the noise floor, else ``insufficient_evidence``; ``now`` / ``cand``: per-pass rank loads."""
     bound = model.steepest()
     c_now, c_cand = float(bound.critical(now).mean()), float(bound.critical(cand).mean())
-    ratio = timing.step_ms / max(timing.step_ms - c_now + c_cand, 1e-9)
+    ratio = throughput_ratio(cycle_ms(timing), c_now, c_cand)
     floor, source = noise_floor(timing, bound, c_now, ab_ratio)
     why = (
         f"MoE time does not grow with assignments in this timing window (pooled slope {model.pooled_b:+.3g} ms per assignment)"
@@ -327,7 +341,13 @@ def _unidentified(
         else f"the timing window does not pin the slope of time against assignments down (relative standard error "
         f"{model.slope_error:.0%}: its ranks computed too similar loads)"
     )
-    details = {"step_ms": timing.step_ms, "noise_floor": floor, "noise_floor_source": source, "bound_ratio": ratio}
+    details = {
+        "step_ms": timing.step_ms,
+        "gap_ms": timing.gap_ms,
+        "noise_floor": floor,
+        "noise_floor_source": source,
+        "bound_ratio": ratio,
+    }
     if ratio - 1 < floor:
         return Advice(
             "skip",
@@ -447,6 +467,7 @@ def advise(
         "critical_ms_now": c_now,
         "critical_ms_candidate": c_cand,
         "step_ms": step,
+        "gap_ms": timing.gap_ms,
         "moe_share": timing.moe_share,
         "noise_floor": floor,
         "noise_floor_source": floor_source,
@@ -488,15 +509,16 @@ def advise(
                 f"floor of {floor:.1%} (fidelity {'n/a' if fid is None else f'{fid:.3f}'}): the model does not describe this server",
                 **numbers,
             )
-    ratio = step / max(step - c_now + c_cand, 1e-9)
+    cycle = cycle_ms(timing)
+    ratio = throughput_ratio(cycle, c_now, c_cand)
     first = origin < (n_entries + 1) // 2
     halves = [
-        step / max(step - float(crit_now_pass[part].mean()) + float(crit_cand_pass[part].mean()), 1e-9)
-        for part in (first, ~first)
+        throughput_ratio(cycle, float(crit_now_pass[part].mean()), float(crit_cand_pass[part].mean())) for part in (first, ~first)
     ]
     reasons.append(
         f"MoE critical path {c_now:.2f} ms per pass now, {c_cand:.2f} ms with the candidate (expected slowest rank per "
-        f"pass, one model for both), in a {step:.2f} ms step: predicted throughput ratio {ratio:.3f}"
+        f"pass, one model for both), in a {step:.2f} ms step and {timing.gap_ms:.2f} ms between steps: predicted "
+        f"throughput ratio {ratio:.3f}"
     )
     if timing.moe_share is not None:
         reasons.append(f"MoE is {timing.moe_share:.1%} of step time here: no layout can save more than that share")

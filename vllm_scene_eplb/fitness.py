@@ -125,6 +125,8 @@ class LiveSample:
                     a.steps - b.steps,
                     a.step_seconds - b.step_seconds,
                     a.step_moe_seconds - b.step_moe_seconds,
+                    a.gap_seconds - b.gap_seconds,
+                    a.gaps - b.gaps,
                 )
                 for a, b in zip(self.times, last.times)
             )

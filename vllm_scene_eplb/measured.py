@@ -45,14 +45,17 @@ class SourceTraffic:
 
 @dataclass(frozen=True)
 class RankTime:
-    """One rank's MoE timing over a window: seconds per MoE layer [L] over ``moe_passes`` passes, and
-    over its ``steps`` real steps their wall seconds and the MoE seconds within them."""
+    """One rank's MoE timing over a window: seconds per MoE layer [L] over ``moe_passes`` passes,
+    over its ``steps`` real steps their wall seconds and the MoE seconds within them, and the
+    ``gap_seconds`` of its ``gaps`` busy pauses between steps."""
 
     moe_seconds: np.ndarray
     moe_passes: int
     steps: int
     step_seconds: float
     step_moe_seconds: float
+    gap_seconds: float = 0.0
+    gaps: int = 0
 
 
 def rank_loads(physical: np.ndarray, ep_size: int) -> np.ndarray:
@@ -109,13 +112,14 @@ def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> LiveTim
     ``moe_share`` (MoE seconds over step seconds, over the ranks' real steps) and ``step_ms`` (mean
     wall ms of a real step); with the window's measured rank ``loads`` [L, ranks], also
     ``rank_assignments`` [ranks][layers]: the assignments each rank computed per pass, the x of the
-    count -> time model (``advise``). None without timing."""
+    count -> time model (``advise``); ``gap_ms``, the mean busy pause between steps. None without timing."""
     timed = [r for r in ranks if r.moe_passes > 0]
     if not timed or len(timed) != len(ranks):
         return None
     rank_ms = np.stack([1000.0 * np.asarray(r.moe_seconds, dtype=np.float64) / r.moe_passes for r in ranks])
     per_layer = rank_score(rank_ms.T)  # [L]: max/mean over ranks
     seconds, steps = sum(r.step_seconds for r in ranks), sum(r.steps for r in ranks)
+    gap_seconds, gaps = sum(r.gap_seconds for r in ranks), sum(r.gaps for r in ranks)
     assignments = None
     if loads is not None and loads.shape == rank_ms.T.shape:
         assignments = tuple(tuple(round(float(x), 2) for x in loads[:, r] / ranks[r].moe_passes) for r in range(len(ranks)))
@@ -129,4 +133,5 @@ def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> LiveTim
         rank_assignments=assignments,
         sub_windows=(),
         provenance={},
+        gap_ms=None if gaps <= 0 else round(1000.0 * gap_seconds / gaps, 4),
     )

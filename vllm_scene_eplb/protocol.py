@@ -401,8 +401,8 @@ class LiveTime(_Answer):
     [ranks][layers] mean local expert ms per pass, ``median`` / ``worst`` over layers of its max/mean
     over ranks (``per_layer``), ``moe_share`` of step time, ``step_ms`` the mean wall ms of a real step,
     ``rank_assignments`` [ranks][layers] (None: the window had no measured rank loads), the recent
-    windows' ``sub_windows`` step ms and the server's ``provenance``. ``advise`` reads it as a
-    ``TimingWindow``."""
+    windows' ``sub_windows`` step ms, the server's ``provenance`` and ``gap_ms``, the mean busy pause
+    between steps (None: none was timed). ``advise`` reads it as a ``TimingWindow``."""
 
     median: float
     worst: float
@@ -413,6 +413,7 @@ class LiveTime(_Answer):
     rank_assignments: tuple[tuple[float, ...], ...] | None
     sub_windows: tuple[float, ...]
     provenance: dict
+    gap_ms: float | None = None
 
     @classmethod
     def from_wire(cls, f: _Fields) -> LiveTime:
@@ -428,6 +429,7 @@ class LiveTime(_Answer):
             f.matrix("rank_assignments", _non_negative, "a finite non-negative number", nullable=True),
             f.numbers("sub_windows", 0),
             {} if provenance is None else dict(provenance.doc),
+            f.number("gap_ms", 0, nullable=True) if "gap_ms" in f.doc else None,  # a status saved before it has none
         )
 
     def window(self, where: str, layers: int | None, around: dict, record: bool = False) -> TimingWindow:
@@ -447,6 +449,7 @@ class LiveTime(_Answer):
             {**around, **self.provenance},
             layers,
             record,
+            self.gap_ms or 0.0,
         )
 
 
@@ -640,7 +643,8 @@ class RankLive(_Answer):
     physical [L_moe, P] (MoE layers in order), the logical counts of the rows it routes itself
     (``own_counts`` [L_moe, E]: its static source rows), whether its counts count (``contributes``),
     ``source`` [base, span] of the static-table rows behind its batch, and with ``time_moe`` its MoE
-    seconds per layer [L_moe] over ``moe_passes`` passes and its real ``steps``' seconds."""
+    seconds per layer [L_moe] over ``moe_passes`` passes, its real ``steps``' seconds and the
+    ``gap_seconds`` of its ``gaps`` busy pauses between steps."""
 
     counts: tuple[tuple[int, ...], ...]
     physical: tuple[tuple[int, ...], ...] | None
@@ -651,6 +655,8 @@ class RankLive(_Answer):
     steps: int
     step_seconds: float
     step_moe_seconds: float
+    gap_seconds: float
+    gaps: int
     contributes: bool
     ep_rank: int
     source: tuple[int, ...] | None
@@ -670,6 +676,8 @@ class RankLive(_Answer):
             f.integer("steps"),
             f.number("step_seconds", 0),
             f.number("step_moe_seconds", 0),
+            f.number("gap_seconds", 0),
+            f.integer("gaps"),
             f.flag("contributes"),
             f.integer("ep_rank"),
             f.integers_or_null("source", length=2),
@@ -822,7 +830,8 @@ class TimingWindow:
     its MoE part, ``sub_windows`` the step ms of the server's recent windows (their spread is a
     measured noise floor), ``provenance`` the server it came from (``PROVENANCE_KEYS``, None where
     not said), ``record`` whether it is a record's own window (``live.record_time``: the passes of
-    that record's dump) rather than a live window that falls where it falls."""
+    that record's dump) rather than a live window that falls where it falls, ``gap_ms`` the mean
+    busy pause between steps (what a step's throughput pays beside the step; 0 where not timed)."""
 
     rank_ms: tuple[tuple[float, ...], ...]
     rank_assignments: tuple[tuple[float, ...], ...]
@@ -831,6 +840,7 @@ class TimingWindow:
     sub_windows: tuple[float, ...] = ()
     provenance: dict = field(default_factory=dict)
     record: bool = False
+    gap_ms: float = 0.0
 
     @property
     def ranks(self) -> int:
@@ -862,7 +872,8 @@ class TimingWindow:
         said = f.obj("provenance", "provenance", default=None)
         known = {**(provenance or {}), **({} if said is None else said.doc)}
         record = record or ("record" in doc and f.flag("record"))
-        return cls.checked(f, rank_ms, assignments, step_ms, share, sub_windows, known, layers, record)
+        gap = f.number("gap_ms", 0, nullable=True) if "gap_ms" in doc else None
+        return cls.checked(f, rank_ms, assignments, step_ms, share, sub_windows, known, layers, record, gap or 0.0)
 
     @classmethod
     def checked(
@@ -876,6 +887,7 @@ class TimingWindow:
         provenance: dict,
         layers: int | None,
         record: bool = False,
+        gap_ms: float = 0.0,
     ) -> TimingWindow:
         """The window of fields each read (``from_wire``, ``LiveTime.window``), checked as a whole:
         ``rank_ms`` and ``rank_assignments`` of one shape (``layers`` MoE layers when given), a
@@ -899,6 +911,7 @@ class TimingWindow:
             sub_windows,
             {k: provenance.get(k) for k in PROVENANCE_KEYS},
             record,
+            float(gap_ms),
         )
 
     @classmethod
@@ -939,6 +952,7 @@ class TimingWindow:
             "sub_windows": list(self.sub_windows),
             "provenance": dict(self.provenance),
             "record": self.record,
+            "gap_ms": self.gap_ms,
         }
 
 

@@ -193,6 +193,7 @@ def test_the_stop_answers_the_records_own_window_which_times_exactly_the_dumps_p
     record = stopped["record_time"]
     assert record is not None and live["record_time"] == record, (stopped, live)
     assert np.allclose(record["rank_assignments"], dumped, atol=0.006), (record["rank_assignments"], dumped.tolist())
+    assert record["gap_ms"] is not None and record["gap_ms"] > 0, record  # the pauses between its busy steps
 
 
 def test_every_rank_times_every_layer_and_the_time_view_counts_what_each_rank_computed(recorded_counts, matched_run):

@@ -44,6 +44,23 @@ def test_the_ratio_is_the_per_pass_truth_at_one_step_per_entry_and_at_16(tokens)
     assert abs(ratios[1] - truth) < 0.02 and abs(ratios[16] - truth) < 0.02, (ratios, truth)
 
 
+def test_the_pause_between_steps_is_paid_by_each_step_and_no_layout_changes_it():
+    """The same saving of MoE time over a longer cycle (step plus the pause before the next): the
+    ratio is cycle / (cycle - saving), so a quarter of the step spent between steps lowers it."""
+    s, rec = _recording()
+    counts = server(s).dump(rec, 1)
+    window = server(s).timing_window(rec, 1)
+    plain = advise(counts, candidate(counts), "static", window)
+    paused = advise(counts, candidate(counts), "static", replace(window, gap_ms=window.step_ms / 4))
+    d = paused.details
+    saving = d["critical_ms_now"] - d["critical_ms_candidate"]
+    cycle = d["step_ms"] + d["gap_ms"]
+    assert saving > 0 and d["gap_ms"] == window.step_ms / 4 and d["critical_ms_now"] == plain.details["critical_ms_now"]
+    assert paused.predicted_throughput_ratio == pytest.approx(cycle / (cycle - saving))
+    assert 1 < paused.predicted_throughput_ratio < plain.predicted_throughput_ratio
+    assert f"{d['gap_ms']:.2f} ms between steps" in " ".join(paused.reasons)
+
+
 def test_a_k_pass_entry_is_split_into_k_passes_of_equal_size_that_sum_back():
     entries = np.random.default_rng(3).multinomial(16 * 100, np.full(8, 1 / 8), size=(5, 2))
     parts = split_passes(entries, 16, np.random.default_rng(0))

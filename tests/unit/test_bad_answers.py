@@ -327,6 +327,7 @@ def test_the_answer_readers_take_what_the_server_sends_key_for_key():
                 "rank_assignments": None,
                 "sub_windows": [],
                 "provenance": {},
+                "gap_ms": 12.5,
             },
         }
     )

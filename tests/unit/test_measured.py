@@ -112,6 +112,23 @@ def test_observer_times_moe_per_layer_and_steps():
     assert RoutingObserver(2, 4, 2).live_counts().moe_seconds is None  # time_moe off: nothing timed
 
 
+def test_the_pause_between_busy_steps_is_timed_and_an_idle_one_is_not(monkeypatch):
+    """The pause from a step's end to the next one's start is what a busy step's throughput pays beside
+    the step; a pause of IDLE_PAUSE_S or more is the engine waiting for work, and is left out."""
+    from vllm_scene_eplb.runtime import moe_timing
+
+    clock = iter([0.0, 0.05, 0.07, 0.12, 0.12 + moe_timing.IDLE_PAUSE_S + 0.1, 0.8, 0.83, 0.9])
+    monkeypatch.setattr(moe_timing.time, "perf_counter", lambda: next(clock))
+    obs = RoutingObserver(2, 4, 2, time_moe=True)
+    for dummy in (False, False, True, False):  # pauses: 20 ms (counted), 0.6 s (idle), 30 ms after a dummy step
+        obs.begin_step()
+        obs.add_moe_seconds(0, 0.001)
+        obs.end_step(is_dummy=dummy)
+    live = obs.live_counts()
+    assert live.gaps == 2 and live.gap_seconds == pytest.approx(0.05), (live.gaps, live.gap_seconds)
+    assert live.steps == 3 and live.step_seconds == pytest.approx(0.05 + 0.05 + 0.07)
+
+
 def test_live_window_reports_measured_fidelity_and_time(layout):
     sources, physical = _route(layout, "static", [SourceRanks(r, 1) for r in range(EP)], tokens=2000, seed=3)
     logical = sum(s.counts for s in sources)
@@ -178,6 +195,8 @@ def test_the_live_sample_takes_every_ranks_own_rows_as_its_static_source():
                 "steps": 0,
                 "step_seconds": 0.0,
                 "step_moe_seconds": 0.0,
+                "gap_seconds": 0.0,
+                "gaps": 0,
                 "contributes": rank == 0,
                 "ep_rank": rank,
                 "source": [0, 2],

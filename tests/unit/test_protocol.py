@@ -76,6 +76,8 @@ LIVE = {
     "steps": 2,
     "step_seconds": 1.5,
     "step_moe_seconds": 0.75,
+    "gap_seconds": 0.25,
+    "gaps": 2,
     "contributes": True,
     "ep_rank": 0,
     "source": [0, 2],
@@ -203,6 +205,16 @@ def test_the_typed_status_gives_the_timing_window_the_raw_one_gives():
     assert typed is not None and typed.provenance["role"] == "decode" and typed.provenance["layout_hash"] == "abc"
 
 
+def test_the_pause_between_steps_reads_the_same_typed_and_raw_and_a_status_without_it_reads_zero():
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    doc = _status_with_time(gap_ms=12.5)
+    for read in (lambda d: TimingWindow.of_status(StatusAnswer.from_wire(d), "u"), lambda d: TimingWindow.from_status(d, "u")):
+        assert read(doc).gap_ms == 12.5 and read(_status_with_time()).gap_ms == 0.0
+    window = TimingWindow.from_status(doc, "u")
+    assert TimingWindow.from_wire(window.to_wire()) == window
+
+
 def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_reads_its_live_window():
     from vllm_scene_eplb.protocol import TimingWindow
 
@@ -228,8 +240,9 @@ def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_rea
         ({"rank_assignments": None}, "timing has no rank_assignments"),
         ({"step_ms": 2.0}, "shorter than"),
         ({"rank_assignments": [[8.0], [12.0]]}, "rank_assignments is [2][1]"),
+        ({"gap_ms": -1.0}, "gap_ms must be a finite number in [0, inf]"),
     ],
-    ids=["no_assignments", "step_shorter_than_moe", "assignments_of_another_shape"],
+    ids=["no_assignments", "step_shorter_than_moe", "assignments_of_another_shape", "negative_pause"],
 )
 def test_the_typed_status_checks_its_timing_window_like_the_raw_one(change, expected):
     from vllm_scene_eplb.protocol import TimingWindow

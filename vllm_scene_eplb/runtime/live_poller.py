@@ -125,7 +125,15 @@ def live_sample(ranks: Sequence[RankLive]) -> LiveSample:
     times: tuple[RankTime, ...] = ()
     if all(a.moe_seconds is not None for a in ranked):
         times = tuple(
-            RankTime(np.asarray(a.moe_seconds, dtype=np.float64), a.moe_passes, a.steps, a.step_seconds, a.step_moe_seconds)
+            RankTime(
+                np.asarray(a.moe_seconds, dtype=np.float64),
+                a.moe_passes,
+                a.steps,
+                a.step_seconds,
+                a.step_moe_seconds,
+                a.gap_seconds,
+                a.gaps,
+            )
             for a in ranked
         )
     return LiveSample(logical, sum(a.passes for a in counting), physical, sources, times)

@@ -20,8 +20,9 @@ class LiveCounts:
     """A rank's cumulative live counts, read between steps: logical [L, E], physical [L, P] (None
     where the adapter does not see physical ids) and passes. With ``time_moe``: the seconds of each
     layer's local expert computation [L] over the ``moe_passes`` passes that ran it (dummy passes
-    too: an idle DP engine's experts still compute its peers' tokens), and over the ``steps`` real
-    steps, their wall time and the MoE seconds within it."""
+    too: an idle DP engine's experts still compute its peers' tokens), over the ``steps`` real
+    steps, their wall time and the MoE seconds within it, and the ``gap_seconds`` of the ``gaps``
+    busy pauses between steps (``moe_timing``)."""
 
     logical: torch.Tensor
     physical: torch.Tensor | None
@@ -31,6 +32,8 @@ class LiveCounts:
     steps: int
     step_seconds: float
     step_moe_seconds: float
+    gap_seconds: float
+    gaps: int
     own: torch.Tensor | None = None  # logical [L, E] of this rank's own rows (the static table's source rows)
 
 

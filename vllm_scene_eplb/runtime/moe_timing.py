@@ -3,7 +3,10 @@
 The adapter reports a layer's expert seconds (``add_moe_seconds``, host wall clock around the
 rank's own expert computation) or, on CUDA, attaches a ``device_timer.DeviceMoeTimer`` whose
 accumulators graph replays keep; the step's wall time is the host's, from ``begin_step`` to
-``end_step``. Cumulative per layer, read with the live counts. Off, nothing is timed.
+``end_step``, and so is the pause between one step's end and the next one's start (scheduling,
+sampling, the API server's and the client's share of the machine: time a layout does not change,
+but which a step's throughput pays); a pause of ``IDLE_PAUSE_S`` or more is the engine waiting for
+work and is left out. Cumulative, read with the live counts. Off, nothing is timed.
 """
 
 from __future__ import annotations
@@ -14,26 +17,35 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .device_timer import DeviceMoeTimer
 
-MoeTimes = tuple[list[float] | None, int, int, float, float]  # LiveCounts' timing fields, moe_seconds .. step_moe_seconds
+MoeTimes = tuple[list[float] | None, int, int, float, float, float, int]  # LiveCounts' timing fields, moe_seconds .. gaps
+IDLE_PAUSE_S = 0.5  # a pause between steps this long is the engine idle, waiting for work, not part of a busy loop
 
 
 class MoeTiming:
-    """Cumulative MoE seconds per layer [L] over ``moe_passes`` passes, and over ``steps`` real
-    steps their wall seconds and the MoE seconds within them (host floats)."""
+    """Cumulative MoE seconds per layer [L] over ``moe_passes`` passes, over ``steps`` real steps
+    their wall seconds and the MoE seconds within them, and the ``gap_seconds`` of the ``gaps``
+    busy pauses between steps (host floats)."""
 
     def __init__(self, num_layers: int, on: bool = False):
         self.num_layers, self.on = num_layers, on
         self.moe_seconds = [0.0] * num_layers  # cumulative, host
         self.moe_passes, self.steps = 0, 0
         self.step_seconds, self.step_moe_seconds = 0.0, 0.0
+        self.gap_seconds, self.gaps = 0.0, 0
         self._pass_seconds = [0.0] * num_layers
         self._step_started: float | None = None
+        self._step_ended: float | None = None  # the last step's end: the next start's pause runs from here
         self.device_timer: DeviceMoeTimer | None = None  # attach_device_timer: MoE time from device timestamps
 
     def begin_step(self) -> None:
-        """The engine starts a step: its wall time runs from here to ``end_step``."""
+        """The engine starts a step: its wall time runs from here to ``end_step``; the pause since
+        the last step's end counts unless the engine was idle (``IDLE_PAUSE_S``)."""
         if self.on:
-            self._step_started = time.perf_counter()
+            now = self._step_started = time.perf_counter()
+            if self._step_ended is not None and now - self._step_ended < IDLE_PAUSE_S:
+                self.gap_seconds += now - self._step_ended
+                self.gaps += 1
+            self._step_ended = None
 
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         """This pass's local expert time of MoE layer ``moe_idx`` (host, called by the adapter's timer)."""
@@ -52,11 +64,12 @@ class MoeTiming:
         """Add this pass's MoE seconds (a dummy pass's too) and, for a real step with a start, its wall time."""
         if not self.on:
             return
+        now = self._step_ended = time.perf_counter()
         if self.device_timer is not None:
-            return self._end_device_step(self.device_timer, is_dummy)
+            return self._end_device_step(self.device_timer, is_dummy, now)
         if any(self._pass_seconds):
             if not is_dummy and self._step_started is not None:
-                self.step_seconds += time.perf_counter() - self._step_started
+                self.step_seconds += now - self._step_started
                 self.step_moe_seconds += sum(self._pass_seconds)
                 self.steps += 1
             self.moe_seconds = [a + b for a, b in zip(self.moe_seconds, self._pass_seconds)]
@@ -64,26 +77,29 @@ class MoeTiming:
         self._pass_seconds = [0.0] * self.num_layers
         self._step_started = None
 
-    def _end_device_step(self, timer: DeviceMoeTimer, is_dummy: bool) -> None:
+    def _end_device_step(self, timer: DeviceMoeTimer, is_dummy: bool, now: float) -> None:
         """A step boundary with the device timer: the host's step wall time, the device's MoE time in it."""
         started = self._step_started
         real = not is_dummy and started is not None
         if started is not None and real:
-            self.step_seconds += time.perf_counter() - started
+            self.step_seconds += now - started
             self.steps += 1
         timer.mark_step(real)
         self._step_started = None
 
     def read(self) -> MoeTimes:
         """(MoE seconds per layer or None when off, passes that ran them, real steps, their wall
-        seconds, MoE seconds inside them); with the device timer a host sync, between steps only."""
+        seconds, MoE seconds inside them, busy pauses' seconds, their number); with the device
+        timer a host sync, between steps only."""
         if self.device_timer is not None:
             moe_seconds, moe_passes, step_moe_seconds = self.device_timer.read()
-            return moe_seconds, moe_passes, self.steps, self.step_seconds, step_moe_seconds
+            return moe_seconds, moe_passes, self.steps, self.step_seconds, step_moe_seconds, self.gap_seconds, self.gaps
         return (
             (list(self.moe_seconds) if self.on else None),
             self.moe_passes,
             self.steps,
             self.step_seconds,
             self.step_moe_seconds,
+            self.gap_seconds,
+            self.gaps,
         )

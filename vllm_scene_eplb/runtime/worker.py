@@ -202,6 +202,8 @@ class RecorderPlugin:
             steps=int(live.steps),
             step_seconds=float(live.step_seconds),
             step_moe_seconds=float(live.step_moe_seconds),
+            gap_seconds=float(live.gap_seconds),
+            gaps=int(live.gaps),
             contributes=self.contributes,
             ep_rank=self.ep_rank,
             source=None if source is None else tuple(source),
