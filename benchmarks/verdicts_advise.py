@@ -235,6 +235,8 @@ def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redunda
         "predicted_in_ci": None if ci is None or predicted is None else bool(ci[0] <= predicted <= ci[1]),
         "error": None if predicted is None else predicted - effect.ratio,
         "measured_verdict": effect.verdict,
+        "step_ms": cand.advice.details.get("step_ms"),  # the record window's mean step
+        "gap_ms": cand.advice.details.get("gap_ms"),  # and the mean busy pause before the next one
         "metric": metric,
         "rounds": values,
         "positions": positions,
@@ -296,13 +298,14 @@ def _print_simulated(s: dict) -> None:
 
 
 def _print_engine(rows: list[dict]) -> None:
-    print("\n| skew | advise | predicted (bound) | measured [95% CI] | predicted in CI | measured verdict |")
-    print("|---|---|---|---|---|---|")
+    print("\n| skew | step + pause ms | advise | predicted (bound) | measured [95% CI] | predicted in CI | measured verdict |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         ci = r["measured_ci"]
         print(
-            f"| {r['skew']} | {r['verdict']} | {_num(r['predicted'])} ({_num(r['bound'])}) | {r['measured']:.3f} "
-            f"[{_num(ci[0] if ci else None)}, {_num(ci[1] if ci else None)}] | {r['predicted_in_ci']} | {r['measured_verdict']} |"
+            f"| {r['skew']} | {_num(r['step_ms'])} + {_num(r['gap_ms'])} | {r['verdict']} | {_num(r['predicted'])} "
+            f"({_num(r['bound'])}) | {r['measured']:.3f} [{_num(ci[0] if ci else None)}, {_num(ci[1] if ci else None)}] | "
+            f"{r['predicted_in_ci']} | {r['measured_verdict']} |"
         )
 
 

@@ -11,42 +11,20 @@ import time
 import pytest
 import torch
 
-from vllm_scene_eplb.config import parse_config
-from vllm_scene_eplb.model_geometry import from_hf_config
 from vllm_scene_eplb.protocol import RECORD_LIVE_ACTION, RecordLive, TimingWindow
-from vllm_scene_eplb.runtime.export import Exporter
 from vllm_scene_eplb.runtime.fanout import RouteError, WorkerFanout
 from vllm_scene_eplb.runtime.live_poller import LivePoller
-from vllm_scene_eplb.runtime.observer import NullObserver
 from vllm_scene_eplb.runtime.worker import RecorderPlugin
 
-from .test_worker_answers import MODEL, _carried
+from .test_worker_answers import _carried, recorder
 
 LINEAR = torch.arange(8).repeat(2, 1)  # [L_moe, P]: slot p holds expert p; slots 0-3 on rank 0, 4-7 on rank 1
 COLD = torch.tensor([[0, 1], [2, 3], [0, 1]])  # three tokens on rank 0's experts
 HOT = torch.tensor([[4, 5], [6, 7], [4, 0], [5, 6]])  # four tokens, seven of eight assignments on rank 1
 
 
-def _worker(ep_rank: int, **cfg) -> RecorderPlugin:
-    config = parse_config({"scene_eplb": {"role": "prefill", "ring_entries": 8, "time_moe": True, **cfg}})
-    model = from_hf_config(MODEL)
-    rt = RecorderPlugin(
-        config=config,
-        role="prefill",
-        engine="vllm 0.32.0",
-        model=model,
-        model_name="m",
-        ep_size=2,
-        ep_rank=ep_rank,
-        dp_rank=ep_rank,
-        tp_rank=0,
-        contributes=True,
-        observer=NullObserver("prefill", 8),
-        exporter=Exporter(None),
-    )
-    rt.check_moe_layers(list(model.moe_layers))
-    rt.make_observer("cpu", slot_to_expert=LINEAR)
-    return rt
+def _worker(ep_rank: int, **settings) -> RecorderPlugin:
+    return recorder(ep_rank, LINEAR, time_moe=True, **settings)
 
 
 def _passes(ranks: list[RecorderPlugin], ids: torch.Tensor, ms: float, n: int) -> None:

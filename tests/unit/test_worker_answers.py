@@ -28,8 +28,10 @@ from vllm_scene_eplb.runtime.worker import RecorderPlugin
 MODEL = {"num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]}
 
 
-def _worker(ep_rank: int) -> RecorderPlugin:
-    cfg = parse_config({"scene_eplb": {"role": "prefill", "ring_entries": 4, "live_counts": True}})
+def recorder(ep_rank: int, slot_to_expert: torch.Tensor | None = None, **settings) -> RecorderPlugin:
+    """A bound ``RecorderPlugin`` of EP rank ``ep_rank`` of 2 (a TP=1 DP rank) on CPU, its plugin
+    settings ``settings`` over a 4-entry P ring; ``slot_to_expert``: it captures physical ids."""
+    cfg = parse_config({"scene_eplb": {"role": "prefill", "ring_entries": 4, "live_counts": True, **settings}})
     model = from_hf_config(MODEL)
     rt = RecorderPlugin(
         config=cfg,
@@ -46,7 +48,7 @@ def _worker(ep_rank: int) -> RecorderPlugin:
         exporter=Exporter(None),
     )
     rt.check_moe_layers(list(model.moe_layers))
-    rt.make_observer("cpu")
+    rt.make_observer("cpu", slot_to_expert=slot_to_expert)
     return rt
 
 
@@ -62,7 +64,7 @@ def _carried(answers: list) -> list:
 
 @pytest.fixture
 def workers() -> list[RecorderPlugin]:
-    ranks = [_worker(1), _worker(0)]
+    ranks = [recorder(1), recorder(0)]
     for rt in ranks:
         rt.begin_step(2)
         for layer in range(2):
