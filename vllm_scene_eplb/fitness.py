@@ -117,22 +117,7 @@ class LiveSample:
             if len(last.sources) == len(self.sources)
             else self.sources
         )
-        times = (
-            tuple(
-                RankTime(
-                    np.asarray(a.moe_seconds) - np.asarray(b.moe_seconds),
-                    a.moe_passes - b.moe_passes,
-                    a.steps - b.steps,
-                    a.step_seconds - b.step_seconds,
-                    a.step_moe_seconds - b.step_moe_seconds,
-                    a.gap_seconds - b.gap_seconds,
-                    a.gaps - b.gaps,
-                )
-                for a, b in zip(self.times, last.times)
-            )
-            if len(last.times) == len(self.times)
-            else self.times
-        )
+        times = tuple(a.since(b) for a, b in zip(self.times, last.times)) if len(last.times) == len(self.times) else self.times
         return LiveSample(
             np.asarray(self.logical, dtype=np.int64) - np.asarray(last.logical),
             self.passes - last.passes,

@@ -57,6 +57,18 @@ class RankTime:
     gap_seconds: float = 0.0
     gaps: int = 0
 
+    def since(self, last: RankTime) -> RankTime:
+        """The window from ``last`` (the same rank, earlier) to this: every field's difference."""
+        return RankTime(
+            np.asarray(self.moe_seconds) - np.asarray(last.moe_seconds),
+            self.moe_passes - last.moe_passes,
+            self.steps - last.steps,
+            self.step_seconds - last.step_seconds,
+            self.step_moe_seconds - last.step_moe_seconds,
+            self.gap_seconds - last.gap_seconds,
+            self.gaps - last.gaps,
+        )
+
 
 def rank_loads(physical: np.ndarray, ep_size: int) -> np.ndarray:
     """Per-rank load of slot counts [L, P] on ``ep_size`` ranks (rank r holds slots [r*S, (r+1)*S)): float [L, ep]."""

@@ -920,11 +920,13 @@ class TimingWindow:
         has one, else the live window), its provenance from the status around it; None where the
         server has no timed window yet."""
         live = status.live
-        time = None if live is None else (live.record_time or live.time)
-        if live is None or time is None:
+        if live is None:
             return None
-        around = {k: getattr(status.status, k) for k in PROVENANCE_KEYS}
-        return time.window(where, layers, around, record=time is live.record_time)
+        record = live.record_time is not None
+        time = live.record_time if record else live.time
+        if time is None:
+            return None
+        return time.window(where, layers, {k: getattr(status.status, k) for k in PROVENANCE_KEYS}, record=record)
 
     @classmethod
     def from_status(cls, doc, where: str = "timing", layers: int | None = None) -> TimingWindow | None:
@@ -940,7 +942,7 @@ class TimingWindow:
         if not isinstance(live, dict):
             raise SceneEplbError("timing's live must be an object", where)
         record = live.get("record_time")
-        timing = record or live.get("time", live)
+        timing = record if record is not None else live.get("time", live)
         return None if timing is None else cls.from_wire(timing, where, layers, around, record=record is not None)
 
     def to_wire(self) -> dict:

@@ -38,7 +38,7 @@ RING = 4096
 # steps of about 1 MiB (3.7 MiB over 280 cycles here, 8.4 MiB over 90 in one CI run), so the bound is
 # 24 MiB, which a leak of 270 KiB or more per cycle crosses.
 RSS_GROWTH_BOUND = 24 * 2**20  # bytes per process from cycle 10 to cycle 100
-SETTLE_S = 1.0  # a finished export's thread ends just after its answer: let it go before counting threads
+SETTLE_S = 10.0  # a finished export's thread ends just after its answer: counts are taken once they hold still
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +129,25 @@ def test_a_storm_of_mixed_requests_leaves_one_consistent_state(server):
     assert server.complete(PROMPTS, 4)
 
 
-def _processes(srv) -> dict[str, tuple[int, int, int]]:
+def _processes(srv, expect: dict | None = None) -> dict[str, tuple[int, int, int]]:
     """(resident bytes, threads, open files) of every process of the server (API server, engine
-    cores, workers) by title, once a just-finished export's thread has ended."""
+    cores, workers) by title, once a just-finished export's thread has ended: the first sample whose
+    threads and files equal ``expect``'s (or, without it, the last sample's), within ``SETTLE_S``."""
+    deadline, last = time.monotonic() + SETTLE_S, None
+    while True:
+        now = _sample(srv)
+        target = expect if expect is not None else last
+        if target is not None and all(now.get(n, v)[1:] == v[1:] for n, v in target.items()):
+            return now
+        if time.monotonic() > deadline:
+            return now  # never held still: the caller's comparison says where
+        last = now
+        time.sleep(0.2)
+
+
+def _sample(srv) -> dict[str, tuple[int, int, int]]:
     import psutil
 
-    time.sleep(SETTLE_S)
     root = psutil.Process(srv.proc.pid)
     out = {}
     for p in [root, *root.children(recursive=True)]:
@@ -159,7 +172,7 @@ def test_a_hundred_record_dump_cycles_keep_every_process_memory_flat(server):
         assert code == 200, (cycle, body)
         if cycle == SOAK_WARMUP:
             seen["warm"] = _processes(server)
-    seen["end"] = _processes(server)
+    seen["end"] = _processes(server, expect=seen["warm"])
     warm, end = seen["warm"], seen["end"]
     watched = sorted(set(warm) & set(end))
     growth = {name: end[name][0] - warm[name][0] for name in watched}

@@ -232,6 +232,9 @@ def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_rea
     answer = StatusAnswer.from_wire(with_record)
     assert answer.live is not None and StatusAnswer.from_wire(answer.to_wire()) == answer
     assert StatusAnswer.from_wire({**doc, "live": {**doc["live"], "record_time": None}}).live.record_time is None
+    empty = {**doc, "live": {**doc["live"], "record_time": {}}}  # a record window with nothing in it is refused, not skipped
+    with pytest.raises(SceneEplbError, match="has no rank_ms"):
+        TimingWindow.from_status(empty, "u")
 
 
 @pytest.mark.parametrize(
