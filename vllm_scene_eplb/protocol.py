@@ -79,11 +79,11 @@ OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING = "off", "idle", "recording"
 
 _LINE = (
     "scene-eplb: role={role} observer={observer} layout_hash={layout_hash} redundant_slots={redundant_slots} "
-    "dispatch={dispatch} ep_size={ep_size} ({where})"
+    "dispatch={dispatch} ep_size={ep_size} load_audit={load_audit} ({where})"
 )
 _LINE_RE = re.compile(
     r"scene-eplb: role=(\S+) observer=(\S+) layout_hash=(\S+)(?: \(linear\))? redundant_slots=(\d+) "
-    r"dispatch=(\S+)"
+    r"dispatch=(\S+)(?: ep_size=\d+ load_audit=(\S+))?"
 )
 
 
@@ -98,6 +98,7 @@ def startup_line(status: WorkerStatus | Mapping[str, Any], where: str) -> str:
         redundant_slots=status["redundant_slots"],
         dispatch=status["dispatch"] or "none",
         ep_size=status["ep_size"],
+        load_audit=status.get("load_audit") or "none",
         where=where,
     )
 
@@ -111,6 +112,7 @@ class StartupLine:
     layout_hash: str | None
     redundant_slots: int
     dispatch: str | None
+    load_audit: str | None = None  # absent from a line written before the load audit existed
 
     def to_wire(self) -> dict:
         return _wire(self)
@@ -118,10 +120,8 @@ class StartupLine:
 
 def parse_startup_lines(text: str) -> list[StartupLine]:
     """Every startup line in a log, in order."""
-    return [
-        StartupLine(m[0], m[1], None if m[2] == "none" else m[2], int(m[3]), None if m[4] == "none" else m[4])
-        for m in _LINE_RE.findall(text)
-    ]
+    none = lambda v: None if v in ("", "none") else v  # noqa: E731
+    return [StartupLine(m[0], m[1], none(m[2]), int(m[3]), none(m[4]), none(m[5])) for m in _LINE_RE.findall(text)]
 
 
 # The line each vLLM-Ascend worker logs the first time a real (non-dummy) pass ran a MoE comm method
@@ -295,6 +295,8 @@ _STATUS_FIELDS = {
     "ep_size": lambda f, k: f.integer(k, 1),
     "observer": lambda f, k: f.text(k, choices=_OBSERVER_STATES),
     "moe_layers": _Fields.integers,
+    # the load audit's word (None: no audit ran); absent in a status saved before the audit existed
+    "load_audit": lambda f, k: f.get(k, lambda v: isinstance(v, str), "a string", nullable=True, default=None),
 }
 
 
@@ -339,6 +341,7 @@ class WorkerStatus(_Answer):
     top_k: int | None
     expert_groups: int | None
     server_start: str | None  # a random id drawn when the worker started: which server start a bench run measured
+    load_audit: str | None  # what the load audit checked on this worker (runtime.load_audit), None: none ran
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "status answer") -> WorkerStatus:
@@ -365,6 +368,7 @@ class RankView(_Answer):
     passes_recorded: int
     skipped_passes: int
     skipped_recorded: int
+    load_audit: str | None
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "rank") -> RankView:

@@ -38,8 +38,19 @@ def aggregate_status(statuses: list[WorkerStatus]) -> dict:
 def test_startup_line_round_trips():
     line = startup_line(worker_status(0), "ep_rank 0")
     assert [r.to_wire() for r in parse_startup_lines(f"INFO x {line}\n")] == [
-        {"role": "prefill", "observer": "idle", "layout_hash": "abc", "redundant_slots": 2, "dispatch": "static"}
+        {
+            "role": "prefill",
+            "observer": "idle",
+            "layout_hash": "abc",
+            "redundant_slots": 2,
+            "dispatch": "static",
+            "load_audit": None,
+        }
     ]
+    audited = startup_line(worker_status(0, load_audit="passed:16-slots,48-writes"), "ep_rank 0")
+    assert parse_startup_lines(audited)[0].load_audit == "passed:16-slots,48-writes"
+    old = "scene-eplb: role=prefill observer=idle layout_hash=abc redundant_slots=2 dispatch=static ep_size=2 (ep_rank 0)"
+    assert parse_startup_lines(old)[0].load_audit is None  # a line from before the audit still reads
     linear = startup_line(worker_status(1, layout_hash=None, dispatch=None, redundant_slots=0), "ep_rank 1")
     assert "layout_hash=none (linear)" in linear and parse_startup_lines(linear)[0].layout_hash is None
 
@@ -53,7 +64,7 @@ def test_aggregate_lists_every_rank_in_ep_order_and_flags_disagreement():
 
 
 def test_status_keys_are_the_status_fields_in_order():
-    assert STATUS_KEYS == tuple(worker_status(0).to_wire()) and STATUS_KEYS[-1] == "server_start"
+    assert STATUS_KEYS == tuple(worker_status(0).to_wire()) and STATUS_KEYS[-2:] == ("server_start", "load_audit")
 
 
 JOB = {"export_id": "x", "state": "running", "path": "/d/counts.npz", "error": None, "export_seconds": None}

@@ -81,7 +81,9 @@ def write_problems(journal: LoadJournal, rows: dict[int, np.ndarray], local_slot
                     f"trace to a checkpoint expert (should be expert {want})"
                 )
             elif w.source != want:
-                problems.append(f"layer {layer} slot {w.slot} ({w.param} {w.shard}) holds expert {w.source}, should hold expert {want}")
+                problems.append(
+                    f"layer {layer} slot {w.slot} ({w.param} {w.shard}) holds expert {w.source}, should hold expert {want}"
+                )
         for slot in local_slots:
             if not any(per_slot[(slot, p, s)] for p, s in needed):
                 problems.append(f"layer {layer} slot {slot} was never written (should hold expert {int(row[slot])})")

@@ -33,6 +33,7 @@ from ..protocol import (
 )
 from .export import Exporter, RankRecord
 from .interfaces import NullSteps, Observer
+from .load_audit import LoadAudit
 from .observer import RoutingObserver
 
 NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_eplb in --additional-config)"
@@ -69,6 +70,7 @@ class RecorderPlugin:
     moe_layer_ids: list[int] = field(default_factory=list)
     # Drawn once per worker process: a new server start, a new id (bench records it per run).
     server_start: str = field(default_factory=lambda: uuid.uuid4().hex)
+    load_audit: LoadAudit | None = None  # what the adapter's load audit checked (set when it binds)
     # The live counts as the last record started and stopped (None: live counts off, or not yet).
     record_live: tuple[RankLive | None, RankLive | None] = (None, None)
 
@@ -100,6 +102,7 @@ class RecorderPlugin:
             moe_layers=tuple(self.moe_layer_ids),
             **self.model.routing(),
             server_start=self.server_start,
+            load_audit=None if self.load_audit is None else self.load_audit.summary(),
         )
 
     def begin_step(self, tokens: int = 0) -> None:

@@ -136,7 +136,7 @@ def patch_expert_mapping(RoutedExperts, EplbState) -> None:
     def get_expert_mapping(self, *args, **kwargs):
         loading = current_loading()
         row = None if loading is None else loading.loading_row(_layer_of(self.layer_name))
-        if row is None:
+        if loading is None or row is None:
             return orig(self, *args, **kwargs)
         loading.loaders.add("get_expert_mapping")
         return with_row(EplbState, row, lambda: orig(self, *args, **kwargs))
@@ -162,7 +162,7 @@ def _qualified_mapping(loading: ExpertLoading, RoutedExperts, EplbState, orig, m
                 f"the layout {loading.num_experts}: fused shared experts are not covered with a layout"
             )
         redundant = len(row) - num_experts
-        entries = with_row(EplbState, row, lambda: orig(model, gate, down, up, num_experts, redundant, prefix))
+        entries = with_row(EplbState, row, functools.partial(orig, model, gate, down, up, num_experts, redundant, prefix))
         module_path = name + "."
         param_stem = entries[0][0][: -len("w13_")] if entries and entries[0][0].endswith("w13_") else None
         if param_stem is None or not module_path.endswith(param_stem):
@@ -182,8 +182,23 @@ def patch_legacy_mapping(RoutedExperts, EplbState) -> None:
     orig = RoutedExperts.__dict__["make_expert_params_mapping"].__func__
 
     @functools.wraps(orig)
-    def make_expert_params_mapping(model, ckpt_gate_proj_name, ckpt_down_proj_name, ckpt_up_proj_name, num_experts, num_redundant_experts=0, routed_experts_prefix="routed_experts"):
-        args = (ckpt_gate_proj_name, ckpt_down_proj_name, ckpt_up_proj_name, num_experts, num_redundant_experts, routed_experts_prefix)
+    def make_expert_params_mapping(
+        model,
+        ckpt_gate_proj_name,
+        ckpt_down_proj_name,
+        ckpt_up_proj_name,
+        num_experts,
+        num_redundant_experts=0,
+        routed_experts_prefix="routed_experts",
+    ):
+        args = (
+            ckpt_gate_proj_name,
+            ckpt_down_proj_name,
+            ckpt_up_proj_name,
+            num_experts,
+            num_redundant_experts,
+            routed_experts_prefix,
+        )
         loading = current_loading()
         if loading is None or not loading.rows:
             return orig(model, *args)
@@ -234,7 +249,9 @@ def patch_weight_loader(RoutedExperts) -> None:
         out = orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
         written = bool(out) if return_success else self._map_global_expert_id_to_local_expert_id(expert_id) != -1
         if written:
-            loading.journal.write(_layer_of(self.layer_name), int(expert_id), weight_name.rpartition(".")[2], str(shard_id), source)
+            loading.journal.write(
+                _layer_of(self.layer_name), int(expert_id), weight_name.rpartition(".")[2], str(shard_id), source
+            )
         return out
 
     for attr in ("supports_moe_loading",):  # vLLM marks the loader; keep its marks
@@ -287,7 +304,9 @@ def audit_load(loading: ExpertLoading, runners: list, where: str) -> LoadAudit:
     EP group's Gloo ranks, with a deadline). Raises the refusal; returns what it checked."""
     import torch
 
-    expected, local, fingerprints, layers = {}, [], [], []
+    expected: dict[int, np.ndarray] = {}
+    local: list[int] = []
+    fingerprints, layers = [], []
     for r in runners:
         experts = r.routed_experts
         layer = _layer_of(experts.layer_name)

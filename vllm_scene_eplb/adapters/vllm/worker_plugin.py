@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-
 from ...config import kv_role_of, parse_config
 from ...errors import SceneEplbError
 from ...layout import Layout
@@ -25,7 +24,6 @@ from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
 from ...runtime.replica_map import SourceRanks, own_source_span
 from ...runtime.worker import NullPlugin, RecorderPlugin
-from ...runtime.load_audit import LoadAudit
 from .expert_loading import ExpertLoading, audit_load
 from .version import check_engine_version, engine_version
 
@@ -81,7 +79,6 @@ class VllmWorkerPlugin(RecorderPlugin):
     source: SourceRanks  # the EP ranks that route this worker's batch (the static table's source rows)
     source_rank: int  # this worker's place in vLLM's EP group: its row of the per-source counts
     expert_loading: ExpertLoading | None = None  # the loaders' layout rows and the load audit's journal
-    load_audit: LoadAudit | None = None  # what the load audit checked (set in bind)
 
     def source_ranks(self) -> list[int]:
         return [self.source.base, self.source.span]
@@ -253,7 +250,9 @@ def configure(vllm_config) -> VllmPlugin:
         check_drafter(vllm_config)
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
     rows = {} if rt.layout is None else {layer: rt.layout.physical_to_logical_map[layer] for layer in model.moe_layers}
-    rt.expert_loading = ExpertLoading(rows, model.num_experts, group=group_maker(ep.rank_in_group, ep.world_size) if ep_size > 1 else None)
+    rt.expert_loading = ExpertLoading(
+        rows, model.num_experts, group=group_maker(ep.rank_in_group, ep.world_size) if ep_size > 1 else None
+    )
     _current = rt
     return rt
 

@@ -1,0 +1,117 @@
+"""The load audit's judgement (runtime/load_audit.py) and the source tracer that tells it which
+checkpoint expert a written tensor came from (adapters/vllm/expert_loading.py, plain torch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading, SourceTracer
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.runtime.load_audit import (
+    UNTRACED,
+    LoadAudit,
+    LoadJournal,
+    refuse,
+    replica_problems,
+    replicated_slots,
+    write_problems,
+)
+
+ROW = np.array([0, 1, 2, 3, 1, 3])  # 4 experts, 2 redundant slots (4 -> expert 1, 5 -> expert 3)
+SHARDS = (("w13_weight", "w1"), ("w13_weight", "w3"), ("w2_weight", "w2"))
+
+
+def journal_of(row=ROW, slots=range(6), skip=(), source=None) -> LoadJournal:
+    """Every shard of every slot written once from the row's expert (``source`` overrides per slot)."""
+    j = LoadJournal()
+    for slot in slots:
+        for param, shard in SHARDS:
+            if (slot, shard) not in skip:
+                j.write(1, slot, param, shard, (source or {}).get(slot, int(row[slot])))
+    return j
+
+
+def test_a_load_that_follows_the_row_passes():
+    assert write_problems(journal_of(), {1: ROW}, list(range(6))) == []
+
+
+def test_a_slot_loaded_linearly_under_a_layout_names_what_it_holds_and_what_it_should():
+    # today's legacy-mapping bug: slot j loads expert j, and the redundant slots are never written
+    j = journal_of(row=np.arange(4), slots=range(4))
+    problems = write_problems(j, {1: ROW}, list(range(6)))
+    assert "layer 1 slot 4 was never written (should hold expert 1)" in problems
+    assert "layer 1 slot 5 was never written (should hold expert 3)" in problems
+    assert all("slot 0" not in p for p in problems)  # slots 0-3 are right by chance of the row
+
+
+def test_a_swapped_slot_is_named_with_both_experts():
+    problems = write_problems(journal_of(source={2: 3}), {1: ROW}, list(range(6)))
+    assert problems and all("slot 2" in p and "holds expert 3, should hold expert 2" in p for p in problems)
+
+
+def test_a_missing_shard_and_a_double_write_are_problems():
+    j = journal_of(skip={(3, "w3")})
+    j.write(1, 0, "w2_weight", "w2", 0)
+    problems = write_problems(j, {1: ROW}, list(range(6)))
+    assert "layer 1 slot 3 (w13_weight w3) written 0 times, should be once" in problems
+    assert "layer 1 slot 0 (w2_weight w2) written 2 times, should be once" in problems
+
+
+def test_an_untraced_write_is_refused_not_trusted():
+    problems = write_problems(journal_of(source={5: UNTRACED}), {1: ROW}, list(range(6)))
+    assert len(problems) == 3 and all("cannot trace" in p for p in problems)
+
+
+def test_only_this_workers_slots_must_be_written():
+    assert write_problems(journal_of(slots=range(3)), {1: ROW}, [0, 1, 2]) == []
+
+
+def test_replicas_must_hold_the_same_weights():
+    fp = np.arange(6 * 4, dtype=float).reshape(1, 6, 4)
+    fp[0, 4], fp[0, 5] = fp[0, 1], fp[0, 3]
+    assert replica_problems(fp, {1: ROW}, [1]) == [] and replicated_slots({1: ROW}) == 2
+    fp[0, 5, 2] += 1e-3
+    assert replica_problems(fp, {1: ROW}, [1]) == ["layer 1: slots 3 and 5 both hold expert 3 but their weights differ"]
+
+
+def test_the_refusal_names_the_first_problems_and_counts_the_rest():
+    with pytest.raises(SceneEplbError, match=r"load audit \(rank 0\).*p0; p1; p2; p3; p4; p5; and 2 more"):
+        refuse([f"p{i}" for i in range(8)], "rank 0")
+    refuse([], "rank 0")  # nothing wrong: no refusal
+
+
+def test_the_summary_is_one_token():
+    assert LoadAudit(12, 36, 2).summary() == "passed:12-slots,36-writes,2-replicas-identical"
+    assert " " not in LoadAudit(12, 36, None).summary()
+
+
+def test_the_tracer_finds_the_expert_of_views_chunks_and_unbinds():
+    t = SourceTracer()
+    per_expert = torch.randn(8, 4)
+    t.register("model.layers.1.mlp.experts.5.gate_proj.weight", per_expert)
+    assert t.expert_of(per_expert) == 5 and t.expert_of(per_expert.unsqueeze(0).unbind()[0]) == 5
+    fused = torch.randn(4, 6, 3)
+    t.register("model.layers.2.mlp.experts.gate_up_proj", fused)
+    assert [t.expert_of(x) for x in fused.chunk(2, dim=1)[1].unbind()] == [0, 1, 2, 3]
+    reordered = fused.index_select(0, torch.tensor([2, 0, 3]))
+    t.register("experts.gate_up_proj", reordered, (2, 0, 3))
+    assert [t.expert_of(x) for x in reordered.unbind()] == [2, 0, 3]
+    assert t.expert_of(torch.randn(8, 4)) == UNTRACED  # a copy is not a checkpoint tensor
+    t.register("model.layers.1.self_attn.o_proj.weight", torch.randn(3, 3))  # not an expert: not kept
+    assert len(t.sources) == 3
+
+
+def test_the_tracer_forgets_freed_tensors():
+    t = SourceTracer()
+    t.register("experts.1.down_proj.weight", torch.randn(16, 16))  # freed at once
+    fresh = torch.randn(16, 16)
+    assert t.expert_of(fresh) == UNTRACED  # even if it reuses the freed memory
+
+
+def test_the_test_only_misload_swaps_two_slots(monkeypatch):
+    loading = ExpertLoading({1: ROW}, 4)
+    assert loading.loading_row(1) is ROW and loading.loading_row(2) is None
+    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "1:0:5")
+    assert loading.loading_row(1).tolist() == [3, 1, 2, 3, 1, 0] and ROW[0] == 0  # the layout's row is untouched
