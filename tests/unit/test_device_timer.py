@@ -7,7 +7,6 @@ device timer (the timer's device part runs in ``scripts/gpu_check.sh``, on a GPU
 """
 
 import pytest
-import torch
 
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.runtime.device_timer import DeviceMoeTimer
