@@ -118,7 +118,12 @@ def main() -> None:
         ROUTER_STANDIN._scene_eplb_map = layer_maps(layout, "static")[0]
         obs = RoutingObserver(1, 8, 2, slot_to_expert=torch.from_numpy(layout.physical_to_logical_map))
         seen = []
-        ROUTER_STANDIN._scene_eplb_physical = lambda slots: (seen.append(slots), obs.capture(0, slots))
+
+        def capture(slots):  # the slots the router hands the capture, then counted with no padding mask
+            seen.append(slots)
+            obs.capture(0, slots)
+
+        ROUTER_STANDIN._scene_eplb_physical = capture
         runner: Any = object.__new__(RunnerV2StandIn)
         runner.input_buffers = SimpleNamespace(is_padding=torch.zeros(CAPACITY, dtype=torch.bool))
         runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=10))
