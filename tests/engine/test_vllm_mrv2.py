@@ -10,7 +10,9 @@ real decorator) and ``DPGroupStandIn`` (the DP peer's side of the one CPU all-re
 The flow: a DP dummy step, a ``skip_eplb`` warm-up (under ``suppress()``), a warm-up of real steps
 under ``suppress()`` (as the GPU worker runs it), then two real steps: only the two real steps'
 tokens are counted, the ring advances on the dummy step and the real ones only, and each real step's
-DP vector is what ``dispatch_cg_and_sync_dp`` agreed.
+DP vector is what ``dispatch_cg_and_sync_dp`` agreed. The stand-in forward writes -1 on the padding
+rows, as 0.33's top-k does under ``VLLM_MOE_SKIP_PADDING=1``: under a layout they stay -1. The real V2
+runner's patched ``load_model`` refuses the flag with ``VLLM_MOE_SKIP_PADDING=0``, read by 0.33's ``envs``.
 """
 
 from __future__ import annotations
@@ -47,3 +49,19 @@ def test_without_the_step_start_the_warm_up_leaks_into_the_first_real_step(resul
     committed by the first real step."""
     u = result["unguarded"]
     assert u["live"] == 30 + 128 + 80 and u["per_entry"] == [0, 20 + 128 + 80, 10]
+
+
+def test_padding_sentinels_stay_padding_under_a_layout(result):
+    """10 real tokens padded to 16, top-2, no padding mask: the padding rows reach the capture as -1
+    (not expert 7's replica, where indexing with -1 lands) and only the 20 real assignments count."""
+    assert result["sentinels"] == {"padding_slots": [-1], "physical": 20}
+
+
+def test_the_flag_refuses_model_runner_v2_without_skip_padding(result):
+    """With VLLM_MOE_SKIP_PADDING=0 the V2 runner never refreshes ``input_buffers.is_padding`` (graph
+    capture leaves it all True): the flag stops startup saying why; with 1, or without the flag, it loads."""
+    flag = result["padding_flag"]
+    refusal = flag.pop("flag=True skip=0")
+    assert "needs VLLM_MOE_SKIP_PADDING=1" in refusal and "input_buffers.is_padding" in refusal
+    assert "count nothing" in refusal and "VLLM_USE_V2_MODEL_RUNNER=0" in refusal
+    assert set(flag.values()) == {"loads"} and len(flag) == 3

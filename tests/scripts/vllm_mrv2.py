@@ -7,14 +7,19 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 import vllm
 
 from vllm_scene_eplb.adapters.vllm import patches, register, worker_plugin
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.layout import Geometry, Layout
 from vllm_scene_eplb.runtime.observer import RoutingObserver
+from vllm_scene_eplb.runtime.replica_map import layer_maps
 from vllm_scene_eplb.runtime.worker import RecorderPlugin
 
 
@@ -54,6 +59,7 @@ def main() -> None:
             is_padding[:n].fill_(dummy_run and not is_profile)  # as the real dummy run: is_padding=not is_profile
             is_padding[n:].fill_(True)
             ids = torch.arange(padded * TOP_K).reshape(padded, TOP_K) % 8
+            ids[is_padding] = -1  # as 0.33's top-k writes padding rows under VLLM_MOE_SKIP_PADDING=1 (its default)
             BaseRouter._apply_eplb_mapping(ROUTER_STANDIN, ids)
 
         @eplb_utils.step_eplb_after(is_dummy=True)
@@ -105,7 +111,63 @@ def main() -> None:
             "per_entry": rec.logical.sum(dim=(1, 2)).tolist(),
         }
 
-    print(json.dumps({"version": vllm.__version__, "guarded": flow(True), "unguarded": flow(False)}))
+    def sentinels():
+        """One real step of 10 tokens (padded to 16) under a layout (8 experts + 2 redundant slots over
+        EP 2, static) with no padding mask: the slots the capture sees on the padding rows, and the counts."""
+        layout = Layout(np.array([[0, 1, 2, 3, 7, 4, 5, 6, 0, 7]]), Geometry(8, 2, 2))
+        ROUTER_STANDIN._scene_eplb_map = layer_maps(layout, "static")[0]
+        obs = RoutingObserver(1, 8, 2, slot_to_expert=torch.from_numpy(layout.physical_to_logical_map))
+        seen = []
+
+        def capture(slots):  # the slots the router hands the capture, then counted with no padding mask
+            seen.append(slots)
+            obs.capture(0, slots)
+
+        ROUTER_STANDIN._scene_eplb_physical = capture
+        runner: Any = object.__new__(RunnerV2StandIn)
+        runner.input_buffers = SimpleNamespace(is_padding=torch.zeros(CAPACITY, dtype=torch.bool))
+        runner.execute_model(SimpleNamespace(total_num_scheduled_tokens=10))
+        obs.end_step()
+        live = obs.live_counts()
+        assert live is not None and live.physical is not None  # observing slot ids
+        return {"padding_slots": sorted(set(seen[0][10:].flatten().tolist())), "physical": int(live.physical.sum())}
+
+    def padding_flag():
+        """The patched V2 ``load_model`` under each VLLM_MOE_SKIP_PADDING, with the flag and without:
+        the refusal, or "loads" where it reaches the plugin's configure (a stand-in that stops there)."""
+
+        class ConfigureReached(Exception):
+            pass
+
+        def configure_standin(vllm_config):
+            raise ConfigureReached
+
+        worker_plugin.configure = configure_standin
+        out = {}
+        for flag in (True, False):
+            for skip in ("0", "1"):
+                os.environ["VLLM_MOE_SKIP_PADDING"] = skip
+                runner: Any = object.__new__(v2_module.GPUModelRunner)
+                runner.vllm_config = SimpleNamespace(additional_config={"scene_eplb": {}} if flag else {})
+                try:
+                    runner.load_model()
+                except ConfigureReached:
+                    out[f"flag={flag} skip={skip}"] = "loads"
+                except SceneEplbError as exc:
+                    out[f"flag={flag} skip={skip}"] = str(exc)
+        return out
+
+    print(
+        json.dumps(
+            {
+                "version": vllm.__version__,
+                "guarded": flow(True),
+                "unguarded": flow(False),
+                "sentinels": sentinels(),
+                "padding_flag": padding_flag(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -272,13 +272,54 @@ def test_dynamic_map_spreads_rows_evenly():
     assert torch.bincount(phys, minlength=8)[[0, 6]].tolist() == [5, 4]
 
 
-def test_replica_map_is_traceable_with_dynamic_batch_size():
-    m = layer_maps(_layout(), "static")[0]
+@pytest.mark.parametrize("algorithm", ["static", "dynamic"])
+def test_replica_map_is_traceable_with_dynamic_batch_size(algorithm):
+    """One graph, no break, padding sentinels included: nothing in the map depends on the ids' values."""
+    m = layer_maps(_layout(), algorithm)[0]
     compiled = torch.compile(m, fullgraph=True, dynamic=True, backend="eager")
     g = torch.Generator().manual_seed(8)
     for n in (3, 7, 16):
-        ids = torch.randint(0, 6, (n, 2), generator=g)
+        ids = torch.randint(-1, 6, (n, 2), generator=g)
         assert torch.equal(compiled(ids), m(ids))
+    assert not {"aten::item", "aten::_local_scalar_dense", "aten::nonzero"} & set(_top_level_ops(lambda: m(ids)))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("algorithm", ["static", "dynamic"])
+def test_padding_sentinels_pass_through_the_replica_map(algorithm, dtype):
+    """vLLM 0.33's top-k writes -1 for padding rows (``VLLM_MOE_SKIP_PADDING=1``): they stay -1, not
+    the replica of expert E-1 that indexing with -1 picks; the real ids beside them map as before."""
+    layout = _layout()
+    ids = torch.randint(0, 6, (12, 3), dtype=dtype, generator=torch.Generator().manual_seed(13))
+    padded = ids.clone()
+    padded[8:] = -1  # the batch's padding rows
+    padded[2, 1] = -1  # and one sentinel inside a real row
+    for m in layer_maps(layout, algorithm).values():
+        phys = m(padded)
+        assert phys.dtype == dtype and torch.equal(phys == -1, padded == -1)
+        assert torch.equal(phys[padded >= 0], m(ids)[padded >= 0])
+
+
+@pytest.mark.parametrize("algorithm", ["static", "dynamic"])
+def test_padding_sentinels_reach_no_slot_and_no_count(algorithm):
+    """The map then the vLLM adapter's capture with no padding mask (the sentinels are the only
+    marking): padding rows land in no slot's count and no expert's, on the counted rows or the own rows."""
+    from vllm_scene_eplb.adapters.vllm.worker_plugin import _capture
+
+    layout = _layout()
+    p2l = torch.from_numpy(layout.physical_to_logical_map)
+    m = layer_maps(layout, algorithm, source=SourceRanks(0, 2))[1]
+    obs = RoutingObserver(2, 6, 4, slot_to_expert=p2l, source_rows=True)
+    real = torch.tensor([[0, 2], [1, 3], [2, 4]])
+    ids = torch.cat([real, torch.full((5, 2), -1)])  # 3 real rows, 5 padding rows
+    obs.start()
+    _capture(obs, 1, None, m.source, 0, m(ids))
+    obs.end_step()
+    obs.stop()
+    rec, live = obs.snapshot(), obs.live_counts()
+    assert int(rec.physical.sum()) == 6 and int(live.physical.sum()) == 6 and int(live.logical.sum()) == 6
+    assert live.logical[1].tolist() == torch.bincount(real.flatten(), minlength=6).tolist()
+    assert int(live.own.sum()) == 6  # rows 0-3 are rank 0's of 8: the three real rows and one padding row
 
 
 def test_static_map_loads_the_layouts_fitted_table():

@@ -43,7 +43,8 @@ def _kernels() -> tuple:
 
 class DeviceMoeTimer:
     """Cumulative device time [L] (ns) and passes [L] of each MoE layer's local experts, plus the
-    share of that time inside real steps (``mark_step``, host-launched device ops between steps)."""
+    share of that time inside real steps (``mark_step``) less the discarded passes' (``discard``);
+    host-launched device ops between steps."""
 
     def __init__(self, num_layers: int, device: torch.device | str):
         device = torch.device(device)
@@ -53,9 +54,15 @@ class DeviceMoeTimer:
             _kernels()
         except ImportError as exc:
             raise SceneEplbError(f"the graph-safe MoE timer needs Triton with its CUDA backend ({exc})") from exc
-        z = lambda n: torch.zeros(n, dtype=torch.int64, device=device)  # noqa: E731
+        self._allocate(num_layers, device)
+
+    def _allocate(self, num_layers: int, device: torch.device | str) -> None:
+        """The accumulators, before any graph capture (replays write these very buffers)."""
+        z = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=device)  # noqa: E731
         self.t0, self.ns, self.passes = z(num_layers), z(num_layers), z(num_layers)
-        self.real_ns, self.mark = z(1), z(1)  # MoE ns inside real steps; the total at the last step boundary
+        self.real_ns = z(1)  # MoE ns inside real steps
+        self.mark = z(2, num_layers)  # ns and passes per layer at the last step boundary or discard
+        self.dropped = z(2, num_layers)  # ns and passes per layer of the discarded passes
 
     def start(self, layer: int) -> None:
         _kernels()[0][(1,)](self.t0, layer)
@@ -76,12 +83,30 @@ class DeviceMoeTimer:
 
     def mark_step(self, real: bool) -> None:
         """At a step boundary (host, no sync): a real step's MoE time goes to ``real_ns``."""
-        total = self.ns.sum(0, keepdim=True)
         if real:
-            self.real_ns.add_(total - self.mark)
-        self.mark.copy_(total)
+            self.real_ns.add_(self._since_mark()[0].sum(0, keepdim=True))
+        self._move_mark()
+
+    def discard(self) -> None:
+        """Drop what ran since the last mark (host, no sync): a warm-up, a profile run or a pass under
+        ``suppress()`` reaches neither the totals nor the next real step's MoE time."""
+        self.dropped.add_(self._since_mark())
+        self._move_mark()
+
+    def _totals(self) -> torch.Tensor:
+        """The cumulative ns and passes [2, L] of each layer (a new tensor, on the device)."""
+        return torch.stack([self.ns, self.passes])
+
+    def _since_mark(self) -> torch.Tensor:
+        """The ns and passes [2, L] each layer ran since the mark."""
+        return self._totals() - self.mark
+
+    def _move_mark(self) -> None:
+        """The mark at the totals now."""
+        self.mark.copy_(self._totals())
 
     def read(self) -> tuple[list[float], int, float]:
-        """(seconds per layer, passes, seconds inside real steps), on the host: a sync, between steps only."""
-        ns, passes, real = self.ns.tolist(), self.passes.tolist(), int(self.real_ns.item())
-        return [n * 1e-9 for n in ns], max(passes, default=0), real * 1e-9
+        """(seconds per layer, passes, seconds inside real steps), the discarded passes left out, on
+        the host: a sync, between steps only."""
+        ns, passes = (self._totals() - self.dropped).tolist()
+        return [n * 1e-9 for n in ns], max(passes, default=0), int(self.real_ns.item()) * 1e-9

@@ -57,8 +57,11 @@ class MoeTiming:
         self.device_timer = timer
 
     def discard_pass(self) -> None:
-        """Drop the pass's MoE seconds (a pass outside the engine's steps); the clock is untouched."""
+        """Drop the pass's MoE seconds (a pass outside the engine's steps), the device timer's since its
+        mark too (else they would land in the next real step's); the clock is untouched."""
         self._pass_seconds = [0.0] * self.num_layers
+        if self.device_timer is not None:
+            self.device_timer.discard()
 
     def end_step(self, is_dummy: bool) -> None:
         """Add this pass's MoE seconds (a dummy pass's too) and, for a real step with a start, its wall time."""

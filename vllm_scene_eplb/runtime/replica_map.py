@@ -65,18 +65,22 @@ class LayerReplicaMap:
     replicas: torch.Tensor | None = None
 
     def __call__(self, topk_ids: torch.Tensor) -> torch.Tensor:
-        """Physical slot ids for logical ``topk_ids`` [M, k], same dtype and shape."""
+        """Physical slot ids for logical ``topk_ids`` [M, k], same dtype and shape. A negative id (the
+        -1 vLLM's top-k writes for padding rows) stays as it is, not dispatched: indexing with it
+        would wrap to expert E-1 and send every padding row to that expert's replica."""
         ids = topk_ids.to(torch.int64)
+        sentinel = ids < 0
+        safe = ids.clamp(min=0)  # a sentinel looks up expert 0, then is put back: fixed shape, no sync
         if self.algorithm == "static":
             assert self.static is not None, "a static map carries its table"
             src = row_sources(self.source, ids.shape[0], ids.device).unsqueeze(1)
-            phys = self.static[src.expand_as(ids), ids]
+            phys = self.static[src.expand_as(safe), safe]
         else:
             assert self.replicas is not None and self.l2p is not None, "a dynamic map carries l2p and replicas"
             rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
-            replica = torch.remainder(rows, self.replicas[ids])
-            phys = self.l2p[ids, replica]
-        return phys.to(topk_ids.dtype)
+            replica = torch.remainder(rows, self.replicas[safe])
+            phys = self.l2p[safe, replica]
+        return torch.where(sentinel, ids, phys).to(topk_ids.dtype)
 
 
 def layer_maps(

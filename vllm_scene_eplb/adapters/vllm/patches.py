@@ -30,8 +30,9 @@ do, so with the flag off (the null plugin) every one passes straight through:
   ``execute_model`` starts each step (a dummy run enters here with ``dummy_run=True``: 0 tokens);
   ``EPLBController.step`` is the step boundary (dummy steps as dummy, none while suppressed);
   leaving ``suppress()`` discards what ran inside; ``dispatch_cg_and_sync_dp``'s
-  ``num_tokens_across_dp`` is the DP vector. On 0.32's V2 (no ``suppress()``: its warm-up would
-  step as real) the flag is refused instead.
+  ``num_tokens_across_dp`` is the DP vector; with ``VLLM_MOE_SKIP_PADDING=0`` (its padding mask then
+  never refreshed) the flag is refused. On 0.32's V2 (no ``suppress()``: its warm-up would step as
+  real) the flag is refused instead.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from collections.abc import Callable
 
 from ...config import plugin_enabled
 from ...errors import SceneEplbError
@@ -210,16 +212,37 @@ def _patch_eplb_controller(EPLBController) -> None:
     EPLBController.suppress = suppressed
 
 
-def _refuse_v2_runner(runner_cls) -> None:
+V2_ON_0_32 = (
+    "scene_eplb supports Model Runner V2 from vLLM 0.33 on (0.32's runs its warm-up as real steps): "
+    "set VLLM_USE_V2_MODEL_RUNNER=0"
+)
+
+
+def v2_padding_problem() -> str | None:
+    """Why the flag cannot run on 0.33's Model Runner V2 with these settings, or None: it refreshes
+    ``input_buffers.is_padding`` only under ``VLLM_MOE_SKIP_PADDING`` (read as vLLM reads it)."""
+    from vllm import envs
+
+    if envs.VLLM_MOE_SKIP_PADDING:
+        return None
+    return (
+        "scene_eplb on Model Runner V2 needs VLLM_MOE_SKIP_PADDING=1 (vLLM's default): with 0 the runner "
+        "never refreshes input_buffers.is_padding, which graph capture leaves all True, so every real row "
+        "would read as padding and count nothing; unset VLLM_MOE_SKIP_PADDING or set VLLM_USE_V2_MODEL_RUNNER=0"
+    )
+
+
+def _refuse_v2_runner(runner_cls, problem: Callable[[], str | None]) -> None:
+    """Model Runner V2's ``load_model`` refuses the flag, before anything loads, where ``problem()``
+    names a reason (a str; None lets it load)."""
     load = runner_cls.load_model
 
     @functools.wraps(load)
     def load_model(self, *args, **kwargs):
         if plugin_enabled(self.vllm_config.additional_config):
-            raise SceneEplbError(
-                "scene_eplb supports Model Runner V2 from vLLM 0.33 on (0.32's runs its warm-up as real steps): "
-                "set VLLM_USE_V2_MODEL_RUNNER=0"
-            )
+            reason = problem()
+            if reason is not None:
+                raise SceneEplbError(reason)
         return load(self, *args, **kwargs)
 
     runner_cls.load_model = load_model
@@ -328,9 +351,10 @@ def install() -> None:
         _patch_runner(CPUModelRunner)
     if hasattr(v2_eplb.EPLBController, "suppress"):  # vLLM 0.33
         _patch_runner(v2_module.GPUModelRunner)
+        _refuse_v2_runner(v2_module.GPUModelRunner, v2_padding_problem)  # checked before configure runs
         _patch_v2_step_start(v2_module.GPUModelRunner)
         _patch_eplb_controller(v2_eplb.EPLBController)
         _patch_dp_tokens(v2_module, "dispatch_cg_and_sync_dp", lambda state: state.num_tokens_across_dp)
     else:
-        _refuse_v2_runner(v2_module.GPUModelRunner)
+        _refuse_v2_runner(v2_module.GPUModelRunner, lambda: V2_ON_0_32)
     WorkerBase.scene_eplb_control = control
