@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .errors import SceneEplbError
-from .memory import expert_bytes, kv_bytes_per_token, read_model_files
+from .memory import ModelMemory, read_model_files, read_model_memory
 from .model_geometry import MlaShape, from_hf_config
 
 ROLES = ("prefill", "decode")
@@ -123,36 +123,42 @@ class Scene:
 
 @dataclass(frozen=True)
 class StepModel:
-    """The model as the screen prices it: its MLA shapes, MoE layers, top-k and byte formats."""
+    """The model as the screen prices it: its MLA shapes, top-k, and its routed expert's and KV
+    token's bytes (``memory``), which price every linear weight and every latent read."""
 
     shape: MlaShape
-    moe_layers: int
     top_k: int
-    weight_bytes: float  # bytes per weight of every linear layer: the routed experts' format, scales included
-    weight_format: str
-    kv_bytes: int  # one token's KV latent in one layer
-    kv_format: str
+    memory: ModelMemory
+
+    @property
+    def moe_layers(self) -> int:
+        return self.memory.num_moe_layers
 
     @property
     def dense_layers(self) -> int:
         return self.shape.layers - self.moe_layers
 
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per weight of every linear layer: the routed experts' format, scales included."""
+        return self.memory.bytes_per_expert / (3 * self.shape.hidden * self.shape.moe_intermediate)
 
-def read_step_model(path: str | os.PathLike, kv_cache_dtype: str = "auto") -> StepModel:
-    """A model folder's or config.json's ``StepModel``; one line naming the field when the config
-    is not a DeepSeek-style MLA MoE model."""
-    cfg, modelslim, where, moe_layers = read_model_files(path)
+    @property
+    def kv_bytes(self) -> int:
+        """One token's KV latent in one layer."""
+        return self.memory.kv_bytes_per_token // self.shape.layers
+
+
+def read_step_model(path: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes: int | None = None) -> StepModel:
+    """A model folder's or config.json's ``StepModel`` (``expert_bytes`` as ``--expert-bytes``); one
+    line naming the field when the config is not a DeepSeek-style MLA MoE model."""
+    memory = read_model_memory(path, kv_cache_dtype, expert_bytes)
+    cfg, _, where, _ = read_model_files(path)
     shape = MlaShape.read(cfg, where, "the screen")
     top_k = from_hf_config(cfg, where).top_k
     if top_k is None:
         raise SceneEplbError("config has no num_experts_per_tok (the routed experts' top-k)", where)
-    try:
-        per_expert, fmt = expert_bytes(cfg, modelslim, where)
-        kv_all, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype, where)
-    except SceneEplbError as exc:
-        raise SceneEplbError(exc.problem, where) from None
-    weight = per_expert / (3 * shape.hidden * shape.moe_intermediate)
-    return StepModel(shape, moe_layers, top_k, weight, fmt, kv_all // shape.layers, kv_fmt)
+    return StepModel(shape, top_k, memory)
 
 
 @dataclass(frozen=True)
@@ -272,7 +278,8 @@ def _assumptions(model: StepModel, scene: Scene, machine: Machine, score_given: 
         f"one EP rank of {scene.ep_size}: attention data-parallel (each rank its own requests), routed experts "
         f"expert-parallel ({m.experts / scene.ep_size:g} experts per rank; redundant slots not priced)",
         f"weights: every linear layer at the routed experts' format, {model.weight_bytes:.4g} B per weight "
-        f"({model.weight_format}), read once per step; KV latent {model.kv_bytes} B per token and layer ({model.kv_format})",
+        f"({model.memory.expert_format}), read once per step; KV latent {model.kv_bytes} B per token and layer "
+        f"({model.memory.kv_format})",
         f"model: {m.layers} layers, {model.dense_layers} dense (intermediate {m.intermediate}), {model.moe_layers} MoE "
         f"({m.experts} routed experts, top-{model.top_k}, {m.shared} shared, moe_intermediate {m.moe_intermediate}); "
         f"MLA {m.heads} heads, q_lora {m.q_lora}, kv_lora {m.kv_lora}, qk_nope {m.qk_nope}, qk_rope {m.qk_rope}, "
@@ -283,8 +290,8 @@ def _assumptions(model: StepModel, scene: Scene, machine: Machine, score_given: 
     if scene.role == "prefill":
         said.append(
             f"prefill: one request per step, its {scene.input_len - scene.cached_tokens:,} uncached tokens in chunks of "
-            f"{scene.chunk:,}; {scene.cached_tokens:,} prefix-cached tokens are attended to and up-projected per chunk "
-            "(MLA as multi-head attention), not recomputed; one sampled token per request; the output length "
+            f"{scene.chunk:,}, MLA as multi-head attention; the {scene.cached_tokens:,} prefix-cached tokens are not "
+            "recomputed but attended to and up-projected per chunk; one sampled token per request; the output length "
             "does not change P's work"
         )
     else:

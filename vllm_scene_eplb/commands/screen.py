@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..memory import KV_CACHE_DTYPES
 from ..step_cost import DEFAULT_BATCH, DEFAULT_CHUNK, DEFAULT_EP, DEFAULT_SCORE, MACHINES, ROLES, Scene, read_step_model, screen
+from .arguments import pricing_args
 from .console import Console
 from .options import integer, number
 
@@ -51,13 +51,8 @@ def add_arguments(p) -> None:
         metavar="N",
         help=f"decode sequences per rank per step (default {DEFAULT_BATCH})",
     )
-    s.add_argument("--ep-size", type=integer(1), default=DEFAULT_EP, help=f"the node's EP ranks (default {DEFAULT_EP})")
-    s.add_argument(
-        "--kv-cache-dtype",
-        choices=KV_CACHE_DTYPES,
-        default="auto",
-        help="the server's --kv-cache-dtype, to price the latents read (default auto: the model's dtype)",
-    )
+    s.add_argument("--ep-size", type=integer(1), default=DEFAULT_EP, metavar="N", help=f"the node's EP ranks (default {DEFAULT_EP})")
+    pricing_args(s)
     b = p.add_argument_group("the layouts (ideal scores: max / mean rank load, as `scene-eplb score` prints)")
     b.add_argument(
         "--score",
@@ -79,7 +74,7 @@ def add_arguments(p) -> None:
 
 
 def run(args, console: Console) -> None:
-    model = read_step_model(args.model_config, args.kv_cache_dtype)
+    model = read_step_model(args.model_config, args.kv_cache_dtype, args.expert_bytes)
     scene = Scene(args.role, args.input_len, args.output_len, args.cached_share, args.chunk, args.batch, args.ep_size)
     machine = MACHINES[args.machine]
     if args.peak_tflops is not None or args.hbm_tbps is not None:
