@@ -51,7 +51,9 @@ def add_arguments(p) -> None:
         metavar="N",
         help=f"decode sequences per rank per step (default {DEFAULT_BATCH})",
     )
-    s.add_argument("--ep-size", type=integer(1), default=DEFAULT_EP, metavar="N", help=f"the node's EP ranks (default {DEFAULT_EP})")
+    s.add_argument(
+        "--ep-size", type=integer(1), default=DEFAULT_EP, metavar="N", help=f"the node's EP ranks (default {DEFAULT_EP})"
+    )
     pricing_args(s)
     b = p.add_argument_group("the layouts (ideal scores: max / mean rank load, as `scene-eplb score` prints)")
     b.add_argument(
