@@ -29,7 +29,7 @@ hit: attended to, not recomputed) in chunks of ``chunk`` tokens, the cost per ne
 request. Decode runs ``batch`` sequences per rank per step at the mean context over the output,
 input + (output + 1) / 2; a prefix-cache hit does not change a decode token's work.
 
-**Balance.** A layout's ideal score B (max / mean rank load, ``score``) multiplies the slowest rank's
+**Scores.** A layout's ideal score B (max / mean rank load, ``score``) multiplies the slowest rank's
 routed FLOPs, not the weights it reads (a rank reads its experts whatever their tokens). The step
 then takes ``others + routed(B)``, and a candidate at B1 gives ``step(B0) / step(B1)``, the
 ``ceiling_ratio``: what the node's step gains if nothing else on its critical path moves. Pure
@@ -53,7 +53,7 @@ ROLES = ("prefill", "decode")
 # DeepSeek-V3's published routing at EP 16 is 1.86 to 2.27 (the three files in data/, a test checks).
 DEFAULT_SCORE = 2.0
 DEFAULT_CHUNK = 8192  # the field P node's chunk
-DEFAULT_BATCH = 8  # decode sequences per rank: the field's concurrency 128 over 16 D ranks
+DEFAULT_BATCH = 8  # decode sequences per rank: the field's concurrency 128 over 8 D cards of two dies each
 DEFAULT_EP = 16  # the field's P (and D) EP size
 
 
@@ -185,7 +185,7 @@ class Screen:
     score: float
     candidate_score: float
     routed_share: float  # at ``score``
-    routed_share_balanced: float  # at score 1, a perfect layout
+    routed_share_perfect: float  # at score 1, a perfect layout
     ceiling_ratio: float  # step(score) / step(candidate_score)
     assumptions: tuple[str, ...]
 
@@ -206,9 +206,9 @@ class _Work:
     flops: np.ndarray
     bytes: np.ndarray
 
-    def seconds(self, machine: Machine, balance: float = 1.0) -> float:
-        """The steps' roofline time, the FLOPs scaled by ``balance`` (the slowest rank's share)."""
-        return float(np.maximum(balance * self.flops / machine.peak_flops, self.bytes / machine.bytes_per_s).sum())
+    def seconds(self, machine: Machine, score: float = 1.0) -> float:
+        """The steps' roofline time, the FLOPs scaled by ``score`` (the slowest rank's over the mean)."""
+        return float(np.maximum(score * self.flops / machine.peak_flops, self.bytes / machine.bytes_per_s).sum())
 
 
 def _steps(scene: Scene) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -301,7 +301,7 @@ def _assumptions(model: StepModel, scene: Scene, machine: Machine, score_given: 
             "decode's work; no speculative decoding"
         )
     said.append(
-        "balance: the slowest rank's routed FLOPs are the score x the mean; the weights it reads do not change; "
+        "score: the slowest rank's routed FLOPs are the score x the mean; the weights it reads do not change; "
         "nothing else on the step's critical path moves"
         + ("" if score_given else f"; score {DEFAULT_SCORE:g} by default (a scene-blind layout on DeepSeek-V3's routing)")
     )
@@ -325,15 +325,15 @@ def screen(
     routed = work["routed_experts"]
     others = sum(w.seconds(machine) for name, w in work.items() if name != "routed_experts")
 
-    def step(balance: float) -> float:
-        return others + routed.seconds(machine, balance)
+    def step(score: float) -> float:
+        return others + routed.seconds(machine, score)
 
     now = step(b0)
     parts = []
     for name, w in work.items():
-        balance = b0 if name == "routed_experts" else 1.0
-        seconds, flops, nbytes = w.seconds(machine, balance), float(w.flops.sum()), float(w.bytes.sum())
-        bound = "flops" if balance * flops / machine.peak_flops >= nbytes / machine.bytes_per_s else "bytes"
+        at = b0 if name == "routed_experts" else 1.0
+        seconds, flops, nbytes = w.seconds(machine, at), float(w.flops.sum()), float(w.bytes.sum())
+        bound = "flops" if at * flops / machine.peak_flops >= nbytes / machine.bytes_per_s else "bytes"
         parts.append(Part(name, flops / new, nbytes / new, seconds / new * 1e6, bound, seconds / now))
     return Screen(
         scene=scene,
@@ -342,7 +342,7 @@ def screen(
         score=b0,
         candidate_score=candidate_score,
         routed_share=routed.seconds(machine, b0) / now,
-        routed_share_balanced=routed.seconds(machine) / step(1.0),
+        routed_share_perfect=routed.seconds(machine) / step(1.0),
         ceiling_ratio=now / step(candidate_score),
         assumptions=_assumptions(model, scene, machine, score is not None),
     )

@@ -118,9 +118,9 @@ def test_a_worse_candidate_is_a_ratio_below_one(v3):
     assert screen(v3, Scene("prefill", 4096, 1, 0.0), MACHINES["910c"], 1.1, 1.5).ceiling_ratio < 1
 
 
-def test_memory_bound_experts_gain_nothing_from_balance_until_the_flops_bind(v3):
+def test_memory_bound_experts_gain_nothing_from_a_better_score_until_the_flops_bind(v3):
     """A small decode batch reads its experts' weights whatever their tokens; with unlimited
-    bandwidth the same step is FLOPs-bound and the balance pays."""
+    bandwidth the same step is FLOPs-bound and a better score pays."""
     scene = Scene("decode", 4096, 1024, 0.0, batch=8)
     slow = screen(v3, scene, MACHINES["910c"], 2.0)
     fast = screen(v3, scene, Machine("no memory wall", 390e12, 1e18, "a test"), 2.0)
@@ -162,7 +162,7 @@ def test_the_json_names_every_assumption_and_the_machine_override():
         "rest",
     }
     assert sum(p["share"] for p in doc["parts"].values()) == pytest.approx(1.0)
-    assert doc["routed_share"] == doc["parts"]["routed_experts"]["share"] and doc["routed_share_balanced"] < doc["routed_share"]
+    assert doc["routed_share"] == doc["parts"]["routed_experts"]["share"] and doc["routed_share_perfect"] < doc["routed_share"]
     said = " ".join(doc["assumptions"])
     for named in ("390 TFLOP/s", "1.6 TB/s", "chunks of 8,192", "118,781 prefix-cached", "fp8", "kv_lora 512", "left out"):
         assert named in said, named

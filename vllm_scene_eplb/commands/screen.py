@@ -18,7 +18,7 @@ DESCRIPTION = (
     "routed experts and the rest, each as FLOPs and bytes read on a named machine's roofline. Says the "
     "routed experts' share of the step and ceiling_ratio, the step ratio a layout at --candidate-score "
     "(default 1, perfect) gives over one at --score (default 2, a scene-blind layout) if only the slowest "
-    "rank's routed FLOPs scale with the balance. Every assumption is named in the output. Arithmetic, "
+    "rank's routed FLOPs scale with its score. Every assumption is named in the output. Arithmetic, "
     "not measured: a low ceiling says the scene is not worth recording; a high one is an upper bound."
 )
 
@@ -93,7 +93,7 @@ def run(args, console: Console) -> None:
         f"screen {scene.role}, input {scene.input_len:,} ({scene.cached_tokens:,} cached), output {scene.output_len:,}, "
         f"mean context {scene.mean_context:,.0f}, on {machine.name}:{rows}\n"
         f"routed experts: {answer.routed_share:.1%} of the step at score {answer.score:g} "
-        f"({answer.routed_share_balanced:.1%} at score 1)\n"
+        f"({answer.routed_share_perfect:.1%} at score 1)\n"
         f"ceiling_ratio {answer.ceiling_ratio:.4f}: the step ratio of a layout at score {answer.candidate_score:g} "
         f"over one at {answer.score:g}, if nothing else on the critical path moves\n"
         "assumptions:" + "".join(f"\n  - {a}" for a in answer.assumptions)
