@@ -1,10 +1,11 @@
 """MoE geometry of a Hugging Face model config (config.json): which layers are MoE, how many experts,
-how they are routed (top-k, routing groups)."""
+how they are routed (top-k, routing groups); and the shapes of a DeepSeek-style MLA model that the
+preflight's bytes and the screen's FLOPs are priced from (``MlaShape``)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .errors import SceneEplbError
@@ -113,6 +114,42 @@ def from_hf_config(cfg: dict, path: str | None = None) -> ModelGeometry:
     if not moe_layers:
         raise SceneEplbError(f"config describes no MoE layer among its {layers} layers", path)
     return ModelGeometry(layers, moe_layers, experts, top_k, groups)
+
+
+def _config_key(key: str, low: int = 1, default: int | None = None):
+    """A dataclass field read from the config field ``key``: an integer >= ``low`` (``default``
+    when absent; required without one)."""
+    return field(metadata={"key": key, "low": low, "default": _MISSING if default is None else default})
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """The shapes of a DeepSeek-style model with MLA attention (DeepSeek-V2/V3's config field names),
+    read once so that every price of its weights and work reads the same fields the same way."""
+
+    hidden: int = _config_key("hidden_size")
+    vocab: int = _config_key("vocab_size")
+    layers: int = _config_key("num_hidden_layers")
+    dense_layers: int = _config_key("first_k_dense_replace", 0, 0)  # leading layers with a dense MLP
+    heads: int = _config_key("num_attention_heads")
+    q_lora: int = _config_key("q_lora_rank")  # the query's low-rank latent
+    kv_lora: int = _config_key("kv_lora_rank")  # the compressed KV latent the cache keeps
+    qk_nope: int = _config_key("qk_nope_head_dim")  # per head, the query/key part without rotary embedding
+    qk_rope: int = _config_key("qk_rope_head_dim", 0)  # per head, the rotary part (one shared key per token)
+    v_head: int = _config_key("v_head_dim")
+    experts: int = _config_key("n_routed_experts")
+    shared: int = _config_key("n_shared_experts", 0, 0)
+    intermediate: int = _config_key("intermediate_size")  # a dense layer's MLP
+    moe_intermediate: int = _config_key("moe_intermediate_size")  # one expert's MLP
+
+    @classmethod
+    def read(cls, cfg: dict, path: str | None, what: str = "this tool") -> MlaShape:
+        """The shape of a config's text model; ``what`` names the reader in the error when the
+        config has no MLA attention (no ``kv_lora_rank``)."""
+        f = ConfigFields(text_config(cfg, path), path)
+        if not f.has("kv_lora_rank"):
+            raise SceneEplbError(f"{what} prices MLA attention (DeepSeek's kv_lora_rank) only", path)
+        return cls(**{x.name: f.integer(x.metadata["key"], x.metadata["low"], x.metadata["default"]) for x in fields(cls)})
 
 
 def read_hf_config(path: str | os.PathLike) -> tuple[dict, Path]:

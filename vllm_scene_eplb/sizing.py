@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import SceneEplbError
 from .memory import DTYPE_BYTES, GIB, ModelMemory
-from .model_geometry import ConfigFields
+from .model_geometry import ConfigFields, MlaShape
 
 MIB = 1024**2
 MC2_TOKEN_CAP = 512  # vLLM-Ascend caps the MC2 tokens per TP rank here (set_mc2_tokens_capacity)
@@ -106,14 +106,10 @@ def non_routed_bytes(cfg: dict, modelslim: dict | None, tp: int, path: str | Non
     if dtype not in DTYPE_BYTES:
         raise SceneEplbError(f"config torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}", path)
     b = DTYPE_BYTES[dtype]
-    if not f.has("kv_lora_rank"):
-        raise SceneEplbError("the preflight prices MLA attention (DeepSeek's kv_lora_rank) only", path)
-    hidden, vocab, layers = f.integer("hidden_size", 1), f.integer("vocab_size", 1), f.integer("num_hidden_layers", 1)
-    heads, q_lora, kv_lora = f.integer("num_attention_heads", 1), f.integer("q_lora_rank", 1), f.integer("kv_lora_rank", 1)
-    nope, rope, v_dim = f.integer("qk_nope_head_dim", 1), f.integer("qk_rope_head_dim", 0), f.integer("v_head_dim", 1)
-    dense = f.integer("first_k_dense_replace", 0, default=0)
-    experts, shared = f.integer("n_routed_experts", 1), f.integer("n_shared_experts", 0, default=0)
-    inter, moe_inter = f.integer("intermediate_size", 1), f.integer("moe_intermediate_size", 1)
+    m = MlaShape.read(cfg, path, "the preflight")
+    hidden, vocab, layers, heads, q_lora, kv_lora = m.hidden, m.vocab, m.layers, m.heads, m.q_lora, m.kv_lora
+    nope, rope, v_dim, dense, experts, shared = m.qk_nope, m.qk_rope, m.v_head, m.dense_layers, m.experts, m.shared
+    inter, moe_inter = m.intermediate, m.moe_intermediate
     attn = _kind(modelslim, "self_attn.")
     replicated = _linear(q_lora, hidden, attn, b) + _linear(kv_lora + rope, hidden, attn, b)
     sharded = (

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from vllm_scene_eplb.cli import build_parser
+from vllm_scene_eplb.commands import COMMANDS
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "deploy").rglob("README.md"))]
@@ -96,3 +97,9 @@ def test_code_layout_names_every_module():
         and not any(f in doc for f in (f"`{p.stem}`", f"`{p.stem}.", f"/{p.stem}.py`"))
     ]
     assert not missing, f"docs/code-layout.md does not name {missing}"
+
+
+def test_the_cli_page_shows_every_command():
+    """docs/cli.md is the one page of every command: each one `scene-eplb --help` lists is shown there."""
+    shown = {shlex.split(cmd)[1] for page, cmd in ALL if page == "docs/cli.md"}
+    assert not set(COMMANDS) - shown, f"docs/cli.md shows no {sorted(set(COMMANDS) - shown)}"

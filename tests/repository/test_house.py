@@ -36,6 +36,7 @@ PURE = (
     "harness.compare",
     "runtime.layout_check",
     "sizing",
+    "step_cost",
 )
 
 

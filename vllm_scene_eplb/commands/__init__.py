@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from . import advise, audit, bench, compare, convert, fit, inspect, preflight, record, report, score, validate, watch
+from . import advise, audit, bench, compare, convert, fit, inspect, preflight, record, report, score, screen, validate, watch
 
 COMMANDS = {
     "inspect": inspect,
@@ -20,4 +20,5 @@ COMMANDS = {
     "bench": bench,
     "compare": compare,
     "preflight": preflight,
+    "screen": screen,
 }

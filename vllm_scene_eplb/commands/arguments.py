@@ -56,13 +56,18 @@ def model_args(parser: argparse.ArgumentParser) -> None:
         help="the served model's folder: routing groups and top-k come from it, and "
         "the output says what the redundant slots cost in memory and KV cache",
     )
-    g.add_argument(
+    pricing_args(g)
+
+
+def pricing_args(group) -> None:
+    """``--kv-cache-dtype`` and ``--expert-bytes``: how a model's KV token and routed expert are priced."""
+    group.add_argument(
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
         default="auto",
         help="the server's --kv-cache-dtype, to price a KV token (default auto: the model's dtype)",
     )
-    g.add_argument(
+    group.add_argument(
         "--expert-bytes",
         type=integer(1, 1 << 50),
         metavar="N",
