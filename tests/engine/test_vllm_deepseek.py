@@ -108,6 +108,14 @@ def mtp_decode(model, workdir, tp_recorded):
 
 
 @pytest.fixture(scope="module")
+def stock_mtp(model, workdir):
+    """Greedy outputs of TP=2 with MTP and no plugin loaded at all: vLLM's CPU MLA answers some
+    sequences otherwise with MTP drafts than without (seen in stock vLLM), so this is the reference."""
+    with start_server(model, workdir, "stock-mtp", engine_args=TP2, extra=MTP, plugins=False) as srv:
+        return [srv.complete([p], MAX_TOKENS)[0] for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
 def dp_recorded(model, workdir):
     return _serve(model, workdir, "dp-record", DP2, role="prefill", dump_dir=str(workdir / "d-dp"))
 
@@ -183,9 +191,10 @@ def test_a_server_without_a_layout_audits_the_linear_load(tp_recorded):
     assert all(a and a.startswith("passed:") and "replicas" not in a for a in audits), audits
 
 
-def test_a_decode_server_with_mtp_drafts_records_and_keeps_the_outputs(mtp_decode, tp_recorded):
+def test_a_decode_server_with_mtp_drafts_records_and_keeps_the_outputs(mtp_decode, tp_recorded, stock_mtp):
     assert mtp_decode["counters"]["vllm:spec_decode_num_draft_tokens_total"] > 0  # DeepSeek's own MTP drafted
-    assert_same_answers(mtp_decode, tp_recorded)
+    assert mtp_decode["outputs"] == stock_mtp  # what vLLM answers with MTP and without the plugin
+    assert max(abs(a[0] - b[0]) for g, w in zip(mtp_decode["forced"], tp_recorded["forced"]) for a, b in zip(g, w)) < SAME_LOGPROB
     counts = mtp_decode["counts"]
     assert counts.meta["role"] == "decode"
     # the target model's passes: every scheduled token (drafts it verifies included) routed in every

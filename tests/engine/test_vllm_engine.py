@@ -1,7 +1,8 @@
 """The plugin in real vLLM 0.32 CPU servers: a generated Qwen3-MoE checkpoint, TP=2 with expert parallel.
 
 One server at a time (two cores): the baseline without any plugin, a P-role recording server behind
---api-key, a server with the fitted layout under ``static`` and one under ``dynamic`` (decode role, which records too).
+--api-key, a server with the fitted layout under ``static`` and one under ``dynamic`` (decode role, which
+records too) on the same weights saved as fused 3-D expert tensors (the loader path that maps no ids).
 A layout for another geometry must stop startup: tests/engine/test_vllm_engine_dp.py starts that server.
 """
 
@@ -261,8 +262,18 @@ def static_run(tiny_model, workdir, fitted_layout):
 
 
 @pytest.fixture(scope="module")
-def dynamic_run(tiny_model, workdir, fitted_layout):
-    return _layout_server(tiny_model, workdir, fitted_layout, "dynamic", "decode")
+def fused_model(workdir):
+    """The same tiny Qwen3-MoE with its experts saved as fused 3-D tensors (``experts.gate_up_proj``
+    [E, 2I, H]): vLLM's third expert loader, which maps no expert ids (the plugin reorders the tensor)."""
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+
+    return make_tiny_moe(workdir / "fused", TinyMoeSpec(num_experts=EXPERTS, top_k=TOP_K, num_layers=LAYERS, fused_experts=True))
+
+
+@pytest.fixture(scope="module")
+def dynamic_run(fused_model, workdir, fitted_layout):
+    """``dynamic`` on the fused checkpoint: the same weights, so the baseline's tokens."""
+    return _layout_server(fused_model, workdir, fitted_layout, "dynamic", "decode")
 
 
 def test_fitted_layout_has_replicas(fitted_layout):
@@ -279,6 +290,8 @@ def test_layout_changes_where_work_runs_not_what_is_computed(run, request, basel
     assert code == 200
     assert (st["layout_hash"], st["redundant_slots"], st["dispatch"]) == (read_layout(fitted_layout).digest(), 2, dispatch)
     assert f"layout_hash={st['layout_hash']} redundant_slots=2 dispatch={dispatch}" in result["log"]
+    # the load audit passed on both ranks: every slot holds the expert the layout names, replicas identical
+    assert result["log"].count("load_audit=passed:") == 2 and "replicas-identical" in st["load_audit"]
 
 
 def test_audit_checks_the_loaded_layout(static_run):

@@ -21,6 +21,7 @@ server start per run; ``report/summary.json`` then holds ``order``, ``arms`` and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -45,7 +46,7 @@ from .local_server import GEOMETRIES, engine_args, start_server
 from .results import Scene, prefill_metric
 from .tiny_model import TinyMoeSpec, make_tiny_moe
 
-DEMO_SPEC = dict(num_experts=16, num_layers=4, hidden_size=256, moe_intermediate_size=1024)
+DEMO_SPEC = TinyMoeSpec(num_experts=16, num_layers=4, hidden_size=256, moe_intermediate_size=1024)
 # Later flags win: 4096-token chunks and 2048-token contexts for the 512-token scene.
 DEMO_ARGS = ("--max-num-batched-tokens", "4096", "--max-model-len", "2048", "--enable-expert-parallel")
 # Both sides time their experts (live.time): the linear server's window feeds advise, and the A/B stays like for like.
@@ -283,7 +284,7 @@ def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> 
 def prepare(out: Path, skew: float, loads: Loads, geometry: str) -> Rig:
     """The output folder and the generated model at router ``skew``."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    model = make_tiny_moe(out / "model", TinyMoeSpec(**DEMO_SPEC, skew=skew))
+    model = make_tiny_moe(out / "model", dataclasses.replace(DEMO_SPEC, skew=skew))
     say(f"generated {model} (skew {skew})")
     return Rig(model, skew, out, geometry, loads)
 

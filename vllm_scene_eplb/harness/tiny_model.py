@@ -34,6 +34,7 @@ class TinyMoeSpec:
     vocab_size: int = 512
     skew: float = 0.0
     seed: int = 0
+    fused_experts: bool = False  # save experts as 3-D tensors (experts.gate_up_proj [E, 2I, H]), not per expert
 
 
 def hf_config(spec: TinyMoeSpec) -> dict:
@@ -98,7 +99,14 @@ def make_tiny_moe(out_dir: str | Path, spec: TinyMoeSpec = TinyMoeSpec()) -> Pat
                 )
                 layer.mlp.gate.weight.mul_(0.3)  # weaker token-dependent routing: the skew dominates
                 layer.mlp.gate.weight[order, 0] = spec.skew * profile
-    model.save_pretrained(out, safe_serialization=True)
+    if spec.fused_experts:  # transformers 5 holds them fused; save_pretrained would split them per expert
+        from safetensors.torch import save_file
+
+        model.config.architectures = [type(model).__name__]  # what save_pretrained would write
+        model.config.save_pretrained(out)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"), {"format": "pt"})
+    else:
+        model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(out, spec.vocab_size)
     cfg_path = out / "config.json"
     doc = json.loads(cfg_path.read_text())
@@ -130,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe-intermediate", type=int, default=TinyMoeSpec.moe_intermediate_size)
     ap.add_argument("--skew", type=float, default=0.0, help="router skew (0 = near-uniform routing)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fused-experts", action="store_true", help="save experts as fused 3-D tensors (vLLM's fused loader path)")
     a = ap.parse_args(argv)
     spec = TinyMoeSpec(
         num_experts=a.experts,
@@ -139,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         moe_intermediate_size=a.moe_intermediate,
         skew=a.skew,
         seed=a.seed,
+        fused_experts=a.fused_experts,
     )
     print(make_tiny_moe(a.out_dir, spec))
     return 0

@@ -128,7 +128,10 @@ def with_row(EplbState, row, build):
         EplbState.build_initial_global_physical_to_logical_map = saved
 
 
-def patch_expert_mapping(RoutedExperts, EplbState) -> None:
+Loading = Callable[[], "ExpertLoading | None"]  # this worker's load (None: the flag is off), asked at each call
+
+
+def patch_expert_mapping(RoutedExperts, EplbState, current_loading: Loading) -> None:
     """Path 1: ``get_expert_mapping`` built on the layer's row (its redundant slots are vLLM's own count)."""
     orig = RoutedExperts.get_expert_mapping
 
@@ -176,7 +179,7 @@ def _qualified_mapping(loading: ExpertLoading, RoutedExperts, EplbState, orig, m
     return out
 
 
-def patch_legacy_mapping(RoutedExperts, EplbState) -> None:
+def patch_legacy_mapping(RoutedExperts, EplbState, current_loading: Loading) -> None:
     """Path 2: ``RoutedExperts.make_expert_params_mapping`` (what ``fused_moe_make_expert_params_mapping``
     calls) qualified per MoE layer under a layout."""
     orig = RoutedExperts.__dict__["make_expert_params_mapping"].__func__
@@ -209,7 +212,7 @@ def patch_legacy_mapping(RoutedExperts, EplbState) -> None:
     RoutedExperts.make_expert_params_mapping = staticmethod(make_expert_params_mapping)
 
 
-def patch_fused_checkpoints(RoutedExperts) -> None:
+def patch_fused_checkpoints(RoutedExperts, current_loading: Loading) -> None:
     """Path 3: a fused 3-D expert tensor reordered by the layer's row before vLLM's loader reads it
     as slot e <- index e (registered with the tracer in its new order)."""
     orig = RoutedExperts.load_weights
@@ -236,7 +239,7 @@ def _reordered(loading: ExpertLoading, layer_name: str, row, weights):
         yield name, w
 
 
-def patch_weight_loader(RoutedExperts) -> None:
+def patch_weight_loader(RoutedExperts, current_loading: Loading) -> None:
     """Every expert write journalled: slot, weight, shard, and the checkpoint expert it came from."""
     orig = RoutedExperts.weight_loader
 
@@ -260,7 +263,7 @@ def patch_weight_loader(RoutedExperts) -> None:
     RoutedExperts.weight_loader = weight_loader
 
 
-def patch_checkpoint_iterator(DefaultModelLoader) -> None:
+def patch_checkpoint_iterator(DefaultModelLoader, current_loading: Loading) -> None:
     """The checkpoint tensors the default model loader yields, registered with the tracer as they pass."""
     orig = DefaultModelLoader.get_all_weights
 
@@ -273,12 +276,6 @@ def patch_checkpoint_iterator(DefaultModelLoader) -> None:
             yield name, tensor
 
     DefaultModelLoader.get_all_weights = get_all_weights
-
-
-def current_loading() -> ExpertLoading | None:
-    from . import worker_plugin
-
-    return worker_plugin.current().expert_loading
 
 
 def slot_fingerprints(routed_experts, num_physical: int, slot_base: int):

@@ -325,11 +325,15 @@ def install() -> None:
         _patch_expert_substitution(layer_mod)
     if hasattr(FusedMoERouter, "supports_monolithic_kernels"):  # vLLM 0.33
         _patch_router_decomposed(FusedMoERouter)
-    expert_loading.patch_expert_mapping(RoutedExperts, EplbState)
-    expert_loading.patch_legacy_mapping(RoutedExperts, EplbState)
-    expert_loading.patch_fused_checkpoints(RoutedExperts)
-    expert_loading.patch_weight_loader(RoutedExperts)
-    expert_loading.patch_checkpoint_iterator(DefaultModelLoader)
+
+    def loading():
+        return worker_plugin.current().expert_loading
+
+    expert_loading.patch_expert_mapping(RoutedExperts, EplbState, loading)
+    expert_loading.patch_legacy_mapping(RoutedExperts, EplbState, loading)
+    expert_loading.patch_fused_checkpoints(RoutedExperts, loading)
+    expert_loading.patch_weight_loader(RoutedExperts, loading)
+    expert_loading.patch_checkpoint_iterator(DefaultModelLoader, loading)
     _patch_router(BaseRouter)
     _patch_cpu_experts(CPUUnquantizedExperts)
     _patch_moe_forward(MoERunner)
