@@ -19,10 +19,11 @@ CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${D_P
   --max-model-len "$D_MAX_MODEL_LEN" --max-num-seqs "$D_MAX_NUM_SEQS"
   --cudagraph-metrics  # logs which passes replayed a graph, padded how (verify.sh's graph check reads it)
   --no-enable-prefix-caching --quantization ascend
-  --kv-transfer-config "$(kv_transfer_config kv_consumer "${D_KV_PORT:-20002}" d0)"
+  --kv-transfer-config "$(kv_transfer_config kv_consumer "$D_KV_PORT" d0)"
   --additional-config "$ADDITIONAL")
 preflight decode "$MODE" "${2:-}" --dp "$D_DP" --tp "$D_TP" --max-model-len "$D_MAX_MODEL_LEN" \
   --max-num-seqs "$D_MAX_NUM_SEQS" || { echo "d_server.sh: the recipe does not fit (see above)" >&2; exit 2; }
+check_ports "$D_KV_PORT" "$((D_DP * D_TP))" || { echo "d_server.sh: see above" >&2; exit 2; }
 check_network || { echo "d_server.sh: see above" >&2; exit 2; }
 prepare_layout "$MODE" "${2:-}"
 if [ "${DRY_RUN:-0}" = 1 ]; then printf 'HCCL_BUFFSIZE=%s ' "$HCCL_BUFFSIZE"; printf '%q ' "${CMD[@]}"; echo; exit 0; fi

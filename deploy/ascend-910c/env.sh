@@ -95,6 +95,25 @@ check_network() {
   [ "${DRY_RUN:-0}" = 1 ]
 }
 export HCCL_IF_IP GLOO_SOCKET_IFNAME HCCL_SOCKET_IFNAME TP_SOCKET_IFNAME MOONCAKE_LIB_DIR
+# Mooncake's KV handshake ports: vLLM-Ascend's MooncakeConnectorV1 worker listens on kv_port + its
+# global DP rank x TP + its TP rank, so a DP x TP server takes kv_port .. kv_port + DP x TP - 1 (across
+# its nodes); its transfer engine (AscendDirectTransport) takes random ports in [20000, 20000 + 1000 x
+# NPUs) of the node, and vLLM-Ascend's P/D guide asks kv_port >= 36000 ("Address already in use" else).
+export P_KV_PORT=${P_KV_PORT:-36000} D_KV_PORT=${D_KV_PORT:-36100}
+# check_ports PORT SPAN: the SPAN handshake ports from PORT clear of the transfer engine's range for
+# this node's NPU count (NPUS, default the /dev/davinciN devices, else 16: a 910C node's dies) and of
+# 36000, and below 65536; says which ports it checked, or why they do not do (the server does not start).
+check_ports() {
+  local first=$1 last=$(($1 + $2 - 1)) npus floor
+  npus=${NPUS:-$(compgen -G "/dev/davinci[0-9]*" | wc -l)}
+  if [ "$npus" -lt 1 ]; then npus=16; fi
+  floor=$((20000 + 1000 * npus)); if [ "$floor" -lt 36000 ]; then floor=36000; fi
+  if [ "$first" -lt "$floor" ] || [ "$last" -gt 65535 ]; then
+    echo "env.sh: KV handshake ports $first-$last must lie in $floor-65535: Mooncake's transfer engine takes ports 20000-$((20000 + 1000 * npus - 1)) on this node's $npus NPUs (set the side's KV_PORT)" >&2
+    return 2
+  fi
+  echo "env.sh: KV handshake ports $first-$last, clear of Mooncake's transfer ports 20000-$((20000 + 1000 * npus - 1)) ($npus NPUs)" >&2
+}
 # kv_transfer_config ROLE PORT ENGINE_ID: the --kv-transfer-config JSON of one side of the pair.
 kv_transfer_config() {
   printf '{"kv_connector": "MooncakeConnectorV1", "kv_role": "%s", "kv_port": "%s", "engine_id": "%s", ' "$1" "$2" "$3"

@@ -336,3 +336,26 @@ def test_network_settings_are_checked_and_what_is_missing_said_in_one_line(tmp_p
         ["bash", "-c", script], capture_output=True, text=True, env={**real, **good, "TP_SOCKET_IFNAME": "nosuch0"}
     )
     assert "rc=1" in bad.stdout and "TP_SOCKET_IFNAME nosuch0 is not a NIC of this host" in bad.stderr
+
+
+def _start(script: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(DEPLOY / script), *args], capture_output=True, text=True, env=_env(**env_extra), timeout=60)
+
+
+def test_kv_handshake_ports_clear_mooncakes_transfer_ports_and_the_dry_runs_say_so():
+    """Every handshake port a recipe derives (kv_port .. kv_port + DP x TP - 1) lies at 36000 or above,
+    clear of the transfer engine's 20000 + 1000 x NPUs; the old 20001 / 20002, a node with more NPUs
+    than the default ports clear, and a span past 65535 each stop the server with the reason."""
+    for script, port, last in (("p_server.sh", 36000, 36015), ("d_server.sh", 36100, 36115)):
+        res = _start(script, "plain")
+        assert res.returncode == 0, res.stderr
+        assert f'\\"kv_port\\":\\ \\"{port}\\"' in res.stdout
+        assert f"KV handshake ports {port}-{last}, clear of Mooncake's transfer ports 20000-35999 (16 NPUs)" in res.stderr
+    for script, env in (("p_server.sh", {"P_KV_PORT": "20001"}), ("d_server.sh", {"D_KV_PORT": "20002"})):
+        res = _start(script, "plain", **env)
+        assert res.returncode == 2 and "must lie in 36000-65535" in res.stderr, res.stderr
+    res = _start("d_server.sh", "plain", NPUS="20")
+    assert res.returncode == 2 and "KV handshake ports 36100-36115 must lie in 40000-65535" in res.stderr
+    assert "transfer engine takes ports 20000-39999 on this node's 20 NPUs" in res.stderr
+    res = _start("p_server.sh", "plain", P_KV_PORT="65530")
+    assert res.returncode == 2 and "65530-65545 must lie in 36000-65535" in res.stderr
