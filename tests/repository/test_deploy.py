@@ -339,7 +339,9 @@ def test_network_settings_are_checked_and_what_is_missing_said_in_one_line(tmp_p
 
 
 def _start(script: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(DEPLOY / script), *args], capture_output=True, text=True, env=_env(**env_extra), timeout=60)
+    return subprocess.run(
+        ["bash", str(DEPLOY / script), *args], capture_output=True, text=True, env=_env(**env_extra), timeout=60
+    )
 
 
 def test_kv_handshake_ports_clear_mooncakes_transfer_ports_and_the_dry_runs_say_so():
@@ -359,3 +361,65 @@ def test_kv_handshake_ports_clear_mooncakes_transfer_ports_and_the_dry_runs_say_
     assert "transfer engine takes ports 20000-39999 on this node's 20 NPUs" in res.stderr
     res = _start("p_server.sh", "plain", P_KV_PORT="65530")
     assert res.returncode == 2 and "65530-65545 must lie in 36000-65535" in res.stderr
+
+
+def test_verify_p_records_a_pass_below_the_tp_size_so_alltoall_pads():
+    """P runs eager (no DP padding) and ALLTOALL pads only a pass of fewer tokens than TP: the record
+    ends with P_PAD_LEN-token prompts one at a time (5 at TP8), so a mask that marks every row real
+    fails totals; a P_PAD_LEN that would not pad is refused."""
+    out = _verify().stdout
+    _in_order(
+        out,
+        [
+            "record start",
+            "--input-len 4093",
+            "[record-load4]",
+            "-c 1 --model /models/DeepSeek-V3-w8a8 --input-len 5 --output-len 1",
+            "record stop",
+        ],
+    )
+    for bad in ("8", "0"):
+        res = _verify(P_PAD_LEN=bad)
+        assert (
+            res.returncode == 2
+            and f"P_PAD_LEN {bad} must lie in 1-7: ALLTOALL pads only a pass of fewer tokens than TP (8)" in res.stderr
+        )
+
+
+def test_verify_d_takes_the_production_path_where_the_pair_is_up_and_says_when_not():
+    """With the pair's P up (PAIR=1) D's record load goes through the proxy (P prefills, D pulls the KV
+    and decodes) and totals count D's locally computed prompt tokens; without one a SKIP line says the
+    record ran local prefill; the graph check reads the log between marks taken around the record."""
+    res = _verify(SIDE="d")
+    assert "SKIP pd-path: no P server answers at http://127.0.0.1:8100/health: the D record runs local prefill" in res.stdout
+    assert "[start-proxy]" not in res.stdout and "--local-prompt" not in res.stdout
+    _in_order(
+        res.stdout,
+        [
+            "[record-log-start] mark_log",
+            "[record-start]",
+            "--url http://127.0.0.1:8200 -n 64 -c 12",
+            "[record-stop]",
+            "[record-log-stop] mark_log",
+            "verify graph",
+            "--from-byte",
+            "--to-byte",
+        ],
+    )
+    res = _verify(SIDE="d", PAIR="1")
+    assert res.returncode == 0 and "SKIP pd-path" not in res.stdout
+    _in_order(
+        res.stdout,
+        [
+            "[audit]",
+            "[start-proxy] start_proxy",
+            "[record-start]",
+            "--scene record --url http://127.0.0.1:8000",
+            "verify totals",
+            "--decode --local-prompt",
+            "verify graph",
+        ],
+    )
+    assert "--scene idle --url http://127.0.0.1:8200" in res.stdout  # the throughput rounds: D alone again
+    res = _verify(SIDE="d", PAIR="1", FAIL_STEP="start-proxy")
+    assert res.returncode == 1 and "FAIL start-proxy" in res.stdout and "--scene record --url http://127.0.0.1:8200" in res.stdout
