@@ -38,11 +38,25 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
 # Sized to a 64 GB 910C die by `scene-eplb preflight` (DeepSeek-V3 W8A8): at TP1 the non-routed
 # weights (about 18 GiB) and 16-17 expert slots (38-40 GiB) leave no KV cache under 0.9 x 64 GiB, so P
 # runs TP8 (vLLM-Ascend's PD prefill recipe) and D DP4/TP4 (its single-node DeepSeek recipe); EP stays 16.
-export P_DP=${P_DP:-2} P_TP=${P_TP:-8} D_DP=${D_DP:-4} D_TP=${D_TP:-4}
+# D_NODES=2: D on two nodes (vLLM-Ascend's P/D guide): DP32 x TP1 (EP32, 16 DP engines a node), MTP1
+# and FULL_DECODE_ONLY graphs; set it on both nodes of D and on P (its KV connector names D's sizes),
+# with NODE_RANK (0: the head, which serves the API; 1: headless) and D_HEAD_IP (node 0's address).
+# MTP=N: vLLM-Ascend's MTP drafter with N speculative tokens (its DeepSeek D recipes use 1); the
+# preflight counts its layer. D_GRAPH_MODE: the cudagraph_mode D runs (empty: vLLM-Ascend's default).
+export D_NODES=${D_NODES:-1}
+if [ "$D_NODES" = 2 ]; then
+  export D_DP=${D_DP:-32} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY}
+  export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16}
+fi
+export P_DP=${P_DP:-2} P_TP=${P_TP:-8} D_DP=${D_DP:-4} D_TP=${D_TP:-4} MTP=${MTP:-0} D_GRAPH_MODE=${D_GRAPH_MODE:-}
 # Sequence lengths and batch sizes the preflight checks the KV cache against (max_num_seqs sequences
 # of max_model_len tokens each), and the redundant slots of each side's layouts (collect.sh fits them).
+# D batches at most 1024 tokens: above that MLAPO keeps the original q_a/kv_a/q_b weights beside its
+# fused copy (about 1.4 GiB a rank at TP4, counted by the preflight).
 export P_MAX_MODEL_LEN=${P_MAX_MODEL_LEN:-32768} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
-export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16}
+# (MTP on one D node: 14 sequences, as its layer and its KV latent leave no room for 16.)
+if [ "$MTP" -gt 0 ]; then export D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-14}; fi
+export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16} D_MAX_NUM_BATCHED_TOKENS=${D_MAX_NUM_BATCHED_TOKENS:-1024}
 export REDUNDANT=${REDUNDANT:-16} D_REDUNDANT=${D_REDUNDANT:-0}
 # The command that runs this package's CLI (the image's console script; tests point it elsewhere).
 SCENE_EPLB_CLI=${SCENE_EPLB_CLI:-scene-eplb}
@@ -57,6 +71,7 @@ preflight() {
   fi
   local hccl=()
   if [ -n "${HCCL_BUFFSIZE:-}" ]; then hccl=(--hccl-buffsize "$HCCL_BUFFSIZE"); fi
+  if [ "${NATIVE_EPLB:-0}" = 1 ]; then hccl+=(--native-eplb); fi  # its swap buffer
   local line
   if ! command -v "$SCENE_EPLB_CLI" > /dev/null; then echo "env.sh: $SCENE_EPLB_CLI not found: install vllm_scene_eplb" >&2; return 2; fi
   line=$("$SCENE_EPLB_CLI" preflight --model "$MODEL" "$@" "${slots[@]}" "${hccl[@]}" --shell -q) || return 2

@@ -34,6 +34,8 @@
 # DRY_RUN=1 prints every step without running it; DRY_RUN=1 FAIL_STEP=<step> simulates that step failing.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+# D runs without the MTP drafter here: totals count one token per decode pass, and verified drafts add more
+if [ "${SIDE:-p}" = d ]; then export MTP=0; fi
 source "$HERE/env.sh"
 MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 SIDE=${SIDE:-p}
