@@ -10,9 +10,17 @@ per rank of a DP x TP server with expert parallelism over all DP x TP ranks (EP 
   1 / TP, as vLLM's DeepSeek model shards them), the dense layers' MLP and the shared experts (1 / TP)
   and the router gate (replicated, model dtype); linear layers at the checkpoint's quantisation
   (ModelSlim's description: int8 plus a per-channel scale and offset), the rest at the model dtype.
-  Norms and biases (a few MB) and the MTP layer (loaded only with speculative decoding) are left out;
+  Norms and biases (a few MB) are left out;
+- **copies vLLM-Ascend keeps** (``copies``, each named): MLA's absorbed ``W_UV`` / ``W_UK_T`` (``kv_b_proj``
+  split and transposed, model dtype, 1 / TP: every node); on a kv_consumer with W8A8 attention, MLAPO's
+  fused q_a/kv_a/q_b weights beside the originals, which it drops only at ``max_num_batched_tokens``
+  <= 1024; with vLLM-Ascend's dynamic EPLB (``NATIVE_EPLB=1``) its swap buffer, one layer's local
+  expert slots; with MTP (``num_speculative_tokens``) the drafter's layer: a MoE layer at the same
+  slots per rank (vLLM-Ascend's default split) and its ``eh_proj`` (embedding and head are shared), and
+  its latent in every KV token;
 - **MC2 buffer**: vLLM-Ascend's MC2 capacity per TP rank (``set_mc2_tokens_capacity``: the batched
-  tokens with prefill MC2, else the largest graph size, else max_num_seqs; capped at 512) priced
+  tokens with prefill MC2, else the largest graph size, else max_num_seqs, each x (1 + speculative
+  tokens); capped at 512) priced
   with CANN's ``npu_moe_distribute_dispatch`` rule for A3, ``HCCL_BUFFSIZE >= 2 x (local experts x
   maxBs x EP x Align512(Align32(2H) + 64) + (top-k + shared) x maxBs x Align512(2H))`` bytes; the MC2
   communicator holds 2 x HCCL_BUFFSIZE;
@@ -32,12 +40,13 @@ from dataclasses import asdict, dataclass
 
 from .errors import SceneEplbError
 from .memory import DTYPE_BYTES, GIB, ModelMemory
-from .model_geometry import ConfigFields, MlaShape
+from .model_geometry import ConfigFields
 
 MIB = 1024**2
 MC2_TOKEN_CAP = 512  # vLLM-Ascend caps the MC2 tokens per TP rank here (set_mc2_tokens_capacity)
 HCCL_DEFAULT_MB = 200  # CANN's (and vLLM-Ascend's) default HCCL_BUFFSIZE
 MODELSLIM_INT8 = ("W8A8", "W8A8_DYNAMIC")
+MLAPO_MAX_TOKENS = 1024  # vLLM-Ascend's MLAPO_MAX_SUPPORTED_TOKENS: at or below it a kv_consumer drops the originals
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,9 @@ class Recipe:
     graphs: bool = True  # ACL graphs (not --enforce-eager): the MC2 capacity follows the largest graph
     prefill_mc2: bool = False  # vLLM-Ascend's enable_prefill_mc2
     hccl_buffsize_mb: int | None = None  # HCCL_BUFFSIZE where the operator set it
+    kv_consumer: bool = False  # a D server (kv_role kv_consumer): MLAPO runs there
+    native_eplb: bool = False  # vLLM-Ascend's dynamic EPLB on (NATIVE_EPLB=1): its swap buffer
+    speculative_tokens: int = 0  # MTP drafts per step (num_speculative_tokens): the drafter's layer
 
 
 @dataclass(frozen=True)
@@ -75,9 +87,10 @@ class RankFit:
     mc2_tokens_per_rank: int
     hccl_buffsize_mb: int  # the HCCL_BUFFSIZE this recipe needs (at least CANN's default)
     problems: tuple[str, ...]
+    copies: tuple[tuple[str, int], ...] = ()  # what vLLM-Ascend keeps beside the weights, by name (bytes)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "problems": list(self.problems)}
+        return {**asdict(self), "problems": list(self.problems), "copies": dict(self.copies)}
 
 
 def _align(x: int, to: int) -> int:
@@ -99,44 +112,105 @@ def _kind(modelslim: dict | None, contains: str) -> str:
     return next((v for k, v in modelslim.items() if contains in k and k.endswith(".weight")), "FLOAT")
 
 
+@dataclass(frozen=True)
+class MlaModel:
+    """The config's numbers the preflight prices (DeepSeek's MLA model), its dtype's bytes and the
+    ModelSlim kind of its attention."""
+
+    dtype_bytes: int
+    attn_kind: str
+    hidden: int
+    vocab: int
+    layers: int
+    heads: int
+    q_lora: int
+    kv_lora: int
+    nope: int
+    rope: int
+    v_dim: int
+
+    @classmethod
+    def of(cls, cfg: dict, modelslim: dict | None, path: str | None = None) -> MlaModel:
+        f = ConfigFields(cfg, path)
+        dtype = f.text("torch_dtype", "") or f.text("dtype", "bfloat16")
+        if dtype not in DTYPE_BYTES:
+            raise SceneEplbError(f"config torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}", path)
+        if not f.has("kv_lora_rank"):
+            raise SceneEplbError("the preflight prices MLA attention (DeepSeek's kv_lora_rank) only", path)
+        return cls(
+            DTYPE_BYTES[dtype], _kind(modelslim, "self_attn."), f.integer("hidden_size", 1), f.integer("vocab_size", 1),
+            f.integer("num_hidden_layers", 1), f.integer("num_attention_heads", 1), f.integer("q_lora_rank", 1),
+            f.integer("kv_lora_rank", 1), f.integer("qk_nope_head_dim", 1), f.integer("qk_rope_head_dim", 0),
+            f.integer("v_head_dim", 1),
+        )  # fmt: skip
+
+    def q_kv_a(self) -> int:
+        """``q_a_proj`` and ``kv_a_proj_with_mqa``: replicated on every TP rank."""
+        a, b = self.attn_kind, self.dtype_bytes
+        return _linear(self.q_lora, self.hidden, a, b) + _linear(self.kv_lora + self.rope, self.hidden, a, b)
+
+    def q_b(self) -> int:
+        """``q_b_proj`` at TP 1."""
+        return _linear(self.heads * (self.nope + self.rope), self.q_lora, self.attn_kind, self.dtype_bytes)
+
+    def attention(self, tp: int) -> int:
+        """One layer's MLA attention on a rank: q_a and kv_a replicated, q_b, kv_b and o_proj 1 / TP."""
+        a, b = self.attn_kind, self.dtype_bytes
+        sharded = self.q_b() + _linear(self.heads * (self.nope + self.v_dim), self.kv_lora, a, b)
+        return self.q_kv_a() + math.ceil((sharded + _linear(self.hidden, self.heads * self.v_dim, a, b)) / tp)
+
+    def absorbed(self, tp: int) -> int:
+        """One layer's ``W_UV`` and ``W_UK_T`` (``kv_b_proj`` dequantised to the model dtype), 1 / TP."""
+        return math.ceil(self.kv_lora * self.heads * (self.nope + self.v_dim) * self.dtype_bytes / tp)
+
+
+def _moe_layer_rest(cfg: dict, modelslim: dict | None, model: MlaModel, tp: int, path: str | None) -> int:
+    """One MoE layer's shared experts (1 / TP) and router gate (replicated, model dtype) on a rank."""
+    f, b = ConfigFields(cfg, path), model.dtype_bytes
+    experts, shared = f.integer("n_routed_experts", 1), f.integer("n_shared_experts", 0, default=0)
+    moe_inter, sk = f.integer("moe_intermediate_size", 1), _kind(modelslim, "shared_experts.")
+    h = model.hidden
+    return math.ceil(shared * (2 * _linear(moe_inter, h, sk, b) + _linear(h, moe_inter, sk, b)) / tp) + experts * h * b
+
+
 def non_routed_bytes(cfg: dict, modelslim: dict | None, tp: int, path: str | None = None) -> int:
     """One rank's weights outside the routed experts (see the module docstring), at TP ``tp``."""
-    f = ConfigFields(cfg, path)
-    dtype = f.text("torch_dtype", "") or f.text("dtype", "bfloat16")
-    if dtype not in DTYPE_BYTES:
-        raise SceneEplbError(f"config torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}", path)
-    b = DTYPE_BYTES[dtype]
-    m = MlaShape.read(cfg, path, "the preflight")
-    hidden, vocab, layers, heads, q_lora, kv_lora = m.hidden, m.vocab, m.layers, m.heads, m.q_lora, m.kv_lora
-    nope, rope, v_dim, dense, experts, shared = m.qk_nope, m.qk_rope, m.v_head, m.dense_layers, m.experts, m.shared
-    inter, moe_inter = m.intermediate, m.moe_intermediate
-    attn = _kind(modelslim, "self_attn.")
-    replicated = _linear(q_lora, hidden, attn, b) + _linear(kv_lora + rope, hidden, attn, b)
-    sharded = (
-        _linear(heads * (nope + rope), q_lora, attn, b)
-        + _linear(heads * (nope + v_dim), kv_lora, attn, b)
-        + _linear(hidden, heads * v_dim, attn, b)
-    )
-    per_layer_attn = replicated + math.ceil(sharded / tp)
+    model = MlaModel.of(cfg, modelslim, path)
+    f, b, hidden = ConfigFields(cfg, path), model.dtype_bytes, model.hidden
+    dense, inter = f.integer("first_k_dense_replace", 0, default=0), f.integer("intermediate_size", 1)
     mlp = _kind(modelslim, "mlp.gate_proj") if dense else "FLOAT"
     dense_mlp = dense * math.ceil((2 * _linear(inter, hidden, mlp, b) + _linear(hidden, inter, mlp, b)) / tp)
-    moe_layers = layers - dense
-    sk = _kind(modelslim, "shared_experts.")
-    shared_mlp = moe_layers * math.ceil(shared * (2 * _linear(moe_inter, hidden, sk, b) + _linear(hidden, moe_inter, sk, b)) / tp)
-    gate = moe_layers * experts * hidden * b
-    embed_and_head = 2 * math.ceil(vocab / tp) * hidden * b
-    return layers * per_layer_attn + dense_mlp + shared_mlp + gate + embed_and_head
+    moe_rest = (model.layers - dense) * _moe_layer_rest(cfg, modelslim, model, tp, path)
+    embed_and_head = 2 * math.ceil(model.vocab / tp) * hidden * b
+    return model.layers * model.attention(tp) + dense_mlp + moe_rest + embed_and_head
+
+
+def kept_copies(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, path: str | None = None) -> tuple:
+    """What vLLM-Ascend keeps on a rank beside the weights (module docstring), by name: (name, bytes)."""
+    model = MlaModel.of(cfg, modelslim, path)
+    copies = [("absorbed MLA W_UV/W_UK_T", model.layers * model.absorbed(recipe.tp))]
+    if recipe.kv_consumer and model.attn_kind in MODELSLIM_INT8 and recipe.max_num_batched_tokens > MLAPO_MAX_TOKENS:
+        kept = model.q_kv_a() + math.ceil(model.q_b() / recipe.tp)
+        copies.append((f"MLAPO's q_a/kv_a/q_b kept (max_num_batched_tokens > {MLAPO_MAX_TOKENS})", model.layers * kept))
+    if recipe.native_eplb:
+        copies.append(("native EPLB swap buffer", recipe.slots_per_rank * memory.bytes_per_expert))
+    if recipe.speculative_tokens:
+        eh_proj = 2 * model.hidden * model.hidden * model.dtype_bytes
+        layer = model.attention(recipe.tp) + _moe_layer_rest(cfg, modelslim, model, recipe.tp, path) + eh_proj
+        copies.append(("MTP layer", layer + recipe.slots_per_rank * memory.bytes_per_expert))
+    return tuple(copies)
 
 
 def mc2_tokens_per_rank(recipe: Recipe) -> int:
     """vLLM-Ascend's MC2 capacity per TP rank (``set_mc2_tokens_capacity``; vLLM's default largest
-    graph, 2 x max_num_seqs up to 512, without speculative decoding)."""
+    graph, 2 x max_num_seqs x the decode query length (1 + speculative tokens), up to 512)."""
+    query = 1 + recipe.speculative_tokens
     if recipe.prefill_mc2:
         tokens = recipe.max_num_batched_tokens
     elif recipe.graphs:
-        tokens = min(2 * recipe.max_num_seqs, 512)
+        tokens = min(2 * recipe.max_num_seqs * query, 512)
     else:
-        tokens = recipe.max_num_seqs
+        tokens = recipe.max_num_seqs * query
     return min(-(-tokens // recipe.tp), MC2_TOKEN_CAP)
 
 
@@ -159,11 +233,16 @@ def fit(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, 
     set_mb = recipe.hccl_buffsize_mb if recipe.hccl_buffsize_mb is not None else need_mb
     hccl = 2 * set_mb * MIB
     budget = int(recipe.gpu_memory_utilization * recipe.device_bytes)
-    kv = budget - non_routed - routed - hccl - recipe.reserve_bytes
-    kv_tokens = max(kv, 0) // memory.kv_bytes_per_token
+    copies = kept_copies(recipe, memory, cfg, modelslim, path)
+    kept = sum(size for _, size in copies)
+    kv = budget - non_routed - routed - kept - hccl - recipe.reserve_bytes
+    per_token = memory.kv_bytes_per_token  # the MTP layer caches one more layer's latent
+    per_token += per_token // MlaModel.of(cfg, modelslim, path).layers if recipe.speculative_tokens else 0
+    kv_tokens = max(kv, 0) // per_token
     problems = []
     weights = f"non-routed {non_routed / GIB:.1f} GiB + routed {routed / GIB:.1f} GiB ({recipe.slots_per_rank} slots x "
     weights += f"{memory.num_moe_layers} MoE layers x {memory.bytes_per_expert / MIB:.1f} MiB)"
+    weights += "".join(f" + {name} {size / GIB:.2f} GiB" for name, size in copies)
     if kv <= 0:
         problems.append(
             f"the weights do not fit: {weights} + HCCL {hccl / GIB:.1f} GiB + reserve {recipe.reserve_bytes / GIB:.1f} GiB = "
@@ -174,7 +253,7 @@ def fit(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, 
         problems.append(
             f"the KV cache does not hold max_num_seqs {recipe.max_num_seqs} x max_model_len {recipe.max_model_len:,} = "
             f"{recipe.max_num_seqs * recipe.max_model_len:,} tokens: {kv / GIB:.1f} GiB left after {weights} holds "
-            f"{kv_tokens:,} tokens of {memory.kv_bytes_per_token:,} B"
+            f"{kv_tokens:,} tokens of {per_token:,} B"
         )
     if recipe.hccl_buffsize_mb is not None and recipe.hccl_buffsize_mb < need_mb:
         problems.append(
@@ -188,11 +267,12 @@ def fit(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, 
         recipe.reserve_bytes,
         budget,
         kv,
-        memory.kv_bytes_per_token,
+        per_token,
         kv_tokens,
         kv_tokens,
         kv_tokens // recipe.max_model_len,
         max_bs,
         need_mb,
         tuple(problems),
+        copies,
     )

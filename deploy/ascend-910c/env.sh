@@ -38,11 +38,25 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
 # Sized to a 64 GB 910C die by `scene-eplb preflight` (DeepSeek-V3 W8A8): at TP1 the non-routed
 # weights (about 18 GiB) and 16-17 expert slots (38-40 GiB) leave no KV cache under 0.9 x 64 GiB, so P
 # runs TP8 (vLLM-Ascend's PD prefill recipe) and D DP4/TP4 (its single-node DeepSeek recipe); EP stays 16.
-export P_DP=${P_DP:-2} P_TP=${P_TP:-8} D_DP=${D_DP:-4} D_TP=${D_TP:-4}
+# D_NODES=2: D on two nodes (vLLM-Ascend's P/D guide): DP32 x TP1 (EP32, 16 DP engines a node), MTP1
+# and FULL_DECODE_ONLY graphs; set it on both nodes of D and on P (its KV connector names D's sizes),
+# with NODE_RANK (0: the head, which serves the API; 1: headless) and D_HEAD_IP (node 0's address).
+# MTP=N: vLLM-Ascend's MTP drafter with N speculative tokens (its DeepSeek D recipes use 1); the
+# preflight counts its layer. D_GRAPH_MODE: the cudagraph_mode D runs (empty: vLLM-Ascend's default).
+export D_NODES=${D_NODES:-1}
+if [ "$D_NODES" = 2 ]; then
+  export D_DP=${D_DP:-32} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY}
+  export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16}
+fi
+export P_DP=${P_DP:-2} P_TP=${P_TP:-8} D_DP=${D_DP:-4} D_TP=${D_TP:-4} MTP=${MTP:-0} D_GRAPH_MODE=${D_GRAPH_MODE:-}
 # Sequence lengths and batch sizes the preflight checks the KV cache against (max_num_seqs sequences
 # of max_model_len tokens each), and the redundant slots of each side's layouts (collect.sh fits them).
+# D batches at most 1024 tokens: above that MLAPO keeps the original q_a/kv_a/q_b weights beside its
+# fused copy (about 1.4 GiB a rank at TP4, counted by the preflight).
 export P_MAX_MODEL_LEN=${P_MAX_MODEL_LEN:-32768} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
-export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16}
+# (MTP on one D node: 14 sequences, as its layer and its KV latent leave no room for 16.)
+if [ "$MTP" -gt 0 ]; then export D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-14}; fi
+export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16} D_MAX_NUM_BATCHED_TOKENS=${D_MAX_NUM_BATCHED_TOKENS:-1024}
 export REDUNDANT=${REDUNDANT:-16} D_REDUNDANT=${D_REDUNDANT:-0}
 # The command that runs this package's CLI (the image's console script; tests point it elsewhere).
 SCENE_EPLB_CLI=${SCENE_EPLB_CLI:-scene-eplb}
@@ -57,6 +71,7 @@ preflight() {
   fi
   local hccl=()
   if [ -n "${HCCL_BUFFSIZE:-}" ]; then hccl=(--hccl-buffsize "$HCCL_BUFFSIZE"); fi
+  if [ "${NATIVE_EPLB:-0}" = 1 ]; then hccl+=(--native-eplb); fi  # its swap buffer
   local line
   if ! command -v "$SCENE_EPLB_CLI" > /dev/null; then echo "env.sh: $SCENE_EPLB_CLI not found: install vllm_scene_eplb" >&2; return 2; fi
   line=$("$SCENE_EPLB_CLI" preflight --model "$MODEL" "$@" "${slots[@]}" "${hccl[@]}" --shell -q) || return 2
@@ -95,6 +110,25 @@ check_network() {
   [ "${DRY_RUN:-0}" = 1 ]
 }
 export HCCL_IF_IP GLOO_SOCKET_IFNAME HCCL_SOCKET_IFNAME TP_SOCKET_IFNAME MOONCAKE_LIB_DIR
+# Mooncake's KV handshake ports: vLLM-Ascend's MooncakeConnectorV1 worker listens on kv_port + its
+# global DP rank x TP + its TP rank, so a DP x TP server takes kv_port .. kv_port + DP x TP - 1 (across
+# its nodes); its transfer engine (AscendDirectTransport) takes random ports in [20000, 20000 + 1000 x
+# NPUs) of the node, and vLLM-Ascend's P/D guide asks kv_port >= 36000 ("Address already in use" else).
+export P_KV_PORT=${P_KV_PORT:-36000} D_KV_PORT=${D_KV_PORT:-36100}
+# check_ports PORT SPAN: the SPAN handshake ports from PORT clear of the transfer engine's range for
+# this node's NPU count (NPUS, default the /dev/davinciN devices, else 16: a 910C node's dies) and of
+# 36000, and below 65536; says which ports it checked, or why they do not do (the server does not start).
+check_ports() {
+  local first=$1 last=$(($1 + $2 - 1)) npus floor
+  npus=${NPUS:-$(compgen -G "/dev/davinci[0-9]*" | wc -l)}
+  if [ "$npus" -lt 1 ]; then npus=16; fi
+  floor=$((20000 + 1000 * npus)); if [ "$floor" -lt 36000 ]; then floor=36000; fi
+  if [ "$first" -lt "$floor" ] || [ "$last" -gt 65535 ]; then
+    echo "env.sh: KV handshake ports $first-$last must lie in $floor-65535: Mooncake's transfer engine takes ports 20000-$((20000 + 1000 * npus - 1)) on this node's $npus NPUs (set the side's KV_PORT)" >&2
+    return 2
+  fi
+  echo "env.sh: KV handshake ports $first-$last, clear of Mooncake's transfer ports 20000-$((20000 + 1000 * npus - 1)) ($npus NPUs)" >&2
+}
 # kv_transfer_config ROLE PORT ENGINE_ID: the --kv-transfer-config JSON of one side of the pair.
 kv_transfer_config() {
   printf '{"kv_connector": "MooncakeConnectorV1", "kv_role": "%s", "kv_port": "%s", "engine_id": "%s", ' "$1" "$2" "$3"

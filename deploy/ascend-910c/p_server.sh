@@ -18,12 +18,13 @@ CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${P_P
   --max-num-batched-tokens "${CHUNK:-8192}" --enable-chunked-prefill --max-num-seqs "$P_MAX_NUM_SEQS"
   --max-model-len "$P_MAX_MODEL_LEN" --enforce-eager
   --no-enable-prefix-caching --quantization ascend
-  --kv-transfer-config "$(kv_transfer_config kv_producer "${P_KV_PORT:-20001}" p0)"
+  --kv-transfer-config "$(kv_transfer_config kv_producer "$P_KV_PORT" p0)"
   --additional-config "$ADDITIONAL")
 MC2=(); if [ "${PREFILL_MC2:-0}" = 1 ]; then MC2=(--prefill-mc2); fi
 preflight prefill "$MODE" "${2:-}" --dp "$P_DP" --tp "$P_TP" --max-model-len "$P_MAX_MODEL_LEN" \
   --max-num-seqs "$P_MAX_NUM_SEQS" --max-num-batched-tokens "${CHUNK:-8192}" --enforce-eager "${MC2[@]}" ||
   { echo "p_server.sh: the recipe does not fit (see above)" >&2; exit 2; }
+check_ports "$P_KV_PORT" "$((P_DP * P_TP))" || { echo "p_server.sh: see above" >&2; exit 2; }
 check_network || { echo "p_server.sh: see above" >&2; exit 2; }
 prepare_layout "$MODE" "${2:-}"
 if [ "${DRY_RUN:-0}" = 1 ]; then printf 'HCCL_BUFFSIZE=%s ' "$HCCL_BUFFSIZE"; printf '%q ' "${CMD[@]}"; echo; exit 0; fi

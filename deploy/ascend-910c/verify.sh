@@ -8,11 +8,19 @@
 #                 counters on: recorder idle and agreed on every rank, no skipped passes since startup
 #   2 totals      a known load recorded and dumped; every MoE layer's total = the engine's own token
 #                 count (vllm:prompt_tokens_total, before/after; on D plus one per decode pass) x top-k:
-#                 each real token once, no padding row, no dummy pass. P: prompts of P_LENS lengths
-#                 (not multiples of TP), P_C at a time, so passes pad to the TP split; D: D_SEQS_PER_RANK
-#                 (>= 3) sequences per DP engine, so decode batches pad to the captured graph sizes
+#                 each real token once, no padding row, no dummy pass. P: prompts of P_LENS lengths,
+#                 P_C at a time, then P_PAD_LEN-token prompts one at a time: fewer tokens than TP on the
+#                 rank, which ALLTOALL pads to the TP size (the only P pass that pads: P runs eager, no
+#                 DP padding); D: D_SEQS_PER_RANK (>= 3) sequences per DP engine, so decode batches pad
+#                 to the captured graph sizes. D takes the production path where a P server answers at
+#                 PAIR_P_URL (PAIR=auto; 1 insists, 0 never): the load goes through proxy.sh, D pulls each
+#                 prompt's KV from P and computes its last prompt token alone (totals count those,
+#                 vllm:prompt_tokens_by_source local_compute); without one a SKIP pd-path line says the
+#                 D record ran local prefill on D instead
 #   3 graph       (D) the record's passes replayed captured ACL graphs with padding rows: vLLM's
-#                 --cudagraph-metrics tables in the D server's log (FULL/PIECEWISE rows with paddings)
+#                 --cudagraph-metrics tables in the D server's log between the record's start and stop
+#                 (the log's size then, each taken after a stats interval, STATS_WAIT s, so the tables
+#                 of the warm-up and the capture fall outside) with FULL/PIECEWISE rows with paddings
 #   4 native      the same dump against vLLM-Ascend's own moe_load counters over the record (NATIVE_EPLB=1:
 #                 dynamic EPLB on, algorithm interval longer than the run, so nothing moves): never above
 #                 them, expert shares per layer within TOLERANCE. Counters unavailable: FAIL, unless the
@@ -26,6 +34,8 @@
 # DRY_RUN=1 prints every step without running it; DRY_RUN=1 FAIL_STEP=<step> simulates that step failing.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+# D runs without the MTP drafter here: totals count one token per decode pass, and verified drafts add more
+if [ "${SIDE:-p}" = d ]; then export MTP=0; fi
 source "$HERE/env.sh"
 MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 SIDE=${SIDE:-p}
@@ -40,19 +50,27 @@ SHORT_LEN=${SHORT_LEN:-251}; MC2_CHUNK=${MC2_CHUNK:-2048}; ROUNDS=${ROUNDS:-3}; 
 D_IN_LEN=${D_IN_LEN:-1024}; D_OUT_LEN=${D_OUT_LEN:-256}; D_SEQS_PER_RANK=${D_SEQS_PER_RANK:-3}
 read -r -a P_LENS <<< "${P_LENS:-1001 2999 4093}"  # prompt lengths of P's record: no multiple of the TP size
 P_C=${P_C:-2}  # P's record runs this few prompts at a time, so a pass is a few odd-length chunks
+P_PAD_LEN=${P_PAD_LEN:-$((P_TP - 3))}  # then prompts this short, one at a time: below TP, so ALLTOALL pads
+if [ "$P_PAD_LEN" -lt 1 ] || [ "$P_PAD_LEN" -ge "$P_TP" ]; then
+  echo "verify.sh: P_PAD_LEN $P_PAD_LEN must lie in 1-$((P_TP - 1)): ALLTOALL pads only a pass of fewer tokens than TP ($P_TP)" >&2; exit 2
+fi
+STATS_WAIT=${STATS_WAIT:-11}  # s: one vLLM stats interval (VLLM_LOG_STATS_INTERVAL, 10 s) and a second
+PAIR=${PAIR:-auto}; PAIR_P_URL=${PAIR_P_URL:-http://${P_HOST:-127.0.0.1}:${P_PORT:-8100}}
+PROXY_URL=${PROXY_URL:-http://127.0.0.1:${PROXY_PORT:-8000}}
 if [ "$SIDE" = d ]; then  # the recorded loads (LEN:CONCURRENCY, one bench run each), their totals, the throughput measure
   RECORD_LOADS=("$D_IN_LEN:$((D_SEQS_PER_RANK * D_DP))"); OUT_LEN=$D_OUT_LEN; TOTALS=(--decode); METRIC=output_throughput_per_card
   PARALLEL=D-DP$D_DP-TP$D_TP-EP$((D_DP * D_TP))
 else
-  RECORD_LOADS=(); for len in "${P_LENS[@]}"; do RECORD_LOADS+=("$len:$P_C"); done
+  RECORD_LOADS=(); for len in "${P_LENS[@]}"; do RECORD_LOADS+=("$len:$P_C"); done; RECORD_LOADS+=("$P_PAD_LEN:1")
   OUT_LEN=1; TOTALS=(); METRIC=prefill_throughput_per_card; PARALLEL=P-DP$P_DP-TP$P_TP-EP$((P_DP * P_TP))
 fi
 TLEN=$IN_LEN; if [ "$SIDE" = d ]; then TLEN=$D_IN_LEN; fi  # the warm-up's and the throughput rounds' prompt length
 NATIVE=(--tolerance "$TOLERANCE"); if [ "${NATIVE_WAIVER:-0}" = 1 ]; then NATIVE+=(--waive-unavailable); fi
 OUT=${SCENE_EPLB_DIR}/verify-$(date +%Y%m%d-%H%M%S)
 DRY=${DRY_RUN:-0}
+LOAD_URL=$URL  # where the record's loads go: the server itself, or on D the P/D pair's proxy
 load() {  # load PROMPT_LEN OUTPUT_LEN [CONCURRENCY]: the bench arguments of one known load
-  echo --url "$P_URL" -n "$N" -c "${3:-$C}" --model "$MODEL" --input-len "$1" --output-len "$2" --cards "$CARDS" \
+  echo --url "$LOAD_URL" -n "$N" -c "${3:-$C}" --model "$MODEL" --input-len "$1" --output-len "$2" --cards "$CARDS" \
     --chunk-size 8192 --parallel "$PARALLEL" -q
 }
 FAILED=()  # the steps and checks that failed
@@ -93,10 +111,33 @@ stop_p() {  # stop the server this script started, and wait until it is gone
   if [ -n "$P_PID" ]; then kill "$P_PID" 2> /dev/null; wait "$P_PID" 2> /dev/null; P_PID=''; fi
   return 0
 }
-trap stop_p EXIT
+PROXY_PID=''
+stop_proxy() { if [ -n "$PROXY_PID" ]; then kill "$PROXY_PID" 2> /dev/null; wait "$PROXY_PID" 2> /dev/null; PROXY_PID=''; fi; return 0; }
+start_proxy() {  # the P/D proxy in the background (P at PAIR_P_URL, D this server), up when it answers
+  P_HOST=$(echo "$PAIR_P_URL" | sed -E 's#^https?://([^:/]+).*#\1#') P_PORT=$(echo "$PAIR_P_URL" | sed -E 's#.*:([0-9]+)/?$#\1#') \
+    D_PORT=${D_PORT:-8200} bash "$HERE/proxy.sh" > "$OUT/proxy.log" 2>&1 &
+  PROXY_PID=$!
+  local waited=0
+  until curl -s -o /dev/null "$PROXY_URL"; do
+    if ! kill -0 "$PROXY_PID" 2> /dev/null || [ "$waited" -ge 120 ]; then echo "proxy.sh did not come up (log in $OUT)"; return 1; fi
+    sleep 2; waited=$((waited + 2))
+  done
+}
+pair_up() {  # is the P side of the pair up (PAIR=auto asks its /health; a dry run assumes not)
+  case "$PAIR" in 1) return 0 ;; 0) return 1 ;; esac
+  [ "$DRY" != 1 ] && curl -sf "$PAIR_P_URL/health" > /dev/null
+}
+mark_log() {  # mark_log FILE: after a stats interval, the size of the server's log (a bound of the record's window)
+  sleep "$STATS_WAIT" && wc -c < "$P_LOG" > "$1"
+}
+offset_of() {  # the byte offset mark_log wrote (a placeholder in a dry run)
+  if [ "$DRY" = 1 ]; then echo "<bytes>"; else cat "$1"; fi
+}
+trap 'stop_proxy; stop_p' EXIT
 
 record() {  # record TAG LEN:CONCURRENCY...: metrics before, start, one bench run per load, stop, metrics after, dump
   local tag=$1 spec i=0; shift
+  if [ "$SIDE" = d ]; then step "$tag-log-start" mark_log "$OUT/$tag-log-start.txt" || return 1; fi
   step "$tag-metrics-before" curl -sf "$P_URL/metrics" -o "$OUT/$tag-metrics-before.txt" &&
     step "$tag-start" scene-eplb record start --url "$P_URL" || return 1
   for spec in "$@"; do
@@ -105,8 +146,9 @@ record() {  # record TAG LEN:CONCURRENCY...: metrics before, start, one bench ru
     step "$tag-load$i" scene-eplb bench --scene "$tag" $(load "${spec%%:*}" "$OUT_LEN" "${spec##*:}") --seed 2 \
       -o "$OUT/$tag-$i.json" || return 1
   done
-  step "$tag-stop" scene-eplb record stop --url "$P_URL" &&
-    step "$tag-metrics-after" curl -sf "$P_URL/metrics" -o "$OUT/$tag-metrics-after.txt" &&
+  step "$tag-stop" scene-eplb record stop --url "$P_URL" || return 1
+  if [ "$SIDE" = d ]; then step "$tag-log-stop" mark_log "$OUT/$tag-log-stop.txt" || return 1; fi
+  step "$tag-metrics-after" curl -sf "$P_URL/metrics" -o "$OUT/$tag-metrics-after.txt" &&
     step "$tag-dump" sh -c "scene-eplb record dump --url '$P_URL' --json -q > '$OUT/$tag-dump.json'"
 }
 counts_of() {  # the dump file a record step wrote (a placeholder in a dry run)
@@ -125,17 +167,27 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
     step warm-up scene-eplb bench --scene warm-up $(load "$TLEN" "$OUT_LEN") --seed 1 -o "$OUT/warmup.json" || true
     # 1. audit, after real traffic
     step audit scene-eplb audit --url "$P_URL" --recorder idle || true
-    # 2. totals, 3. graph (D), 4. native
+    # 2. totals, 3. graph (D), 4. native; D through P -> KV pull -> decode where the pair is up
+    if [ "$SIDE" != d ]; then :
+    elif pair_up; then
+      if step start-proxy start_proxy; then LOAD_URL=$PROXY_URL; TOTALS+=(--local-prompt); fi
+    else
+      skip pd-path "no P server answers at $PAIR_P_URL/health: the D record runs local prefill on D, not P -> KV pull -> decode (start the pair's P, or PAIR=1)"
+    fi
     if record record "${RECORD_LOADS[@]}"; then
       step totals python -m vllm_scene_eplb.client.verify totals "$(counts_of record)" "$OUT/record-metrics-before.txt" \
         "$OUT/record-metrics-after.txt" "${TOTALS[@]}" || true
-      if [ "$SIDE" = d ]; then step graph python -m vllm_scene_eplb.client.verify graph "$(log_of)" || true; fi
+      if [ "$SIDE" = d ]; then
+        step graph python -m vllm_scene_eplb.client.verify graph "$(log_of)" --from-byte "$(offset_of "$OUT/record-log-start.txt")" \
+          --to-byte "$(offset_of "$OUT/record-log-stop.txt")" || true
+      fi
       step native-load sh -c "scene-eplb record native_load --url '$P_URL' --json -q > '$OUT/native_load.json'" &&
         step native python -m vllm_scene_eplb.client.verify native "$(counts_of record)" "$OUT/native_load.json" \
           "${NATIVE[@]}" || true
     else
       for c in totals graph native; do case "$SIDE$c" in pgraph) ;; *) skip "$c" "the record failed" ;; esac; done
     fi
+    stop_proxy; LOAD_URL=$URL
   else
     for c in "${CHECKS[@]}"; do case "$c" in mc2|throughput) ;; *) skip "$c" "the server did not start in collect mode" ;; esac; done
   fi

@@ -84,6 +84,7 @@ def checked(tmp_path_factory):
         check=True,
     )
     base = {"SCENE_EPLB_DIR": str(root / "se")}
+    two = {"D_NODES": "2", "D_HEAD_IP": "127.0.0.1"}
     recipes = {
         "p collect": _command("p_server.sh", "collect", **base),
         "p layout static": _command("p_server.sh", "layout", str(layout), **base),
@@ -99,6 +100,9 @@ def checked(tmp_path_factory):
         "d collect": _command("d_server.sh", "collect", **base),
         "d layout": _command("d_server.sh", "layout", str(layout), **base),
         "d plain": _command("d_server.sh", "plain", **base),
+        # D on two nodes (DP32 x TP1, MTP1): its head node's command, and P's connector naming D's sizes
+        "d collect, two nodes": _command("d_server.sh", "collect", NODE_RANK="0", **two, **base),
+        "p collect, D on two nodes": _command("p_server.sh", "collect", **two, **base),
     }
     old = dict(recipes["p collect"], kv={k: v for k, v in recipes["p collect"]["kv"].items() if k != "kv_connector_extra_config"})
     wrong = json.loads(json.dumps(recipes["d plain"]))
@@ -116,6 +120,8 @@ def test_every_recipe_passes_the_released_engine_checks(checked):
         assert out[name]["connector"] == "MooncakeConnector"
     assert {out[n]["kv_role"] for n in recipes if n.startswith("p ")} == {"kv_producer"}
     assert {out[n]["kv_role"] for n in recipes if n.startswith("d ")} == {"kv_consumer"}
+    assert min(out[n]["kv_port"] for n in recipes) >= 36000  # clear of Mooncake's transfer ports on a 16-NPU node
+    assert recipes["d collect, two nodes"]["dp"] == 32 and recipes["d collect, two nodes"]["tp"] == 1
     # the plugin's layout run points vLLM-Ascend at the map it wrote; plugin off, at the converted one
     assert out["p layout static"]["expert_map_path"].startswith(str(root / "se" / "dumps"))
     assert out["p layout, plugin off"]["expert_map_path"] == str(root / "layout.expert_map.json")

@@ -173,14 +173,14 @@ def ascend_model(tmp_path_factory):
     return model, layout, path, root
 
 
-def _startup(ascend_model, scene: dict, log: list | None = None, extra_env: dict | None = None) -> dict:
+def _startup(ascend_model, scene: dict, log: list | None = None, extra_env: dict | None = None, *more: str) -> dict:
     import json
 
     from ..ascend_env import env
     from ..conftest import run_script
 
     model, layout, _, _ = ascend_model
-    args = (model, json.dumps(scene), len(layout.moe_layers), layout.geometry.num_experts)
+    args = (model, json.dumps(scene), len(layout.moe_layers), layout.geometry.num_experts, *more)
     res = run_script("ascend_startup", *args, env={**env(), **(extra_env or {})})
     assert res.returncode == 0, res.stderr[-3000:]
     if log is not None:
@@ -256,6 +256,70 @@ def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, mes
     with pytest.raises(SceneEplbError, match=message):
         prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2)
     assert repr(additional) == before and not (root / "dump3").exists()
+
+
+def test_a_drafters_copy_of_a_layout_runs_config_passes_the_hook_again(ascend_model):
+    """vLLM 0.23's real ``_create_draft_vllm_config`` (what loading an MTP drafter runs) builds the
+    drafter's config as a ``dataclasses.replace`` of the server's, which re-runs the config hook on
+    the expert_map_path the plugin itself wrote: it passes (the same file), where the hook used to
+    refuse it as set by hand."""
+    _, _, path, root = ascend_model
+    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-draft")}}, None, None, "draft")
+    assert "refused" not in out, out["refused"]
+    assert out["draft"] == out["server"] and out["server"]["expert_map_path"].startswith(str(root / "d-draft"))
+
+
+def test_prepare_passes_its_own_write_and_refuses_any_other_path(ascend_model):
+    """A config prepared once passes again unchanged (the same file); pointed anywhere else, even at a
+    copy of that file, it is refused as set by hand."""
+    import shutil
+
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+
+    _, _, path, root = ascend_model
+    additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-again")}}
+    _, written = prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2)
+    once = repr(additional)
+    assert prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2)[1] == written and repr(additional) == once
+    copy = shutil.copy(written, root / "copy.json")
+    additional["eplb_config"]["expert_map_path"] = str(copy)
+    with pytest.raises(SceneEplbError, match="set by hand"):
+        prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2)
+
+
+def test_a_layout_run_with_an_moe_drafter_says_its_layer_is_not_counted(ascend_model, caplog):
+    """An MTP drafter (MoE layers of its own) starts with a layout on vLLM-Ascend, which places its
+    layer by its default split over the layout's slots; the config hook says that the recorder does
+    not count it. A dense drafter gets no such line."""
+    from types import SimpleNamespace
+
+    from vllm_scene_eplb.adapters.vllm_ascend.startup import check_run
+    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+
+    _, layout, path, root = ascend_model
+
+    def config(draft_hf: dict):
+        draft = SimpleNamespace(hf_config=SimpleNamespace(to_dict=lambda: draft_hf))
+        return SimpleNamespace(
+            additional_config={"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-mtp")}},
+            parallel_config=SimpleNamespace(
+                pipeline_parallel_size=1, enable_expert_parallel=True, tensor_parallel_size=2, data_parallel_size=1
+            ),
+            model_config=SimpleNamespace(hf_config=SimpleNamespace(to_dict=lambda: hf_config(TinyMoeSpec()))),
+            speculative_config=SimpleNamespace(method="mtp", draft_model_config=draft),
+            kv_transfer_config=None,
+        )
+
+    with caplog.at_level("INFO", logger="vllm.scene_eplb"):
+        check_run(config({"num_experts": 0}))
+        assert "drafter" not in caplog.text
+        check_run(config(hf_config(TinyMoeSpec())))
+    assert (
+        f"drafter mtp has an MoE layer: vLLM-Ascend places it by its default split over the layout's {layout.geometry.num_physical} slots"
+        in caplog.text
+    )
+    assert "the recorder does not count it" in caplog.text
 
 
 def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):

@@ -74,14 +74,30 @@ def test_an_engine_waiting_for_kv_advances_one_step_per_iteration_like_its_peer(
     """Through vLLM-Ascend's real ``execute_model``: with nothing scheduled it returns through
     ``kv_connector_no_forward`` without a forward, and vLLM's DP loop runs ``execute_dummy_batch``
     (real): that dummy pass is the engine's one step, as its busy peer's one real pass is; both carry
-    the iteration's DP tokens (the DP signature), so the dump says ``aligned_by: stamps and DP
-    signatures``; the same records with one engine's stamps shifted (what the old double advance
+    the iteration's DP signature (its largest DP rank's tokens), so the dump says ``aligned_by: stamps
+    and DP signatures``; the same records with one engine's stamps shifted (what the old double advance
     made) fail the export on the signature."""
-    out = run("ascend_dp_steps", tmp_path)
+    out = run("ascend_dp_steps", tmp_path, "kv")
     assert out["no_forward"] == 2
     assert out["stamps"] == [[0, 1, 2], [0, 1, 2]] and out["passes"] == [1, 3]
-    assert out["signature"] == [[[0, 3], [0, 2], [4, 1]]] * 2
+    assert out["signature"] == [[[3, 3], [2, 2], [4, 4]]] * 2
     assert out["aligned"] == ["written", "written"] and out["aligned_by"] == "stamps and DP signatures"
+    assert all("do not line up across DP engines" in r for r in out["shifted"]), out["shifted"]
+
+
+def test_a_dump_lines_up_when_one_dp_rank_runs_eager_and_three_in_graphs(tmp_path):
+    """Through vLLM-Ascend's real ``_determine_batch_execution_and_padding`` and ``_sync_metadata_across_dp``
+    (DP4, FULL graphs up to 16 tokens): in a step where one rank has 40 tokens it runs eager and gets
+    the raw vector, its peers ``[max] * dp``; every rank still records the same DP signature (the
+    maximum), so the dump is written, aligned by signatures, with every entry's tokens x 2 ids; a
+    shifted rank still fails it. The raw vector as the signature (the old rule) refused this dump."""
+    out = run("ascend_dp_steps", tmp_path, "graph-modes")
+    step1 = [seen[1] for seen in out["seen"]]
+    assert step1 == [["NONE", [40] * 4]] * 3 + [["NONE", [4, 1, 2, 40]]], step1  # what vLLM-Ascend handed each rank
+    assert out["aligned"] == ["written"] * 4, out["aligned"]
+    assert out["signature"] == [[[4] * 4, [40] * 4, [1] * 4]] * 4
+    assert out["aligned_by"] == "stamps and DP signatures"
+    assert out["entry_totals"][:3] == [2 * 8, 2 * 46, 2 * 4] and not any(out["entry_totals"][3:])
     assert all("do not line up across DP engines" in r for r in out["shifted"]), out["shifted"]
 
 

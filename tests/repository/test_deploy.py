@@ -38,7 +38,11 @@ def w8a8_model() -> str:
 
 def _env(**env_extra: str) -> dict:
     cli = str(Path(sys.executable).parent / "scene-eplb")
-    return {**os.environ, "DRY_RUN": "1", "SCENE_EPLB_DIR": "/data/se", "MODEL": w8a8_model(), "SCENE_EPLB_CLI": cli, **env_extra}
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # this tree's package, whichever is installed
+    return {
+        **os.environ, "DRY_RUN": "1", "SCENE_EPLB_DIR": "/data/se", "MODEL": w8a8_model(), "SCENE_EPLB_CLI": cli,
+        "PYTHONPATH": path, **env_extra,
+    }  # fmt: skip
 
 
 def _dry(script: str, *args: str, **env_extra: str) -> str:
@@ -336,3 +340,131 @@ def test_network_settings_are_checked_and_what_is_missing_said_in_one_line(tmp_p
         ["bash", "-c", script], capture_output=True, text=True, env={**real, **good, "TP_SOCKET_IFNAME": "nosuch0"}
     )
     assert "rc=1" in bad.stdout and "TP_SOCKET_IFNAME nosuch0 is not a NIC of this host" in bad.stderr
+
+
+def _start(script: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(DEPLOY / script), *args], capture_output=True, text=True, env=_env(**env_extra), timeout=60
+    )
+
+
+def test_kv_handshake_ports_clear_mooncakes_transfer_ports_and_the_dry_runs_say_so():
+    """Every handshake port a recipe derives (kv_port .. kv_port + DP x TP - 1) lies at 36000 or above,
+    clear of the transfer engine's 20000 + 1000 x NPUs; the old 20001 / 20002, a node with more NPUs
+    than the default ports clear, and a span past 65535 each stop the server with the reason."""
+    for script, port, last in (("p_server.sh", 36000, 36015), ("d_server.sh", 36100, 36115)):
+        res = _start(script, "plain")
+        assert res.returncode == 0, res.stderr
+        assert f'\\"kv_port\\":\\ \\"{port}\\"' in res.stdout
+        assert f"KV handshake ports {port}-{last}, clear of Mooncake's transfer ports 20000-35999 (16 NPUs)" in res.stderr
+    for script, env in (("p_server.sh", {"P_KV_PORT": "20001"}), ("d_server.sh", {"D_KV_PORT": "20002"})):
+        res = _start(script, "plain", **env)
+        assert res.returncode == 2 and "must lie in 36000-65535" in res.stderr, res.stderr
+    res = _start("d_server.sh", "plain", NPUS="20")
+    assert res.returncode == 2 and "KV handshake ports 36100-36115 must lie in 40000-65535" in res.stderr
+    assert "transfer engine takes ports 20000-39999 on this node's 20 NPUs" in res.stderr
+    res = _start("p_server.sh", "plain", P_KV_PORT="65530")
+    assert res.returncode == 2 and "65530-65545 must lie in 36000-65535" in res.stderr
+
+
+def test_verify_p_records_a_pass_below_the_tp_size_so_alltoall_pads():
+    """P runs eager (no DP padding) and ALLTOALL pads only a pass of fewer tokens than TP: the record
+    ends with P_PAD_LEN-token prompts one at a time (5 at TP8), so a mask that marks every row real
+    fails totals; a P_PAD_LEN that would not pad is refused."""
+    out = _verify().stdout
+    _in_order(
+        out,
+        [
+            "record start",
+            "--input-len 4093",
+            "[record-load4]",
+            "-c 1 --model /models/DeepSeek-V3-w8a8 --input-len 5 --output-len 1",
+            "record stop",
+        ],
+    )
+    for bad in ("8", "0"):
+        res = _verify(P_PAD_LEN=bad)
+        assert (
+            res.returncode == 2
+            and f"P_PAD_LEN {bad} must lie in 1-7: ALLTOALL pads only a pass of fewer tokens than TP (8)" in res.stderr
+        )
+
+
+def test_verify_d_takes_the_production_path_where_the_pair_is_up_and_says_when_not():
+    """With the pair's P up (PAIR=1) D's record load goes through the proxy (P prefills, D pulls the KV
+    and decodes) and totals count D's locally computed prompt tokens; without one a SKIP line says the
+    record ran local prefill; the graph check reads the log between marks taken around the record."""
+    res = _verify(SIDE="d")
+    assert "SKIP pd-path: no P server answers at http://127.0.0.1:8100/health: the D record runs local prefill" in res.stdout
+    assert "[start-proxy]" not in res.stdout and "--local-prompt" not in res.stdout
+    _in_order(
+        res.stdout,
+        [
+            "[record-log-start] mark_log",
+            "[record-start]",
+            "--url http://127.0.0.1:8200 -n 64 -c 12",
+            "[record-stop]",
+            "[record-log-stop] mark_log",
+            "verify graph",
+            "--from-byte",
+            "--to-byte",
+        ],
+    )
+    res = _verify(SIDE="d", PAIR="1")
+    assert res.returncode == 0 and "SKIP pd-path" not in res.stdout
+    _in_order(
+        res.stdout,
+        [
+            "[audit]",
+            "[start-proxy] start_proxy",
+            "[record-start]",
+            "--scene record --url http://127.0.0.1:8000",
+            "verify totals",
+            "--decode --local-prompt",
+            "verify graph",
+        ],
+    )
+    assert "--scene idle --url http://127.0.0.1:8200" in res.stdout  # the throughput rounds: D alone again
+    res = _verify(SIDE="d", PAIR="1", FAIL_STEP="start-proxy")
+    assert res.returncode == 1 and "FAIL start-proxy" in res.stdout and "--scene record --url http://127.0.0.1:8200" in res.stdout
+
+
+def test_preflight_names_what_vllm_ascend_keeps_beside_the_weights_on_d():
+    """DeepSeek-V3 W8A8 at DP4 x TP4 on a kv_consumer: MLAPO's kept q_a/kv_a/q_b (above 1024 batched
+    tokens), the absorbed W_UV/W_UK_T and the native-EPLB swap buffer, each named with its size from
+    the config's geometry; MLAPO's copy only on a consumer above 1024 tokens."""
+    base = ["--dp", "4", "--tp", "4", "--max-model-len", "8192", "--max-num-seqs", "8"]
+    out = _preflight(*base, "--kv-consumer", "--max-num-batched-tokens", "8192", "--native-eplb").stdout
+    assert "kept by vLLM-Ascend: MLAPO's q_a/kv_a/q_b kept (max_num_batched_tokens > 1024) 1.40 GiB" in out
+    assert "kept by vLLM-Ascend: absorbed MLA W_UV/W_UK_T 0.48 GiB" in out
+    assert "kept by vLLM-Ascend: native EPLB swap buffer 0.66 GiB" in out
+    plain = _preflight(*base).stdout
+    kv = [float(re.search(r"KV cache ([\d.]+) GiB", text).group(1)) for text in (out, plain)]
+    assert round(kv[1] - kv[0], 1) == round(1.40 + 0.66, 1)  # the copies come out of the KV cache
+    for args in (("--kv-consumer", "--max-num-batched-tokens", "1024"), ("--max-num-batched-tokens", "8192")):
+        assert "MLAPO" not in _preflight(*base, *args).stdout
+    mtp = _preflight(*base, "--speculative-tokens", "1").stdout
+    assert "kept by vLLM-Ascend: MTP layer 0.92 GiB" in mtp and "MC2 8 tokens per rank" in mtp  # 8 seqs x 2 x 2 / TP4
+
+
+def test_the_two_node_d_recipe_runs_dp32_tp1_with_mtp1_and_full_decode_only_graphs():
+    """D_NODES=2: DP32 x TP1 over two nodes (16 DP engines each, node 1 headless), MTP1 and
+    FULL_DECODE_ONLY, sized by the preflight (it passes, the copies named) and its 32 handshake
+    ports checked; the single-node recipe offers MTP1 too (at 14 sequences, which the preflight fits)."""
+    two = {"D_NODES": "2", "D_HEAD_IP": "10.0.0.1"}
+    head, other = _start("d_server.sh", "collect", NODE_RANK="0", **two), _start("d_server.sh", "collect", NODE_RANK="1", **two)
+    assert head.returncode == 0 and other.returncode == 0, head.stderr + other.stderr
+    for flags in ("--data-parallel-size 32", "--tensor-parallel-size 1", "--data-parallel-size-local 16",
+                  "--data-parallel-address 10.0.0.1", '\\"method\\":\\ \\"mtp\\"\\,\\ \\"num_speculative_tokens\\":\\ 1',
+                  '\\"cudagraph_mode\\":\\ \\"FULL_DECODE_ONLY\\"', "--max-num-batched-tokens 1024"):  # fmt: skip
+        assert flags in head.stdout and flags in other.stdout, flags
+    assert "--data-parallel-start-rank 0" in head.stdout and "--headless" not in head.stdout
+    assert "--data-parallel-start-rank 16" in other.stdout and "--headless" in other.stdout
+    assert "KV handshake ports 36100-36131" in head.stderr and "preflight of the decode recipe passed" in head.stderr
+    p = _start("p_server.sh", "collect", **two)  # P's connector names D's sizes
+    assert '\\"decode\\":\\ \\{\\"dp_size\\":\\ 32\\,\\ \\"tp_size\\":\\ 1\\}' in p.stdout
+    assert _start("d_server.sh", "collect", **two).returncode != 0  # no NODE_RANK: refused
+    one = _start("d_server.sh", "collect", MTP="1")
+    assert one.returncode == 0 and "--max-num-seqs 14" in one.stdout and "num_speculative_tokens" in one.stdout
+    assert "speculative" not in _start("d_server.sh", "collect").stdout
+    assert _start("d_server.sh", "collect", MTP="1", D_MAX_NUM_SEQS="16").returncode == 2  # the preflight refuses 16

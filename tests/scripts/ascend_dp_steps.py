@@ -1,6 +1,8 @@
-"""Two DP engines through vLLM-Ascend's real execute_model, one waiting for KV, and their export (tests/ascend/test_vllm_ascend_recorder.py).
+"""DP engines through vLLM-Ascend's real model runner code and their export (tests/ascend/test_vllm_ascend_recorder.py).
 
-Argument: the folder the dumps are written to. Prints one JSON object."""
+Arguments: the folder the dumps are written to and the case: ``kv`` (two engines through the real
+execute_model, one waiting for KV) or ``graph-modes`` (four engines through the real
+``_determine_batch_execution_and_padding`` and ``_sync_metadata_across_dp``, one of them eager). Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -11,13 +13,18 @@ import threading
 import types
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import vllm_ascend.patch
 
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.formats import read_counts
+from vllm_scene_eplb.runtime.export import RankRecord, export_counts
 
-def main() -> None:
-    path = sys.argv[1]
+
+def runner_module():
+    """vLLM-Ascend's model runner module, imported with the plugin's wrappers installed."""
     # stand-in for the worker patches' package __init__ only (its Qwen-VL model patches import torchvision,
     # which this machine lacks); the patch modules the model runner imports from it are the real ones
     worker_patches = types.ModuleType("vllm_ascend.patch.worker")
@@ -27,12 +34,63 @@ def main() -> None:
 
     entry.register()  # installs the runner wrappers at its first import
     import vllm_ascend.worker.model_runner_v1 as mr
+
+    return mr
+
+
+def on_ranks(work, size: int) -> list:
+    """``work(rank, group)`` on ``size`` threads, each a rank of one Gloo group; their results."""
+    store = dist.HashStore()
+    results: list = [None] * size
+
+    def one(rank):
+        results[rank] = work(rank, dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=20)))
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def export(records, file: str, shift_rank0: int = 0) -> list[str]:
+    """Every rank's record exported over Gloo to ``file`` (rank 0's stamps shifted by ``shift_rank0``):
+    "written" or the refusal, per rank."""
+
+    def one(rank, group):
+        rec = records[rank]
+        shift = shift_rank0 if rank == 0 else 0
+        part = RankRecord(rec.logical.to(torch.int64), rec.stamps + shift, rec.signature, rec.passes)
+        try:
+            export_counts(part, group, file, {"role": "decode"}, 8, tuple(rec.logical.shape[1:]))
+            return "written"
+        except SceneEplbError as exc:
+            return str(exc)
+
+    return on_ranks(one, len(records))
+
+
+def signature(rec) -> list:
+    assert rec.signature is not None  # DP engines: every pass carries its DP vector
+    return rec.signature.tolist()
+
+
+def plugin_of(observer_of) -> SimpleNamespace:
+    """A stand-in plugin: the step calls, straight to the observer ``observer_of()`` names."""
+    return SimpleNamespace(
+        begin_step=lambda tokens: observer_of().begin_step(tokens),
+        end_step=lambda is_dummy: observer_of().end_step(is_dummy),
+        note_dp_tokens=lambda tokens: observer_of().note_dp_tokens(tokens),
+    )
+
+
+def kv_wait(path: str) -> dict:
+    """Two engines, engine 0 waiting for KV twice: each lockstep iteration is one step on both."""
+    mr = runner_module()
     from vllm_ascend.worker.worker import NPUWorker
 
     from vllm_scene_eplb.adapters.vllm_ascend import patches, worker_plugin
-    from vllm_scene_eplb.errors import SceneEplbError
-    from vllm_scene_eplb.formats import read_counts
-    from vllm_scene_eplb.runtime.export import RankRecord, export_counts
     from vllm_scene_eplb.runtime.observer import RoutingObserver
 
     Runner = mr.NPUModelRunner
@@ -89,9 +147,7 @@ def main() -> None:
     for tokens in ITERATIONS:  # one lockstep iteration of vLLM's DP engine loop each
         shared["tokens"] = tokens
         for e in engines:
-            worker_plugin._current = SimpleNamespace(  # a stand-in plugin: the step calls
-                begin_step=e.observer.begin_step, end_step=e.observer.end_step, note_dp_tokens=e.observer.note_dp_tokens
-            )
+            worker_plugin._current = plugin_of(lambda e=e: e.observer)
             so = SimpleNamespace(
                 total_num_scheduled_tokens=tokens[e.dp_rank],
                 kv_connector_metadata=object(),
@@ -105,47 +161,104 @@ def main() -> None:
         e.observer.stop()
     records = [e.observer.snapshot() for e in engines]
 
-    def signature(rec) -> list:
-        assert rec.signature is not None  # two DP engines: every pass carries its DP vector
-        return rec.signature.tolist()
+    aligned = export(records, path + "/aligned.npz")
+    return {
+        "stamps": [r.stamps.tolist() for r in records],
+        "passes": [r.passes for r in records],
+        "signature": [signature(r) for r in records],
+        "no_forward": engines[0].no_forward,
+        "aligned": aligned,
+        "aligned_by": read_counts(path + "/aligned.npz").meta["aligned_by"],
+        "shifted": export(records, path + "/shifted.npz", 1),
+    }
 
-    def export(stamp_shift):
-        store = dist.HashStore()
-        results: list[str | None] = [None, None]
 
-        def one(rank):
-            rec = records[rank]
-            group = dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=20))
-            part = RankRecord(
-                rec.logical.to(torch.int64), rec.stamps + (stamp_shift if rank == 0 else 0), rec.signature, rec.passes
+def graph_modes(path: str) -> dict:
+    """Four decode engines in lockstep through vLLM-Ascend's real ``_determine_batch_execution_and_padding``
+    and ``_sync_metadata_across_dp`` (its DP all-reduce over Gloo), FULL graphs captured up to 16
+    tokens: in the second iteration engine 3 has 40 tokens and runs eager, so it gets the raw vector
+    and the others ``[max] * dp``. Stand-ins: vLLM's graph dispatcher (the capture sizes), the DP group
+    (a Gloo group per thread) and the config switches the padding reads (sequence parallel, o_proj
+    and embedding TP, the DP all-reduce skip: all off, as in the recipes)."""
+    mr = runner_module()
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    from vllm_scene_eplb.adapters.vllm_ascend import patches, worker_plugin
+    from vllm_scene_eplb.runtime.observer import RoutingObserver
+
+    Runner, dp, sizes = mr.NPUModelRunner, 4, (1, 2, 4, 8, 16)
+    ITERATIONS = [[3, 1, 2, 2], [3, 1, 2, 40], [1, 1, 1, 1]]  # decode tokens per DP rank
+    local = threading.local()  # this thread's engine and DP group
+    mr.get_dp_group = lambda: SimpleNamespace(cpu_group=local.group)
+    mr.should_skip_allreduce_across_dp_group = lambda *args, **kwargs: False
+    mr.enable_sp = mr.enable_sp_by_pass = mr.oproj_tp_enable = mr.embedding_tp_enable = lambda *args, **kwargs: False
+    worker_plugin._current = plugin_of(lambda: local.engine.observer)
+
+    class Dispatcher:  # vLLM's CudagraphDispatcher: FULL graphs for the capture sizes, eager above them
+        def dispatch(self, num_tokens, valid_modes=None, **kwargs):
+            size = next((s for s in sizes if s >= num_tokens), None)
+            if size is None or (valid_modes is not None and CUDAGraphMode.FULL not in valid_modes):
+                return CUDAGraphMode.NONE, BatchDescriptor(num_tokens)
+            return CUDAGraphMode.FULL, BatchDescriptor(size)
+
+    class Engine:  # a decode runner: vLLM-Ascend's real padding and DP sync, a stand-in forward
+        _determine_batch_execution_and_padding = Runner._determine_batch_execution_and_padding
+        _sync_metadata_across_dp = Runner._sync_metadata_across_dp
+        _pad_for_sequence_parallelism = Runner._pad_for_sequence_parallelism
+
+        def __init__(self, dp_rank):
+            self.dp_rank, self.dp_size, self.seen = dp_rank, dp, []
+            self.parallel_config = SimpleNamespace(data_parallel_size=dp, data_parallel_rank=dp_rank, tensor_parallel_size=1)
+            self.vllm_config = SimpleNamespace(
+                parallel_config=self.parallel_config, observability_config=SimpleNamespace(cudagraph_metrics=False)
             )
-            try:
-                export_counts(part, group, path + f"/shift{stamp_shift}.npz", {"role": "decode"}, 8, (1, 4))
-                results[rank] = "written"
-            except SceneEplbError as exc:
-                results[rank] = str(exc)
+            self.model_config = SimpleNamespace(is_encoder_decoder=False)
+            self.ascend_config = SimpleNamespace(dp_allreduce_on_npu=False)
+            self.input_batch = SimpleNamespace(num_computed_tokens_cpu=np.ones(64, dtype=np.int64), lora_id_to_lora_request={})
+            self.speculative_config, self.uniform_decode_query_len = None, 1
+            self.cudagraph_dispatcher = Dispatcher()
+            self.observer = RoutingObserver(1, 4, 8, dp_size=dp)
 
-        threads = [threading.Thread(target=one, args=(r,)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return results
+        def execute_model(self, scheduler_output):
+            n = scheduler_output.total_num_scheduled_tokens
+            mode, _, _, across_dp, _ = self._determine_batch_execution_and_padding(n, n, np.ones(n, dtype=np.int32), 1, False)
+            self.seen.append([str(mode), across_dp.tolist()])
+            self.observer.capture(0, torch.tensor([[self.dp_rank, 3]] * n))
 
-    aligned = export(0)
-    print(
-        json.dumps(
-            {
-                "stamps": [r.stamps.tolist() for r in records],
-                "passes": [r.passes for r in records],
-                "signature": [signature(r) for r in records],
-                "no_forward": engines[0].no_forward,
-                "aligned": aligned,
-                "aligned_by": read_counts(path + "/shift0.npz").meta["aligned_by"],
-                "shifted": export(1),
-            }
-        )
-    )
+        def _dummy_run(self, num_tokens, **kwargs):
+            pass
+
+        def load_model(self):
+            pass
+
+    patches.wrap_model_runner(Engine, "vllm-ascend test")
+
+    def run_engine(rank, group):
+        local.engine, local.group = Engine(rank), group
+        local.engine.observer.start()
+        for tokens in ITERATIONS:
+            local.engine.execute_model(SimpleNamespace(total_num_scheduled_tokens=tokens[rank]))
+        local.engine.observer.stop()
+        return local.engine
+
+    engines = on_ranks(run_engine, dp)
+    records = [e.observer.snapshot() for e in engines]
+    aligned = export(records, path + "/aligned.npz")
+    dump = read_counts(path + "/aligned.npz") if aligned == ["written"] * dp else None
+    return {
+        "seen": [e.seen for e in engines],
+        "signature": [signature(r) for r in records],
+        "aligned": aligned,
+        "aligned_by": dump and dump.meta["aligned_by"],
+        "entry_totals": dump and dump.data.sum(axis=(1, 2)).tolist(),
+        "shifted": export(records, path + "/shifted.npz", 1),
+    }
+
+
+def main() -> None:
+    path, case = sys.argv[1], sys.argv[2]
+    print(json.dumps({"kv": kv_wait, "graph-modes": graph_modes}[case](path)))
 
 
 if __name__ == "__main__":

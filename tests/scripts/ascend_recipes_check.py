@@ -44,6 +44,7 @@ def main() -> None:
                 "ok": True,
                 "connector": connector.__name__,
                 "kv_role": vc.kv_transfer_config.kv_role,
+                "kv_port": int(vc.kv_transfer_config.kv_port),
                 "dynamic_eplb": ascend.eplb_config.dynamic_eplb,
                 "prefill_mc2": ascend.enable_prefill_mc2,
                 "expert_map_path": (vc.additional_config.get("eplb_config") or {}).get("expert_map_path"),

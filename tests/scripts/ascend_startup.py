@@ -1,6 +1,9 @@
 """vLLM-Ascend's startup with the plugin's config hook: the expert map it reads and every rank's log2phy, ours and theirs (tests/ascend/test_vllm_ascend.py).
 
-Arguments: the model folder, the additional config (JSON), the number of MoE layers and of experts. Prints one JSON object."""
+Arguments: the model folder, the additional config (JSON), the number of MoE layers and of experts,
+and optionally ``draft``: then the config vLLM 0.23's drafter loading builds from the server's
+(``SpecDecodeBaseProposer._create_draft_vllm_config``, a ``dataclasses.replace``) instead of the
+log2phy maps. Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -8,6 +11,19 @@ import json
 import logging
 import sys
 from types import SimpleNamespace
+
+
+def draft_config(vc) -> dict:
+    """The drafter's config as vLLM 0.23's proposer builds it (its real code on a stand-in proposer
+    whose speculative config asks for no kernel overrides), or its refusal."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    spec = SimpleNamespace(method="mtp", moe_backend=None, attention_backend=None)
+    try:
+        draft = SpecDecodeBaseProposer._create_draft_vllm_config(SimpleNamespace(speculative_config=spec, vllm_config=vc))
+    except Exception as exc:
+        return {"refused": str(exc)}
+    return {"server": vc.additional_config["eplb_config"], "draft": draft.additional_config.get("eplb_config")}
 
 
 def main() -> None:
@@ -30,6 +46,9 @@ def main() -> None:
         vc = VllmConfig(model_config=mc, parallel_config=pc, additional_config=extra)
     except Exception as exc:
         print(json.dumps({"refused": str(exc)}))
+        return
+    if sys.argv[5:] == ["draft"]:
+        print(json.dumps(draft_config(vc)))
         return
     if "eplb_config" not in vc.additional_config:  # a collection run: nothing to map
         print(json.dumps({"path": None}))

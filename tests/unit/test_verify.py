@@ -222,3 +222,48 @@ def test_totals_with_decode_count_one_token_per_decode_pass(tmp_path, capsys):
     assert main(["totals", *files, "--decode"]) == 0
     assert "(100 prompt + 40 generated - 10 requests) tokens" in capsys.readouterr().out
     assert main(["totals", *files]) == 1  # prompt tokens alone: the decode passes are over
+
+
+def _logged(table: str, pid: int = 7, time: str = "12-02 10:00:10") -> str:
+    """``table`` as vLLM 0.23's NewLineFormatter writes one message (its ``_FORMAT`` with the API
+    server's process prefix): the first line's prefix repeated after every newline, lines ending "\\r\\n"."""
+    prefix = f"(APIServer pid={pid}) INFO {time} [cuda_graph.py:123] "
+    return prefix + table.replace("\n", "\r\n" + prefix) + "\n"
+
+
+def test_graph_reads_rows_behind_vllm_0_23s_log_prefix_and_only_in_the_records_window(tmp_path, capsys):
+    """Rows as vLLM 0.23 logs them (each behind the logger's prefix) are read; and only the tables
+    between the record's start and stop count: a warm-up table of padded replays before the window
+    does not make an eager record pass, the same table inside it does."""
+    warm = _logged(GRAPH_LOG.format(rows="| 12 | 16 | 4 | FULL | 120 |"), time="12-02 10:00:00")
+    eager = _logged(GRAPH_LOG.format(rows="| 40 | 40 | 0 | NONE | 30 |"), time="12-02 10:00:20")
+    log = tmp_path / "d.log"
+    log.write_text(warm + eager)
+    start = len(warm.encode())
+    assert main(["graph", str(log)]) == 0 and "120 graph passes (120 padded) of 150" in capsys.readouterr().out
+    assert main(["graph", str(log), "--from-byte", str(start)]) == 1
+    assert "0 graph passes (0 padded) of 30" in capsys.readouterr().out
+    log.write_text(eager + warm)
+    assert main(["graph", str(log), "--from-byte", str(len(eager.encode()))]) == 0
+    assert main(["graph", str(log), "--to-byte", str(len(eager.encode()))]) == 1
+    capsys.readouterr()
+    assert main(["graph", str(log), "--from-byte", str(log.stat().st_size)]) == 1
+    assert "no CUDAGraph Stats table in bytes" in capsys.readouterr().out
+
+
+def test_totals_local_prompt_counts_only_what_the_d_engine_computed_itself(tmp_path, capsys):
+    """On a D node whose prompts' KV came from P the engine computes only the last prompt token of each:
+    ``--local-prompt`` counts ``prompt_tokens_by_source{source="local_compute"}``, and the full prompt
+    count (the pulled tokens included) fails the same dump."""
+    files = _files(tmp_path, {1: 2 * (10 + 40 - 10), 2: 2 * (10 + 40 - 10)})
+    for name, (local, gen, done) in (("before.txt", (5.0, 0.0, 0.0)), ("after.txt", (15.0, 40.0, 10.0))):
+        path = tmp_path / name
+        path.write_text(
+            path.read_text().replace("999.0", str(gen))
+            + f'vllm:request_success_total{{engine="0",finished_reason="length"}} {done}\n'
+            + f'vllm:prompt_tokens_by_source_total{{engine="0",model_name="m",source="local_compute"}} {local}\n'
+            + 'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 7000.0\n'
+        )
+    assert main(["totals", *files, "--decode", "--local-prompt"]) == 0
+    assert "(10 locally computed prompt + 40 generated - 10 requests) tokens" in capsys.readouterr().out
+    assert main(["totals", *files, "--decode"]) == 1  # the 100 prompt tokens, pulled ones included: off

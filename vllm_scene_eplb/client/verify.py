@@ -1,23 +1,28 @@
 """The acceptance checks of ``deploy/ascend-910c/verify.sh``, one PASS/FAIL line each.
 
-    python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER [--decode]
+    python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER [--decode] [--local-prompt]
     python -m vllm_scene_eplb.client.verify native COUNTS NATIVE.json [--tolerance 0.02] [--waive-unavailable]
-    python -m vllm_scene_eplb.client.verify graph SERVER.log
+    python -m vllm_scene_eplb.client.verify graph SERVER.log [--from-byte N] [--to-byte M]
     python -m vllm_scene_eplb.client.verify comm SERVER.log [--want MC2]
     python -m vllm_scene_eplb.client.verify throughput --plain P1.json P2.json ... --idle I1.json ... [--min-ratio 0.98]
 
 ``totals``: every MoE layer of a dump counted exactly the tokens the engine itself ran while
 recording, times top-k: its prompt tokens (``vllm:prompt_tokens_total`` on ``/metrics``, summed over
 DP engines, after minus before) and, with ``--decode``, one token per decode pass: generated tokens
-minus finished requests (each request's first token comes out of its prefill pass). Holds when
-nothing but the recorded load ran, prefix caching is off and no drafts are verified. ``native``: the dump against vLLM-Ascend's own
+minus finished requests (each request's first token comes out of its prefill pass); with
+``--local-prompt`` only the prompt tokens the engine computed itself
+(``vllm:prompt_tokens_by_source_total{source="local_compute"}``), as on a D node whose prompts' KV
+was pulled from P (it computes the last prompt token alone). Holds when nothing but the recorded
+load ran, prefix caching is off and no drafts are verified. ``native``: the dump against vLLM-Ascend's own
 ``moe_load`` counters over the same record (``scene-eplb record native_load --json``): never above
 them for any (layer, expert), and each layer's expert shares within ``tolerance`` (half the L1
 distance); vLLM-Ascend also counts padding and idle-DP dummy rows, so they are not equal. Where
 those counters do not exist it FAILs, unless ``--waive-unavailable`` (the operator's explicit
-waiver, a SKIP line). ``graph``: the server's log (started with ``--cudagraph-metrics``) shows
-passes replayed through a captured graph (runtime mode FULL or PIECEWISE) with padding rows, so the
-record's totals were checked against padded batches. ``comm``: the plugin's log line
+waiver, a SKIP line). ``graph``: the server's log (started with ``--cudagraph-metrics``) shows,
+in the record's window of it (``--from-byte`` / ``--to-byte``: the log's size at the record's start
+and after its stop, so warm-up and capture tables are left out), passes replayed through a captured
+graph (runtime mode FULL or PIECEWISE) with padding rows, so the record's totals were checked
+against padded batches; rows are read as vLLM 0.23 logs them, each behind the logger's prefix. ``comm``: the plugin's log line
 (``protocol.COMM_METHOD_LINE``) shows the real passes ran MoE comm method ``--want`` and no other.
 ``throughput``: prefill throughput with the
 plugin on and the recorder idle over the same load with the flag off, in rounds (the i-th
@@ -47,6 +52,7 @@ from ..stats import MIN_ROUNDS, block_effects, check_positive
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 FINISHED_REQUESTS = "vllm:request_success_total"
+PROMPT_BY_SOURCE, LOCAL_COMPUTE = "vllm:prompt_tokens_by_source_total", 'source="local_compute"'
 
 
 @dataclass(frozen=True)
@@ -60,12 +66,13 @@ class Verdict:
         return f"{'SKIP' if self.skipped else 'PASS' if self.ok else 'FAIL'} {self.name}: {self.detail}"
 
 
-def counter(metrics_text: str, name: str) -> int:
-    """Counter ``name`` summed over every series (one per DP engine, per label) of a /metrics page."""
-    sample = re.compile(r"^" + re.escape(name) + r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
-    values = sample.findall(metrics_text)
+def counter(metrics_text: str, name: str, label: str = "") -> int:
+    """Counter ``name`` summed over every series (one per DP engine, per label) of a /metrics page;
+    with ``label`` (``key="value"``) only the series that carry it."""
+    sample = re.compile(r"^" + re.escape(name) + r"(?:\{([^}]*)\})?\s+([0-9.eE+-]+)\s*$", re.M)
+    values = [v for labels, v in sample.findall(metrics_text) if not label or label in labels.split(",")]
     if not values:
-        raise SceneEplbError(f"no {name} on this /metrics page")
+        raise SceneEplbError(f"no {name}{'{' + label + '}' if label else ''} on this /metrics page")
     return int(round(sum(float(v) for v in values)))
 
 
@@ -74,21 +81,23 @@ def prompt_tokens(metrics_text: str) -> int:
     return counter(metrics_text, PROMPT_TOKENS)
 
 
-def totals(counts_path: str, before: str, after: str, decode: bool = False) -> Verdict:
-    """Every MoE layer's recorded total equals the engine's tokens x top-k (prompt tokens, and with
-    ``decode`` one per decode pass)."""
+def totals(counts_path: str, before: str, after: str, decode: bool = False, local_prompt: bool = False) -> Verdict:
+    """Every MoE layer's recorded total equals the engine's tokens x top-k (prompt tokens, with
+    ``local_prompt`` those it computed itself, and with ``decode`` one per decode pass)."""
     counts = read_counts(counts_path)
     top_k = counts.meta.get("top_k")
     if not isinstance(top_k, int) or top_k < 1:
         raise SceneEplbError("the dump carries no top_k: not a dump of this plugin's recorder", counts_path)
     pages = Path(before).read_text(), Path(after).read_text()
-    names = (PROMPT_TOKENS, GENERATION_TOKENS, FINISHED_REQUESTS) if decode else (PROMPT_TOKENS,)
-    delta = {name: counter(pages[1], name) - counter(pages[0], name) for name in names}
-    tokens = delta[PROMPT_TOKENS] + (delta[GENERATION_TOKENS] - delta[FINISHED_REQUESTS] if decode else 0)
+    prompt = (PROMPT_BY_SOURCE, LOCAL_COMPUTE) if local_prompt else (PROMPT_TOKENS, "")
+    names = [prompt, *([(GENERATION_TOKENS, ""), (FINISHED_REQUESTS, "")] if decode else [])]
+    delta = {name: counter(pages[1], name, label) - counter(pages[0], name, label) for name, label in names}
+    kind = "locally computed prompt" if local_prompt else "prompt"
+    tokens = delta[prompt[0]] + (delta[GENERATION_TOKENS] - delta[FINISHED_REQUESTS] if decode else 0)
     what = (
-        f"({delta[PROMPT_TOKENS]} prompt + {delta[GENERATION_TOKENS]} generated - {delta[FINISHED_REQUESTS]} requests) tokens"
+        f"({delta[prompt[0]]} {kind} + {delta[GENERATION_TOKENS]} generated - {delta[FINISHED_REQUESTS]} requests) tokens"
         if decode
-        else f"{tokens} prompt tokens"
+        else f"{tokens} {kind} tokens"
     )
     layers = [int(x) for x in counts.meta.get("moe_layers") or np.flatnonzero(counts.data.sum(axis=(0, 2)))]
     per_layer = counts.data.sum(axis=(0, 2))[layers]
@@ -129,20 +138,28 @@ def native(counts_path: str, native_path: str, tolerance: float, waive_unavailab
     return Verdict(name, above == 0 and shares[worst] <= tolerance, detail)
 
 
-# One row of vLLM's CUDAGraph Stats table (``CUDAGraphLogging``): unpadded, padded, paddings, mode, count.
-_GRAPH_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([\w.]+)\s*\|\s*(\d+)\s*\|\s*$", re.M)
+# One row of vLLM's CUDAGraph Stats table (``CUDAGraphLogging``): unpadded, padded, paddings, mode, count;
+# vLLM 0.23's log formatter repeats the first line's prefix ("(APIServer pid=N) INFO <time> [file:line] ")
+# before every line of a message, so a row may stand behind one (anything up to "] " without a "|").
+_GRAPH_ROW = re.compile(r"^(?:[^|\n]*\] )?\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([\w.]+)\s*\|\s*(\d+)\s*\|\s*$", re.M)
 
 
-def graph(log_path: str) -> Verdict:
-    """Passes replayed through captured graphs, with padding rows, in the server's log (vLLM's
-    ``--cudagraph-metrics`` tables: one row per (unpadded, padded, mode) with its count)."""
-    text = _read_log(log_path)
+def graph(log_path: str, start: int = 0, stop: int | None = None) -> Verdict:
+    """Passes replayed through captured graphs, with padding rows, in bytes ``start`` to ``stop`` of
+    the server's log (the record's window; vLLM's ``--cudagraph-metrics`` tables: one row per
+    (unpadded, padded, mode) with its count)."""
+    text = _read_log(log_path, start, stop)
     rows = [(int(u), int(p), int(n), mode, int(c)) for u, p, n, mode, c in _GRAPH_ROW.findall(text)]
     replayed = [r for r in rows if "FULL" in r[3] or "PIECEWISE" in r[3]]
     padded = sum(r[4] for r in replayed if r[2] > 0)
     name = "passes replayed through captured graphs, with padding rows"
     if not rows:
-        return Verdict(name, False, "no CUDAGraph Stats table in the log: start the server with --cudagraph-metrics")
+        return Verdict(
+            name,
+            False,
+            f"no CUDAGraph Stats table in bytes {start}-{stop or 'end'} of the log (the record's window): "
+            "start the server with --cudagraph-metrics",
+        )
     detail = (
         f"{sum(r[4] for r in replayed)} graph passes ({padded} padded) of {sum(r[4] for r in rows)} in the log's "
         f"tables; modes {sorted({r[3] for r in rows})}"
@@ -160,9 +177,12 @@ def comm(log_path: str, want: str) -> Verdict:
     return Verdict(f"MoE comm method {want} chosen", ok, detail + ("" if ok else f", {want} alone expected"))
 
 
-def _read_log(path: str) -> str:
+def _read_log(path: str, start: int = 0, stop: int | None = None) -> str:
+    """Bytes ``start`` to ``stop`` (None: the end) of a server log, as text."""
     try:
-        return Path(path).read_text(errors="replace")
+        with Path(path).open("rb") as f:
+            f.seek(start)
+            return f.read(None if stop is None else max(stop - start, 0)).decode(errors="replace")
     except OSError as exc:
         raise SceneEplbError(f"cannot read the server log: {exc}", path) from None
 
@@ -222,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the load generated more than one token per request: count one token per decode pass too",
     )
+    t.add_argument(
+        "--local-prompt",
+        action="store_true",
+        help="count only the prompt tokens the engine computed itself (a D node that pulled the prompts' KV)",
+    )
     n = sub.add_parser("native", help="a dump against vLLM-Ascend's own moe_load counters over the same record")
     n.add_argument("counts"), n.add_argument("native")
     n.add_argument(
@@ -232,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     g = sub.add_parser("graph", help="a server log (--cudagraph-metrics) shows padded passes replayed through graphs")
     g.add_argument("log")
+    g.add_argument("--from-byte", type=int, default=0, help="where the record's window of the log starts (its size at start)")
+    g.add_argument("--to-byte", type=int, default=None, help="where it ends (the log's size after the record's stop)")
     c = sub.add_parser("comm", help="a server log shows the real passes ran one MoE comm method")
     c.add_argument("log"), c.add_argument("--want", default="MC2", help="the comm method expected (default MC2)")
     p = sub.add_parser(
@@ -249,11 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.check == "totals":
-            verdict = totals(args.counts, args.metrics_before, args.metrics_after, args.decode)
+            verdict = totals(args.counts, args.metrics_before, args.metrics_after, args.decode, args.local_prompt)
         elif args.check == "native":
             verdict = native(args.counts, args.native, args.tolerance, args.waive_unavailable)
         elif args.check == "graph":
-            verdict = graph(args.log)
+            verdict = graph(args.log, args.from_byte, args.to_byte)
         elif args.check == "comm":
             verdict = comm(args.log, args.want)
         else:

@@ -35,6 +35,11 @@ def add_arguments(p) -> None:
     s.add_argument("--gpu-memory-utilization", type=number(0.01, 1.0), default=0.9, help="--gpu-memory-utilization (default 0.9)")
     s.add_argument("--enforce-eager", action="store_true", help="no ACL graphs (the MC2 capacity is then max_num_seqs)")
     s.add_argument("--prefill-mc2", action="store_true", help="vLLM-Ascend's enable_prefill_mc2")
+    s.add_argument("--kv-consumer", action="store_true", help="a D server (kv_consumer): MLAPO's kept weights counted")
+    s.add_argument("--native-eplb", action="store_true", help="vLLM-Ascend's dynamic EPLB on (NATIVE_EPLB=1): its swap buffer")
+    s.add_argument(
+        "--speculative-tokens", type=integer(0), default=0, help="MTP num_speculative_tokens (default 0): the drafter's layer"
+    )
     n = p.add_argument_group("the node")
     n.add_argument("--device-memory-gib", type=number(1.0, 1e6), default=64.0, help="one die's memory (default 64: a 910C die)")
     n.add_argument(
@@ -80,6 +85,9 @@ def run(args, console) -> None:
         graphs=not args.enforce_eager,
         prefill_mc2=args.prefill_mc2,
         hccl_buffsize_mb=args.hccl_buffsize,
+        kv_consumer=args.kv_consumer,
+        native_eplb=args.native_eplb,
+        speculative_tokens=args.speculative_tokens,
     )
     result = fit(recipe, memory, cfg, modelslim, path)
     name = f"DP{args.dp} x TP{args.tp}, {recipe.slots_per_rank} slots per rank, max_model_len {max_len:,}"
@@ -87,7 +95,8 @@ def run(args, console) -> None:
         f"preflight {name}, max_num_seqs {args.max_num_seqs}, per rank:\n"
         f"  non-routed weights {result.non_routed_bytes / GIB:.2f} GiB, routed weights {result.routed_bytes / GIB:.2f} GiB "
         f"({memory.expert_format})\n"
-        f"  MC2 {result.mc2_tokens_per_rank} tokens per rank: HCCL_BUFFSIZE >= {result.hccl_buffsize_mb} MB "
+        + "".join(f"  kept by vLLM-Ascend: {copy} {size / GIB:.2f} GiB\n" for copy, size in result.copies)
+        + f"  MC2 {result.mc2_tokens_per_rank} tokens per rank: HCCL_BUFFSIZE >= {result.hccl_buffsize_mb} MB "
         f"(buffer {result.hccl_bytes / GIB:.2f} GiB), reserve {result.reserve_bytes / GIB:.2f} GiB\n"
         f"  budget {args.gpu_memory_utilization:g} x {args.device_memory_gib:g} GiB = {result.budget_bytes / GIB:.2f} GiB; "
         f"KV cache {result.kv_bytes / GIB:.2f} GiB = {result.kv_tokens:,} tokens of {result.kv_bytes_per_token:,} B "

@@ -24,6 +24,7 @@ from ...runtime.layout_check import layout_for_server
 from ...runtime.observer import NullObserver
 from ...runtime.replica_map import SourceRanks, own_source_span
 from ...runtime.worker import NullPlugin, RecorderPlugin
+from ..drafter import moe_drafter
 from .expert_loading import ExpertLoading, audit_load
 from .version import check_engine_version, engine_version
 
@@ -310,25 +311,15 @@ def check_moe_backend(moe_runner) -> None:
         )
 
 
-MODEL_FREE_DRAFTS = ("ngram", "ngram_gpu", "suffix")  # vLLM's speculative methods that run no drafter model
-
-
 def check_drafter(vllm_config) -> None:
     """Refuse a layout run whose speculative drafter has MoE layers of its own (DeepSeek's MTP layer):
     vLLM builds them with the same slot count and the layout has no rows for them. Drafts without a
     model (n-gram, suffix) and dense drafters are fine; the recorder never counts a drafter's layers
     (it binds to the target model), and its verification passes are the target's own."""
-    spec = getattr(vllm_config, "speculative_config", None)
-    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
-    if (
-        spec is None or draft is None or spec.method in MODEL_FREE_DRAFTS
-    ):  # vLLM gives n-gram drafts the target's config: no model runs
-        return
-    hf = draft.hf_config.to_dict()
-    text = hf.get("text_config") or {}
-    if any((src.get(k) or 0) > 0 for src in (hf, text) for k in ("n_routed_experts", "num_experts", "num_local_experts")):
+    method = moe_drafter(vllm_config)
+    if method is not None:
         raise SceneEplbError(
-            f"scene_eplb.layout with a speculative drafter that has MoE layers ({spec.method}): vLLM gives the "
+            f"scene_eplb.layout with a speculative drafter that has MoE layers ({method}): vLLM gives the "
             "drafter's MoE layers the layout's slot count and the layout has no rows for them; record and "
             "fit with it, then serve the layout without the MoE drafter (or use n-gram drafts)"
         )

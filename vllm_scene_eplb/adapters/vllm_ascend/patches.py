@@ -8,8 +8,8 @@
   ``_dummy_run`` is this engine's one pass of the lockstep iteration;
 - ``NPUModelRunner._dummy_run``: profile, capture, warm-up and idle-DP passes, dropped (a step each);
 - ``NPUModelRunner._determine_batch_execution_and_padding``: called once by every forward, real or
-  dummy (never by a drafter): it marks that a forward began and hands the step's tokens per DP rank
-  (vLLM-Ascend's DP metadata, the same on every DP engine) to the observer's DP signature;
+  dummy (never by a drafter): it marks that a forward began and hands the step's DP signature to the
+  observer (``agreed_dp_tokens``: what every DP engine agrees on, whatever its graph mode);
 - ``WorkerBase.scene_eplb_control``: the worker side of the routes (reached by collective_rpc);
 - the API server's ``build_app`` / ``init_app_state``: the routes (``routes``), since vLLM 0.23
   has no endpoint plugins.
@@ -36,9 +36,16 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 FORWARD_ATTR = "_scene_eplb_forward_begun"  # on the runner: a forward began in the step being run
 
 
+def agreed_dp_tokens(across_dp) -> list[int]:
+    """The step's DP signature: the largest DP rank's (padded) tokens, once per DP rank. Each rank
+    decides DP padding from its own graph mode before the sync, so a graph rank gets ``[max] * dp``
+    and an eager one the raw vector: the vector differs between ranks, its maximum does not."""
+    return [int(across_dp.max())] * len(across_dp)
+
+
 def wrap_model_runner(runner_cls, engine: str) -> None:
     """Configure/bind around ``load_model``; a step ends after ``execute_model`` only where a forward
-    ran in it, and after every ``_dummy_run``; the DP metadata of each forward is its DP signature."""
+    ran in it, and after every ``_dummy_run``; each forward's DP metadata gives its DP signature."""
     load, execute, dummy = runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run
     batch = runner_cls._determine_batch_execution_and_padding
 
@@ -72,7 +79,7 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
         out = batch(self, *args, **kwargs)
         self.__dict__[FORWARD_ATTR] = True
         if out[3] is not None:  # num_tokens_across_dp: None without DP
-            worker_plugin.current().note_dp_tokens(out[3])
+            worker_plugin.current().note_dp_tokens(agreed_dp_tokens(out[3]))
         return out
 
     runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run = load_model, execute_model, _dummy_run

@@ -5,7 +5,9 @@
   against the model and the EP size, write it as vLLM-Ascend's ``expert_map_path`` JSON
   (atomically, named by the layout hash, in ``dump_dir``) and point
   ``additional_config.eplb_config.expert_map_path`` at it; vLLM-Ascend then builds every rank's
-  expert map and loads the weights from it. A collection run (no layout) needs nothing here.
+  expert map and loads the weights from it. The drafter's config (MTP), a copy of the server's,
+  passes again on that file; its MoE layer gets vLLM-Ascend's default split over the layout's slots
+  and is not counted (said in a line). A collection run (no layout) needs nothing here.
 - In every process: vLLM-Ascend's ``generate_log2phy_map`` uses our ``static`` table (local replica
   first, the layout's fitted source counts) or, for ``dispatch: dynamic``, the virtual-id map that
   ``moe_hooks`` and ``dynamic`` turn into an even per-row split, when the current config carries a
@@ -31,6 +33,7 @@ from ...formats import write_layout
 from ...layout import Layout
 from ...model_geometry import from_hf_config
 from ...runtime.layout_check import layout_for_server
+from ..drafter import moe_drafter
 from . import moe_hooks, patches
 from .server_layout import ep_size_of, layout_of, remember
 from .tables import AscendDispatch, install_dispatch
@@ -38,6 +41,11 @@ from .version import check_versions
 from .worker_plugin import ids_hook_for
 
 logger = logging.getLogger("vllm.scene_eplb")
+DRAFTER_LINE = (
+    "scene-eplb: drafter %s has an MoE layer: vLLM-Ascend places it by its default split over the "
+    "layout's %d slots (the expert map has rows for the main model's MoE layers only), dispatched "
+    "evenly over its replicas; the recorder does not count it (a layout has no row to fit it to)"
+)
 
 
 def prepare_layout_run(
@@ -45,7 +53,9 @@ def prepare_layout_run(
 ) -> tuple[Layout, Path]:
     """Check the settings and the layout, write the expert map file and set ``eplb_config`` to it.
 
-    Returns (layout, expert_map_path); changes ``additional_config`` only when everything holds.
+    Returns (layout, expert_map_path); changes ``additional_config`` only when everything holds. A
+    config that already points at the file this layout is written to passes again: vLLM builds the
+    drafter's config (MTP) as a ``dataclasses.replace`` of the server's, which re-runs the hook on our write.
     """
     cfg = parse_config(additional_config)
     if cfg is None:
@@ -63,17 +73,18 @@ def prepare_layout_run(
         raise SceneEplbError("additional_config.eplb_config must be a JSON object")
     if eplb.get("dynamic_eplb") or eplb.get("expert_map_record_path"):
         raise SceneEplbError("scene_eplb.layout and vLLM-Ascend's dynamic EPLB both move experts: use one of them")
-    if eplb.get("expert_map_path"):
-        raise SceneEplbError(
-            "eplb_config.expert_map_path is set by hand: give the layout as scene_eplb.layout only "
-            "(the plugin writes the expert map from it)"
-        )
     if additional_config.get("mix_placement"):
         raise SceneEplbError("scene_eplb.layout places routed experts only: turn off mix_placement")
     layout = layout_for_server(
         cfg.layout, from_hf_config(hf_config), ep_size, model_layer_axis=False
     )  # the map file holds MoE rows only
-    path = write_layout(layout, Path(cfg.dump_dir) / f"expert_map-{layout.digest()[:16]}.json", "vllm-ascend")
+    path = Path(cfg.dump_dir) / f"expert_map-{layout.digest()[:16]}.json"
+    if eplb.get("expert_map_path") and eplb["expert_map_path"] != str(path):  # ours: a config copied from this one
+        raise SceneEplbError(
+            "eplb_config.expert_map_path is set by hand: give the layout as scene_eplb.layout only "
+            "(the plugin writes the expert map from it)"
+        )
+    path = write_layout(layout, path, "vllm-ascend")
     additional_config["eplb_config"] = {**eplb, "expert_map_path": str(path)}
     return layout, path
 
@@ -113,6 +124,9 @@ def check_run(vllm_config) -> None:
         bool(getattr(vllm_config.model_config, "enable_return_routed_experts", False)),
     )
     remember(cfg.layout, layout)  # read as layout_of reads it: a worker in this process reads it no more
+    drafter = moe_drafter(vllm_config)
+    if drafter is not None:
+        logger.info(DRAFTER_LINE, drafter, layout.geometry.num_physical)
     logger.info(
         "scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
         layout.digest(),
