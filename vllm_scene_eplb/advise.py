@@ -281,19 +281,15 @@ class Setup:
 
 
 def provenance_mismatch(meta: dict, timing: TimingWindow) -> list[str]:
-    """Where the timing window's provenance and the dump's differ, in words (empty: they agree)."""
+    """Where the timing window's provenance (every key said: ``TimingWindow``) and the dump's differ,
+    in words (empty: they agree); a dump that leaves out a ``REQUIRED_PROVENANCE`` key is named."""
+    out = [f"the dump does not say its {k}" for k in REQUIRED_PROVENANCE if k not in meta]
     said = timing.provenance
-    if not said:
-        return ["the timing window does not say which server, layout and role it came from (no provenance)"]
-    out = [
-        f"the {side} does not say its {k}"
-        for k in REQUIRED_PROVENANCE
-        for side, d in (("timing window", said), ("dump", meta))
-        if k not in d
+    out += [
+        f"{k} is {meta[k]!r} in the dump, {said[k]!r} in the timing window"
+        for k in PROVENANCE_KEYS
+        if k in meta and said[k] != meta[k]
     ]
-    for k in PROVENANCE_KEYS:
-        if k in said and k in meta and said[k] != meta[k]:
-            out.append(f"{k} is {meta[k]!r} in the dump, {said[k]!r} in the timing window")
     return out
 
 

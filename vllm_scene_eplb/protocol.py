@@ -822,23 +822,39 @@ class WorkerAnswer(Generic[A]):
 PROVENANCE_KEYS = ("layout_hash", "ep_size", "redundant_slots", "role", "dispatch", "steps_per_entry", "engine", "plugin_version")
 
 
+def _provenance(said: dict, window: _Fields) -> dict:
+    """Every one of ``PROVENANCE_KEYS`` from ``said`` (the window's own provenance over the status
+    keys around it), each read as the status reads it; a key left out is refused with the window
+    named: absent is not null (``layout_hash`` null is the linear layout, a value)."""
+    missing = [k for k in PROVENANCE_KEYS if k not in said]
+    if missing:
+        window.fail(
+            f"does not say its {', '.join(missing)} (provenance): a window must say which server, layout and role it "
+            "came from, and a key left out is not read as null (the linear layout)"
+        )
+    f = _Fields(said, f"{window.what}'s provenance", window.source, window.prefix)
+    return {k: _STATUS_FIELDS[k](f, k) for k in PROVENANCE_KEYS}
+
+
 @dataclass(frozen=True)
 class TimingWindow:
     """One live window's MoE timing over every rank: ``rank_ms`` [ranks][layers] local expert ms
     per pass and ``rank_assignments`` [ranks][layers] the assignments each rank computed per pass
-    (the x of advise's count -> time model), ``step_ms`` the mean wall ms of a step, ``moe_share``
-    its MoE part, ``sub_windows`` the step ms of the server's recent windows (their spread is a
-    measured noise floor), ``provenance`` the server it came from (``PROVENANCE_KEYS``, None where
-    not said), ``record`` whether it is a record's own window (``live.record_time``: the passes of
-    that record's dump) rather than a live window that falls where it falls, ``gap_ms`` the mean
-    busy pause between steps (what a step's throughput pays beside the step; 0 where not timed)."""
+    (the x of advise's count -> time model), ``step_ms`` the mean wall ms of a step, ``provenance``
+    the server it came from (every one of ``PROVENANCE_KEYS``: a window that leaves one out is
+    refused, never read as the linear layout; ``layout_hash`` None *is* the linear layout),
+    ``moe_share`` its MoE part, ``sub_windows`` the step ms of the server's recent windows (their
+    spread is a measured noise floor), ``record`` whether it is a record's own window
+    (``live.record_time``: the passes of that record's dump) rather than a live window that falls
+    where it falls, ``gap_ms`` the mean busy pause between steps (what a step's throughput pays
+    beside the step; 0 where not timed)."""
 
     rank_ms: tuple[tuple[float, ...], ...]
     rank_assignments: tuple[tuple[float, ...], ...]
     step_ms: float
+    provenance: dict
     moe_share: float | None = None
     sub_windows: tuple[float, ...] = ()
-    provenance: dict = field(default_factory=dict)
     record: bool = False
     gap_ms: float = 0.0
 
@@ -851,14 +867,12 @@ class TimingWindow:
         return len(self.rank_ms[0])
 
     @classmethod
-    def from_wire(
-        cls, doc, where: str = "timing", layers: int | None = None, provenance: dict | None = None, record: bool = False
-    ) -> TimingWindow:
-        """The window from a ``live.time`` object, checked: finite non-negative ms, a positive
-        ``step_ms`` at least the MoE ms a rank spends in it, ``moe_share`` in [0, 1], ``rank_ms`` and
-        ``rank_assignments`` of one shape (with ``layers`` MoE layers when given). ``provenance``:
-        the status answer's keys around it, where the window itself does not carry them; ``record``:
-        it is a record's own window (as the object's ``record`` flag, where it has one, may also say)."""
+    def from_wire(cls, doc, where: str = "timing", layers: int | None = None, record: bool = False) -> TimingWindow:
+        """The window from a ``live.time`` object (or a saved ``to_wire``), checked: finite
+        non-negative ms, a positive ``step_ms`` at least the MoE ms a rank spends in it, ``moe_share``
+        in [0, 1], ``rank_ms`` and ``rank_assignments`` of one shape (with ``layers`` MoE layers when
+        given), its own ``provenance`` complete; ``record``: it is a record's own window (as the
+        object's ``record`` flag, where it has one, may also say)."""
         f = _Fields(doc, "timing", where, prefix="")
         for key in ("rank_ms", "rank_assignments", "step_ms"):
             if doc.get(key) is None:
@@ -870,9 +884,9 @@ class TimingWindow:
         share = f.number("moe_share", 0, 1, nullable=True) if "moe_share" in doc else None
         sub_windows = () if doc.get("sub_windows") is None else tuple(map(float, f.numbers("sub_windows", 0)))
         said = f.obj("provenance", "provenance", default=None)
-        known = {**(provenance or {}), **({} if said is None else said.doc)}
         record = record or ("record" in doc and f.flag("record"))
         gap = f.number("gap_ms", 0, nullable=True) if "gap_ms" in doc else None
+        known = {} if said is None else said.doc
         return cls.checked(f, rank_ms, assignments, step_ms, share, sub_windows, known, layers, record, gap or 0.0)
 
     @classmethod
@@ -907,9 +921,9 @@ class TimingWindow:
             rank_ms,
             assignments,
             step_ms,
+            _provenance(provenance, f),
             None if share is None else float(share),
             sub_windows,
-            {k: provenance.get(k) for k in PROVENANCE_KEYS},
             record,
             float(gap_ms),
         )
@@ -930,29 +944,26 @@ class TimingWindow:
 
     @classmethod
     def from_status(cls, doc, where: str = "timing", layers: int | None = None) -> TimingWindow | None:
-        """The window of a status answer, its ``live`` object (their last record's own window,
-        ``record_time``, where it has one, else ``time``) or such a time object itself, its provenance
-        from the status keys around it; None where the server has no timed window yet."""
+        """The window of a saved status answer (read and checked whole, as the status route's answer:
+        ``of_status``), of its ``live`` object (the last record's own window, ``record_time``, where it
+        has one, else ``time``) or of such a time object itself, which then says its own provenance;
+        None where the server has no timed window yet."""
         if not isinstance(doc, dict):
             raise SceneEplbError("timing must be a JSON object (a status answer, its live object or live.time)", where)
-        around = {k: doc[k] for k in PROVENANCE_KEYS if k in doc}
-        live = doc.get(LIVE_KEY, doc)
-        if live is None:
-            return None  # a status answer without a live window yet
-        if not isinstance(live, dict):
-            raise SceneEplbError("timing's live must be an object", where)
-        record = live.get("record_time")
-        timing = record if record is not None else live.get("time", live)
-        return None if timing is None else cls.from_wire(timing, where, layers, around, record=record is not None)
+        if LIVE_KEY in doc:
+            return cls.of_status(StatusAnswer.from_wire(doc, where), where, layers)
+        record = doc.get("record_time")
+        timing = record if record is not None else doc.get("time", doc)
+        return None if timing is None else cls.from_wire(timing, where, layers, record=record is not None)
 
     def to_wire(self) -> dict:
         return {
             "rank_ms": [list(r) for r in self.rank_ms],
             "rank_assignments": [list(r) for r in self.rank_assignments],
             "step_ms": self.step_ms,
+            "provenance": dict(self.provenance),
             "moe_share": self.moe_share,
             "sub_windows": list(self.sub_windows),
-            "provenance": dict(self.provenance),
             "record": self.record,
             "gap_ms": self.gap_ms,
         }

@@ -166,6 +166,20 @@ DEEP = "[" * 100_000 + "]" * 100_000
 STRING_DP_RANK = status()
 STRING_DP_RANK["ranks"][1]["dp_rank"] = "1"
 
+STATUS_NO_LAYOUT_HASH = {k: v for k, v in status().items() if k != "layout_hash"}
+# a timed live window of the two-layer, two-rank server, for advise --url
+TIME = {
+    "median": 1.1,
+    "worst": 1.2,
+    "moe_share": 0.5,
+    "step_ms": 10.0,
+    "rank_ms": [[1.0, 2.0], [1.5, 1.0]],
+    "per_layer": [1.2, 1.33],
+    "rank_assignments": [[8.0, 16.0], [12.0, 8.0]],
+    "sub_windows": [],
+    "provenance": {"layout_hash": 5},
+}
+
 WATCH, RECORD = ("watch", "--once"), ("record", "status")
 BENCH = ("bench", "--model", MODEL, "--scene", "s", "-n", "1", "-c", "1", "--input-len", "8", "--output-len", "1")
 
@@ -180,6 +194,18 @@ CASES = [
         "reply is not HTTP",
     ),
     ("bench: not HTTP", {"/v1/models": b"SSH-2.0-OpenSSH_9.6\r\n"}, BENCH, "reply is not HTTP"),
+    (
+        "advise --url: status without layout_hash",
+        {STATUS: reply(STATUS_NO_LAYOUT_HASH)},
+        ("advise", "{counts}", "--layout", "{layout}"),
+        "no 'layout_hash'",
+    ),
+    (
+        "advise --url: the window's layout_hash a number",
+        {STATUS: reply(status({**LIVE, "time": TIME}))},
+        ("advise", "{counts}", "--layout", "{layout}"),
+        "provenance layout_hash must be a string or null, got 5",
+    ),
     ("audit: not HTTP", {STATUS: b"\xff\xfe\r\n\r\n"}, ("audit",), "reply is not HTTP"),
     ("watch: body cut short", {STATUS: reply('{"live": {"median"', length=1000)}, WATCH, "cut short"),
     ("record status: dropped connection", {STATUS: CLOSE}, RECORD, "closed the connection without an answer"),

@@ -233,8 +233,10 @@ def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_rea
     assert answer.live is not None and StatusAnswer.from_wire(answer.to_wire()) == answer
     assert StatusAnswer.from_wire({**doc, "live": {**doc["live"], "record_time": None}}).live.record_time is None
     empty = {**doc, "live": {**doc["live"], "record_time": {}}}  # a record window with nothing in it is refused, not skipped
-    with pytest.raises(SceneEplbError, match="has no rank_ms"):
+    with pytest.raises(SceneEplbError, match="record_time has no 'median'"):
         TimingWindow.from_status(empty, "u")
+    with pytest.raises(SceneEplbError, match="has no rank_ms"):
+        TimingWindow.from_status(empty["live"], "u")  # a saved live object, read as the window it holds
 
 
 @pytest.mark.parametrize(

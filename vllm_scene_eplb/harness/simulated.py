@@ -143,9 +143,9 @@ class Server:
             tuple(tuple(float(x) for x in row) for row in measured.T),
             tuple(tuple(float(x) for x in row) for row in loads.mean(axis=0).T),
             max(float(steps.mean()), rank_moe),
+            self.provenance(steps_per_entry),
             float(ms.mean(axis=2).sum(axis=1).mean() / steps.mean()),
             tuple(subs),
-            self.provenance(steps_per_entry),
         )
 
     def true_ratio(self, candidate: Layout, dispatch: str, passes: int, rng: np.random.Generator) -> float:
