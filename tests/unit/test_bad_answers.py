@@ -37,6 +37,7 @@ from vllm_scene_eplb.protocol import (
 )
 
 from ..conftest import skewed_counts
+from .test_protocol import status_with_time
 
 ESC = "\x1b]0;owned\x07\x1b[2J"
 CLOSE, HANG = "close", "hang"  # answers that are no bytes: drop the connection; never answer
@@ -167,19 +168,6 @@ STRING_DP_RANK = status()
 STRING_DP_RANK["ranks"][1]["dp_rank"] = "1"
 
 STATUS_NO_LAYOUT_HASH = {k: v for k, v in status().items() if k != "layout_hash"}
-# a timed live window of the two-layer, two-rank server, for advise --url
-TIME = {
-    "median": 1.1,
-    "worst": 1.2,
-    "moe_share": 0.5,
-    "step_ms": 10.0,
-    "rank_ms": [[1.0, 2.0], [1.5, 1.0]],
-    "per_layer": [1.2, 1.33],
-    "rank_assignments": [[8.0, 16.0], [12.0, 8.0]],
-    "sub_windows": [],
-    "provenance": {"layout_hash": 5},
-}
-
 WATCH, RECORD = ("watch", "--once"), ("record", "status")
 BENCH = ("bench", "--model", MODEL, "--scene", "s", "-n", "1", "-c", "1", "--input-len", "8", "--output-len", "1")
 
@@ -202,7 +190,7 @@ CASES = [
     ),
     (
         "advise --url: the window's layout_hash a number",
-        {STATUS: reply(status({**LIVE, "time": TIME}))},
+        {STATUS: reply(status_with_time(provenance={"layout_hash": 5}))},
         ("advise", "{counts}", "--layout", "{layout}"),
         "provenance layout_hash must be a string or null, got 5",
     ),
