@@ -395,6 +395,13 @@ class MeasuredView(_Answer):
         return cls(f.number("median", 0), f.number("worst", 0), f.numbers("per_layer"))
 
 
+def _active_slots(f: _Fields) -> tuple[tuple[float, ...], ...] | None:
+    """A timing window's optional ``rank_active_slots`` [ranks][layers] (None where not captured)."""
+    if "rank_active_slots" not in f.doc:
+        return None
+    return f.matrix("rank_active_slots", _non_negative, "a finite non-negative number", nullable=True)
+
+
 @dataclass(frozen=True)
 class LiveTime(_Answer):
     """The live object's ``time`` (``measured.time_view``, stamped by ``fitness.LiveFitness``): ``rank_ms``
@@ -402,7 +409,8 @@ class LiveTime(_Answer):
     over ranks (``per_layer``), ``moe_share`` of step time, ``step_ms`` the mean wall ms of a real step,
     ``rank_assignments`` [ranks][layers] (None: the window had no measured rank loads), the recent
     windows' ``sub_windows`` step ms, the server's ``provenance`` and ``gap_ms``, the mean busy pause
-    between steps (None: none was timed). ``advise`` reads it as a ``TimingWindow``."""
+    between steps (None: none was timed), and ``rank_active_slots`` [ranks][layers] (None: not
+    captured). ``advise`` reads it as a ``TimingWindow``."""
 
     median: float
     worst: float
@@ -414,6 +422,7 @@ class LiveTime(_Answer):
     sub_windows: tuple[float, ...]
     provenance: dict
     gap_ms: float | None = None
+    rank_active_slots: tuple[tuple[float, ...], ...] | None = None
 
     @classmethod
     def from_wire(cls, f: _Fields) -> LiveTime:
@@ -430,6 +439,7 @@ class LiveTime(_Answer):
             f.numbers("sub_windows", 0),
             {} if provenance is None else dict(provenance.doc),
             f.number("gap_ms", 0, nullable=True) if "gap_ms" in f.doc else None,  # a status saved before it has none
+            _active_slots(f),
         )
 
     def window(self, where: str, layers: int | None, around: dict, record: bool = False) -> TimingWindow:
@@ -450,6 +460,7 @@ class LiveTime(_Answer):
             layers,
             record,
             self.gap_ms or 0.0,
+            None if self.rank_active_slots is None else _floats(self.rank_active_slots),
         )
 
 
@@ -847,7 +858,9 @@ class TimingWindow:
     spread is a measured noise floor), ``record`` whether it is a record's own window
     (``live.record_time``: the passes of that record's dump) rather than a live window that falls
     where it falls, ``gap_ms`` the mean busy pause between steps (what a step's throughput pays
-    beside the step; 0 where not timed)."""
+    beside the step; 0 where not timed), ``rank_active_slots`` [ranks][layers] the mean slots per
+    pass each rank computed at least one assignment for (whose weights it read; None where the
+    server does not capture them: the model then prices no cost per active slot)."""
 
     rank_ms: tuple[tuple[float, ...], ...]
     rank_assignments: tuple[tuple[float, ...], ...]
@@ -857,6 +870,7 @@ class TimingWindow:
     sub_windows: tuple[float, ...] = ()
     record: bool = False
     gap_ms: float = 0.0
+    rank_active_slots: tuple[tuple[float, ...], ...] | None = None
 
     @property
     def ranks(self) -> int:
@@ -887,7 +901,10 @@ class TimingWindow:
         record = record or ("record" in doc and f.flag("record"))
         gap = f.number("gap_ms", 0, nullable=True) if "gap_ms" in doc else None
         known = {} if said is None else said.doc
-        return cls.checked(f, rank_ms, assignments, step_ms, share, sub_windows, known, layers, record, gap or 0.0)
+        active = _active_slots(f)
+        return cls.checked(
+            f, rank_ms, assignments, step_ms, share, sub_windows, known, layers, record, gap or 0.0, active and _floats(active)
+        )
 
     @classmethod
     def checked(
@@ -902,10 +919,12 @@ class TimingWindow:
         layers: int | None,
         record: bool = False,
         gap_ms: float = 0.0,
+        active: tuple[tuple[float, ...], ...] | None = None,
     ) -> TimingWindow:
         """The window of fields each read (``from_wire``, ``LiveTime.window``), checked as a whole:
         ``rank_ms`` and ``rank_assignments`` of one shape (``layers`` MoE layers when given), a
-        positive ``step_ms`` at least the MoE ms a rank spends in it; ``f`` names the window in an error."""
+        positive ``step_ms`` at least the MoE ms a rank spends in it, ``active`` (the active slots, where
+        given) of the same shape and at most the assignments; ``f`` names the window in an error."""
         shape = (len(rank_ms), len(rank_ms[0]))
         if (len(assignments), len(assignments[0])) != shape:
             f.fail(
@@ -914,6 +933,18 @@ class TimingWindow:
             )
         if layers is not None and shape[1] != layers:
             f.fail(f"has {shape[1]} MoE layers, the candidate {layers}")
+        if active is not None:
+            if (len(active), len(active[0])) != shape:
+                f.fail(
+                    f"rank_active_slots is [{len(active)}][{len(active[0])}], rank_ms [{shape[0]}][{shape[1]}]: one value per rank and MoE layer in both"
+                )
+            over = [(r, i) for r, row in enumerate(active) for i, k in enumerate(row) if k > assignments[r][i] * (1 + 1e-9)]
+            if over:
+                r, i = over[0]
+                f.fail(
+                    f"rank_active_slots[{r}][{i}] is {active[r][i]:g}, more than the {assignments[r][i]:g} assignments the rank "
+                    "computed: a slot is active when it computes at least one"
+                )
         rank_moe = max(sum(row) for row in rank_ms)
         if step_ms <= 0 or step_ms < rank_moe * (1 - 1e-9):
             f.fail(f"step_ms {step_ms:g} is not positive or shorter than the {rank_moe:g} ms of MoE a rank spends in it")
@@ -926,6 +957,7 @@ class TimingWindow:
             sub_windows,
             record,
             float(gap_ms),
+            active,
         )
 
     @classmethod
@@ -966,6 +998,7 @@ class TimingWindow:
             "sub_windows": list(self.sub_windows),
             "record": self.record,
             "gap_ms": self.gap_ms,
+            "rank_active_slots": None if self.rank_active_slots is None else [list(r) for r in self.rank_active_slots],
         }
 
 

@@ -342,6 +342,7 @@ def test_the_answer_readers_take_what_the_server_sends_key_for_key():
                 "sub_windows": [],
                 "provenance": {},
                 "gap_ms": 12.5,
+                "rank_active_slots": [[3.0, 2.0], [4.0, 1.0]],
             },
         }
     )

@@ -66,6 +66,19 @@ TIMING_CASES = {
     ),
     "sub_windows_negative": (lambda t: {"sub_windows": [1.0, -2.0]}, "sub_windows[1]"),
     "provenance_not_an_object": (lambda t: {"provenance": "mine"}, "provenance"),
+    "active_slots_of_another_shape": (
+        lambda t: {"rank_active_slots": [r[:2] for r in t["rank_assignments"]]},
+        "rank_active_slots is [2][2]",
+    ),
+    "active_slots_above_assignments": (
+        lambda t: {"rank_active_slots": [[x + 1 for x in r] for r in t["rank_assignments"]]},
+        "more than the",
+    ),
+    "active_slots_nan": (
+        lambda t: {"rank_active_slots": [[float("nan")] * len(r) for r in t["rank_ms"]]},
+        "rank_active_slots[0][0]",
+    ),
+    "active_slots_not_a_list": (lambda t: {"rank_active_slots": "all"}, "rank_active_slots"),
     "three_ranks_for_two": (
         lambda t: {
             "rank_ms": t["rank_ms"] + t["rank_ms"][:1],

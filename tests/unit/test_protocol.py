@@ -240,6 +240,16 @@ def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_rea
         TimingWindow.from_status(empty["live"], "u")  # a saved live object, read as the window it holds
 
 
+def test_the_active_slots_read_the_same_typed_and_raw_and_a_status_without_them_reads_none():
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    doc = status_with_time(rank_active_slots=[[3.0, 2.5], [4.0, 1.0]])
+    for read in (lambda d: TimingWindow.of_status(StatusAnswer.from_wire(d), "u"), lambda d: TimingWindow.from_status(d, "u")):
+        assert read(doc).rank_active_slots == ((3.0, 2.5), (4.0, 1.0)) and read(status_with_time()).rank_active_slots is None
+    window = TimingWindow.from_status(doc, "u")
+    assert TimingWindow.from_wire(window.to_wire()) == window
+
+
 @pytest.mark.parametrize(
     "change, expected",
     [

@@ -149,7 +149,8 @@ class ModelCheck:
     """The running layout's model against what was measured: its slot traffic against the dump's
     ``physical_count`` (``fidelity``), its slowest ranks' ms on the dump's mean pass modelled and from
     the measured traffic, and, at the timing window's own load per layer (its passes may be of
-    another size than the dump's), its modelled rank shares against the window's measured slowest ranks."""
+    another size than the dump's), its modelled rank shares against the window's measured slowest ranks
+    (with a cost per active slot, the running layout's mean active slots per pass and the window's own)."""
 
     fidelity: float | None
     mean_pass_modelled: float
@@ -158,8 +159,18 @@ class ModelCheck:
     window_modelled: float
 
     @classmethod
-    def of(cls, counts: Counts, rows: list[int], now: Setup, model: TimeModel, passes: int, timing: TimingWindow) -> ModelCheck:
-        """The check of the running setup ``now`` on the dump's MoE ``rows`` over its ``passes`` passes."""
+    def of(
+        cls,
+        counts: Counts,
+        rows: list[int],
+        now: Setup,
+        model: TimeModel,
+        passes: int,
+        timing: TimingWindow,
+        mean_active: np.ndarray | None = None,
+    ) -> ModelCheck:
+        """The check of the running setup ``now`` on the dump's MoE ``rows`` over its ``passes`` passes;
+        ``mean_active`` [L, ranks]: its mean active slots per pass (None: not priced)."""
         written = counts.written_entries()
         assert counts.physical is not None  # evidence_gap refused a dump without it
         logical_total = counts.data[written][:, rows].sum(axis=0)
@@ -170,12 +181,13 @@ class ModelCheck:
         measured_ranks = physical_total.reshape(len(rows), ep, -1).sum(axis=2).astype(np.float64)
         rank_share = modelled_ranks / np.maximum(modelled_ranks.sum(axis=1, keepdims=True), 1e-300)
         window_load = np.asarray(timing.rank_assignments, dtype=np.float64).sum(axis=0)  # [layers]
+        window_active = None if timing.rank_active_slots is None else np.asarray(timing.rank_active_slots).T
         return cls(
             fidelity(physical_total, modelled_slots, now.p2l, now.geometry.num_experts),
-            float(model.critical(modelled_ranks / passes)),
-            float(model.critical(measured_ranks / passes)),
+            float(model.critical(modelled_ranks / passes, mean_active)),
+            float(model.critical(measured_ranks / passes, mean_active)),
             float(np.asarray(timing.rank_ms).max(axis=0).sum()),
-            float(model.critical(rank_share * window_load[:, None])),
+            float(model.critical(rank_share * window_load[:, None], window_active)),
         )
 
     def details(self) -> dict:

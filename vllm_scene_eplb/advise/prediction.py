@@ -44,9 +44,19 @@ class Prediction:
     cycle: float
 
     @classmethod
-    def of(cls, model: TimeModel, now: np.ndarray, candidate: np.ndarray, origin: np.ndarray, cycle: float) -> Prediction:
-        """From per-pass rank loads [n, L, ranks] of the running layout and of the candidate."""
-        return cls(model.critical(now), model.critical(candidate), origin, cycle)
+    def of(
+        cls,
+        model: TimeModel,
+        now: np.ndarray,
+        candidate: np.ndarray,
+        origin: np.ndarray,
+        cycle: float,
+        active: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> Prediction:
+        """From per-pass rank loads [n, L, ranks] of the running layout and of the candidate, and
+        their per-pass active slots per rank (``active``: now, candidate; None: not priced)."""
+        act_now, act_cand = (None, None) if active is None else active
+        return cls(model.critical(now, act_now), model.critical(candidate, act_cand), origin, cycle)
 
     @property
     def critical_now(self) -> float:

@@ -78,6 +78,25 @@ class Setup:
         rank_op = self.operator.reshape(*self.operator.shape[:2], g.ep_size, g.slots_per_rank).sum(axis=3)
         return np.einsum("...le,ler->...lr", np.asarray(logical, dtype=np.float64), rank_op)
 
+    def slot_active(self, logical: np.ndarray) -> np.ndarray:
+        """The chance each slot [..., L, P] computes at least one assignment in a pass of logical
+        counts [..., L, E]: a slot with share s of its expert's x assignments, 1 - (1 - s)^x under
+        ``static`` (each assignment's source rank, hence its slot, at random) and min(x s, 1) under
+        ``dynamic`` (min(x, c) of an expert's c replicas, one row each in turn)."""
+        x = np.asarray(logical, dtype=np.float64)
+        x = np.take_along_axis(x, np.broadcast_to(self.p2l, (*x.shape[:-1], self.p2l.shape[1])), axis=-1)
+        share = np.take_along_axis(self.operator, self.p2l[:, None, :], axis=1)[:, 0, :]  # [L, P]
+        return 1.0 - (1.0 - share) ** x if self.dispatch == "static" else np.minimum(x * share, 1.0)
+
+    def per_rank(self, slots: np.ndarray) -> np.ndarray:
+        """Per-slot values [..., L, P] summed per rank: [..., L, ep]."""
+        g = self.geometry
+        return slots.reshape(*slots.shape[:-1], g.ep_size, g.slots_per_rank).sum(axis=-1)
+
+    def rank_active(self, logical: np.ndarray) -> np.ndarray:
+        """Expected active slots per rank [..., L, ep] of passes' logical counts [..., L, E] (``slot_active``)."""
+        return self.per_rank(self.slot_active(logical))
+
 
 def running_setup(counts: Counts, running: Layout | None, candidate: Layout, rows: list[int], shares) -> Setup:
     """The running server's layout, from the dump's metadata (its layout hash, dispatch) and ``running``;

@@ -23,7 +23,7 @@ from .gates import (
     too_few_passes,
     unidentified,
 )
-from .model import fit_time_model
+from .model import SLOTS_PRICED, fit_slot_model, fit_time_model
 from .passes import DEFAULT_SEED, recorded_passes
 from .prediction import Prediction, cycle_ms
 from .setups import Setup, running_setup, source_shares
@@ -64,13 +64,16 @@ def advise(
     few = too_few_passes(passes.shape[0], n_entries)
     if few:
         return insufficient(reasons, few)
-    model = fit_time_model(np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments))
+    base = fit_time_model(np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments))
     loads_now, loads_cand = now.rank_loads(passes), cand.rank_loads(passes)
-    if not model.identified:
-        return unidentified(reasons, model, timing, loads_now, loads_cand, ab_ratio)
-    prediction = Prediction.of(model, loads_now, loads_cand, origin, cycle_ms(timing))
+    if not base.identified:
+        return unidentified(reasons, base, timing, loads_now, loads_cand, ab_ratio)
+    slots = fit_slot_model(base, np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments), _active(timing))
+    model = slots.model
+    active = None if timing.rank_active_slots is None else (now.rank_active(passes), cand.rank_active(passes))
+    prediction = Prediction.of(model, loads_now, loads_cand, origin, cycle_ms(timing), active)
     floor, floor_source = noise_floor(timing, model, prediction.critical_now, ab_ratio)
-    check = ModelCheck.of(counts, rows, now, model, passes.shape[0], timing)
+    check = ModelCheck.of(counts, rows, now, model, passes.shape[0], timing, None if active is None else active[0].mean(axis=0))
     numbers = {
         "critical_ms_now": prediction.critical_now,
         "critical_ms_candidate": prediction.critical_candidate,
@@ -80,14 +83,15 @@ def advise(
         "noise_floor": floor,
         "noise_floor_source": floor_source,
         "model_residual": model.residual,
-        "model": {"a": model.a.tolist(), "b": model.b.tolist()},
+        "model": {"a": model.a.tolist(), "b": model.b.tolist(), "c": model.c, "slots": model.slots},
         "passes": int(passes.shape[0]),
         **check.details(),
     }
+    priced = "a + b x assignments + c x active slots" if model.slots == SLOTS_PRICED else "a + b x assignments"
     reasons.append(
-        f"count -> time model: per layer ms = a + b x assignments on a rank, fitted on {timing.ranks} ranks x "
+        f"count -> time model: per layer ms = {priced} on a rank, fitted on {timing.ranks} ranks x "
         f"{len(rows)} layers of the timing window ({WINDOW_KINDS[timing.record]}; relative residual {model.residual:.1%}); "
-        f"{passes.shape[0]} passes from {n_entries} entries"
+        f"{passes.shape[0]} passes from {n_entries} entries; {slots.why}"
     )
     refusal = longer_than_the_step(prediction.critical_now, timing) or check.disagreement(timing.step_ms, floor)
     if refusal:
@@ -95,7 +99,28 @@ def advise(
     halves = prediction.halves(n_entries)
     verdict, why = _verdict(prediction.ratio, halves, floor, floor_source)
     lines = _prediction_lines(prediction, halves, timing)
-    return Advice(verdict, prediction.ratio, (*reasons, *lines, why), {**numbers, "halves": halves})
+    ratio = prediction.ratio
+    if slots.bound is not None:
+        bound = Prediction.of(slots.bound, loads_now, loads_cand, origin, cycle_ms(timing), active)
+        other, _ = _verdict(bound.ratio, bound.halves(n_entries), floor, floor_source)
+        numbers["bound_ratio"] = bound.ratio
+        span = f"with c between 0 and {slots.bound.c:.4g} ms per active slot the ratio lies between {ratio:.3f} and {bound.ratio:.3f}"
+        if other != verdict:
+            return insufficient(
+                reasons,
+                *lines,
+                f"{span}: {verdict} at one end, {other} at the other; time a window whose ranks' active slots differ "
+                "apart from their assignments (several pass sizes, or the linear layout under a skewed scene)",
+                **numbers,
+            )
+        ratio = min(ratio, bound.ratio) if verdict == "trial" else max(ratio, bound.ratio)
+        lines.append(f"{span}: {verdict} at both ends, and the ratio given is the end the verdict was decided at ({ratio:.3f})")
+    return Advice(verdict, ratio, (*reasons, *lines, why), {**numbers, "halves": halves})
+
+
+def _active(timing: TimingWindow) -> np.ndarray | None:
+    """The window's active slots per rank [ranks, L] (None where it carries none)."""
+    return None if timing.rank_active_slots is None else np.asarray(timing.rank_active_slots)
 
 
 def _prediction_lines(prediction: Prediction, halves: list[float], timing: TimingWindow) -> list[str]:
