@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.advise import Setup, advise
-from vllm_scene_eplb.advise.model import SLOTS_PRICED, fit_slot_model, fit_time_model
+from vllm_scene_eplb.advise.model import SLOTS_PRICED, SLOTS_UNIDENTIFIED, fit_slot_model, fit_time_model
 from vllm_scene_eplb.harness.simulated import Device, Scene, Server, linear_setup
 from vllm_scene_eplb.layout import Geometry, Layout
 
@@ -83,6 +83,7 @@ def test_a_window_whose_active_slots_do_not_spread_leaves_c_unidentified_with_a_
     k = np.full((2, 2), 8.0)  # every slot of both ranks active
     base = fit_time_model(ms, n)
     cost = fit_slot_model(base, ms, n, k)
-    assert cost.model is base and cost.bound is not None and "hardly differ" in cost.why
-    assert cost.bound.c == pytest.approx(float(base.a.min()) / 8)  # the fixed cost of the cheaper layer, all per slot
+    assert cost.model.slots == SLOTS_UNIDENTIFIED and cost.model.c == 0 and cost.bound is not None and "hardly differ" in cost.why
+    assert cost.model.b == pytest.approx([0.002, 0.002]) and cost.model.rank_ms(n.T) == pytest.approx(base.rank_ms(n.T))
+    assert cost.bound.c == pytest.approx(float(cost.model.a.min()) / 8)  # the fixed cost of the cheaper layer, all per slot
     assert cost.bound.rank_ms(n.T, k.T) == pytest.approx(base.rank_ms(n.T))  # the window's own points keep their time

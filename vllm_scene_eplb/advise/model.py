@@ -122,38 +122,46 @@ def fit_time_model(rank_ms: np.ndarray, rank_assignments: np.ndarray) -> TimeMod
     return TimeModel(a, b, residual, pooled[1], _slope_error(n.ravel(), ms.ravel(), *pooled), b_max)
 
 
+def _pooled(base: TimeModel, ms: np.ndarray, n: np.ndarray, k: np.ndarray, b: float, c: float, slots: str) -> TimeModel:
+    """``base`` with ``b`` and ``c`` pooled over layers and each layer's fixed cost through its mean point; [ranks, L] each."""
+    a = ms.mean(axis=0) - b * n.mean(axis=0) - c * k.mean(axis=0)
+    fitted = a[None, :] + b * n + c * k
+    residual = float(np.sqrt(np.mean((fitted - ms) ** 2)) / max(float(ms.mean()), 1e-12))
+    return replace(base, a=a, b=np.full_like(base.b, b), residual=residual, c=float(c), slots=slots)
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The least-squares slope through the origin of y on x (differences from their layer's mean), at least 0."""
+    return max(float((x * y).sum() / max(float((x**2).sum()), 1e-300)), 0.0)
+
+
 def fit_slot_model(
     base: TimeModel, rank_ms: np.ndarray, rank_assignments: np.ndarray, rank_active: np.ndarray | None
 ) -> SlotCost:
-    """The cost per active slot on top of ``base`` (``fit_time_model`` of the same window): ms,
-    assignments and active slots per pass, all [ranks, L]. b and c are pooled over layers and
-    fitted on the points' differences from their layer's mean; a negative one is dropped and the
-    other refitted."""
+    """The cost per active slot beside ``base`` (``fit_time_model`` of the same window): ms,
+    assignments and active slots per pass, all [ranks, L]. With active slots, b and c are pooled
+    over layers and fitted on the points' differences from their layer's mean (a negative one
+    dropped and the other refitted); where c is not identified, b alone so, and the bound beside it."""
     if rank_active is None:
         return SlotCost(base, None, "no cost per active slot priced: the timing window carries no active slots per rank")
     ms, n, k = (np.asarray(x, dtype=np.float64) for x in (rank_ms, rank_assignments, rank_active))
     dm, dn, dk = (x - x.mean(axis=0, keepdims=True) for x in (ms, n, k))
-    mean_k = k.mean(axis=0)
-    spread = float(np.sqrt((dk**2).mean()) / max(float(mean_k.mean()), 1e-12))
+    spread = float(np.sqrt((dk**2).mean()) / max(float(k.mean()), 1e-12))
     corr = abs(float(np.corrcoef(dn.ravel(), dk.ravel())[0, 1])) if spread > 0 and dn.std() > 0 else 1.0
     if spread < MIN_SLOT_SPREAD or corr > MAX_SLOT_CORRELATION:
+        model = _pooled(base, ms, n, k, _slope(dn, dm), 0.0, SLOTS_UNIDENTIFIED)
         # the window's active slots as k = alpha + beta * n within layers: any c up to c_max explains it
-        beta = max(0.0, float((dk * dn).sum() / (dn**2).sum())) if (dn**2).sum() > 0 else 0.0
-        alpha = mean_k - beta * n.mean(axis=0)
-        limits = [*(base.b / beta if beta > 0 else []), *(base.a[alpha > 0] / alpha[alpha > 0])]
+        beta = _slope(dn, dk)
+        alpha = k.mean(axis=0) - beta * n.mean(axis=0)
+        limits = [*(model.b / beta if beta > 0 else []), *(model.a[alpha > 0] / alpha[alpha > 0])]
         c_max = max(0.0, float(min(limits))) if limits else 0.0
         why = (
             f"the cost per active slot is not identified: the ranks' active slots {'hardly differ' if spread < MIN_SLOT_SPREAD else 'follow their assignments'} "
             f"in this window (spread {spread:.1%}, correlation {corr:.3f}); it lies between 0 and {c_max:.4g} ms per slot"
         )
-        return SlotCost(base, base.with_slot_cost(c_max, alpha, beta), why)
+        return SlotCost(model, model.with_slot_cost(c_max, alpha, beta), why)
     (b, c), *_ = np.linalg.lstsq(np.stack([dn.ravel(), dk.ravel()], axis=1), dm.ravel(), rcond=None)
     if c < 0 or b < 0:
-        x = dk if c >= 0 else dn
-        slope = float(max((x * dm).sum() / max(float((x**2).sum()), 1e-300), 0.0))
-        b, c = (0.0, slope) if c >= 0 else (slope, 0.0)
-    a = ms.mean(axis=0) - b * n.mean(axis=0) - c * mean_k
-    fitted = a[None, :] + b * n + c * k
-    residual = float(np.sqrt(np.mean((fitted - ms) ** 2)) / max(float(ms.mean()), 1e-12))
-    model = replace(base, a=a, b=np.full_like(base.b, b), residual=residual, c=float(c), slots=SLOTS_PRICED)
+        b, c = (0.0, _slope(dk, dm)) if c >= 0 else (_slope(dn, dm), 0.0)
+    model = _pooled(base, ms, n, k, float(b), float(c), SLOTS_PRICED)
     return SlotCost(model, None, f"{c:.4g} ms per active slot and {b:.4g} ms per assignment, pooled over layers")
