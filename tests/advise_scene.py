@@ -13,7 +13,9 @@ from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import write_counts, write_layout
 from vllm_scene_eplb.harness.simulated import Device, Scene, Server
 from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.protocol import LiveAnswer, LiveTime, StatusAnswer, TimingWindow, WorkerStatus
+from vllm_scene_eplb.protocol import LiveAnswer, LiveTime, StatusAnswer, TimingWindow
+
+from .conftest import worker_status
 
 E, L, EP = 16, 4, 2
 DEVICE = Device(a_ms=0.05, b_ms=0.002, other_ms=3.0)
@@ -54,13 +56,19 @@ def status_answer(window: TimingWindow) -> dict:
     window's provenance), as ``advise --timing`` reads a saved one."""
     prov = window.provenance
     ranks = [
-        WorkerStatus(
-            **prov, model="simulated", ep_rank=r, dp_rank=0, tp_rank=r, layout_path=None, observer="idle", recording=False,
-            ring_entries=64, entries_written=1, passes_recorded=1, skipped_passes=0, skipped_recorded=0,
-            live_counts=True, moe_layers=tuple(range(L)), top_k=4, expert_groups=None, server_start="5f0c9a2e",
+        worker_status(
+            r,
+            **prov,
+            model="simulated",
+            layout_path=None,
+            tp_rank=r,
+            dp_rank=0,
+            live_counts=True,
+            top_k=4,
+            moe_layers=list(range(L)),
         )
         for r in range(window.ranks)
-    ]  # fmt: skip
+    ]
     ms = np.asarray(window.rank_ms)
     per_layer = tuple(float(x) for x in ms.max(axis=0) / ms.mean(axis=0))
     time = LiveTime(

@@ -16,7 +16,7 @@ words. Pure numpy, no engine.
 
 from .gates import MIN_PASSES, NOISE_FLOOR
 from .model import TimeModel, fit_time_model
-from .passes import passes_per_entry, recorded_passes, split_passes
+from .passes import passes_per_entry, split_passes
 from .setups import Setup
 from .verdict import advise
 
@@ -28,6 +28,5 @@ __all__ = [
     "advise",
     "fit_time_model",
     "passes_per_entry",
-    "recorded_passes",
     "split_passes",
 ]
