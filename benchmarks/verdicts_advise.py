@@ -45,7 +45,7 @@ from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.harness import demo
 from vllm_scene_eplb.harness.results import prefill_metric
-from vllm_scene_eplb.harness.simulated import Device, Scene, Server, critical_ms, linear_setup
+from vllm_scene_eplb.harness.simulated import Device, Scene, Server, linear_setup, rank_ms
 from vllm_scene_eplb.layout import Geometry, Layout
 from vllm_scene_eplb.stats import block_effects, check_positive
 
@@ -151,8 +151,8 @@ def _aggregate_ratio(srv: Server, rec: np.ndarray, layout: Layout, dispatch: str
     """What the slowest rank of the *mean* pass predicts (the model before it went per pass), for comparison."""
     mean = rec.mean(axis=0, keepdims=True)
     cand = Setup.of(layout, layout.geometry, dispatch, list(range(rec.shape[1])), None)
-    c_now = float(critical_ms(srv.device, srv.setup.rank_loads(mean))[0])
-    c_cand = float(critical_ms(srv.device, cand.rank_loads(mean))[0])
+    rng = np.random.default_rng(0)  # (the devices here have no cost per active slot: nothing is drawn)
+    c_now, c_cand = (float(rank_ms(srv.device, s, mean, rng).max(axis=2).sum()) for s in (srv.setup, cand))
     return (srv.device.other_ms + c_now) / (srv.device.other_ms + c_cand)
 
 

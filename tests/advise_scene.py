@@ -13,6 +13,9 @@ from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import write_counts, write_layout
 from vllm_scene_eplb.harness.simulated import Device, Scene, Server
 from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.protocol import LiveAnswer, LiveTime, StatusAnswer, TimingWindow
+
+from .conftest import worker_status
 
 E, L, EP = 16, 4, 2
 DEVICE = Device(a_ms=0.05, b_ms=0.002, other_ms=3.0)
@@ -44,5 +47,35 @@ def write_case(d: Path, passes: int = 128, steps_per_entry: int = 1, seed: int =
     paths = {"dump": d / "dump.npz", "cand": d / "cand.json", "status": d / "status.json"}
     write_counts(counts, paths["dump"])
     write_layout(candidate(counts), paths["cand"])
-    paths["status"].write_text(json.dumps({**window.provenance, "live": {"time": window.to_wire()}}))
+    paths["status"].write_text(json.dumps(status_answer(window)))
     return paths
+
+
+def status_answer(window: TimingWindow) -> dict:
+    """The status route's answer of a server whose ``live.time`` is ``window`` (its status keys the
+    window's provenance), as ``advise --timing`` reads a saved one."""
+    prov = window.provenance
+    ranks = [
+        worker_status(
+            r,
+            **prov,
+            model="simulated",
+            layout_path=None,
+            tp_rank=r,
+            dp_rank=0,
+            live_counts=True,
+            top_k=4,
+            moe_layers=list(range(L)),
+        )
+        for r in range(window.ranks)
+    ]
+    ms = np.asarray(window.rank_ms)
+    per_layer = tuple(float(x) for x in ms.max(axis=0) / ms.mean(axis=0))
+    time = LiveTime(
+        float(np.median(per_layer)), max(per_layer), window.moe_share, window.step_ms, window.rank_ms, per_layer,
+        window.rank_assignments, window.sub_windows, dict(prov), window.gap_ms,
+    )  # fmt: skip
+    live = LiveAnswer(
+        None, None, None, None, False, 1, 5.0, 1, None, prov["dispatch"], tuple(range(L)), None, None, None, time
+    )  # fmt: skip
+    return StatusAnswer.of_ranks(ranks, live).to_wire()

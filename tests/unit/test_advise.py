@@ -14,6 +14,7 @@ from vllm_scene_eplb.advise import MIN_PASSES, Setup, advise, fit_time_model, pa
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.protocol import PROVENANCE_KEYS, TimingWindow
 
 from ..advise_scene import EVEN, SKEWED, L, candidate, scene, server, write_case
 from .test_bad_input import run
@@ -113,12 +114,26 @@ def test_a_timing_window_from_another_setup_names_the_mismatch(key, value):
     assert key in answer.reasons[-1] and repr(value) in answer.reasons[-1], answer.reasons
 
 
-def test_a_timing_window_without_provenance_is_not_priced():
+@pytest.mark.parametrize("key", PROVENANCE_KEYS)
+def test_a_timing_window_that_leaves_a_provenance_key_out_is_refused_not_read_as_null(key):
+    """Absent is not null: a window without ``layout_hash`` once read as the linear layout's and gave
+    ``trial`` on a dump of the linear server; ``layout_hash`` null is the linear layout, a value."""
+    s, rec = _recording()
+    wire = server(s).timing_window(rec, 1).to_wire()
+    assert wire["provenance"]["layout_hash"] is None and TimingWindow.from_wire(wire).provenance == wire["provenance"]
+    del wire["provenance"][key]
+    with pytest.raises(SceneEplbError, match=f"does not say its {key} "):
+        TimingWindow.from_wire(wire)
+
+
+def test_a_timing_window_of_the_linear_layout_does_not_price_a_dump_of_another():
     s, rec = _recording()
     counts = server(s).dump(rec, 1)
-    window = replace(server(s).timing_window(rec, 1), provenance={})
-    answer = advise(counts, candidate(counts), "static", window)
-    assert answer.verdict == "insufficient_evidence" and "no provenance" in answer.reasons[-1]
+    counts = Counts(counts.data, {**counts.meta, "layout_hash": "0123456789abcdef"}, physical=counts.physical)
+    answer = advise(counts, candidate(counts), "static", server(s).timing_window(rec, 1), running=candidate(counts))
+    assert (
+        answer.verdict == "insufficient_evidence" and "layout_hash is '0123456789abcdef' in the dump, None" in answer.reasons[-1]
+    )
 
 
 def test_a_model_that_disagrees_with_the_measured_traffic_says_so():

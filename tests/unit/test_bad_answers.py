@@ -37,6 +37,7 @@ from vllm_scene_eplb.protocol import (
 )
 
 from ..conftest import skewed_counts
+from .test_protocol import status_with_time
 
 ESC = "\x1b]0;owned\x07\x1b[2J"
 CLOSE, HANG = "close", "hang"  # answers that are no bytes: drop the connection; never answer
@@ -166,6 +167,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
 STRING_DP_RANK = status()
 STRING_DP_RANK["ranks"][1]["dp_rank"] = "1"
 
+STATUS_NO_LAYOUT_HASH = {k: v for k, v in status().items() if k != "layout_hash"}
 WATCH, RECORD = ("watch", "--once"), ("record", "status")
 BENCH = ("bench", "--model", MODEL, "--scene", "s", "-n", "1", "-c", "1", "--input-len", "8", "--output-len", "1")
 
@@ -180,6 +182,18 @@ CASES = [
         "reply is not HTTP",
     ),
     ("bench: not HTTP", {"/v1/models": b"SSH-2.0-OpenSSH_9.6\r\n"}, BENCH, "reply is not HTTP"),
+    (
+        "advise --url: status without layout_hash",
+        {STATUS: reply(STATUS_NO_LAYOUT_HASH)},
+        ("advise", "{counts}", "--layout", "{layout}"),
+        "no 'layout_hash'",
+    ),
+    (
+        "advise --url: the window's layout_hash a number",
+        {STATUS: reply(status_with_time(provenance={"layout_hash": 5}))},
+        ("advise", "{counts}", "--layout", "{layout}"),
+        "provenance layout_hash must be a string or null, got 5",
+    ),
     ("audit: not HTTP", {STATUS: b"\xff\xfe\r\n\r\n"}, ("audit",), "reply is not HTTP"),
     ("watch: body cut short", {STATUS: reply('{"live": {"median"', length=1000)}, WATCH, "cut short"),
     ("record status: dropped connection", {STATUS: CLOSE}, RECORD, "closed the connection without an answer"),
@@ -328,6 +342,7 @@ def test_the_answer_readers_take_what_the_server_sends_key_for_key():
                 "sub_windows": [],
                 "provenance": {},
                 "gap_ms": 12.5,
+                "rank_active_slots": [[3.0, 2.0], [4.0, 1.0]],
             },
         }
     )

@@ -66,6 +66,19 @@ TIMING_CASES = {
     ),
     "sub_windows_negative": (lambda t: {"sub_windows": [1.0, -2.0]}, "sub_windows[1]"),
     "provenance_not_an_object": (lambda t: {"provenance": "mine"}, "provenance"),
+    "active_slots_of_another_shape": (
+        lambda t: {"rank_active_slots": [r[:2] for r in t["rank_assignments"]]},
+        "rank_active_slots is [2][2]",
+    ),
+    "active_slots_above_assignments": (
+        lambda t: {"rank_active_slots": [[x + 1 for x in r] for r in t["rank_assignments"]]},
+        "more than the",
+    ),
+    "active_slots_nan": (
+        lambda t: {"rank_active_slots": [[float("nan")] * len(r) for r in t["rank_ms"]]},
+        "rank_active_slots[0][0]",
+    ),
+    "active_slots_not_a_list": (lambda t: {"rank_active_slots": "all"}, "rank_active_slots"),
     "three_ranks_for_two": (
         lambda t: {
             "rank_ms": t["rank_ms"] + t["rank_ms"][:1],
@@ -85,9 +98,68 @@ def test_a_bad_timing_window_is_one_line_and_exit_2(name, case, tmp_path):
     assert_one_line_error(code, err, expected, name)
 
 
+def _without(d: dict, *keys: str) -> dict:
+    return {k: v for k, v in d.items() if k not in keys}
+
+
+def _status(case) -> dict:
+    return json.loads(case["status"].read_text())
+
+
+# What a saved status, live object or time object leaves out or holds wrong about the server it came
+# from (issue 37): a key left out is refused, never read as null (``layout_hash`` null is the linear
+# layout); a saved status answer is read and checked whole, as the status route's answer.
+SAVED_CASES = {
+    "time_without_layout_hash": (
+        lambda c: {**_time(c), "provenance": _without(_time(c)["provenance"], "layout_hash")},
+        "does not say its layout_hash ",
+    ),
+    "live_object_without_provenance": (
+        lambda c: {"time": _without(_time(c), "provenance")},
+        "does not say its layout_hash, ep_size",
+    ),
+    "provenance_layout_hash_a_number": (
+        lambda c: {**_time(c), "provenance": {**_time(c)["provenance"], "layout_hash": 5}},
+        "layout_hash must be a string or null",
+    ),
+    "provenance_engine_null": (
+        lambda c: {**_time(c), "provenance": {**_time(c)["provenance"], "engine": None}},
+        "engine must be a string",
+    ),
+    "status_ep_size_a_string": (lambda c: {**_status(c), "ep_size": "2"}, "ep_size must be an integer"),
+    "status_without_layout_hash": (lambda c: _without(_status(c), "layout_hash"), "no 'layout_hash'"),
+    "status_keys_around_a_bare_live": (
+        lambda c: {**_time(c)["provenance"], "live": {"time": _time(c)}},
+        "no 'ranks'",
+    ),  # the provenance keys and a live object: not a status answer, and not read as one
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAVED_CASES))
+def test_a_saved_window_that_does_not_say_its_server_is_one_line_and_exit_2(name, case, tmp_path):
+    make, expected = SAVED_CASES[name]
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(make(case)))
+    code, out, err = run("advise", case["dump"], "--layout", case["cand"], "--timing", path)
+    assert "trial" not in out
+    assert_one_line_error(code, err, expected, name)
+
+
+def test_a_saved_time_object_with_its_provenance_and_a_status_whose_window_leaves_it_to_the_status_say_trial(case, tmp_path):
+    """The window's own provenance complete, or the status keys around it saying what it leaves out."""
+    for name, doc in {
+        "time": _time(case),
+        "status": {**_status(case), "live": {**_status(case)["live"], "time": {**_time(case), "provenance": {}}}},
+    }.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        code, out, err = run("advise", case["dump"], "--layout", case["cand"], "--timing", path)
+        assert code == 0 and "verdict: trial" in out, (name, out, err)
+
+
 def test_a_timing_that_is_not_an_object(case, tmp_path):
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"live": {"time": [1, 2]}}))
+    path.write_text(json.dumps({"time": [1, 2]}))  # a saved live object
     code, out, err = run("advise", case["dump"], "--layout", case["cand"], "--timing", path)
     assert_one_line_error(code, err, "JSON object", "time_not_an_object")
 

@@ -175,7 +175,8 @@ def test_native_counts_say_available_or_why_not():
     assert NativeCounts(False, reason="none").to_wire() == {"available": False, "reason": "none"}
 
 
-def _status_with_time(**time) -> dict:
+def status_with_time(**time) -> dict:
+    """A two-rank status answer with a timed live window of two MoE layers, ``time`` changing its keys."""
     live = {
         "median": None,
         "worst": None,
@@ -210,7 +211,7 @@ def _status_with_time(**time) -> dict:
 def test_the_typed_status_gives_the_timing_window_the_raw_one_gives():
     from vllm_scene_eplb.protocol import TimingWindow
 
-    doc = _status_with_time()
+    doc = status_with_time()
     typed = TimingWindow.of_status(StatusAnswer.from_wire(doc), "http://x", layers=2)
     assert typed == TimingWindow.from_status(doc, "http://x", layers=2)
     assert typed is not None and typed.provenance["role"] == "decode" and typed.provenance["layout_hash"] == "abc"
@@ -219,9 +220,9 @@ def test_the_typed_status_gives_the_timing_window_the_raw_one_gives():
 def test_the_pause_between_steps_reads_the_same_typed_and_raw_and_a_status_without_it_reads_zero():
     from vllm_scene_eplb.protocol import TimingWindow
 
-    doc = _status_with_time(gap_ms=12.5)
+    doc = status_with_time(gap_ms=12.5)
     for read in (lambda d: TimingWindow.of_status(StatusAnswer.from_wire(d), "u"), lambda d: TimingWindow.from_status(d, "u")):
-        assert read(doc).gap_ms == 12.5 and read(_status_with_time()).gap_ms == 0.0
+        assert read(doc).gap_ms == 12.5 and read(status_with_time()).gap_ms == 0.0
     window = TimingWindow.from_status(doc, "u")
     assert TimingWindow.from_wire(window.to_wire()) == window
 
@@ -229,7 +230,7 @@ def test_the_pause_between_steps_reads_the_same_typed_and_raw_and_a_status_witho
 def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_reads_its_live_window():
     from vllm_scene_eplb.protocol import TimingWindow
 
-    doc = _status_with_time()
+    doc = status_with_time()
     record = {**doc["live"]["time"], "rank_ms": [[0.5, 0.5], [0.5, 0.5]], "step_ms": 4.0}
     with_record = {**doc, "live": {**doc["live"], "record_time": record}}
     for read in (
@@ -244,8 +245,20 @@ def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_rea
     assert answer.live is not None and StatusAnswer.from_wire(answer.to_wire()) == answer
     assert StatusAnswer.from_wire({**doc, "live": {**doc["live"], "record_time": None}}).live.record_time is None
     empty = {**doc, "live": {**doc["live"], "record_time": {}}}  # a record window with nothing in it is refused, not skipped
-    with pytest.raises(SceneEplbError, match="has no rank_ms"):
+    with pytest.raises(SceneEplbError, match="record_time has no 'median'"):
         TimingWindow.from_status(empty, "u")
+    with pytest.raises(SceneEplbError, match="has no rank_ms"):
+        TimingWindow.from_status(empty["live"], "u")  # a saved live object, read as the window it holds
+
+
+def test_the_active_slots_read_the_same_typed_and_raw_and_a_status_without_them_reads_none():
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    doc = status_with_time(rank_active_slots=[[3.0, 2.5], [4.0, 1.0]])
+    for read in (lambda d: TimingWindow.of_status(StatusAnswer.from_wire(d), "u"), lambda d: TimingWindow.from_status(d, "u")):
+        assert read(doc).rank_active_slots == ((3.0, 2.5), (4.0, 1.0)) and read(status_with_time()).rank_active_slots is None
+    window = TimingWindow.from_status(doc, "u")
+    assert TimingWindow.from_wire(window.to_wire()) == window
 
 
 @pytest.mark.parametrize(
@@ -261,7 +274,7 @@ def test_a_status_with_a_record_window_is_priced_on_it_and_one_saved_without_rea
 def test_the_typed_status_checks_its_timing_window_like_the_raw_one(change, expected):
     from vllm_scene_eplb.protocol import TimingWindow
 
-    doc = _status_with_time(**change)
+    doc = status_with_time(**change)
     for read in (lambda: TimingWindow.of_status(StatusAnswer.from_wire(doc), "u"), lambda: TimingWindow.from_status(doc, "u")):
         with pytest.raises(SceneEplbError, match=re.escape(expected)):
             read()

@@ -4,8 +4,9 @@ distribution, a linear device, a dump at any ``steps_per_entry`` and the true ra
 The truth: every pass draws ``tokens x top_k`` assignments per MoE layer from that layer's expert
 distribution (multinomial; a token's k experts are not forced distinct); the running server runs
 the linear layout or a given one, its measured replica traffic its dispatch's split of the logical
-counts (rounded to whole assignments); a rank's MoE time per layer and pass is ``a + b x assignments`` and every layer waits for its slowest rank; the step is the MoE
-critical path plus ``other_ms``. The true throughput ratio of a candidate is the mean step now over
+counts (rounded to whole assignments); a rank's MoE time per layer and pass is ``a + b x assignments
++ c x active slots`` (each slot active by the chance ``Setup.slot_active`` gives it, drawn per pass)
+and every layer waits for its slowest rank; the step is the MoE critical path plus ``other_ms``. The true throughput ratio of a candidate is the mean step now over
 the mean step with the candidate, both over fresh passes (not the recorded ones), each pass's loads
 through the same dispatch operator ``advise`` uses (sources split evenly, as over TP rows). Pure
 numpy, no engine.
@@ -29,11 +30,13 @@ CHUNK = 256  # passes sampled at once for the truth
 
 @dataclass(frozen=True)
 class Device:
-    """Rank MoE time per layer and pass ``a_ms + b_ms x assignments``; ``other_ms`` per step outside MoE."""
+    """Rank MoE time per layer and pass ``a_ms + b_ms x assignments + c_ms x active slots``; ``other_ms``
+    per step outside MoE."""
 
     a_ms: float
     b_ms: float
     other_ms: float
+    c_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,17 @@ def linear_setup(num_experts: int, ep_size: int, layers: int) -> Setup:
     return Setup.of(None, Geometry(num_experts, (-num_experts) % ep_size, ep_size), "dynamic", list(range(layers)), None)
 
 
-def critical_ms(device: Device, loads: np.ndarray) -> np.ndarray:
-    """The MoE critical path of every pass for rank loads [n, L, ranks]: [n]."""
-    return (device.a_ms + device.b_ms * loads).max(axis=2).sum(axis=1)
+def rank_ms(device: Device, setup: Setup, passes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Every rank's MoE ms of every pass [n, L, ranks] of logical counts [n, L, E] under ``setup``,
+    its active slots drawn (none when the device has no cost per active slot)."""
+    ms = device.a_ms + device.b_ms * setup.rank_loads(passes)
+    return ms if device.c_ms == 0 else ms + device.c_ms * active_slots(setup, passes, rng)
+
+
+def active_slots(setup: Setup, passes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Every pass's active slots per rank [n, L, ranks]: each slot active by its chance (``Setup.slot_active``)."""
+    chance = setup.slot_active(passes)
+    return setup.per_rank((rng.random(chance.shape) < chance).astype(np.float64))
 
 
 def _integer_split(total: np.ndarray, shares: np.ndarray) -> np.ndarray:
@@ -83,7 +94,8 @@ def _integer_split(total: np.ndarray, shares: np.ndarray) -> np.ndarray:
 class Server:
     """The simulated server: what it serves, its device, its EP size and the layout it runs
     (``running`` None: the linear layout) under ``dispatch``; its timing window's measurements carry
-    ``noise`` (seeded): every rank's ms per layer and every sub-window's step times 1 + N(0, noise)."""
+    ``noise`` (seeded): every rank's ms per layer and every sub-window's step times 1 + N(0, noise);
+    with ``capture_active`` the window also carries every rank's mean active slots per pass."""
 
     scene: Scene
     device: Device
@@ -92,6 +104,7 @@ class Server:
     dispatch: str = "dynamic"
     noise: float = 0.0  # relative sd of the timing window's measurement noise (rank ms, sub-window steps)
     seed: int = 0
+    capture_active: bool = False
 
     @property
     def setup(self) -> Setup:
@@ -133,9 +146,10 @@ class Server:
         """The timing window over ``passes``: per-rank mean ms and assignments per pass, the mean
         step, and the steps of ``SUB_WINDOWS`` consecutive sub-windows."""
         loads = self.setup.rank_loads(passes)  # [n, L, ranks]
-        ms = self.device.a_ms + self.device.b_ms * loads
-        steps = self.device.other_ms + ms.max(axis=2).sum(axis=1)
         rng = np.random.default_rng(self.seed)
+        active = active_slots(self.setup, passes, np.random.default_rng(self.seed + 1))
+        ms = self.device.a_ms + self.device.b_ms * loads + self.device.c_ms * active
+        steps = self.device.other_ms + ms.max(axis=2).sum(axis=1)
         subs = [float(part.mean()) * (1 + self.noise * rng.standard_normal()) for part in np.array_split(steps, SUB_WINDOWS)]
         measured = ms.mean(axis=0) * np.maximum(1 + self.noise * rng.standard_normal(ms.shape[1:]), 0.0)
         rank_moe = float(measured.sum(axis=0).max())
@@ -143,9 +157,12 @@ class Server:
             tuple(tuple(float(x) for x in row) for row in measured.T),
             tuple(tuple(float(x) for x in row) for row in loads.mean(axis=0).T),
             max(float(steps.mean()), rank_moe),
+            self.provenance(steps_per_entry),
             float(ms.mean(axis=2).sum(axis=1).mean() / steps.mean()),
             tuple(subs),
-            self.provenance(steps_per_entry),
+            rank_active_slots=tuple(tuple(float(x) for x in row) for row in active.mean(axis=0).T)
+            if self.capture_active
+            else None,
         )
 
     def true_ratio(self, candidate: Layout, dispatch: str, passes: int, rng: np.random.Generator) -> float:
@@ -156,7 +173,7 @@ class Server:
         c_now = c_cand = 0.0
         for size in [CHUNK] * (passes // CHUNK) + ([passes % CHUNK] if passes % CHUNK else []):
             batch = self.scene.passes(size, rng)
-            c_now += float(critical_ms(self.device, now.rank_loads(batch)).sum())
-            c_cand += float(critical_ms(self.device, cand.rank_loads(batch)).sum())
+            c_now += float(rank_ms(self.device, now, batch, rng).max(axis=2).sum(axis=1).sum())
+            c_cand += float(rank_ms(self.device, cand, batch, rng).max(axis=2).sum(axis=1).sum())
         other = self.device.other_ms
         return float((other + c_now / passes) / (other + c_cand / passes))

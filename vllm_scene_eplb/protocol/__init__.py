@@ -1,0 +1,118 @@
+"""The plugin's wire contract, in one place: route paths, status keys, the startup log line, and
+every answer that crosses (worker -> API server -> client) as a typed object with ``from_wire`` /
+``to_wire`` side by side, one module per concern:
+
+- ``routes``: the control routes, the worker actions behind them and the keys of their answers;
+- ``fields``: the field readers every wire object is read with (one line naming the field at fault);
+- ``status``: a worker's status, every rank's view and the startup line;
+- ``answers``: the live object and the status answer around it, the export, dump, live-count and
+  native-load answers, and the worker answer that carries them;
+- ``timing``: the timing window ``advise`` prices, with the server it came from;
+- ``advice``: what ``advise`` answers.
+
+The workers, the API server (engine adapters, ``runtime``) and the client side (``scene-eplb
+record``, ``audit``, ``bench``) all import it from here, so a route, key or field renamed here is
+renamed everywhere. Stdlib only.
+"""
+
+from .advice import VERDICTS, Advice
+from .answers import (
+    EXPORT_STATES,
+    DumpAnswer,
+    DumpStarted,
+    ExportJobAnswer,
+    LiveAnswer,
+    LiveTime,
+    MeasuredView,
+    NativeCounts,
+    NativeLoadAnswer,
+    RankLive,
+    RankNativeLoad,
+    RecordLive,
+    StatusAnswer,
+    WireObject,
+    WorkerAnswer,
+)
+from .fields import MAX_WIRE_INT
+from .routes import (
+    ACTIONS,
+    AGREE_KEY,
+    AGREEMENT_KEYS,
+    AUDITED_KEYS,
+    DUMP_META_KEYS,
+    EXPORT_STATUS_ACTION,
+    KEEP_SKIPPED,
+    LIVE_ACTION,
+    LIVE_KEY,
+    NATIVE_ACTION,
+    OBSERVER_IDLE,
+    OBSERVER_OFF,
+    OBSERVER_RECORDING,
+    RANKS_KEY,
+    RECORD_LIVE_ACTION,
+    ROUTE_BY_ACTION,
+    ROUTES,
+    Route,
+)
+from .status import (
+    COMM_METHOD_LINE,
+    COMM_METHOD_RE,
+    RANK_KEYS,
+    STATUS_KEYS,
+    RankView,
+    StartupLine,
+    WorkerStatus,
+    parse_startup_lines,
+    startup_line,
+)
+from .timing import PROVENANCE_KEYS, TimingWindow
+
+__all__ = [
+    "ACTIONS",
+    "AGREEMENT_KEYS",
+    "AGREE_KEY",
+    "AUDITED_KEYS",
+    "Advice",
+    "COMM_METHOD_LINE",
+    "COMM_METHOD_RE",
+    "DUMP_META_KEYS",
+    "DumpAnswer",
+    "DumpStarted",
+    "EXPORT_STATES",
+    "EXPORT_STATUS_ACTION",
+    "ExportJobAnswer",
+    "KEEP_SKIPPED",
+    "LIVE_ACTION",
+    "LIVE_KEY",
+    "LiveAnswer",
+    "LiveTime",
+    "MAX_WIRE_INT",
+    "MeasuredView",
+    "NATIVE_ACTION",
+    "NativeCounts",
+    "NativeLoadAnswer",
+    "OBSERVER_IDLE",
+    "OBSERVER_OFF",
+    "OBSERVER_RECORDING",
+    "PROVENANCE_KEYS",
+    "RANKS_KEY",
+    "RANK_KEYS",
+    "RECORD_LIVE_ACTION",
+    "ROUTES",
+    "ROUTE_BY_ACTION",
+    "RankLive",
+    "RankNativeLoad",
+    "RankView",
+    "RecordLive",
+    "Route",
+    "STATUS_KEYS",
+    "StartupLine",
+    "StatusAnswer",
+    "TimingWindow",
+    "VERDICTS",
+    "WireObject",
+    "WorkerAnswer",
+    "WorkerStatus",
+    "parse_startup_lines",
+    "startup_line",
+]
