@@ -173,7 +173,7 @@ def test_the_dump_carries_measured_replica_traffic_that_adds_up(recorded_counts)
 
 
 def test_the_timing_window_says_which_server_it_came_from_as_the_dump_does(recorded_counts):
-    from vllm_scene_eplb.advise import provenance_mismatch
+    from vllm_scene_eplb.advise.gates import provenance_mismatch
     from vllm_scene_eplb.protocol import PROVENANCE_KEYS, TimingWindow
 
     counts, live = recorded_counts.counts, recorded_counts.live

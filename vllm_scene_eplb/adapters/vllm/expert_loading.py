@@ -257,10 +257,7 @@ def patch_weight_loader(RoutedExperts, current_loading: Loading) -> None:
             )
         return out
 
-    for attr in ("supports_moe_loading",):  # vLLM marks the loader; keep its marks
-        if hasattr(orig, attr):
-            setattr(weight_loader, attr, getattr(orig, attr))
-    RoutedExperts.weight_loader = weight_loader
+    RoutedExperts.weight_loader = weight_loader  # functools.wraps kept vLLM's mark (supports_moe_loading)
 
 
 def patch_checkpoint_iterator(DefaultModelLoader, current_loading: Loading) -> None:
@@ -330,4 +327,7 @@ def audit_load(loading: ExpertLoading, runners: list, where: str) -> LoadAudit:
 
 
 def _loaders(loading: ExpertLoading) -> str:
-    return ", ".join(sorted(loading.loaders)) or "vLLM's own mapping (no layout)"
+    """The loader paths that followed the layout, for the refusal (none: the model loads its own way)."""
+    if loading.loaders:
+        return ", ".join(sorted(loading.loaders))
+    return "none of the covered loaders ran (the model maps its experts its own way)" if loading.rows else "no layout"
