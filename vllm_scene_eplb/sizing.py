@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import SceneEplbError
 from .memory import DTYPE_BYTES, GIB, ModelMemory
-from .model_geometry import ConfigFields
+from .model_geometry import ConfigFields, MlaShape
 
 MIB = 1024**2
 MC2_TOKEN_CAP = 512  # vLLM-Ascend caps the MC2 tokens per TP rank here (set_mc2_tokens_capacity)
@@ -135,14 +135,11 @@ class MlaModel:
         dtype = f.text("torch_dtype", "") or f.text("dtype", "bfloat16")
         if dtype not in DTYPE_BYTES:
             raise SceneEplbError(f"config torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}", path)
-        if not f.has("kv_lora_rank"):
-            raise SceneEplbError("the preflight prices MLA attention (DeepSeek's kv_lora_rank) only", path)
+        m = MlaShape.read(cfg, path, "the preflight")  # the one reader of the MLA shape fields
+        attn = _kind(modelslim, "self_attn.")
         return cls(
-            DTYPE_BYTES[dtype], _kind(modelslim, "self_attn."), f.integer("hidden_size", 1), f.integer("vocab_size", 1),
-            f.integer("num_hidden_layers", 1), f.integer("num_attention_heads", 1), f.integer("q_lora_rank", 1),
-            f.integer("kv_lora_rank", 1), f.integer("qk_nope_head_dim", 1), f.integer("qk_rope_head_dim", 0),
-            f.integer("v_head_dim", 1),
-        )  # fmt: skip
+            DTYPE_BYTES[dtype], attn, m.hidden, m.vocab, m.layers, m.heads, m.q_lora, m.kv_lora, m.qk_nope, m.qk_rope, m.v_head
+        )
 
     def q_kv_a(self) -> int:
         """``q_a_proj`` and ``kv_a_proj_with_mqa``: replicated on every TP rank."""
