@@ -4,7 +4,7 @@ vLLM 0.32 and 0.33 load MoE experts by three paths, and a layout must steer each
 checkpoint expert ``row[p]``, the redundant slots included):
 
 1. ``RoutedExperts.get_expert_mapping`` (``MoERunner.load_weights``: Qwen3-MoE, Mixtral, GLM-4.5):
-   its physical -> logical map is the layout's row (``patches._patch_expert_mapping``);
+   its physical -> logical map is the layout's row (``patch_expert_mapping``);
 2. the legacy ``RoutedExperts.make_expert_params_mapping`` that hand-written ``load_weights`` call
    (DeepSeek-V2/V3/R1, Kimi-K2, Llama4, gpt-oss, ...): one flat mapping for the whole model with no
    redundant slots; under a layout it becomes one mapping per MoE layer, each entry qualified with
@@ -19,6 +19,7 @@ checkpoint tensors the model loader yields, by memory range). ``runtime.load_aud
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -298,32 +299,31 @@ def audit_load(loading: ExpertLoading, runners: list, where: str) -> LoadAudit:
     EP group's Gloo ranks, with a deadline). Raises the refusal; returns what it checked."""
     import torch
 
-    expected: dict[int, np.ndarray] = {}
-    local: list[int] = []
-    fingerprints, layers = [], []
+    expected: dict[int, np.ndarray] = {}  # model layer -> the expert each slot must hold
+    local: list[int] = []  # this worker's slots (the same range in every MoE layer)
     for r in runners:
         experts = r.routed_experts
-        layer = _layer_of(experts.layer_name)
         emap = experts.expert_map
         num_physical = experts.w13_weight.shape[0] if emap is None else emap.numel()
+        layer = _layer_of(experts.layer_name)
         row = loading.rows.get(layer)
         expected[layer] = np.arange(num_physical) % loading.num_experts if row is None else row
         local = list(range(num_physical)) if emap is None else (emap >= 0).nonzero().flatten().tolist()
-        layers.append(layer)
-        fingerprints.append(slot_fingerprints(experts, num_physical, local[0] if local else 0))
     load_audit.refuse(load_audit.write_problems(loading.journal, expected, local), f"{where}, loaders: {_loaders(loading)}")
+    checked = LoadAudit(len(local) * len(expected), len(loading.journal.writes), None)
     replicas = load_audit.replicated_slots(expected) if loading.rows else 0
     if not replicas or loading.group is None:
-        return LoadAudit(len(local) * len(layers), len(loading.journal.writes), None)
-    total = torch.stack(fingerprints)
+        return checked  # no expert has a second replica: no fingerprint to compute or exchange
+    base = local[0] if local else 0
+    total = torch.stack([slot_fingerprints(r.routed_experts, len(row), base) for r, row in zip(runners, expected.values())])
     group = loading.group("load-audit", AUDIT_TIMEOUT_S)  # once per server: the world's store is new each start
     import torch.distributed as dist
 
     from ...runtime.export import allreduce
 
     allreduce(group, total, dist.ReduceOp.SUM)
-    load_audit.refuse(load_audit.replica_problems(total.numpy(), expected, layers), f"{where}, across EP ranks")
-    return LoadAudit(len(local) * len(layers), len(loading.journal.writes), replicas)
+    load_audit.refuse(load_audit.replica_problems(total.numpy(), expected, list(expected)), f"{where}, across EP ranks")
+    return dataclasses.replace(checked, replicas=replicas)
 
 
 def _loaders(loading: ExpertLoading) -> str:
