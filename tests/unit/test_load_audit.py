@@ -115,3 +115,10 @@ def test_the_test_only_misload_swaps_two_slots(monkeypatch):
     assert loading.loading_row(1) is ROW and loading.loading_row(2) is None
     monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "1:0:5")
     assert loading.loading_row(1).tolist() == [3, 1, 2, 3, 1, 0] and ROW[0] == 0  # the layout's row is untouched
+
+
+@pytest.mark.parametrize("spec", ["1:0", "1:a:2", "1:0:6", "-1:0:1"])
+def test_a_malformed_misload_is_one_clear_error(monkeypatch, spec):
+    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", spec)
+    with pytest.raises(SceneEplbError, match="LAYER:SLOT_A:SLOT_B"):
+        ExpertLoading({1: ROW}, 4).loading_row(1)

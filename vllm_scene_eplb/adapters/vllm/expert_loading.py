@@ -104,7 +104,10 @@ class ExpertLoading:
         spec = os.environ.get(MISLOAD_ENV)
         if row is None or not spec:
             return row
-        bad_layer, a, b = (int(x) for x in spec.split(":"))
+        parts = spec.split(":")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts) or max(int(parts[1]), int(parts[2])) >= len(row):
+            raise SceneEplbError(f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B with slots below {len(row)}, got {spec!r}")
+        bad_layer, a, b = (int(x) for x in parts)
         if bad_layer != layer:
             return row
         row = row.copy()
