@@ -3,7 +3,8 @@
     --additional-config '{"scene_eplb": {"role": "prefill", "ring_entries": 512, "steps_per_entry": 1, "dump_dir": "/data/eplb",
                           "export_timeout_s": 30, "layout": "layout.json", "dispatch": "static",
                           "live_window_s": 10, "drift_margin": 0.05, "drift_windows": 3,
-                          "live_per_layer_metrics": false, "time_moe": false, "live_counts": true}}'
+                          "live_per_layer_metrics": false, "time_moe": false, "live_counts": true,
+                          "flow_window_s": 30}}'
 
 Absent object = plugin off. Unknown keys and bad values fail at startup with a clear message.
 """
@@ -30,6 +31,7 @@ NUMBERS = {
     "live_window_s": (10.0, 1.0, 3600.0, False),  # seconds per live-fitness window
     "drift_margin": (0.05, 0.001, 10.0, False),  # the alarm line: expected median x (1 + margin)
     "drift_windows": (3, 1, 1000, True),  # consecutive windows over the line before the alarm
+    "flow_window_s": (30.0, 1.0, 3600.0, False),  # seconds of engine steps the node's flow covers
 }
 # On/off settings: key -> default.
 FLAGS = {
@@ -59,6 +61,7 @@ class PluginConfig:
     live_window_s: float = NUMBERS["live_window_s"][0]
     drift_margin: float = NUMBERS["drift_margin"][0]
     drift_windows: int = int(NUMBERS["drift_windows"][0])
+    flow_window_s: float = NUMBERS["flow_window_s"][0]
     live_per_layer_metrics: bool = False
     time_moe: bool = False  # time each rank's local expert computation per MoE layer (live fitness's time view)
     live_counts: bool = True  # off (decode servers): no live count, no live fitness

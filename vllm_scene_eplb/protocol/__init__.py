@@ -8,7 +8,8 @@ every answer that crosses (worker -> API server -> client) as a typed object wit
 - ``answers``: the live object and the status answer around it, the export, dump, live-count and
   native-load answers, and the worker answer that carries them;
 - ``timing``: the timing window ``advise`` prices, with the server it came from;
-- ``advice``: what ``advise`` answers.
+- ``advice``: what ``advise`` answers;
+- ``flow``: a node's flow (P supply, D demand) over its last engine steps.
 
 The workers, the API server (engine adapters, ``runtime``) and the client side (``scene-eplb
 record``, ``audit``, ``bench``) all import it from here, so a route, key or field renamed here is
@@ -34,6 +35,7 @@ from .answers import (
     WorkerAnswer,
 )
 from .fields import MAX_WIRE_INT
+from .flow import FLOW_KEY, FLOW_SOURCES, FlowView
 from .routes import (
     ACTIONS,
     AGREE_KEY,
@@ -80,6 +82,9 @@ __all__ = [
     "DumpStarted",
     "EXPORT_STATES",
     "EXPORT_STATUS_ACTION",
+    "FLOW_KEY",
+    "FLOW_SOURCES",
+    "FlowView",
     "ExportJobAnswer",
     "KEEP_SKIPPED",
     "LIVE_ACTION",

@@ -13,6 +13,7 @@ serving. The routes honour ``--api-key`` / ``VLLM_API_KEY`` (vLLM's own middlewa
 from __future__ import annotations
 
 import json
+import logging
 import os
 from argparse import Namespace
 from dataclasses import replace
@@ -22,9 +23,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..config import PluginConfig, parse_config
-from ..protocol import KEEP_SKIPPED, NATIVE_ACTION, ROUTES
+from ..protocol import KEEP_SKIPPED, NATIVE_ACTION, ROUTES, StatusAnswer
 from .fanout import RouteError, WorkerFanout
 from .live_poller import LivePoller
+from .node_flow import NodeFlow
+
+logger = logging.getLogger("vllm.scene_eplb")
 
 
 class SceneEplbEndpoints:
@@ -40,6 +44,7 @@ class SceneEplbEndpoints:
         self.config: PluginConfig | None = None
         self.fanout = WorkerFanout(self.call_every_worker)
         self.poller: LivePoller | None = None
+        self.flow: NodeFlow | None = None  # the node's flow (P supply, D demand), where the engine's stats reach it
 
     def attach_router(self, app: FastAPI) -> None:
         for route in ROUTES:
@@ -56,6 +61,10 @@ class SceneEplbEndpoints:
         if self.config is not None and self.config.live_counts:
             self.poller = LivePoller(self.fanout, self.config)
             self.poller.start()
+        if self.config is not None:
+            self.flow, why_not = self.attach_flow(engine_client, self.config.flow_window_s)
+            if why_not:
+                logger.warning("scene-eplb: %s", why_not)
         tokens = [k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k]
         if tokens:
             self.verifier = self.api_key_verifier(tokens)
@@ -65,6 +74,10 @@ class SceneEplbEndpoints:
     def check_version(self) -> None:
         """Raise SceneEplbError when the engine is not the release the adapter was written for."""
         raise NotImplementedError
+
+    def attach_flow(self, engine_client, window_s: float) -> tuple[NodeFlow | None, str | None]:
+        """A ``NodeFlow`` the engine feeds with every step's stats, or None and why not."""
+        return None, "this engine's adapter does not read its step stats: the node's flow is not measured"
 
     def api_key_verifier(self, tokens: list[str]):
         """The engine's API-key check: an object whose ``verify_token(headers)`` says yes or no."""
@@ -85,12 +98,19 @@ class SceneEplbEndpoints:
         if action == NATIVE_ACTION:
             return (await self.fanout.native()).to_wire()
         if self.poller is None:
-            return (await self.fanout.status(action, None)).to_wire()
+            return self._with_flow(await self.fanout.status(action, None)).to_wire()
         answer = await self.fanout.status(action, self.poller.answer)
         if action in ("start", "stop"):  # the record's own window, as it stopped: the answer says it
             await self.poller.record(action)
             answer = replace(answer, live=self.poller.answer)
-        return answer.to_wire()
+        return self._with_flow(answer).to_wire()
+
+    def _with_flow(self, answer: StatusAnswer) -> StatusAnswer:
+        """The answer with the node's flow, its busy share from the live window's step clock."""
+        if self.flow is None or self.flow.broken:
+            return answer
+        live = self.poller.live if self.poller is not None else None
+        return replace(answer, flow=self.flow.view(None if live is None else live.busy_share))
 
     def _handler(self, action: str):
         async def handle(request: Request) -> JSONResponse:

@@ -16,6 +16,11 @@ class VllmEndpoints(SceneEplbEndpoints):
     def check_version(self) -> None:
         check_engine_version()
 
+    def attach_flow(self, engine_client, window_s: float):
+        from .flow_logger import attach_flow
+
+        return attach_flow(engine_client, window_s)
+
     def api_key_verifier(self, tokens: list[str]):
         from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 
