@@ -197,6 +197,7 @@ class LiveFitness:
         window = sample.since(self._last)
         self.window_seconds = 0.0 if self._last_time is None else now - self._last_time
         self._last, self._last_time = sample, now
+        self.busy_share = None
         if window.times and self.window_seconds > 0:
             self.busy_share = sum(r.step_seconds for r in window.times) / len(window.times) / self.window_seconds
         if window.logical.sum() <= 0:

@@ -12,13 +12,17 @@ core each): a layout needs EP >= 2 per side, which this machine runs for one ser
 from __future__ import annotations
 
 import json
+import re
+import time
+import urllib.request
 
 import pytest
 
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.protocol import StatusAnswer
 
-from ..conftest import engine_counters, plugin_flag
+from ..conftest import cli, engine_counters, plugin_flag
 
 pytestmark = pytest.mark.engine
 
@@ -44,7 +48,8 @@ COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:ex
 def pair(tiny_moe, tmp_path_factory):
     """P and D started together, a record on both around P's prefill and D's generation."""
     work = tmp_path_factory.mktemp("engine-pd")
-    flag = plugin_flag(role="auto", dump_dir=str(work / "dumps"))
+    # time_moe and a 1 s live window: the flow's busy share and gauges have a window soon after the traffic
+    flag = plugin_flag(role="auto", dump_dir=str(work / "dumps"), time_moe=True, live_window_s=1)
     tp1 = (
         *engine_args("tp1"),
         "--enforce-eager",
@@ -63,6 +68,10 @@ def pair(tiny_moe, tmp_path_factory):
             http("POST", s.url + "/stop_expert_distribution_record")
         out["counters"] = [engine_counters(s, COUNTERS) for s in (p, d)]
         out["dumps"] = [http("POST", s.url + "/dump_expert_distribution_record") for s in (p, d)]
+        time.sleep(2.5)  # two live windows: the busy share and the flow gauges
+        out["flows"] = [StatusAnswer.from_wire(http("GET", s.url + "/scene_eplb/status")[1]).flow for s in (p, d)]
+        out["metrics"] = [urllib.request.urlopen(s.url + "/metrics", timeout=30).read().decode() for s in (p, d)]
+        out["watch"] = cli("watch", "--once", "--url", p.url)
         return out
     finally:
         p.stop()
@@ -91,3 +100,25 @@ def test_each_side_counts_exactly_what_it_computed(pair):
     computed = prompt - loaded + len(PROMPTS) * (DECODE_TOKENS - 1)  # the prompt tail, then one token per decode step
     assert d_dump.meta["scheduled_tokens"] == computed
     assert d_dump.data.sum(axis=(0, 2)).tolist() == [computed * TOP_K] * LAYERS
+
+
+def test_each_sides_flow_reads_vllms_own_step_stats(pair):
+    """P's supply and D's demand in the status, /metrics and watch: the counts in the flow's window
+    are the engines' own counters (every request ran inside the window), D's steps all short of work
+    (two requests, nothing waiting), both busy some of the time."""
+    (p_flow, d_flow), (p_counters, d_counters) = pair["flows"], pair["counters"]
+    prompt, loaded = sum(len(x) for x in PROMPTS), d_counters["vllm:external_prefix_cache_hits_total"]
+    for flow in (p_flow, d_flow):
+        assert flow is not None and flow.steps >= 1 and (flow.running_now, flow.waiting_now) == (0, 0)
+        assert round(flow.prefill_completions_per_s * flow.window_s) == len(PROMPTS)  # one first token per request
+        assert round(flow.finished_per_s * flow.window_s) == len(PROMPTS)
+        assert flow.busy_share is not None and 0 < flow.busy_share <= 1
+        assert flow.first_token_ms is not None and flow.first_token_ms > 0
+    assert p_flow.prefilled_tokens_per_s * p_flow.window_s == pytest.approx(p_counters["vllm:prompt_tokens_total"], abs=1)
+    assert d_flow.prefilled_tokens_per_s * d_flow.window_s == pytest.approx(prompt - loaded, abs=1)  # D computes the tail only
+    assert d_flow.generated_tokens_per_s * d_flow.window_s == pytest.approx(d_counters["vllm:generation_tokens_total"], abs=1)
+    assert d_flow.max_num_seqs > len(PROMPTS) and d_flow.short_steps_share == 1.0
+    gauge = re.search(r'scene_eplb_node_flow\{field="prefill_completions_per_s"[^}]*\} (\S+)', pair["metrics"][0])
+    assert gauge is not None and float(gauge.group(1)) == pytest.approx(p_flow.prefill_completions_per_s, rel=0.5)
+    watch = pair["watch"]
+    assert watch.returncode == 0 and "prefills/s" in watch.stdout and "short of work" in watch.stdout, watch.stdout + watch.stderr

@@ -22,7 +22,10 @@ def _flow() -> NodeFlow:
 
 
 def test_rates_are_over_the_windows_wall_time_and_means_per_step():
-    view = _flow().view(busy_share=0.5, now=5.0)
+    flow = _flow()
+    flow.observe_busy(2.0, 0.5, 2.0)
+    flow.observe_busy(4.0, 1.5, 2.0)
+    view = flow.view(now=5.0)
     assert view.window_s == 5.0 and view.steps == 4
     assert view.prefill_completions_per_s == pytest.approx(3 / 5)
     assert view.prefilled_tokens_per_s == pytest.approx(300 / 5)
@@ -34,22 +37,26 @@ def test_rates_are_over_the_windows_wall_time_and_means_per_step():
     # short of work: below max_num_seqs, nothing waiting and no KV pull pending (only the third step)
     assert view.short_steps_share == pytest.approx(0.25)
     assert view.batch_share == pytest.approx(2.25 / 4)
-    assert view.busy_share == 0.5
+    assert view.busy_share == 0.5  # step seconds over the live windows' wall seconds
 
 
 def test_old_steps_leave_the_window():
-    view = _flow().view(busy_share=None, now=12.5)
+    flow = _flow()
+    flow.observe_busy(2.0, 0.5, 2.0)
+    flow.observe_busy(12.0, 0.0, 2.0)
+    view = flow.view(now=12.5)
+    assert view.busy_share == 0.0  # the busy window at 2 s left with its steps
     assert view.steps == 2 and view.window_s == 10.0
-    assert view.prefill_completions_per_s == pytest.approx(2 / 10) and view.busy_share is None
+    assert view.prefill_completions_per_s == pytest.approx(2 / 10)
 
 
 def test_an_empty_window_has_nothing_to_average():
-    view = NodeFlow(max_num_seqs=8, started=0.0).view(busy_share=None, now=3.0)
+    view = NodeFlow(max_num_seqs=8, started=0.0).view(now=3.0)
     assert view.steps == 0 and view.first_token_ms is None and view.short_steps_share is None
 
 
 def test_the_flow_reads_back_and_rides_the_status_answer():
-    view = _flow().view(busy_share=0.25, now=5.0)
+    view = _flow().view(now=5.0)
     assert FlowView.from_wire(view.to_wire()) == view
     saved_before = {k: v for k, v in status().items() if k != "flow"}
     assert StatusAnswer.from_wire(saved_before).flow is None  # a status saved before the flow existed
@@ -67,6 +74,6 @@ def test_the_flow_reads_back_and_rides_the_status_answer():
     ],
 )
 def test_a_bad_flow_is_refused_naming_the_field(change, message):
-    doc = {**_flow().view(busy_share=0.5, now=5.0).to_wire(), **change}
+    doc = {**_flow().view(now=5.0).to_wire(), **change}
     with pytest.raises(SceneEplbError, match=message):
         FlowView.from_wire(doc)

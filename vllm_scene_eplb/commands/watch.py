@@ -2,7 +2,9 @@
 
 One character per MoE layer: a heat strip of its live score (max/mean EP rank load of the last
 window) against the loaded layout's expectation, then the median and worst layer and the drift
-state. ``--once --json`` prints the status route's ``live`` object for scripts. Exit status 1
+state; below it the node's flow (P supply, D demand: completions and tokens per second, busy share,
+queue, batch against its maximum, first-token time, steps short of work). ``--once --json`` prints
+the status route's ``live`` object, with the flow under ``flow``, for scripts. Exit status 1
 while the server reports drift, so cron and alerting can use it as it is.
 """
 
@@ -12,7 +14,7 @@ import sys
 import time
 
 from ..client.record import answer
-from ..protocol import LiveAnswer
+from ..protocol import FlowView, LiveAnswer
 from ..terminal import printable
 from .arguments import server_args
 from .console import Console
@@ -39,10 +41,11 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def render(live: LiveAnswer | None, url: str) -> str:
-    """The text view of one live answer (its strings escaped when printed: ``terminal.printable``)."""
+def render(live: LiveAnswer | None, url: str, flow: FlowView | None = None) -> str:
+    """The text view of one live answer and the node's flow (its strings escaped when printed:
+    ``terminal.printable``)."""
     if live is None or live.median is None or live.worst is None:
-        return f"{url}: no live window with traffic yet (live fitness reads every window of traffic)"
+        return f"{url}: no live window with traffic yet (live fitness reads every window of traffic)\n" + flow_lines(flow)
     exp = live.expected_median
     lines = [
         f"{url}  window {live.window_seconds:.1f} s  passes {live.passes}  dispatch {live.dispatch}",
@@ -60,7 +63,28 @@ def render(live: LiveAnswer | None, url: str) -> str:
     ]
     worst = sorted(zip(live.per_layer or (), live.layers), reverse=True)[:5]
     lines.append("  worst     " + "  ".join(f"layer {layer}: {v:.4f}" for v, layer in worst))
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n" + flow_lines(flow)
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"
+
+
+def flow_lines(flow: FlowView | None) -> str:
+    """The node's flow: what it supplies (P) and what it waits for (D), over its last engine steps."""
+    if flow is None:
+        return "  flow      not measured (vLLM's stats are off, or this engine's adapter does not read them)"
+    ftt = "n/a" if flow.first_token_ms is None else f"{flow.first_token_ms:.1f} ms"
+    busy = "n/a (time_moe off)" if flow.busy_share is None else _share(flow.busy_share)
+    return "\n".join(
+        (
+            f"  supply    {flow.prefill_completions_per_s:.2f} prefills/s  {flow.prefilled_tokens_per_s:.0f} prompt tok/s  "
+            f"{flow.generated_tokens_per_s:.1f} gen tok/s  busy {busy}  (last {flow.window_s:.0f} s, {flow.steps} steps)",
+            f"  demand    waiting {flow.waiting_mean:.1f}  running {flow.running_mean:.1f} of {flow.max_num_seqs} "
+            f"({_share(flow.batch_share)})  KV pulls {flow.kv_fetching_mean:.1f}  first token {ftt}  "
+            f"short of work {_share(flow.short_steps_share)} of steps",
+        )
+    )
 
 
 def _measured_line(live: LiveAnswer) -> str:
@@ -85,11 +109,13 @@ def _time_line(live: LiveAnswer) -> str:
 def run(args, console: Console) -> None:
     refreshes, live = 0, None
     while True:
-        live = answer(args.url, "status", args.api_key, timeout=30).live
+        status = answer(args.url, "status", args.api_key, timeout=30)
+        live, flow = status.live, status.flow
+        text = render(live, args.url, flow)
         if args.once or console.json:
-            console.emit(live.to_wire() if live else {}, render(live, args.url))
+            console.emit({**(live.to_wire() if live else {}), "flow": None if flow is None else flow.to_wire()}, text)
         else:
-            sys.stdout.write("\x1b[H\x1b[2J" + printable(render(live, args.url), lines=True))
+            sys.stdout.write("\x1b[H\x1b[2J" + printable(text, lines=True))
             sys.stdout.write(f"\n\n  (every {args.interval:g} s; Ctrl-C stops)\n")
             sys.stdout.flush()
         refreshes += 1

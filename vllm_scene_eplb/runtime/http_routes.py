@@ -12,6 +12,7 @@ serving. The routes honour ``--api-key`` / ``VLLM_API_KEY`` (vLLM's own middlewa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -23,7 +24,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..config import PluginConfig, parse_config
-from ..protocol import KEEP_SKIPPED, NATIVE_ACTION, ROUTES, StatusAnswer
+from ..protocol import KEEP_SKIPPED, NATIVE_ACTION, ROUTES, FlowView, StatusAnswer
+from . import metrics
 from .fanout import RouteError, WorkerFanout
 from .live_poller import LivePoller
 from .node_flow import NodeFlow
@@ -45,6 +47,7 @@ class SceneEplbEndpoints:
         self.fanout = WorkerFanout(self.call_every_worker)
         self.poller: LivePoller | None = None
         self.flow: NodeFlow | None = None  # the node's flow (P supply, D demand), where the engine's stats reach it
+        self._flow_task: asyncio.Task | None = None
 
     def attach_router(self, app: FastAPI) -> None:
         for route in ROUTES:
@@ -65,6 +68,10 @@ class SceneEplbEndpoints:
             self.flow, why_not = self.attach_flow(engine_client, self.config.flow_window_s)
             if why_not:
                 logger.warning("scene-eplb: %s", why_not)
+            else:
+                if self.poller is not None:
+                    self.poller.flow = self.flow  # each live window's step clock: the flow's busy share
+                self._flow_task = asyncio.get_running_loop().create_task(self._publish_flow(), name="scene-eplb-flow")
         tokens = [k for k in (getattr(args, "api_key", None) or [os.environ.get("VLLM_API_KEY")]) if k]
         if tokens:
             self.verifier = self.api_key_verifier(tokens)
@@ -105,12 +112,26 @@ class SceneEplbEndpoints:
             answer = replace(answer, live=self.poller.answer)
         return self._with_flow(answer).to_wire()
 
-    def _with_flow(self, answer: StatusAnswer) -> StatusAnswer:
-        """The answer with the node's flow, its busy share from the live window's step clock."""
+    def _flow_view(self) -> FlowView | None:
+        """The node's flow now (None: not measured)."""
         if self.flow is None or self.flow.broken:
-            return answer
-        live = self.poller.live if self.poller is not None else None
-        return replace(answer, flow=self.flow.view(None if live is None else live.busy_share))
+            return None
+        return self.flow.view()
+
+    def _with_flow(self, answer: StatusAnswer) -> StatusAnswer:
+        return replace(answer, flow=self._flow_view())
+
+    async def _publish_flow(self) -> None:
+        """The flow's gauges on /metrics every ``live_window_s``; never raises (a bad one is logged)."""
+        assert self.config is not None
+        while True:
+            await asyncio.sleep(self.config.live_window_s)
+            try:
+                view = self._flow_view()
+                if view is not None:
+                    metrics.publish_flow(view)
+            except Exception:  # noqa: BLE001 - the gauges must not end the server's loop
+                logger.exception("scene-eplb: the node's flow gauges were not set")
 
     def _handler(self, action: str):
         async def handle(request: Request) -> JSONResponse:

@@ -25,6 +25,7 @@ from ..measured import RankTime, SourceTraffic
 from ..protocol import LIVE_ACTION, PROVENANCE_KEYS, RECORD_LIVE_ACTION, LiveAnswer, RankLive, RecordLive, StatusAnswer
 from . import metrics
 from .fanout import RouteError, WorkerFanout
+from .node_flow import NodeFlow
 
 logger = logging.getLogger("vllm.scene_eplb")
 
@@ -38,6 +39,7 @@ class LivePoller:
         self.live: LiveFitness | None = None
         self.answer: LiveAnswer | None = None
         self._task: asyncio.Task | None = None
+        self.flow: NodeFlow | None = None  # the node's flow, given each window's busy time (set by the routes)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="scene-eplb-live")
@@ -59,7 +61,10 @@ class LivePoller:
         sample = live_sample(await self.fanout.all_ok(LIVE_ACTION, RankLive.from_wire, timeout=window))
         if self.live is None:
             self.live = await self._view(sample.logical.shape[1])
-        line = self.live.observe(sample, time.monotonic())
+        now = time.monotonic()
+        line = self.live.observe(sample, now)
+        if self.flow is not None and self.live.busy_share is not None:
+            self.flow.observe_busy(now, self.live.busy_share * self.live.window_seconds, self.live.window_seconds)
         if line:
             (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
         self.answer = self._publish(self.live)

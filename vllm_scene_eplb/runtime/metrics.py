@@ -11,7 +11,7 @@ its metrics, so they land in the registry its ``/metrics`` serves.
 
 from __future__ import annotations
 
-from ..protocol import LiveAnswer
+from ..protocol import FlowView, LiveAnswer
 
 LIVE = "scene_eplb_live_balancedness"
 EXPECTED = "scene_eplb_expected_balancedness"
@@ -21,6 +21,21 @@ FIDELITY = "scene_eplb_dispatch_fidelity_error"
 MOE_SHARE = "scene_eplb_moe_time_share"
 DRIFT = "scene_eplb_drift"
 LAYER = "scene_eplb_live_layer_balancedness"
+FLOW = "scene_eplb_node_flow"
+# The node's flow fields on /metrics, one label value each (FlowView's numbers: rates per second, shares, ms).
+FLOW_FIELDS = (
+    "prefill_completions_per_s",
+    "prefilled_tokens_per_s",
+    "generated_tokens_per_s",
+    "finished_per_s",
+    "busy_share",
+    "waiting_mean",
+    "running_mean",
+    "batch_share",
+    "kv_fetching_mean",
+    "first_token_ms",
+    "short_steps_share",
+)
 _gauges: dict = {}
 
 
@@ -67,3 +82,11 @@ def publish(live: LiveAnswer, per_layer: bool) -> None:
         layer = _gauge(LAYER, "Max/mean EP rank load of one MoE layer in the last live window", ("layer",))
         for idx, value in zip(live.layers, live.per_layer):
             layer.labels(layer=str(idx)).set(value)
+
+
+def publish_flow(flow: FlowView) -> None:
+    """Set the node's flow gauge, one series per field of ``FLOW_FIELDS`` (NaN where there is no value)."""
+    gauge = _gauge(FLOW, "The node's flow over its last engine steps (P supply, D demand): field= names the quantity", ("field",))
+    for name in FLOW_FIELDS:
+        value = getattr(flow, name)
+        gauge.labels(field=name).set(float("nan") if value is None else value)

@@ -39,20 +39,31 @@ class NodeFlow:
     steps: deque[FlowStep] = field(default_factory=deque)
     started: float = field(default_factory=time.monotonic)
     broken: str | None = None  # why the flow stopped (the adapter could not read a step), None while it runs
+    busy: deque[tuple[float, float, float]] = field(default_factory=deque)  # live windows: (end, step s, wall s)
 
     def observe(self, step: FlowStep) -> None:
         self.steps.append(step)
         self._trim(step.at)
 
+    def observe_busy(self, at: float, step_seconds: float, wall_seconds: float) -> None:
+        """One live window ending ``at``: the ranks' mean step wall seconds in its ``wall_seconds``."""
+        self.busy.append((at, step_seconds, wall_seconds))
+        self._trim(at)
+
     def _trim(self, now: float) -> None:
         while self.steps and self.steps[0].at < now - self.window_s:
             self.steps.popleft()
+        while self.busy and self.busy[0][0] < now - self.window_s:
+            self.busy.popleft()
 
-    def view(self, busy_share: float | None, now: float | None = None) -> FlowView:
+    def view(self, now: float | None = None) -> FlowView:
         """The flow over the window ending ``now``: rates over the window's wall time (from the server's
-        start while it is younger than ``window_s``), with the live window's ``busy_share`` beside it."""
+        start while it is younger than ``window_s``); the busy share over the live windows that ended in
+        it (None: no live window timed the steps)."""
         now = time.monotonic() if now is None else now
         self._trim(now)
+        wall = sum(w for _, _, w in self.busy)
+        busy_share = sum(b for _, b, _ in self.busy) / wall if wall > 0 else None
         steps = list(self.steps)
         span = max(1e-9, min(self.window_s, now - self.started))
         n = len(steps)

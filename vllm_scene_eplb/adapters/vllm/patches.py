@@ -40,10 +40,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import time
 from collections.abc import Callable
 
 from ...config import plugin_enabled
 from ...errors import SceneEplbError
+from ...runtime.step_delay import StepDelay
 from . import expert_loading, worker_plugin
 
 
@@ -120,7 +122,14 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
                 kw["apply_router_weight_on_input"],
                 self.__dict__.get("_scene_eplb_timed_layer", -1),
             )
-        return orig(self, *args, **kw)
+        timed = self.__dict__.get("_scene_eplb_timed_layer", -1)
+        if timed < 0:
+            return orig(self, *args, **kw)
+        started = time.perf_counter()  # time_moe without EP (every expert local): vLLM's own CPU kernel, timed
+        try:
+            return orig(self, *args, **kw)
+        finally:
+            worker_plugin.current().add_moe_seconds(timed, time.perf_counter() - started)
 
     CPUUnquantizedExperts.apply = apply
 
@@ -257,11 +266,15 @@ def _patch_step(GPUModelRunner) -> None:
         orig(self, is_dummy, is_profile)
         worker_plugin.current().end_step(is_dummy)
 
+    delay = StepDelay.from_env()  # test-only, off unless its variable is set
+
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
         rt = worker_plugin.current()
         rt.discard_pass()  # whatever ran since the last step boundary (a warm-up) is not this step's
         rt.begin_step(scheduler_output.total_num_scheduled_tokens)
+        if delay is not None and scheduler_output.total_num_scheduled_tokens:
+            delay.sleep()  # inside the step's clock: the step is that much longer, as a slower MoE would make it
         return execute(self, scheduler_output, *args, **kwargs)
 
     GPUModelRunner.eplb_step = eplb_step

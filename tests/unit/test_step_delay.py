@@ -1,0 +1,45 @@
+"""The test-only step delay (``runtime.step_delay``): off without its variable, a bad file refuses
+to start, a change is read at the next step, a bad change keeps the last good delay."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.runtime.step_delay import DELAY_ENV, StepDelay
+
+
+def _write(path, text: str, bump: int) -> None:
+    path.write_text(text)
+    stamp = time.time_ns() + bump * 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+
+
+def test_off_unless_its_variable_names_a_file(monkeypatch):
+    monkeypatch.delenv(DELAY_ENV, raising=False)
+    assert StepDelay.from_env() is None
+
+
+@pytest.mark.parametrize("text", ["", "ten", "-1", "nan", "1e9"])
+def test_a_bad_delay_file_refuses_to_start(tmp_path, monkeypatch, text):
+    path = tmp_path / "delay"
+    path.write_text(text)
+    monkeypatch.setenv(DELAY_ENV, str(path))
+    with pytest.raises(SceneEplbError, match=DELAY_ENV):
+        StepDelay.from_env()
+
+
+def test_a_change_is_read_at_the_next_step_and_a_bad_one_keeps_the_last(tmp_path, caplog):
+    path = tmp_path / "delay"
+    _write(path, "0", 0)
+    delay = StepDelay(str(path))
+    assert delay.seconds == 0.0
+    _write(path, "2.5", 1)
+    delay.sleep()
+    assert delay.seconds == pytest.approx(0.0025)
+    _write(path, "garbage", 2)
+    delay.sleep()
+    assert delay.seconds == pytest.approx(0.0025) and "stays 2.5 ms" in caplog.text

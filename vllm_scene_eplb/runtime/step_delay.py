@@ -1,0 +1,59 @@
+"""Test-only: a known extra time in every engine step, to move a node's step time by a controlled
+amount (the P/D pair calibration: how a P step that is d ms longer moves the whole pair). Off unless
+``SCENE_EPLB_TEST_STEP_DELAY_FILE`` names a file; that file holds the delay in milliseconds and is
+re-read when it changes, so one server serves both arms of an interleaved A/B. Never set in production."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+from ..errors import SceneEplbError
+
+DELAY_ENV = "SCENE_EPLB_TEST_STEP_DELAY_FILE"
+MAX_DELAY_MS = 10_000.0
+logger = logging.getLogger("vllm.scene_eplb")
+
+
+def _read_ms(path: str) -> float:
+    """The delay the file holds (a number of ms in [0, MAX_DELAY_MS]), or a SceneEplbError naming the file."""
+    try:
+        text = open(path).read().strip()  # noqa: SIM115 - a few bytes, closed on return
+        ms = float(text)
+    except (OSError, ValueError) as exc:
+        raise SceneEplbError(f"{DELAY_ENV}={path}: not a number of milliseconds ({exc})") from None
+    if not math.isfinite(ms) or not 0 <= ms <= MAX_DELAY_MS:
+        raise SceneEplbError(f"{DELAY_ENV}={path}: {text!r} ms is outside [0, {MAX_DELAY_MS:g}]")
+    return ms
+
+
+class StepDelay:
+    """The delay of ``DELAY_ENV``'s file, read at startup (a bad one refuses to start) and again each
+    time its mtime changes (a bad value then keeps the last good one, with a warning)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.mtime = os.stat(path).st_mtime_ns if os.path.exists(path) else None
+        self.seconds = _read_ms(path) / 1000.0
+
+    @classmethod
+    def from_env(cls) -> StepDelay | None:
+        path = os.environ.get(DELAY_ENV)
+        return cls(path) if path else None
+
+    def sleep(self) -> None:
+        """Wait this step's delay (after a cheap check whether the file changed)."""
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            mtime = None
+        if mtime != self.mtime:
+            self.mtime = mtime
+            try:
+                self.seconds = _read_ms(self.path) / 1000.0
+            except SceneEplbError as exc:
+                logger.warning("scene-eplb: %s; the step delay stays %.1f ms", exc, 1000 * self.seconds)
+        if self.seconds > 0:
+            time.sleep(self.seconds)
