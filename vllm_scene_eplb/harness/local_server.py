@@ -174,10 +174,11 @@ def start_server(
     api_key: str | None = None,
     engine_args: tuple[str, ...] = ENGINE_ARGS,
     cores: str = "0|1",
+    env: dict[str, str] | None = None,
 ) -> Server:
     """Start a server on a free port, logging to ``workdir/name.log``; call ``wait_ready`` next (or use
     it in a ``with``). ``cores`` binds its workers' threads (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``: one
-    entry per worker, ``|``-separated)."""
+    entry per worker, ``|``-separated); ``env`` adds to its environment."""
     port = free_port()
     env = {
         **os.environ,
@@ -185,6 +186,7 @@ def start_server(
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
         "VLLM_PLUGINS": "scene_eplb" if plugins else "",
+        **(env or {}),
     }
     args = [
         sys.executable,
