@@ -26,7 +26,7 @@ class PairRequest:
     output_len: int = 0
 
 
-def _post(url: str, body: dict, timeout: float) -> urllib.request.addinfourl:
+def _post(url: str, body: dict, timeout: float):
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     return urllib.request.urlopen(req, timeout=timeout)
 
@@ -74,7 +74,9 @@ def run_closed_loop(
     """``concurrency`` clients for ``seconds`` (a client's request in flight at the end is finished and
     counted); the result in ``vllm bench serve``'s keys plus ``p_times`` (P's answer per request)."""
     rng = random.Random(seed)
-    lock, done, errors = threading.Lock(), [], []
+    lock = threading.Lock()
+    done: list[PairRequest] = []
+    errors: list[str] = []
     deadline = time.perf_counter() + seconds
 
     def client(k: int) -> None:
