@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from vllm_scene_eplb.advise.pair import Network as Net
 from vllm_scene_eplb.advise.pair import (
     NodeEffect,
     NodeWindow,
@@ -23,7 +24,6 @@ from vllm_scene_eplb.advise.pair import (
     solve,
     throughput,
 )
-from vllm_scene_eplb.advise.pair import Network as Net
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.protocol import FlowView, StatusAnswer
 from vllm_scene_eplb.protocol.pair import PairAdvice
@@ -50,28 +50,23 @@ class Truth:
 
     def network(self) -> Net:
         return Net(
-            self.prefill_ms / 1000, 1, self.handoff_ms / 1000, self.client_ms / 1000, self.tpot_ms / 1000, self.out - 1, 1, self.d_max, 1.0
+            self.prefill_ms / 1000,
+            1,
+            self.handoff_ms / 1000,
+            self.client_ms / 1000,
+            self.tpot_ms / 1000,
+            self.out - 1,
+            1,
+            self.d_max,
+            1.0,
         )
 
 
 def _flow(**fields) -> dict:
-    base = dict(
-        window_s=30.0,
-        steps=3000,
-        prefilled_tokens_per_s=0.0,
-        generated_tokens_per_s=0.0,
-        waiting_now=0,
-        running_now=0,
-        kv_fetching_mean=0.0,
-        short_steps_share=None,
-        prefill_completions_per_s=0.0,
-        finished_per_s=0.0,
-        waiting_mean=0.0,
-        running_mean=0.0,
-        max_num_seqs=16,
-        first_token_ms=None,
-        busy_share=None,
-    )
+    """A flow of 3000 steps, every rate and mean 0, ``fields`` changed."""
+    base = {f.name: 0.0 for f in dataclasses.fields(FlowView)}
+    base.update(window_s=30.0, steps=3000, waiting_now=0, running_now=0, max_num_seqs=16)
+    base.update(first_token_ms=None, short_steps_share=None, busy_share=None)
     return FlowView(**{**base, **fields}).to_wire()
 
 
@@ -231,26 +226,23 @@ def test_the_windows_rebuild_the_network_they_came_from():
     assert net.tau == pytest.approx(truth.tau, rel=0.02) and net.decode_tokens == truth.decode_tokens
 
 
-def test_a_p_bound_load_predicts_the_p_nodes_gain():
-    p, d, load = _inputs(P_BOUND)
-    assert p.flow.busy_share > 0.95 and d.flow.batch_share < 0.5
-    advice = pair_advise(p, d, load, _effect(1.25, 1.2, 1.3), _effect(1.25), draws=50)
-    assert advice.binding == "prefill" and "P busy and D starved" in advice.reasons[0]
-    on_p = _prediction(advice, "p")
-    assert on_p.ratio == pytest.approx(1.25, rel=0.04) and on_p.low <= on_p.ratio <= on_p.high
-    assert on_p.verdict == "trial" and advice.verdict == "trial"
-    assert _prediction(advice, "d").ratio < 1.05  # D's speed does not move a P-bound pair
+# (load, what binds, its story, the layout that moves the pair, the one that does not)
+BOUND = [(P_BOUND, "prefill", "P busy and D starved", "p", "d"), (D_BOUND, "decode", "D full and P idle", "d", "p")]
 
 
-def test_a_d_bound_load_does_not_predict_the_p_layouts_node_gain():
-    p, d, load = _inputs(D_BOUND)
-    assert d.flow.batch_share > 0.95 and p.flow.busy_share < 0.2
-    advice = pair_advise(p, d, load, _effect(1.25, 1.2, 1.3), _effect(1.25), draws=50)
-    assert advice.binding == "decode" and "D full and P idle" in advice.reasons[0]
-    on_p = _prediction(advice, "p")
-    assert on_p.ratio == pytest.approx(1.0, abs=0.01) and on_p.high < 1.02 and on_p.verdict == "skip"
-    assert _prediction(advice, "d").ratio == pytest.approx(1.25, rel=0.04)
-    assert _prediction(advice, "both").ratio >= _prediction(advice, "d").ratio
+@pytest.mark.parametrize("truth, binding, story, gains, stays", BOUND, ids=["p_bound", "d_bound"])
+def test_the_binding_sides_layout_carries_its_node_gain_and_the_other_does_not(truth, binding, story, gains, stays):
+    """A P-bound load predicts the P node's ratio for a P layout; a D-bound one predicts ~1 for it."""
+    p, d, load = _inputs(truth)
+    busy, starved = (p.flow.busy_share, d.flow.batch_share) if gains == "p" else (d.flow.batch_share, p.flow.busy_share)
+    assert busy > 0.95 and starved < 0.5
+    advice = pair_advise(p, d, load, _effect(1.25, 1.2, 1.3), _effect(1.25, 1.2, 1.3), draws=50)
+    assert advice.binding == binding and story in advice.reasons[0] and advice.verdict == "trial"
+    moved, kept = _prediction(advice, gains), _prediction(advice, stays)
+    assert moved.ratio == pytest.approx(1.25, rel=0.04) and moved.low <= moved.ratio <= moved.high
+    assert moved.verdict == "trial" and kept.verdict == "skip"
+    assert kept.ratio == pytest.approx(1.0, abs=0.01) and kept.high < 1.02
+    assert _prediction(advice, "both").ratio >= moved.ratio - 1e-9
 
 
 def test_a_handoff_bound_load_moves_with_neither_node():

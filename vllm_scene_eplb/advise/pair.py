@@ -83,7 +83,7 @@ class NodeWindow:
     @property
     def cycle_s(self) -> float | None:
         """A busy step's cycle (step and the pause before the next) in seconds, None when not timed."""
-        return None if self.step_ms is None else (self.step_ms + (self.gap_ms or 0.0)) / 1000.0
+        return None if not self.step_ms else (self.step_ms + (self.gap_ms or 0.0)) / 1000.0
 
 
 @dataclass(frozen=True)
@@ -140,13 +140,15 @@ class NodeEffect:
 
     def __post_init__(self) -> None:
         if not (0 < self.low <= self.ratio <= self.high < math.inf):
-            raise SceneEplbError(f"{self.source}: the node ratio {self.ratio} must lie in its interval [{self.low}, {self.high}], all > 0")
+            raise SceneEplbError(
+                f"{self.source}: the node ratio {self.ratio} must lie in its interval [{self.low}, {self.high}], all > 0"
+            )
 
     @classmethod
     def of_step_ratio(cls, ratio: float, low: float, high: float, node: NodeWindow, source: str) -> NodeEffect:
         """A plain step-time ratio (old step / new step) as a cycle ratio: the pause between steps,
         which no layout changes, stays (without a timed step the step is the whole cycle)."""
-        if node.step_ms is None:
+        if not node.step_ms:
             return cls(ratio, low, high, f"{source} (no timed step: taken as the whole cycle)")
         step, gap = node.step_ms, node.gap_ms or 0.0
 
@@ -335,7 +337,9 @@ def network(p: NodeWindow, d: NodeWindow, load: PairLoad, elasticity: float = 0.
         raise SceneEplbError("the P node's window prefilled nothing: take its status while the bench runs")
     if fd.running_mean <= 0 or fd.first_token_ms is None:
         raise SceneEplbError("the D node's window decoded nothing: take its status while the bench runs")
-    occupancy = fp.busy_share if p.cycle_s is None else min(1.0, fp.busy_share * p.cycle_s / (p.step_ms / 1000.0))
+    occupancy = fp.busy_share
+    if p.step_ms:  # the pause between busy steps is P's too: a busy P pays step and pause
+        occupancy = min(1.0, fp.busy_share * (p.step_ms + (p.gap_ms or 0.0)) / p.step_ms)
     admission = max(0.0, fd.waiting_mean - fd.kv_fetching_mean) * d.engines / max(fd.finished_per_s, 1e-12)
     return Network(
         s_p=occupancy * p.engines / fp.prefill_completions_per_s,

@@ -30,19 +30,23 @@ DESCRIPTION = (
 def add_arguments(p) -> None:
     p.add_argument("--p-node", required=True, metavar="URL|FILE", help="the P node: its URL, or its saved status answer")
     p.add_argument("--d-node", required=True, metavar="URL|FILE", help="the D node: its URL, or its saved status answer")
-    p.add_argument("--bench", required=True, metavar="FILE", help="vllm bench serve's result of the pair (--save-result --save-detailed)")
+    p.add_argument(
+        "--bench", required=True, metavar="FILE", help="vllm bench serve's result of the pair (--save-result --save-detailed)"
+    )
     for side in ("p", "d"):
         g = p.add_argument_group(f"the candidate on {side.upper()} (one of --{side}-advice or --{side}-step-ratio)")
         choice = g.add_mutually_exclusive_group()
-        choice.add_argument("--%s-advice" % side, metavar="FILE", help=f"`scene-eplb advise --json` of the {side.upper()} node's candidate")
         choice.add_argument(
-            "--%s-step-ratio" % side,
+            f"--{side}-advice", metavar="FILE", help=f"`scene-eplb advise --json` of the {side.upper()} node's candidate"
+        )
+        choice.add_argument(
+            f"--{side}-step-ratio",
             type=number(0, low_open=True),
             metavar="R",
             help=f"the {side.upper()} node's step time now over with the candidate (> 1 faster)",
         )
         g.add_argument(
-            "--%s-interval" % side,
+            f"--{side}-interval",
             nargs=2,
             type=number(0, low_open=True),
             metavar=("LOW", "HIGH"),
@@ -55,7 +59,9 @@ def add_arguments(p) -> None:
         help="the most D's step time may rise with its batch (0: flat, memory-bound; 1: proportional); the "
         f"interval spans 0 to it (default {DEFAULT_ELASTICITY})",
     )
-    p.add_argument("--draws", type=integer(0, 100_000), default=DEFAULT_DRAWS, help=f"draws for the interval (default {DEFAULT_DRAWS})")
+    p.add_argument(
+        "--draws", type=integer(0, 100_000), default=DEFAULT_DRAWS, help=f"draws for the interval (default {DEFAULT_DRAWS})"
+    )
     p.add_argument("--seed", type=integer(0), default=0, help="the draws' seed (default 0)")
     server_args(p, url=False)
 
