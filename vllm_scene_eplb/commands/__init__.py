@@ -4,7 +4,23 @@
 
 from __future__ import annotations
 
-from . import advise, audit, bench, compare, convert, fit, inspect, preflight, record, report, score, screen, validate, watch
+from . import (
+    advise,
+    audit,
+    bench,
+    compare,
+    convert,
+    fit,
+    inspect,
+    pair_advise,
+    preflight,
+    record,
+    report,
+    score,
+    screen,
+    validate,
+    watch,
+)
 
 COMMANDS = {
     "inspect": inspect,
@@ -17,6 +33,7 @@ COMMANDS = {
     "audit": audit,
     "watch": watch,
     "advise": advise,
+    "pair-advise": pair_advise,
     "bench": bench,
     "compare": compare,
     "preflight": preflight,

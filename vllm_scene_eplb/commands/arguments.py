@@ -36,9 +36,13 @@ def server_args(
     url_default: str | None = "http://localhost:8000",
     url_help: str | None = None,
     url_required: bool = False,
+    url: bool = True,
 ) -> None:
-    """``--url`` and ``--api-key`` of a running server (the key defaults to $VLLM_API_KEY, as vLLM's own)."""
-    if url_required:
+    """``--url`` (unless not ``url``: a command that names its servers its own way) and ``--api-key`` of
+    a running server (the key defaults to $VLLM_API_KEY, as vLLM's own)."""
+    if not url:
+        pass
+    elif url_required:
         parser.add_argument("--url", required=True, help="server base URL")
     else:
         parser.add_argument("--url", default=url_default, help=url_help or f"server base URL (default {url_default})")

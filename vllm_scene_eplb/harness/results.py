@@ -1,5 +1,8 @@
 """A/B results: the scene definition, the metrics, per-run summaries, aggregates and result files.
 
+``read_vllm_result`` reads `vllm bench serve`'s own detailed result (``--save-result
+--save-detailed``: per request its TTFT, latency and output length) as the load ``pair-advise`` prices.
+
 Pure (numpy and stdlib): ``compare``, the CLI and the demo read results through this module without
 importing vLLM; ``bench`` (which drives vLLM's benchmark) writes them.
 
@@ -17,9 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..advise.pair import PairLoad
 from ..errors import SceneEplbError
 from ..fileio import doc_checksum, load_json
 from ..protocol import StatusAnswer
+from ..protocol.fields import _Fields, _is_int, _is_number
 from ..stats import t_quantile
 
 NOT_OBSERVED = "NOT_OBSERVED"
@@ -203,3 +208,58 @@ def read_result(path: str | Path) -> dict:
 
 def _number_or_unobserved(value) -> bool:
     return value is None or value == NOT_OBSERVED or (type(value) in (int, float) and math.isfinite(value))
+
+
+def read_vllm_result(path: str | Path) -> PairLoad:
+    """`vllm bench serve`'s detailed result (``--save-result --save-detailed``) as the pair's load,
+    every field it uses checked (one line naming the field): the per-request lists of one length,
+    finite and non-negative, a first token no later than the reply's end, as many successful
+    requests (no error, an output) as ``completed`` says, ``total_output_tokens`` their sum, the rate
+    a number > 0 or "inf", the cap an integer >= 1 or null. The throughput is over the window in
+    which every client was busy (``_window``) where a closed loop has one, else over the run."""
+    doc = load_json(path, "bench result")
+    if isinstance(doc, dict) and doc.get("format") == RESULT_FORMAT:
+        raise SceneEplbError(
+            "a scene-eplb bench result holds per-run summaries, not per-request times: give vllm bench serve's "
+            "own result (--save-result --save-detailed)",
+            path,
+        )
+    f = _Fields(doc, "vllm bench result", str(path), prefix="")
+    for key in ("duration", "completed", "request_rate", "output_lens", "ttfts", "latencies"):
+        if key not in f.doc:
+            f.fail(f"has no {key!r} (vllm bench serve writes it with --save-detailed)")
+    duration, completed = f.number("duration", 0), f.integer("completed", 1)
+    rate = f.get("request_rate", lambda v: v == "inf" or _is_number(v, 1e-12), 'a number > 0 or "inf"')
+    cap = f.get("max_concurrency", lambda v: _is_int(v, 1), "an integer >= 1", nullable=True, default=None)
+    outs = np.array(f.integers("output_lens"), dtype=np.int64)
+    n = len(outs)
+    lists = {k: np.array(f.numbers(k, 0), dtype=float) for k in ("ttfts", "latencies")}
+    starts = f.numbers("start_times") if "start_times" in f.doc else None
+    errors = f._list("errors", lambda v: isinstance(v, str), "strings", False, None) if "errors" in f.doc else None
+    for key, values in (*lists.items(), ("start_times", starts), ("errors", errors)):
+        if values is not None and len(values) != n:
+            f.fail(f"{key} holds {len(values)} requests, output_lens {n}")
+    if duration <= 0 or n == 0:
+        f.fail("has no requests or no duration")
+    total = f.integer("total_output_tokens", 0) if "total_output_tokens" in f.doc else None
+    if total is not None and total != int(outs.sum()):
+        f.fail(f"total_output_tokens {total} is not the sum of output_lens {int(outs.sum())}")
+    ok = (outs >= 1) & (np.array([not e for e in errors]) if errors is not None else True)
+    if int(ok.sum()) != completed:
+        f.fail(f"says completed {completed}, its per-request lists {int(ok.sum())} successful requests")
+    ttft, lat = lists["ttfts"][ok], lists["latencies"][ok]
+    bad = np.flatnonzero((ttft <= 0) | (ttft > lat))
+    if bad.size:
+        f.fail(f"request {int(np.flatnonzero(ok)[bad[0]])} has its first token at {ttft[bad[0]]} s of a {lat[bad[0]]} s reply")
+    many = outs[ok] >= 2
+    if many.sum() < 2 or float((lat - ttft)[many].sum()) <= 0:
+        f.fail("has fewer than 2 requests with a decode (output_lens >= 2 and time after the first token)")
+    closed = rate == "inf"
+    throughput = completed / duration
+    clients = n if cap is None else min(cap, n)
+    win = _window({"start_times": starts, "latencies": list(lists["latencies"])}, clients) if closed and starts else None
+    if win is not None and win[1] > win[0]:
+        ends = np.array(starts)[ok] + lat
+        inside = int(((ends >= win[0]) & (ends <= win[1])).sum())
+        throughput = inside / (win[1] - win[0]) if inside >= 2 else throughput
+    return PairLoad(ttft, lat, outs[ok], throughput, cap, math.inf if closed else float(rate))

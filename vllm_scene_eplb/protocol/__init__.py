@@ -9,6 +9,7 @@ every answer that crosses (worker -> API server -> client) as a typed object wit
   native-load answers, and the worker answer that carries them;
 - ``timing``: the timing window ``advise`` prices, with the server it came from;
 - ``advice``: what ``advise`` answers;
+- ``pair``: what ``pair-advise`` answers;
 - ``flow``: a node's flow (P supply, D demand) over its last engine steps.
 
 The workers, the API server (engine adapters, ``runtime``) and the client side (``scene-eplb
