@@ -20,10 +20,12 @@ class PairRequest:
     """One request's timeline (seconds since its start): P answered, D's first token, D's tokens after it."""
 
     input_len: int
+    started: float = 0.0  # perf_counter at its start
     p_done: float = 0.0
     ttft: float = 0.0
     itls: list[float] = field(default_factory=list)
     output_len: int = 0
+    latency: float = 0.0  # the whole request, P's answer to D's last chunk
 
 
 def _post(url: str, body: dict, timeout: float):
@@ -38,7 +40,7 @@ def one_request(p_url: str, d_url: str, model: str, prompt: list[int], output_le
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "ignore_eos": True}
     with _post(p_url + "/v1/completions", body, timeout) as resp:
         resp.read()
-    out.p_done = time.perf_counter() - start
+    out.started, out.p_done = start, time.perf_counter() - start
     body = {**body, "max_tokens": output_len, "stream": True}
     last = None
     with _post(d_url + "/v1/completions", body, timeout) as resp:
@@ -57,6 +59,7 @@ def one_request(p_url: str, d_url: str, model: str, prompt: list[int], output_le
             else:
                 out.itls.append(now - last)
             last, out.output_len = now, out.output_len + 1
+    out.latency = time.perf_counter() - start
     return out
 
 
@@ -112,6 +115,8 @@ def run_closed_loop(
         "input_lens": [r.input_len for r in done],
         "output_lens": [r.output_len for r in done],
         "ttfts": [r.ttft for r in done],
+        "latencies": [r.latency for r in done],
+        "start_times": [r.started - started for r in done],
         "itls": [r.itls for r in done],
         "p_times": [r.p_done for r in done],
     }
