@@ -151,7 +151,7 @@ class LiveFitness:
     fidelity: float | None = None
     time: LiveTime | None = None
     record_time: LiveTime | None = None  # the last record's own window (``record``); None while one runs
-    busy_share: float | None = None  # the last window's step wall time over its wall time, mean over ranks
+    step_seconds: float | None = None  # the last window's step wall seconds, mean over ranks (None: not timed)
     provenance: dict = field(default_factory=dict)  # the server's PROVENANCE_KEYS, stamped on live.time
     _step_ms: list[float] = field(default_factory=list)  # recent windows' step ms: live.time's sub_windows
     _last: LiveSample | None = None
@@ -197,9 +197,7 @@ class LiveFitness:
         window = sample.since(self._last)
         self.window_seconds = 0.0 if self._last_time is None else now - self._last_time
         self._last, self._last_time = sample, now
-        self.busy_share = None
-        if window.times and self.window_seconds > 0:
-            self.busy_share = sum(r.step_seconds for r in window.times) / len(window.times) / self.window_seconds
+        self.step_seconds = sum(r.step_seconds for r in window.times) / len(window.times) if window.times else None
         if window.logical.sum() <= 0:
             return None  # no traffic in this window: nothing to judge
         self.windows += 1

@@ -40,11 +40,9 @@ def server_args(
 ) -> None:
     """``--url`` (unless not ``url``: a command that names its servers its own way) and ``--api-key`` of
     a running server (the key defaults to $VLLM_API_KEY, as vLLM's own)."""
-    if not url:
-        pass
-    elif url_required:
+    if url and url_required:
         parser.add_argument("--url", required=True, help="server base URL")
-    else:
+    elif url:
         parser.add_argument("--url", default=url_default, help=url_help or f"server base URL (default {url_default})")
     parser.add_argument(
         "--api-key", default=os.environ.get("VLLM_API_KEY"), help="the server's --api-key (default: $VLLM_API_KEY)"

@@ -63,8 +63,8 @@ class LivePoller:
             self.live = await self._view(sample.logical.shape[1])
         now = time.monotonic()
         line = self.live.observe(sample, now)
-        if self.flow is not None and self.live.busy_share is not None:
-            self.flow.observe_busy(now, self.live.busy_share * self.live.window_seconds, self.live.window_seconds)
+        if self.flow is not None and self.live.step_seconds is not None and self.live.window_seconds > 0:
+            self.flow.observe_busy(now, self.live.step_seconds, self.live.window_seconds)
         if line:
             (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
         self.answer = self._publish(self.live)

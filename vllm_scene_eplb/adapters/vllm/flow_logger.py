@@ -28,17 +28,16 @@ def attach_flow(engine_client: Any, window_s: float) -> tuple[NodeFlow | None, s
         """Every engine's steps into ``flow`` (the API server's event loop calls it once per step)."""
 
         def __init__(self, vllm_config=None, engine_indexes=None):  # built here, not by vLLM's factory
-            self.broken = False
+            pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
             """One step into the flow. It runs inside vLLM's output handler, whose loop an exception
             would end: a failure is logged once and the flow stops, the server serves on."""
-            if scheduler_stats is None or self.broken:  # outputs without stats: the step's came in another batch
+            if scheduler_stats is None or flow.broken:  # outputs without stats: the step's came in another batch
                 return
             try:
                 self._record(scheduler_stats, iteration_stats)
             except Exception:  # noqa: BLE001 - never into vLLM's output handler
-                self.broken = True
                 flow.broken = "the node's flow stopped: reading vLLM's step stats failed (see the server log)"
                 logger.exception("scene-eplb: the node's flow stopped")
 

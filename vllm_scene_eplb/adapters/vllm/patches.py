@@ -106,6 +106,7 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
 
     @functools.wraps(orig)
     def apply(self, *args, **kw):
+        timed = self.__dict__.get("_scene_eplb_timed_layer", -1)  # time_moe: this MoE layer's index, -1 untimed
         if worker_plugin.current().cpu_support() and kw.get("expert_map") is not None and not args and not self._use_zentorch:
             from .cpu_moe import local_apply
 
@@ -120,9 +121,8 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
                 kw["activation"],
                 kw["expert_map"],
                 kw["apply_router_weight_on_input"],
-                self.__dict__.get("_scene_eplb_timed_layer", -1),
+                timed,
             )
-        timed = self.__dict__.get("_scene_eplb_timed_layer", -1)
         if timed < 0:
             return orig(self, *args, **kw)
         started = time.perf_counter()  # time_moe without EP (every expert local): vLLM's own CPU kernel, timed
@@ -273,7 +273,7 @@ def _patch_step(GPUModelRunner) -> None:
         rt = worker_plugin.current()
         rt.discard_pass()  # whatever ran since the last step boundary (a warm-up) is not this step's
         rt.begin_step(scheduler_output.total_num_scheduled_tokens)
-        if delay is not None and scheduler_output.total_num_scheduled_tokens:
+        if delay is not None and rt is not worker_plugin.NULL_PLUGIN and scheduler_output.total_num_scheduled_tokens:
             delay.sleep()  # inside the step's clock: the step is that much longer, as a slower MoE would make it
         return execute(self, scheduler_output, *args, **kwargs)
 
