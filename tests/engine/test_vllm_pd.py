@@ -38,8 +38,9 @@ COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:ex
 def pair(tiny_moe, tmp_path_factory):
     """P and D started together, a record on both around P's prefill and D's generation."""
     work = tmp_path_factory.mktemp("engine-pd")
-    # time_moe and a 1 s live window: the flow's busy share and gauges have a window soon after the traffic
-    flag = plugin_flag(role="auto", dump_dir=str(work / "dumps"), time_moe=True, live_window_s=1)
+    # time_moe and a 1 s live window: the flow's busy share and gauges have a window soon after the traffic;
+    # a flow window longer than the fixture's life, so every request is in it however slow the machine
+    flag = plugin_flag(role="auto", dump_dir=str(work / "dumps"), time_moe=True, live_window_s=1, flow_window_s=3600)
     tp1 = (
         *engine_args("tp1"),
         "--enforce-eager",
