@@ -302,3 +302,4 @@ def _dynamic_takes_replica_row_mod_c(single: dict, layout) -> None:
 def test_a_layout_for_another_ep_size_stops_a_dp_server(tiny_moe, workdir):
     log = layout_for_another_ep_size_stops_startup(tiny_moe, workdir, "dp-bad-layout", DP2, EXPERTS, LAYERS)
     assert "scene_eplb.layout does not fit this server" in log and "ep_size 4" in log
+    assert "(EngineCore" not in log, log[-3000:]  # refused at configuration: no engine started, no weight loaded

@@ -25,6 +25,9 @@ do, so with the flag off (the null plugin) every one passes straight through:
   autotune, the mixed-batch attention warm-up) ends no step, so its pass is discarded;
 - ``coordinate_batch_across_dp`` (as the runner module calls it): each step's tokens per DP rank, the
   same vector on every DP engine, which signs the ring entries so an export can check they line up;
+- ``VllmConfig.__post_init__``: a ``scene_eplb.layout`` that does not fit the model or the server's EP
+  size (DP x PCP x TP) stops the server at configuration, in the API server, before any engine
+  starts or any weight loads (each worker checks it again in ``configure``);
 - ``load_model`` of the V1 runners: configure before the weights load, bind after;
 - Model Runner V2 (vLLM 0.33, whose warm-ups run under EPLB's ``suppress()``): ``load_model`` as V1;
   ``execute_model`` starts each step (a dummy run enters here with ``dummy_run=True``: 0 tokens);
@@ -43,8 +46,9 @@ import inspect
 import time
 from collections.abc import Callable
 
-from ...config import plugin_enabled
+from ...config import parse_config, plugin_enabled
 from ...errors import SceneEplbError
+from ...model_geometry import from_hf_config
 from ...runtime.step_delay import StepDelay
 from . import expert_loading, worker_plugin
 
@@ -241,6 +245,25 @@ def v2_padding_problem() -> str | None:
     )
 
 
+def _patch_config_check(VllmConfig) -> None:
+    """Check the layout against the model and the EP size as soon as the engine config exists: a
+    layout for another geometry is refused in seconds, not after the workers started and loaded.
+    Read-only, so a config re-run (the drafter's copy) passes it again."""
+    orig = VllmConfig.__post_init__
+
+    @functools.wraps(orig)
+    def __post_init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        cfg = parse_config(self.additional_config)
+        if cfg is not None and cfg.layout and self.model_config is not None:
+            pc = self.parallel_config
+            ep_size = pc.data_parallel_size * (getattr(pc, "prefill_context_parallel_size", 1) or 1) * pc.tensor_parallel_size
+            model = from_hf_config(self.model_config.hf_config.to_dict(), self.model_config.model)
+            worker_plugin.load_layout_for(cfg.layout, model, ep_size, pc)
+
+    VllmConfig.__post_init__ = __post_init__
+
+
 def _refuse_v2_runner(runner_cls, problem: Callable[[], str | None]) -> None:
     """Model Runner V2's ``load_model`` refuses the flag, before anything loads, where ``problem()``
     names a reason (a str; None lets it load)."""
@@ -319,6 +342,7 @@ def control(worker, action: str, *args) -> dict:
 
 def install() -> None:
     """Wrap the vLLM functions above (they stay idle until a worker's config sets the flag)."""
+    from vllm.config import VllmConfig
     from vllm.distributed.eplb.eplb_state import EplbState
     from vllm.model_executor.layers.fused_moe import layer as layer_mod
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
@@ -333,6 +357,7 @@ def install() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.worker_base import WorkerBase
 
+    _patch_config_check(VllmConfig)
     _patch_expert_counts(layer_mod)
     if hasattr(layer_mod, "make_expert_substitution"):  # vLLM 0.33
         _patch_expert_substitution(layer_mod)
