@@ -4,7 +4,7 @@ an MTP layer), loaded by DeepSeek's own ``load_weights`` and its legacy expert m
 
 TP=2 x EP=2: record, fit with the model's routing groups, reload with 2 redundant slots under
 ``static``; a decode server with MTP drafts records. DP=2 x EP=2: record and reload under
-``dynamic``. Each layout run must answer the tokens of the same server without a layout, and its
+``dynamic`` (and one-row batches whose split is known by arithmetic). Each layout run must answer the tokens of the same server without a layout, and its
 load audit must have passed on every rank; a server whose loader puts two experts in each other's
 slot (the test-only ``SCENE_EPLB_TEST_MISLOAD``) must refuse to start, naming the slots. All eager
 (what is tested is the loading and the counting, not the compiled path: a faster start).
@@ -13,10 +13,12 @@ slot (the test-only ``SCENE_EPLB_TEST_MISLOAD``) must refuse to start, naming th
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
 
+from vllm_scene_eplb.dispatch import dynamic_tables
 from vllm_scene_eplb.formats import read_counts, read_layout
 from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
 from vllm_scene_eplb.harness.tiny_deepseek import TinyDeepseekSpec, make_tiny_deepseek
@@ -47,10 +49,10 @@ def model(workdir):
     return make_tiny_deepseek(workdir / "tiny-deepseek-v3", SPEC)
 
 
-def _serve(model, workdir, name: str, geometry, *extra: str, reference: dict | None = None, **cfg) -> dict:
+def _serve(model, workdir, name: str, geometry, *extra: str, reference: dict | None = None, then=None, **cfg) -> dict:
     """Start a server with the plugin's flag (``cfg``), record around the prompts, dump; what it
     answered, and its teacher-forced log-probabilities of the prompts + ``reference``'s outputs (its own
-    without one)."""
+    without one); ``then(srv, run)`` runs last, on the live server."""
     srv = start_server(
         model, workdir, name, engine_args=geometry, extra=["--enable-expert-parallel", *extra, *plugin_flag(**cfg)]
     )
@@ -72,6 +74,8 @@ def _serve(model, workdir, name: str, geometry, *extra: str, reference: dict | N
             run["counters"] = engine_counters(srv, ("vllm:spec_decode_num_draft_tokens_total",))
         if cfg.get("layout"):
             run["audit"] = cli("audit", "--url", srv.url, "--layout", cfg["layout"], "--dispatch", cfg["dispatch"], "--json")
+        if then is not None:
+            then(srv, run)
         run["log"] = srv.log_text()
         return run
     finally:
@@ -120,10 +124,30 @@ def dp_recorded(model, workdir):
     return _serve(model, workdir, "dp-record", DP2, role="prefill", dump_dir=str(workdir / "d-dp"))
 
 
+LIVE_WINDOW_S = 1.0
+
+
+def _single_rows(srv, run: dict) -> None:
+    """Recorded traffic whose dynamic split is known by arithmetic: one-token prompts one request at
+    a time, so every pass routes one row on one engine (the other runs dummy passes); then the live
+    view of its last window."""
+    assert http("POST", srv.url + "/start_expert_distribution_record")[0] == 200
+    end, served = time.monotonic() + 3 * LIVE_WINDOW_S, 0
+    while time.monotonic() < end:
+        srv.complete([[int(3 + (served * 37) % 490)]], 4)
+        served += 1
+    assert http("POST", srv.url + "/stop_expert_distribution_record")[0] == 200
+    code, dump = http("POST", srv.url + "/dump_expert_distribution_record")
+    assert code == 200, dump
+    run["single_rows"] = {"served": served, "counts": read_counts(dump["path"])}
+    time.sleep(LIVE_WINDOW_S * 1.5)
+    run["single_rows"]["live"] = http("GET", srv.url + "/scene_eplb/status")[1]["live"]
+
+
 @pytest.fixture(scope="module")
 def dp_dynamic(model, workdir, layout_path, dp_recorded):
-    flag = {"layout": str(layout_path), "dispatch": "dynamic"}
-    return _serve(model, workdir, "dp-dynamic", DP2, reference=dp_recorded, role="prefill", **flag)
+    flag = {"layout": str(layout_path), "dispatch": "dynamic", "live_window_s": LIVE_WINDOW_S}
+    return _serve(model, workdir, "dp-dynamic", DP2, reference=dp_recorded, then=_single_rows, role="prefill", **flag)
 
 
 NEAR_TIE = 1e-4  # a top-1 - top-2 log-probability gap this small can flip on fp32 summation order
@@ -184,6 +208,29 @@ def test_a_layout_changes_where_experts_run_not_what_the_model_answers(run, refe
     audit = json.loads(got["audit"].stdout)
     assert got["audit"].returncode == 0 and audit["ok"], audit
     assert _moe_totals(got["counts"]) == [RECORDED_TOKENS * SPEC.top_k] * len(SPEC.moe_layers)
+
+
+def test_dynamic_under_dp_sends_row_i_of_a_batch_to_replica_i_mod_c(dp_dynamic, layout_path):
+    """``dynamic`` sends row i of a source's batch to replica i mod c. Per-source counts cannot make
+    its 1/c model exact (the split follows the rows, not the sources), but on one-row batches the
+    rule says exactly what happens: row 0, replica 0, every time. So every assignment is on its
+    expert's first replica, the others get none, and the live fidelity error is 1 - 1/c of a replicated
+    expert with traffic; a replica chosen by the row's place in the DP-gathered batch, by the token,
+    or no map at all breaks one of the two."""
+    layout = read_layout(layout_path)
+    single = dp_dynamic["single_rows"]
+    counts, live = single["counts"], single["live"]
+    rows = list(layout.moe_layers)
+    l2p, replicas = dynamic_tables(layout.physical_to_logical_map, SPEC.num_experts)
+    logical, physical = counts.data.sum(axis=0)[rows], counts.physical.sum(axis=0)[rows]
+    want = np.zeros_like(physical)
+    for i, layer in enumerate(rows):
+        np.add.at(want[i], l2p[layer, :, 0], logical[i])
+    print(f"\nDP=2 dynamic, {single['served']} one-row requests: fidelity error {live['fidelity']}")
+    assert single["served"] >= 5 and logical.sum() > 0
+    assert np.array_equal(physical, want), (physical, want)
+    copies = {int(c) for c in np.unique(replicas[rows]) if c > 1}
+    assert copies and any(abs(live["fidelity"] - (1 - 1 / c)) < 1e-9 for c in copies), (live, copies)
 
 
 def test_a_server_without_a_layout_audits_the_linear_load(tp_recorded):
