@@ -29,7 +29,7 @@ import numpy as np
 from .dispatch import static_table
 from .errors import SceneEplbError
 from .layout import Geometry, replica_counts
-from .protocol import LiveTime
+from .protocol import LiveTime, PassGroup, group_tokens
 from .score import rank_score
 
 
@@ -44,10 +44,34 @@ class SourceTraffic:
 
 
 @dataclass(frozen=True)
+class RankGroups:
+    """One rank's real passes by size (``protocol.PASS_GROUP_TOKENS``): ``passes`` [G], and [G, L] their
+    MoE ``seconds``, ``assignments`` on its local slots and ``active`` slots, summed."""
+
+    passes: np.ndarray
+    seconds: np.ndarray
+    assignments: np.ndarray
+    active: np.ndarray
+
+    def since(self, last: RankGroups) -> RankGroups:
+        return RankGroups(*(np.asarray(a) - np.asarray(b) for a, b in zip(self._fields(), last._fields())))
+
+    def _fields(self) -> tuple[np.ndarray, ...]:
+        return self.passes, self.seconds, self.assignments, self.active
+
+
+def _since(now, last):
+    """``now - last`` where both are there (None where either is not)."""
+    return None if now is None or last is None else now - last
+
+
+@dataclass(frozen=True)
 class RankTime:
     """One rank's MoE timing over a window: seconds per MoE layer [L] over ``moe_passes`` passes,
     over its ``steps`` real steps their wall seconds and the MoE seconds within them, and the
-    ``gap_seconds`` of its ``gaps`` busy pauses between steps."""
+    ``gap_seconds`` of its ``gaps`` busy pauses between steps; where the rank counts them, its
+    stepping thread's run-queue ``wait_seconds`` inside the real steps, its ``active_slots`` [L] summed
+    over its real passes and its passes by size (``groups``)."""
 
     moe_seconds: np.ndarray
     moe_passes: int
@@ -56,6 +80,9 @@ class RankTime:
     step_moe_seconds: float
     gap_seconds: float = 0.0
     gaps: int = 0
+    wait_seconds: float | None = None
+    active_slots: np.ndarray | None = None
+    groups: RankGroups | None = None
 
     def since(self, last: RankTime) -> RankTime:
         """The window from ``last`` (the same rank, earlier) to this: every field's difference."""
@@ -67,6 +94,9 @@ class RankTime:
             self.step_moe_seconds - last.step_moe_seconds,
             self.gap_seconds - last.gap_seconds,
             self.gaps - last.gaps,
+            _since(self.wait_seconds, last.wait_seconds),
+            _since(self.active_slots, last.active_slots),
+            None if self.groups is None or last.groups is None else self.groups.since(last.groups),
         )
 
 
@@ -124,7 +154,9 @@ def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> LiveTim
     ``moe_share`` (MoE seconds over step seconds, over the ranks' real steps) and ``step_ms`` (mean
     wall ms of a real step); with the window's measured rank ``loads`` [L, ranks], also
     ``rank_assignments`` [ranks][layers]: the assignments each rank computed per pass, the x of the
-    count -> time model (``advise``); ``gap_ms``, the mean busy pause between steps. None without timing."""
+    count -> time model (``advise``); ``gap_ms``, the mean busy pause between steps; where every rank
+    counts them, ``rank_active_slots`` (mean active slots per pass, over the same passes as the
+    assignments), ``pass_groups`` (``pass_groups``) and ``wait_share`` (``wait_share``). None without timing."""
     timed = [r for r in ranks if r.moe_passes > 0]
     if not timed or len(timed) != len(ranks):
         return None
@@ -146,4 +178,50 @@ def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> LiveTim
         sub_windows=(),
         provenance={},
         gap_ms=None if gaps <= 0 else round(1000.0 * gap_seconds / gaps, 4),
+        rank_active_slots=_per_pass([r.active_slots for r in ranks], [r.moe_passes for r in ranks], rank_ms.shape),
+        wait_share=wait_share(ranks),
+        pass_groups=pass_groups(ranks),
     )
+
+
+def _per_pass(sums: list, passes: list[int], shape: tuple) -> tuple[tuple[float, ...], ...] | None:
+    """Each rank's ``sums`` [L] over its ``passes`` as [ranks][layers] means (None where a rank has none),
+    rounded as the assignments are (so the active slots stay at most the assignments)."""
+    if any(s is None for s in sums):
+        return None
+    means = np.stack([np.asarray(s, dtype=np.float64) / max(p, 1) for s, p in zip(sums, passes)])
+    return tuple(tuple(round(float(x), 2) for x in row) for row in means) if means.shape == shape else None
+
+
+def wait_share(ranks: list[RankTime]) -> float | None:
+    """The largest share, over the ranks, of a rank's real steps' wall time its stepping thread waited on
+    a run queue (in [0, 1]); None where a rank did not read it or timed no step."""
+    shares = [None if r.wait_seconds is None or r.step_seconds <= 0 else r.wait_seconds / r.step_seconds for r in ranks]
+    if not shares or any(x is None for x in shares):
+        return None
+    return round(min(max(max(x for x in shares if x is not None), 0.0), 1.0), 5)
+
+
+def pass_groups(ranks: list[RankTime]) -> tuple[PassGroup, ...]:
+    """The window's passes by size, each group every rank ran passes of: per pass each rank's mean MoE
+    ms, assignments and active slots; empty where a rank keeps no groups."""
+    groups = [r.groups for r in ranks]
+    if not groups or any(g is None for g in groups):
+        return ()
+    kept: list[RankGroups] = [g for g in groups if g is not None]
+    out = []
+    for g in range(len(kept[0].passes)):
+        passes = [int(x.passes[g]) for x in kept]
+        if min(passes) > 0:
+            means = (
+                _group_mean([x.seconds[g] for x in kept], passes, 1000.0),
+                _group_mean([x.assignments[g] for x in kept], passes),
+                _group_mean([x.active[g] for x in kept], passes),
+            )
+            out.append(PassGroup(group_tokens(g), min(passes), *means))
+    return tuple(out)
+
+
+def _group_mean(sums: list[np.ndarray], passes: list[int], scale: float = 1.0) -> tuple[tuple[float, ...], ...]:
+    """Each rank's sums [L] of one group over its passes there, times ``scale``: [ranks][layers]."""
+    return tuple(tuple(round(float(v) * scale / p, 4) for v in row) for row, p in zip(sums, passes))

@@ -196,6 +196,44 @@ def test_the_stop_answers_the_records_own_window_which_times_exactly_the_dumps_p
     assert record["gap_ms"] is not None and record["gap_ms"] > 0, record  # the pauses between its busy steps
 
 
+def test_the_records_window_carries_each_ranks_active_slots_its_passes_by_size_and_its_run_queue_wait(recorded_counts):
+    """Issue 37: every rank counts its local slots with a real row once a pass, and keeps its passes by
+    size; on one step per entry each dump entry is one pass, so the record's active slots per rank
+    are the dump's slots with a count, pass by pass, exactly. Its pass-size groups (960-token prefill
+    steps, 12-row decode steps) are the record's passes, and advise reads the window as the server
+    sent it (``TimingWindow``'s checks) and fits across them. On CPU every rank reads its run-queue wait."""
+    from vllm_scene_eplb.advise.model import fit_slot_model, fit_time_model
+    from vllm_scene_eplb.protocol import TimingWindow
+
+    counts, stopped = recorded_counts.counts, recorded_counts.stopped
+    layers = counts.meta["moe_layers"]
+    record = stopped["record_time"]
+    assert record["rank_active_slots"] is not None, record
+    window = TimingWindow.from_wire(record, layers=len(layers), record=True)
+    assert window.rank_active_slots is not None and window.pass_groups, record
+    assert counts.meta["steps_per_entry"] == 1 and not counts.meta["ring_wrapped"]
+    written = counts.physical[counts.written_entries()][:, layers]  # [entries, L_moe, P]: one pass an entry
+    passes = written[written.sum(axis=(1, 2)) > 0]  # (a dummy pass would advance the ring with nothing)
+    active = (passes.reshape(len(passes), len(layers), 2, -1) > 0).sum(axis=3).mean(axis=0).T  # [ranks, L_moe]
+    assert np.allclose(window.rank_active_slots, active, atol=0.006), (window.rank_active_slots, active.tolist())
+    assert sum(g.passes for g in window.pass_groups) == len(passes) == max(counts.meta["passes_per_rank"])
+    assert len(window.pass_groups) >= 2, [(g.tokens, g.passes) for g in window.pass_groups]  # prefill and decode steps
+    base = fit_time_model(np.asarray(window.rank_ms), np.asarray(window.rank_assignments))
+    fitted = fit_slot_model(
+        base,
+        np.asarray(window.rank_ms),
+        np.asarray(window.rank_assignments),
+        np.asarray(window.rank_active_slots),
+        window.pass_groups,
+    )
+    print(
+        f"record window: groups {[(g.tokens, g.passes) for g in window.pass_groups]}; {fitted.why}; wait_share {window.wait_share}"
+    )
+    assert window.wait_share is not None and 0 <= window.wait_share <= 1, record  # CPU ranks read /proc/thread-self/schedstat
+    live = TimingWindow.from_wire(recorded_counts.live["time"], layers=len(layers))  # the live window reads too
+    assert live.rank_active_slots is not None and live.wait_share is not None
+
+
 def test_every_rank_times_every_layer_and_the_time_view_counts_what_each_rank_computed(recorded_counts, matched_run):
     """Deterministic (no wall-clock comparison on two shared cores): every rank's every MoE layer is
     timed, and the time view's x per rank, the assignments it computed per pass, is the measured

@@ -343,6 +343,16 @@ def test_the_answer_readers_take_what_the_server_sends_key_for_key():
                 "provenance": {},
                 "gap_ms": 12.5,
                 "rank_active_slots": [[3.0, 2.0], [4.0, 1.0]],
+                "wait_share": 0.01,
+                "pass_groups": [
+                    {
+                        "tokens": [512, None],
+                        "passes": 3,
+                        "rank_ms": [[0.5, 0.25], [0.5, 0.25]],
+                        "rank_assignments": [[3.0, 2.0], [4.0, 1.0]],
+                        "rank_active_slots": [[3.0, 2.0], [4.0, 1.0]],
+                    }
+                ],
             },
         }
     )

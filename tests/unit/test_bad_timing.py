@@ -89,6 +89,79 @@ TIMING_CASES = {
 }
 
 
+def _grouped(t: dict, **group_change) -> dict:
+    """The window with active slots and two pass-size groups of its own passes (each group's means the
+    window's), one group's fields changed by ``group_change`` (each a function of the group)."""
+    active = [[x / 2 for x in r] for r in t["rank_assignments"]]
+    groups = [
+        {
+            "tokens": tokens,
+            "passes": passes,
+            "rank_ms": t["rank_ms"],
+            "rank_assignments": t["rank_assignments"],
+            "rank_active_slots": active,
+        }
+        for tokens, passes in (([8, 64], 40), ([64, 512], 88))
+    ]
+    groups[1].update({k: f(groups[1]) for k, f in group_change.items()})
+    return {"rank_active_slots": active, "pass_groups": groups}
+
+
+def _scaled(m: list, by: float) -> list:
+    return [[x * by for x in r] for r in m]
+
+
+TIMING_CASES.update(
+    {
+        "wait_share_above_one": (lambda t: {"wait_share": 1.5}, "wait_share"),
+        "wait_share_negative": (lambda t: {"wait_share": -0.01}, "wait_share"),
+        "wait_share_a_string": (lambda t: {"wait_share": "low"}, "wait_share"),
+        "wait_share_nan": (lambda t: {"wait_share": float("nan")}, "wait_share"),
+        "pass_groups_not_a_list": (lambda t: {**_grouped(t), "pass_groups": {"small": 1}}, "pass_groups must be a list"),
+        "pass_groups_without_active_slots": (
+            lambda t: {**_grouped(t), "rank_active_slots": None},
+            "has pass_groups but no rank_active_slots",
+        ),
+        "group_tokens_reversed": (lambda t: _grouped(t, tokens=lambda g: [512, 64]), "tokens must be [low, high)"),
+        "group_tokens_overlapping": (lambda t: _grouped(t, tokens=lambda g: [32, 512]), "overlap or precede"),
+        "group_without_passes": (lambda t: _grouped(t, passes=lambda g: 0), "passes must be an integer >= 1"),
+        "group_passes_fractional": (lambda t: _grouped(t, passes=lambda g: 2.5), "passes must be an integer >= 1"),
+        "group_of_another_shape": (
+            lambda t: _grouped(t, rank_ms=lambda g: [r[:2] for r in g["rank_ms"]]),
+            "pass_groups[1].rank_ms is [2][2]",
+        ),
+        "group_ms_nan": (
+            lambda t: _grouped(t, rank_ms=lambda g: [[float("nan")] * len(r) for r in g["rank_ms"]]),
+            "rank_ms[0][0]",
+        ),
+        "group_active_above_its_assignments": (
+            lambda t: _grouped(t, rank_active_slots=lambda g: _scaled(g["rank_assignments"], 1.5)),
+            "more active slots than assignments",
+        ),
+        "groups_not_the_windows_passes": (
+            lambda t: _grouped(
+                t, rank_assignments=lambda g: [[x * (1.5 if i else 1) for i, x in enumerate(r)] for r in g["rank_assignments"]]
+            ),
+            "the groups are not the window's passes",
+        ),
+        "groups_with_fewer_assignments_than_the_window": (
+            lambda t: _grouped(
+                t,
+                rank_assignments=lambda g: _scaled(g["rank_assignments"], 0.1),
+                rank_active_slots=lambda g: _scaled(g["rank_active_slots"], 0.1),
+            ),
+            "times the window's assignments",
+        ),
+    }
+)
+
+
+def test_a_window_with_its_own_pass_groups_and_active_slots_is_priced_not_refused(case, tmp_path):
+    timing = _with(case, tmp_path, **_grouped(_time(case)), wait_share=0.01)
+    code, out, err = run("advise", case["dump"], "--layout", case["cand"], "--timing", timing)
+    assert code in (0, 1) and "verdict:" in out, (out, err)
+
+
 @pytest.mark.parametrize("name", sorted(TIMING_CASES))
 def test_a_bad_timing_window_is_one_line_and_exit_2(name, case, tmp_path):
     change, expected = TIMING_CASES[name]

@@ -93,6 +93,14 @@ LIVE = {
     "ep_rank": 0,
     "source": [0, 2],
     "moe_layers": [1, 2],
+    "active_slots": [3, 2],
+    "groups": {  # the passes by size (protocol.PASS_GROUP_TOKENS): both in the first group
+        "passes": [2, 0, 0, 0],
+        "seconds": [[0.5, 0.25], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]],
+        "assignments": [[3, 4], [0, 0], [0, 0], [0, 0]],
+        "active": [[3, 2], [0, 0], [0, 0], [0, 0]],
+    },
+    "wait_seconds": 0.01,
 }
 # every worker answer: (its payload reader, what a worker sends)
 PAYLOADS = {

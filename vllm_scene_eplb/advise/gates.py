@@ -4,11 +4,12 @@ window's provenance, the running layout's model against what was measured, and t
 Each failed gate is ``insufficient_evidence`` with the reason in words (or, for input that does not
 hold, a ``SceneEplbError``): no timing window with traffic, no measured replica traffic in the dump,
 a timing window from another layout, geometry, role, ``steps_per_entry``, engine or plugin version
-than the dump's, fewer than ``MIN_PASSES`` passes, a modelled critical path longer than the step,
-or a running layout whose model disagrees with measurement by more than the noise floor. The noise
-floor is measured: twice the spread of the timing window's sub-windows, or the ratio of an A/B of
-two identical setups passed in, or twice the model's residual on the critical path, never under
-``NOISE_FLOOR``. Pure numpy.
+than the dump's, ranks that waited on a CPU run queue for more than ``MAX_WAIT_SHARE`` of their
+steps, fewer than ``MIN_PASSES`` passes, a modelled critical path longer than the step, or a running
+layout whose model disagrees with measurement by more than the noise floor. The noise floor is
+measured: twice the robust spread of the timing window's sub-windows (the oldest, often a cold one,
+dropped), or the ratio of an A/B of two identical setups passed in, or twice the model's residual on
+the critical path, never under ``NOISE_FLOOR``. Pure numpy.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ from .setups import Setup
 
 NOISE_FLOOR = 0.02  # the lower bound of the noise floor: below a 2% gain no single A/B here separates it
 MIN_PASSES = 16  # fewer recorded passes than this give no per-pass distribution to speak of
+# Above this share of a rank's step time spent waiting on a run queue (runnable, not running: other work
+# on its core), the window's times hold contention that a layout moves (a cold rank's barrier slack absorbs
+# it, a balanced layout puts it on the critical path), which the model does not price.
+MAX_WAIT_SHARE = 0.05
+# The sub-windows' spread: with at least this many the oldest is dropped (the first window after a start
+# holds the warm-up and reads several times the rest); the spread is the median absolute deviation
+# scaled to a normal sigma, so one outlier left does not set the floor.
+DROP_OLDEST_FROM = 4
+MAD_TO_SIGMA = 1.4826
 # The provenance a dump must say (the timing window says every one of ``PROVENANCE_KEYS``).
 REQUIRED_PROVENANCE = ("layout_hash", "ep_size", "role", "steps_per_entry")
 NO_WINDOW = (
@@ -80,6 +90,20 @@ def evidence_gap(counts: Counts, timing: TimingWindow) -> str | None:
     return None
 
 
+def contended(timing: TimingWindow) -> str | None:
+    """Why the window's times are not the MoE's alone (None: they are, or the ranks did not read their
+    run-queue wait): a rank's stepping thread waited on a run queue above ``MAX_WAIT_SHARE`` of its steps."""
+    share = timing.wait_share
+    if share is None or share <= MAX_WAIT_SHARE:
+        return None
+    return (
+        f"a rank waited on a CPU run queue for {share:.1%} of its step time in the timing window (wait_share, above "
+        f"{MAX_WAIT_SHARE:.0%}): other work shares its cores, and that cost moves with the layout (a cold rank's "
+        "barrier slack absorbs it, a balanced layout puts it on the critical path), which the model does not price; "
+        "pin the API server, engine core and client away from the ranks' cores, or give the ranks cores of their own"
+    )
+
+
 def too_few_passes(passes: int, entries: int) -> str | None:
     """Why ``passes`` in ``entries`` written entries give no per-pass distribution and halves (None: they do)."""
     if passes >= MIN_PASSES and entries >= 2:
@@ -92,16 +116,34 @@ def too_few_passes(passes: int, entries: int) -> str | None:
 
 def noise_floor(timing: TimingWindow, model: TimeModel, critical_now: float, ab_ratio: float | None) -> tuple[float, str]:
     """The floor a predicted gain must clear, and where it came from: the largest of ``NOISE_FLOOR``,
-    twice the coefficient of variation of the sub-windows' step ms (at least 3 of them), the gap of
-    an A/B between identical setups, and twice the model's residual on the critical path."""
+    twice the sub-windows' robust relative spread (``sub_window_spread``), the gap of an A/B between
+    identical setups, and twice the model's residual on the critical path."""
     terms = {"the 2% lower bound": NOISE_FLOOR, "the time model's residual": 2 * model.residual * critical_now / cycle_ms(timing)}
-    subs = np.asarray(timing.sub_windows, dtype=np.float64)
-    if subs.size >= 3 and subs.mean() > 0:
-        terms[f"the spread of {subs.size} sub-windows' step time"] = 2 * float(subs.std(ddof=1) / subs.mean())
+    spread = sub_window_spread(timing.sub_windows)
+    if spread is not None:
+        terms[spread[1]] = 2 * spread[0]
     if ab_ratio is not None:
         terms[f"the A/B of two identical setups ({ab_ratio:.3f})"] = max(abs(ab_ratio - 1), abs(1 / ab_ratio - 1))
     source = max(terms, key=lambda k: terms[k])
     return terms[source], source
+
+
+def sub_window_spread(step_ms) -> tuple[float, str] | None:
+    """The relative spread of the sub-windows' step ms (oldest first) and what it is in words: with at
+    least ``DROP_OLDEST_FROM`` the oldest dropped, then the median absolute deviation scaled to a
+    normal sigma (``MAD_TO_SIGMA``) over the median; None with fewer than 3 left."""
+    subs = np.asarray(step_ms, dtype=np.float64)
+    dropped = subs.size >= DROP_OLDEST_FROM
+    subs = subs[1:] if dropped else subs
+    median = float(np.median(subs)) if subs.size else 0.0
+    if subs.size < 3 or median <= 0:
+        return None
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(subs - median)))
+    oldest = ", the oldest dropped" if dropped else ""
+    return (
+        sigma / median,
+        f"the robust spread (median absolute deviation x {MAD_TO_SIGMA}) of {subs.size} sub-windows' step time{oldest}",
+    )
 
 
 def unidentified(
@@ -122,6 +164,7 @@ def unidentified(
     details = {
         "step_ms": timing.step_ms,
         "gap_ms": timing.gap_ms,
+        "wait_share": timing.wait_share,
         "noise_floor": floor,
         "noise_floor_source": source,
         "bound_ratio": ratio,

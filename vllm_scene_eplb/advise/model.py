@@ -17,14 +17,20 @@ apart from the assignments, c is fitted (``fit_slot_model``); where they move to
 a layer's ranks all read all their slots, or their slots follow their loads) the window cannot tell
 c * k from the fixed cost or from b * n, and the model says so: c lies between 0 and the largest c
 that leaves every layer a non-negative fixed cost and slope (``SlotCost``). Without them c is
-unpriced (0). Pure numpy.
+unpriced (0). Across the ranks of one window the active slots mostly follow the assignments; across
+the window's pass-size groups (``TimingWindow.pass_groups``: small passes about one assignment per
+active slot, large ones every slot active with many) they move apart, so where the window has two or
+more groups b and c are fitted across them first. Pure numpy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from ..protocol import PassGroup
 
 MAX_SLOPE_ERROR = 0.25  # a pooled slope less certain than this is not identified by the window
 # Active slots whose within-layer spread follows the assignments' this closely (|correlation|) do not
@@ -135,19 +141,73 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
     return max(float((x * y).sum() / max(float((x**2).sum()), 1e-300)), 0.0)
 
 
+def _collinear(dn: np.ndarray, dk: np.ndarray, k_mean: float, w: np.ndarray | float = 1.0) -> tuple[float, float]:
+    """(spread, |correlation|) of the active slots' differences ``dk`` against the assignments' ``dn``
+    (from their layer's mean, weighted by ``w``): what tells c apart from the fixed cost and from b."""
+    spread = float(np.sqrt((w * dk**2).sum() / max(float(np.broadcast_to(w, dk.shape).sum()), 1e-300)) / max(k_mean, 1e-12))
+    sn, sk = float((w * dn**2).sum()), float((w * dk**2).sum())
+    corr = abs(float((w * dn * dk).sum()) / np.sqrt(sn * sk)) if spread > 0 and sn > 0 and sk > 0 else 1.0
+    return spread, corr
+
+
+def _fit_bc(dm: np.ndarray, dn: np.ndarray, dk: np.ndarray, w: np.ndarray | float = 1.0) -> tuple[float, float]:
+    """b and c of dm = b dn + c dk (weighted least squares, weights ``w``), a negative one dropped and the other refitted."""
+    root = np.sqrt(np.broadcast_to(w, dm.shape))
+    (b, c), *_ = np.linalg.lstsq(np.stack([(root * dn).ravel(), (root * dk).ravel()], axis=1), (root * dm).ravel(), rcond=None)
+    if c < 0 or b < 0:
+        b, c = (0.0, _slope(root * dk, root * dm)) if c >= 0 else (_slope(root * dn, root * dm), 0.0)
+    return float(b), float(c)
+
+
+def _across_passes(groups: Sequence[PassGroup]) -> tuple[float, float, str] | str:
+    """b, c and the fit in words from a window's pass-size groups (``protocol.PassGroup``: per pass
+    each rank's ms, assignments and active slots): every (group, rank) point of a layer against the
+    layer's passes-weighted mean, each weighted by its group's passes; or why they do not identify c."""
+    ms, n, k = (np.stack([np.asarray(getattr(g, key), dtype=np.float64) for g in groups]) for key in _GROUP_KEYS)
+    w = np.asarray([g.passes for g in groups], dtype=np.float64)[:, None, None] * np.ones_like(ms)  # [G, ranks, L]
+    centred = [x - (w * x).sum(axis=(0, 1), keepdims=True) / w.sum(axis=(0, 1), keepdims=True) for x in (ms, n, k)]
+    dm, dn, dk = centred
+    spread, corr = _collinear(dn, dk, float((w * k).sum() / w.sum()), w)
+    sizes = ", ".join(f"{g.tokens[0]}-{'' if g.tokens[1] is None else g.tokens[1] - 1} ({g.passes})" for g in groups)
+    if spread < MIN_SLOT_SPREAD or corr > MAX_SLOT_CORRELATION:
+        return (
+            f"the window's {len(groups)} pass-size groups (tokens per pass, passes: {sizes}) do not tell c apart either "
+            f"(spread {spread:.1%}, correlation {corr:.3f})"
+        )
+    b, c = _fit_bc(dm, dn, dk, w)
+    return (
+        b,
+        c,
+        f"{c:.4g} ms per active slot and {b:.4g} ms per assignment, pooled over layers, fitted across the window's "
+        f"{len(groups)} pass-size groups x {ms.shape[1]} ranks (tokens per pass, passes: {sizes}; correlation {corr:.3f})",
+    )
+
+
+_GROUP_KEYS = ("rank_ms", "rank_assignments", "rank_active_slots")
+
+
 def fit_slot_model(
-    base: TimeModel, rank_ms: np.ndarray, rank_assignments: np.ndarray, rank_active: np.ndarray | None
+    base: TimeModel,
+    rank_ms: np.ndarray,
+    rank_assignments: np.ndarray,
+    rank_active: np.ndarray | None,
+    groups: Sequence[PassGroup] = (),
 ) -> SlotCost:
     """The cost per active slot beside ``base`` (``fit_time_model`` of the same window): ms,
     assignments and active slots per pass, all [ranks, L]. With active slots, b and c are pooled
     over layers and fitted on the points' differences from their layer's mean (a negative one
-    dropped and the other refitted); where c is not identified, b alone so, and the bound beside it."""
+    dropped and the other refitted): across the window's pass-size ``groups`` where it has two or more
+    and they tell c apart (``_across_passes``), else across its ranks; where c is not identified, b
+    alone so, and the bound beside it."""
     if rank_active is None:
         return SlotCost(base, None, "no cost per active slot priced: the timing window carries no active slots per rank")
     ms, n, k = (np.asarray(x, dtype=np.float64) for x in (rank_ms, rank_assignments, rank_active))
+    across = _across_passes(groups) if len(groups) >= 2 else "the window has no pass-size groups to fit across"
+    if not isinstance(across, str):
+        b, c, why = across
+        return SlotCost(_pooled(base, ms, n, k, b, c, SLOTS_PRICED), None, why)
     dm, dn, dk = (x - x.mean(axis=0, keepdims=True) for x in (ms, n, k))
-    spread = float(np.sqrt((dk**2).mean()) / max(float(k.mean()), 1e-12))
-    corr = abs(float(np.corrcoef(dn.ravel(), dk.ravel())[0, 1])) if spread > 0 and dn.std() > 0 else 1.0
+    spread, corr = _collinear(dn, dk, float(k.mean()))
     if spread < MIN_SLOT_SPREAD or corr > MAX_SLOT_CORRELATION:
         model = _pooled(base, ms, n, k, _slope(dn, dm), 0.0, SLOTS_UNIDENTIFIED)
         # the window's active slots as k = alpha + beta * n within layers: any c up to c_max explains it
@@ -157,11 +217,11 @@ def fit_slot_model(
         c_max = max(0.0, float(min(limits))) if limits else 0.0
         why = (
             f"the cost per active slot is not identified: the ranks' active slots {'hardly differ' if spread < MIN_SLOT_SPREAD else 'follow their assignments'} "
-            f"in this window (spread {spread:.1%}, correlation {corr:.3f}); it lies between 0 and {c_max:.4g} ms per slot"
+            f"in this window (spread {spread:.1%}, correlation {corr:.3f}) and {across}; it lies between 0 and {c_max:.4g} ms per slot"
         )
         return SlotCost(model, model.with_slot_cost(c_max, alpha, beta), why)
-    (b, c), *_ = np.linalg.lstsq(np.stack([dn.ravel(), dk.ravel()], axis=1), dm.ravel(), rcond=None)
-    if c < 0 or b < 0:
-        b, c = (0.0, _slope(dk, dm)) if c >= 0 else (_slope(dn, dm), 0.0)
-    model = _pooled(base, ms, n, k, float(b), float(c), SLOTS_PRICED)
-    return SlotCost(model, None, f"{c:.4g} ms per active slot and {b:.4g} ms per assignment, pooled over layers")
+    b, c = _fit_bc(dm, dn, dk)
+    model = _pooled(base, ms, n, k, b, c, SLOTS_PRICED)
+    return SlotCost(
+        model, None, f"{c:.4g} ms per active slot and {b:.4g} ms per assignment, pooled over layers, fitted across ranks"
+    )

@@ -13,9 +13,11 @@ from ..counts import Counts
 from ..layout import Layout
 from ..protocol import Advice, TimingWindow
 from .gates import (
+    MAX_WAIT_SHARE,
     NO_WINDOW,
     ModelCheck,
     check_shapes,
+    contended,
     evidence_gap,
     insufficient,
     longer_than_the_step,
@@ -55,6 +57,9 @@ def advise(
     gap = evidence_gap(counts, timing)
     if gap:
         return insufficient(reasons, gap)
+    busy = contended(timing)
+    if busy:
+        return insufficient(reasons, busy, wait_share=timing.wait_share, max_wait_share=MAX_WAIT_SHARE)
     rows = list(candidate.moe_layers)
     shares = source_shares(counts, rows, candidate.geometry.ep_size)
     now = running_setup(counts, running, candidate, rows, shares)
@@ -68,7 +73,9 @@ def advise(
     loads_now, loads_cand = now.rank_loads(passes), cand.rank_loads(passes)
     if not base.identified:
         return unidentified(reasons, base, timing, loads_now, loads_cand, ab_ratio)
-    slots = fit_slot_model(base, np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments), _active(timing))
+    slots = fit_slot_model(
+        base, np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments), _active(timing), timing.pass_groups
+    )
     model = slots.model
     active = None if timing.rank_active_slots is None else (now.rank_active(passes), cand.rank_active(passes))
     prediction = Prediction.of(model, loads_now, loads_cand, origin, cycle_ms(timing), active)
@@ -80,6 +87,7 @@ def advise(
         "step_ms": timing.step_ms,
         "gap_ms": timing.gap_ms,
         "moe_share": timing.moe_share,
+        "wait_share": timing.wait_share,
         "noise_floor": floor,
         "noise_floor_source": floor_source,
         "model_residual": model.residual,

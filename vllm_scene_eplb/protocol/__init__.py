@@ -8,6 +8,7 @@ every answer that crosses (worker -> API server -> client) as a typed object wit
 - ``answers``: the live object and the status answer around it, the export, dump, live-count and
   native-load answers, and the worker answer that carries them;
 - ``timing``: the timing window ``advise`` prices, with the server it came from;
+- ``pass_groups``: a timing window's passes by size (a rank's sums, the window's means);
 - ``advice``: what ``advise`` answers;
 - ``pair``: what ``pair-advise`` answers;
 - ``flow``: a node's flow (P supply, D demand) over its last engine steps.
@@ -37,6 +38,7 @@ from .answers import (
 )
 from .fields import MAX_WIRE_INT
 from .flow import FLOW_KEY, FLOW_SOURCES, FlowView
+from .pass_groups import GROUPS, PASS_GROUP_TOKENS, PassGroup, RankPassGroups, group_tokens, pass_group
 from .routes import (
     ACTIONS,
     AGREE_KEY,
@@ -85,6 +87,7 @@ __all__ = [
     "EXPORT_STATUS_ACTION",
     "FLOW_KEY",
     "FLOW_SOURCES",
+    "GROUPS",
     "FlowView",
     "ExportJobAnswer",
     "KEEP_SKIPPED",
@@ -100,7 +103,9 @@ __all__ = [
     "OBSERVER_IDLE",
     "OBSERVER_OFF",
     "OBSERVER_RECORDING",
+    "PASS_GROUP_TOKENS",
     "PROVENANCE_KEYS",
+    "PassGroup",
     "RANKS_KEY",
     "RANK_KEYS",
     "RECORD_LIVE_ACTION",
@@ -108,6 +113,7 @@ __all__ = [
     "ROUTE_BY_ACTION",
     "RankLive",
     "RankNativeLoad",
+    "RankPassGroups",
     "RankView",
     "RecordLive",
     "Route",
@@ -119,6 +125,8 @@ __all__ = [
     "WireObject",
     "WorkerAnswer",
     "WorkerStatus",
+    "group_tokens",
+    "pass_group",
     "parse_startup_lines",
     "startup_line",
 ]

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Generic, Protocol, TypeVar
 
-from .fields import _Fields, _non_negative
+from .fields import _Fields, _is_int, _non_negative
 from .flow import FLOW_KEY, FlowView
+from .pass_groups import PassGroup, RankPassGroups, read_groups
 from .routes import AGREE_KEY, AGREEMENT_KEYS, LIVE_KEY, RANKS_KEY
 from .status import RankView, WorkerStatus, _Answer
 
@@ -34,6 +35,11 @@ def _active_slots(f: _Fields) -> tuple[tuple[float, ...], ...] | None:
     return f.matrix("rank_active_slots", _non_negative, "a finite non-negative number", nullable=True)
 
 
+def _wait_share(f: _Fields) -> float | None:
+    """A timing window's optional ``wait_share`` in [0, 1] (None where the ranks did not read their run-queue wait)."""
+    return f.number("wait_share", 0, 1, nullable=True) if "wait_share" in f.doc else None
+
+
 @dataclass(frozen=True)
 class LiveTime(_Answer):
     """The live object's ``time`` (``measured.time_view``, stamped by ``fitness.LiveFitness``): ``rank_ms``
@@ -41,8 +47,10 @@ class LiveTime(_Answer):
     over ranks (``per_layer``), ``moe_share`` of step time, ``step_ms`` the mean wall ms of a real step,
     ``rank_assignments`` [ranks][layers] (None: the window had no measured rank loads), the recent
     windows' ``sub_windows`` step ms, the server's ``provenance`` and ``gap_ms``, the mean busy pause
-    between steps (None: none was timed), and ``rank_active_slots`` [ranks][layers] (None: not
-    captured). ``advise`` reads it as a ``TimingWindow``."""
+    between steps (None: none was timed), ``rank_active_slots`` [ranks][layers] (None: not
+    captured), ``wait_share`` the largest share of a rank's step time its stepping thread waited on a
+    run queue (None: not read) and ``pass_groups`` the window's passes by size (``PassGroup``; empty:
+    not captured). ``advise`` reads it as a ``TimingWindow``."""
 
     median: float
     worst: float
@@ -55,6 +63,8 @@ class LiveTime(_Answer):
     provenance: dict
     gap_ms: float | None = None
     rank_active_slots: tuple[tuple[float, ...], ...] | None = None
+    wait_share: float | None = None
+    pass_groups: tuple[PassGroup, ...] = ()
 
     @classmethod
     def from_wire(cls, f: _Fields) -> LiveTime:
@@ -72,6 +82,8 @@ class LiveTime(_Answer):
             {} if provenance is None else dict(provenance.doc),
             f.number("gap_ms", 0, nullable=True) if "gap_ms" in f.doc else None,  # a status saved before it has none
             _active_slots(f),
+            _wait_share(f),
+            read_groups(f),
         )
 
 
@@ -271,7 +283,10 @@ class RankLive(_Answer):
     (``own_counts`` [L_moe, E]: its static source rows), whether its counts count (``contributes``),
     ``source`` [base, span] of the static-table rows behind its batch, and with ``time_moe`` its MoE
     seconds per layer [L_moe] over ``moe_passes`` passes, its real ``steps``' seconds and the
-    ``gap_seconds`` of its ``gaps`` busy pauses between steps."""
+    ``gap_seconds`` of its ``gaps`` busy pauses between steps; where the rank counts them, its
+    ``active_slots`` [L_moe] (local slots with at least one real row, summed over its real passes),
+    its passes by size (``groups``: ``RankPassGroups``) and its stepping thread's ``wait_seconds`` on
+    a run queue inside its real steps (each None where not captured)."""
 
     counts: tuple[tuple[int, ...], ...]
     physical: tuple[tuple[int, ...], ...] | None
@@ -288,11 +303,15 @@ class RankLive(_Answer):
     ep_rank: int
     source: tuple[int, ...] | None
     moe_layers: tuple[int, ...]
+    active_slots: tuple[int, ...] | None = None
+    groups: RankPassGroups | None = None
+    wait_seconds: float | None = None
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> RankLive:
         f = _Fields(doc, "live answer of a rank", source)
         layers = f.integers("moe_layers")
+        groups = f.obj("groups", "groups", default=None)
         return cls(
             f.count_matrix("counts", len(layers)) or (),
             f.count_matrix("physical", len(layers), nullable=True),
@@ -309,6 +328,9 @@ class RankLive(_Answer):
             f.integer("ep_rank"),
             f.integers_or_null("source", length=2),
             layers,
+            f._list("active_slots", _is_int, "integers >= 0", True, len(layers)) if "active_slots" in doc else None,
+            None if groups is None else RankPassGroups.from_wire(groups, len(layers)),
+            f.number("wait_seconds", 0, nullable=True) if "wait_seconds" in doc else None,
         )
 
 

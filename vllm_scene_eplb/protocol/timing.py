@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import SceneEplbError
-from .answers import LiveTime, StatusAnswer, _active_slots
+from .answers import LiveTime, StatusAnswer, _active_slots, _wait_share
 from .fields import _Fields, _floats, _non_negative
+from .pass_groups import PassGroup, check_groups, read_groups
 from .routes import LIVE_KEY
 from .status import _STATUS_FIELDS
 
@@ -47,7 +48,10 @@ class TimingWindow:
     where it falls, ``gap_ms`` the mean busy pause between steps (what a step's throughput pays
     beside the step; 0 where not timed), ``rank_active_slots`` [ranks][layers] the mean slots per
     pass each rank computed at least one assignment for (whose weights it read; None where the
-    server does not capture them: the model then prices no cost per active slot)."""
+    server does not capture them: the model then prices no cost per active slot), ``wait_share`` the
+    largest share of a rank's step time its stepping thread waited on a run queue (other work on its
+    core; None where not read) and ``pass_groups`` the window's passes by size (``PassGroup``: where
+    they differ in size, the cost per assignment and per active slot are fitted across them)."""
 
     rank_ms: tuple[tuple[float, ...], ...]
     rank_assignments: tuple[tuple[float, ...], ...]
@@ -58,6 +62,8 @@ class TimingWindow:
     record: bool = False
     gap_ms: float = 0.0
     rank_active_slots: tuple[tuple[float, ...], ...] | None = None
+    wait_share: float | None = None
+    pass_groups: tuple[PassGroup, ...] = ()
 
     @property
     def ranks(self) -> int:
@@ -90,7 +96,19 @@ class TimingWindow:
         known = {} if said is None else said.doc
         active = _active_slots(f)
         return cls.checked(
-            f, rank_ms, assignments, step_ms, share, sub_windows, known, layers, record, gap or 0.0, active and _floats(active)
+            f,
+            rank_ms,
+            assignments,
+            step_ms,
+            share,
+            sub_windows,
+            known,
+            layers,
+            record,
+            gap or 0.0,
+            active and _floats(active),
+            _wait_share(f),
+            read_groups(f),
         )
 
     @classmethod
@@ -107,11 +125,14 @@ class TimingWindow:
         record: bool = False,
         gap_ms: float = 0.0,
         active: tuple[tuple[float, ...], ...] | None = None,
+        wait_share: float | None = None,
+        groups: tuple[PassGroup, ...] = (),
     ) -> TimingWindow:
         """The window of fields each read (``from_wire``, ``of_live_time``), checked as a whole:
         ``rank_ms`` and ``rank_assignments`` of one shape (``layers`` MoE layers when given), a
         positive ``step_ms`` at least the MoE ms a rank spends in it, ``active`` (the active slots, where
-        given) of the same shape and at most the assignments; ``f`` names the window in an error."""
+        given) of the same shape and at most the assignments, ``groups`` the window's own passes
+        (``check_groups``); ``f`` names the window in an error."""
         shape = (len(rank_ms), len(rank_ms[0]))
         if (len(assignments), len(assignments[0])) != shape:
             f.fail(
@@ -132,6 +153,7 @@ class TimingWindow:
                     f"rank_active_slots[{r}][{i}] is {active[r][i]:g}, more than the {assignments[r][i]:g} assignments the rank "
                     "computed: a slot is active when it computes at least one"
                 )
+        check_groups(f, groups, assignments, active)
         rank_moe = max(sum(row) for row in rank_ms)
         if step_ms <= 0 or step_ms < rank_moe * (1 - 1e-9):
             f.fail(f"step_ms {step_ms:g} is not positive or shorter than the {rank_moe:g} ms of MoE a rank spends in it")
@@ -145,6 +167,8 @@ class TimingWindow:
             record,
             float(gap_ms),
             active,
+            None if wait_share is None else float(wait_share),
+            groups,
         )
 
     @classmethod
@@ -167,6 +191,8 @@ class TimingWindow:
             record,
             time.gap_ms or 0.0,
             None if time.rank_active_slots is None else _floats(time.rank_active_slots),
+            time.wait_share,
+            time.pass_groups,
         )
 
     @classmethod
@@ -208,4 +234,6 @@ class TimingWindow:
             "record": self.record,
             "gap_ms": self.gap_ms,
             "rank_active_slots": None if self.rank_active_slots is None else [list(r) for r in self.rank_active_slots],
+            "wait_share": self.wait_share,
+            "pass_groups": [g.to_wire() for g in self.pass_groups],
         }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SceneEplbError
+from ..protocol import GROUPS
 
 _KERNELS: tuple | None = None
 
@@ -61,6 +62,7 @@ class DeviceMoeTimer:
         z = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=device)  # noqa: E731
         self.t0, self.ns, self.passes = z(num_layers), z(num_layers), z(num_layers)
         self.real_ns = z(1)  # MoE ns inside real steps
+        self.group_ns = z(GROUPS, num_layers)  # MoE ns per layer of each pass-size group's real steps
         self.mark = z(2, num_layers)  # ns and passes per layer at the last step boundary or discard
         self.dropped = z(2, num_layers)  # ns and passes per layer of the discarded passes
 
@@ -81,10 +83,13 @@ class DeviceMoeTimer:
 
         return call
 
-    def mark_step(self, real: bool) -> None:
-        """At a step boundary (host, no sync): a real step's MoE time goes to ``real_ns``."""
+    def mark_step(self, real: bool, group: int = 0) -> None:
+        """At a step boundary (host, no sync): a real step's MoE time goes to ``real_ns`` and to its
+        pass-size ``group``'s per-layer ns."""
         if real:
-            self.real_ns.add_(self._since_mark()[0].sum(0, keepdim=True))
+            since = self._since_mark()[0]
+            self.real_ns.add_(since.sum(0, keepdim=True))
+            self.group_ns[group].add_(since)
         self._move_mark()
 
     def discard(self) -> None:
@@ -110,3 +115,7 @@ class DeviceMoeTimer:
         the host: a sync, between steps only."""
         ns, passes = (self._totals() - self.dropped).tolist()
         return [n * 1e-9 for n in ns], max(passes, default=0), int(self.real_ns.item()) * 1e-9
+
+    def group_seconds(self) -> list[list[float]]:
+        """The MoE seconds [G][L] of each pass-size group's real steps, on the host: a sync, between steps only."""
+        return [[n * 1e-9 for n in row] for row in self.group_ns.tolist()]

@@ -21,7 +21,7 @@ from ..config import PluginConfig
 from ..errors import SceneEplbError
 from ..fitness import LiveFitness, LiveSample
 from ..formats import GeometryHint, read_layout
-from ..measured import RankTime, SourceTraffic
+from ..measured import RankGroups, RankTime, SourceTraffic
 from ..protocol import LIVE_ACTION, PROVENANCE_KEYS, RECORD_LIVE_ACTION, LiveAnswer, RankLive, RecordLive, StatusAnswer
 from . import metrics
 from .fanout import RouteError, WorkerFanout
@@ -138,7 +138,21 @@ def live_sample(ranks: Sequence[RankLive]) -> LiveSample:
                 a.step_moe_seconds,
                 a.gap_seconds,
                 a.gaps,
+                a.wait_seconds,
+                None if a.active_slots is None else np.asarray(a.active_slots, dtype=np.int64),
+                _groups(a),
             )
             for a in ranked
         )
     return LiveSample(logical, sum(a.passes for a in counting), physical, sources, times)
+
+
+def _groups(rank: RankLive) -> RankGroups | None:
+    """A rank's passes by size as arrays (None where it keeps none)."""
+    g = rank.groups
+    if g is None:
+        return None
+    return RankGroups(*(np.asarray(x, dtype=d) for x, d in zip((g.passes, g.seconds, g.assignments, g.active), DTYPES)))
+
+
+DTYPES = (np.int64, np.float64, np.int64, np.int64)  # a rank's groups: passes, seconds, assignments, active slots

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..protocol import RankPassGroups
 from .id_space import IdSpace
 from .moe_timing import MoeTimes
 from .pass_counts import PassCounts
@@ -22,7 +23,9 @@ class LiveCounts:
     layer's local expert computation [L] over the ``moe_passes`` passes that ran it (dummy passes
     too: an idle DP engine's experts still compute its peers' tokens), over the ``steps`` real
     steps, their wall time and the MoE seconds within it, and the ``gap_seconds`` of the ``gaps``
-    busy pauses between steps (``moe_timing``)."""
+    busy pauses between steps (``moe_timing``); where the observer counts them, the stepping
+    thread's run-queue ``wait_seconds`` in the real steps, the ``active_slots`` [L] of this rank's
+    local slots summed over its real passes and its passes by size (``groups``: ``slot_activity``)."""
 
     logical: torch.Tensor
     physical: torch.Tensor | None
@@ -35,6 +38,9 @@ class LiveCounts:
     gap_seconds: float
     gaps: int
     own: torch.Tensor | None = None  # logical [L, E] of this rank's own rows (the static table's source rows)
+    wait_seconds: float | None = None
+    active_slots: list[int] | None = None
+    groups: RankPassGroups | None = None
 
 
 class LiveTotals:

@@ -9,7 +9,10 @@
   control (``start``, ``stop``, ``snapshot``);
 - ``live_totals.LiveTotals``: the cumulative counts of every real pass (``live_counts``);
 - ``skipped_passes.SkippedPasses``: the (layer, pass) pairs counted as nothing;
-- ``moe_timing.MoeTiming``: with ``time_moe``, each MoE layer's expert time and the steps' wall time.
+- ``moe_timing.MoeTiming``: with ``time_moe``, each MoE layer's expert time and the steps' wall time
+  (on CPU with the run-queue wait beside it: ``run_queue.RunQueueWait``);
+- ``slot_activity.SlotActivity``: with ``time_moe`` and ``local_slots``, the rank's active slots and
+  its passes by size.
 
 ``end_step`` runs between forward passes on the host: it adds the pass to the live counts and,
 while recording, to the ring entry of its global step, and clears it. Engine-neutral: the adapters
@@ -19,19 +22,22 @@ in before the model is bound (state ``off``). The interfaces are in ``interfaces
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import SceneEplbError
-from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING
+from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING, RankPassGroups, pass_group
 from .count_ring import CountRing, Record
 from .id_space import IdSpace
 from .interfaces import NullSteps, ObserverStatus
 from .live_totals import LiveCounts, LiveTotals
 from .moe_timing import MoeTiming
 from .pass_counts import PassCounts
+from .run_queue import RunQueueWait
 from .skipped_passes import SkippedPasses
+from .slot_activity import SlotActivity
 
 if TYPE_CHECKING:
     from .device_timer import DeviceMoeTimer
@@ -42,7 +48,9 @@ class RoutingObserver:
 
     ``slot_to_expert`` (optional) [L, P]: the logical expert of every physical slot; given, ``capture``
     takes slot ids and logical counts are derived. ``dp_size`` > 1 keeps a DP signature per entry;
-    ``source_rows``: the own rows are counted apart too (``capture_sources``); ``live_counts=False``: no live totals (the plugin key of that name).
+    ``source_rows``: the own rows are counted apart too (``capture_sources``); ``live_counts=False``: no live totals (the plugin key of that name);
+    ``local_slots`` [lo, hi): this rank's slots in the count row, where its counted rows are every row
+    its experts compute: with ``time_moe`` its active slots and passes by size are kept (``SlotActivity``).
     """
 
     def __init__(
@@ -57,6 +65,7 @@ class RoutingObserver:
         steps_per_entry: int = 1,
         dp_size: int = 1,
         source_rows: bool = False,
+        local_slots: tuple[int, int] | None = None,
     ):
         L, self.source_rows = num_moe_layers, source_rows
         self.space = IdSpace(L, num_experts, device, slot_to_expert)
@@ -65,7 +74,11 @@ class RoutingObserver:
         self.totals = LiveTotals(row, device, live_counts, source_rows)
         self.ring = CountRing(entries, row, device, steps_per_entry, dp_size, source_rows)
         self.skipped = SkippedPasses(L, device)
-        self.timing = MoeTiming(L, time_moe)
+        cpu = torch.device(device).type == "cpu"
+        self.timing = MoeTiming(L, time_moe, RunQueueWait() if time_moe and cpu else None)
+        on = time_moe and live_counts and local_slots is not None
+        self.activity = SlotActivity(L, local_slots, device) if on and local_slots is not None else None
+        self._group = 0  # the pass-size group of the pass being run (``begin_step``'s tokens)
 
     # ------------------------------------------------------------ in the forward (traced)
 
@@ -98,6 +111,7 @@ class RoutingObserver:
     def begin_step(self, tokens: int = 0) -> None:
         """The engine starts a step (host) of ``tokens`` scheduled tokens: its wall time runs from here to ``end_step``."""
         self.ring.begin_step(tokens)
+        self._group = pass_group(tokens)
         self.timing.begin_step()
 
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
@@ -124,15 +138,27 @@ class RoutingObserver:
         self.skipped.end_step(self.passes.counts[:, self.passes.skipped_col], is_dummy, recording)
         if not is_dummy:
             self.totals.add(self.passes)
-        self.timing.end_step(is_dummy)
+            if self.activity is not None:
+                self.activity.add(self.passes.counts, self._group)
+        self.timing.end_step(is_dummy, self._group)
         self.passes.clear()
+        self._group = 0
 
     # ------------------------------------------------------------ reads and control (host, between steps)
 
     def live_counts(self) -> LiveCounts | None:
         """The cumulative counts (and times) of every real pass so far, on CPU (between steps only);
         None when live counting is off."""
-        return self.totals.read(self.space, self.timing.read()) if self.totals.on else None
+        live = self.totals.read(self.space, self.timing.read())
+        if live is None:
+            return None
+        live = replace(live, wait_seconds=self.timing.run_queue_wait())
+        if self.activity is None:
+            return live
+        active, passes, assignments, slots = self.activity.read()
+        seconds = tuple(map(tuple, self.timing.group_moe_seconds()))
+        groups = RankPassGroups(tuple(passes), seconds, tuple(map(tuple, assignments)), tuple(map(tuple, slots)))
+        return replace(live, active_slots=active, groups=groups)
 
     def start(self) -> None:
         """Start a new record: clear the ring and count every following pass."""

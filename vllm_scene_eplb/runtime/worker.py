@@ -131,10 +131,14 @@ class RecorderPlugin:
             raise SceneEplbError(f"model built MoE layers {found}, its config says {list(self.model.moe_layers)}")
         self.moe_layer_ids = list(found)
 
-    def make_observer(self, device, slot_to_expert=None, dp_size: int = 1, source_rows: bool = False) -> RoutingObserver:
+    def make_observer(
+        self, device, slot_to_expert=None, dp_size: int = 1, source_rows: bool = False, active_slots: bool = False
+    ) -> RoutingObserver:
         """The observer of the bound model, on every role; ``slot_to_expert`` [L_moe, P]: the adapter
         captures physical slot ids (None: logical ids); ``dp_size`` > 1: it reports DP tokens per step;
-        ``source_rows``: it also captures the rows it routes itself (``capture_sources``)."""
+        ``source_rows``: it also captures the rows it routes itself (``capture_sources``);
+        ``active_slots``: the rows it counts are every row its experts compute (every rank routes the
+        whole batch), so with ``time_moe`` its local slots' activity is kept (``local_slots``)."""
         self.observer = RoutingObserver(
             len(self.moe_layer_ids),
             self.model.num_experts,
@@ -146,8 +150,17 @@ class RecorderPlugin:
             steps_per_entry=self.config.entry_steps(self.role),
             dp_size=dp_size,
             source_rows=source_rows,
+            local_slots=self.local_slots(slot_to_expert) if active_slots else None,
         )
         return self.observer
+
+    def local_slots(self, slot_to_expert) -> tuple[int, int] | None:
+        """[lo, hi): this rank's physical slots (rank r holds [r * S, (r + 1) * S)); None where the
+        observer counts logical ids or the slots do not split evenly over the EP ranks."""
+        if slot_to_expert is None or slot_to_expert.shape[1] % self.ep_size:
+            return None
+        per_rank = slot_to_expert.shape[1] // self.ep_size
+        return self.ep_rank * per_rank, (self.ep_rank + 1) * per_rank
 
     # ------------------------------------------------------------ control (the engine's worker RPC)
 
@@ -211,6 +224,9 @@ class RecorderPlugin:
             ep_rank=self.ep_rank,
             source=None if source is None else tuple(source),
             moe_layers=tuple(self.moe_layer_ids),
+            active_slots=None if live.active_slots is None else tuple(map(int, live.active_slots)),
+            groups=live.groups,
+            wait_seconds=None if live.wait_seconds is None else float(live.wait_seconds),
         )
 
     def _live_now(self) -> RankLive | None:

@@ -151,7 +151,10 @@ class VllmWorkerPlugin(RecorderPlugin):
             else torch.arange(E).expand(L, E)
         )
         # where several ranks route the same batch, each also counts the rows its own table row routes
-        observer = self.make_observer(device, slots, self.dp_size, source_rows=self.source.span > 1)
+        # with DP > 1 a rank counts its own DP rank's rows, its experts compute every DP rank's: no active slots
+        observer = self.make_observer(
+            device, slots, self.dp_size, source_rows=self.source.span > 1, active_slots=self.dp_size == 1
+        )
         # the largest pass a MoE layer routes (compiled, the capture cannot grow its ones buffer)
         batch = model_runner.vllm_config.scheduler_config.max_num_batched_tokens
         observer.reserve(batch * self.dp_size * (self.model.top_k or E))
