@@ -114,8 +114,11 @@ Load = Callable[[], "ExpertLoad | None"]  # this worker's load (None: the flag i
 
 
 def trace_checkpoint(DefaultModelLoader, current_load: Load) -> None:
-    """The checkpoint tensors vLLM's default model loader yields, registered with the tracer as they pass."""
+    """The checkpoint tensors vLLM's default model loader yields, registered with the tracer as they
+    pass (idempotent)."""
     orig = DefaultModelLoader.get_all_weights
+    if getattr(orig, "__scene_eplb_traced__", False):
+        return
 
     @functools.wraps(orig)
     def get_all_weights(self, model_config, model):
@@ -125,7 +128,35 @@ def trace_checkpoint(DefaultModelLoader, current_load: Load) -> None:
                 load.tracer.register(name, tensor)
             yield name, tensor
 
+    get_all_weights.__scene_eplb_traced__ = True  # type: ignore[attr-defined]
     DefaultModelLoader.get_all_weights = get_all_weights
+
+
+WrittenSlot = Callable[[Any, int, Any, bool], "tuple[int, int] | None"]
+
+
+def journal_writes(orig, current_load: Load, written_slot: WrittenSlot, loader: str | None = None):
+    """An engine's expert weight loader ``orig`` (``(layer, param, loaded_weight, weight_name, shard_id,
+    expert_id, return_success)``, as vLLM's) journalling every write it makes: ``written_slot(layer,
+    expert_id, out, return_success)`` says which (model layer, global slot) the call wrote, None where it
+    wrote nothing (the expert is not local); the written tensor's source is traced before the call.
+    ``loader``: the loader path named in a refusal."""
+
+    @functools.wraps(orig)
+    def weight_loader(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
+        load = current_load()
+        if load is None:
+            return orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
+        source = load.tracer.expert_of(loaded_weight)
+        out = orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
+        where = written_slot(self, expert_id, out, return_success)
+        if where is not None:
+            if loader is not None:
+                load.loaders.add(loader)
+            load.write(where[0], where[1], weight_name, str(shard_id), source)
+        return out
+
+    return weight_loader
 
 
 def written_tensors(module, journal: LoadJournal, layer: int, local_slots: int) -> list:

@@ -186,22 +186,16 @@ def _reordered(loading: ExpertLoading, layer_name: str, row, weights):
         yield name, w
 
 
+def _written_slot(experts, expert_id, out, return_success):
+    """The (model layer, physical slot) a ``RoutedExperts.weight_loader`` call wrote: vLLM's mapping hands
+    it the physical slot; None where the slot is not this rank's."""
+    written = bool(out) if return_success else experts._map_global_expert_id_to_local_expert_id(expert_id) != -1
+    return (_layer_of(experts.layer_name), int(expert_id)) if written else None
+
+
 def patch_weight_loader(RoutedExperts, current_loading: Loading) -> None:
     """Every expert write journalled: slot, weight, shard, and the checkpoint expert it came from."""
-    orig = RoutedExperts.weight_loader
-
-    @functools.wraps(orig)
-    def weight_loader(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
-        loading = current_loading()
-        if loading is None:
-            return orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
-        source = loading.tracer.expert_of(loaded_weight)
-        out = orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
-        written = bool(out) if return_success else self._map_global_expert_id_to_local_expert_id(expert_id) != -1
-        if written:
-            loading.write(_layer_of(self.layer_name), int(expert_id), weight_name, str(shard_id), source)
-        return out
-
+    weight_loader = load_journal.journal_writes(RoutedExperts.weight_loader, current_loading, _written_slot)
     RoutedExperts.weight_loader = weight_loader  # functools.wraps kept vLLM's mark (supports_moe_loading)
 
 
