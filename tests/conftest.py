@@ -84,13 +84,25 @@ def tiny_moe(tmp_path_factory) -> Path:
 SCRIPTS = REPO / "tests" / "scripts"
 
 
+def _script(name: str, args: tuple, env: dict | None) -> tuple[list[str], dict]:
+    """The command and environment of ``tests/scripts/<name>.py ARGS``: the repository first on its path."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, args)], env
+
+
 def run_script(name: str, *args, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """``tests/scripts/<name>.py ARGS`` in a process of its own (files, so ruff and mypy check them), the
     repository first on its path, as for code run from the repository root."""
-    env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, str(SCRIPTS / f"{name}.py"), *map(str, args)]
+    cmd, env = _script(name, args, env)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def start_script(name: str, *args, env: dict | None = None, stdout=None, stderr=None) -> subprocess.Popen:
+    """``run_script`` started, not waited for (several ranks of one job at once; files for their output,
+    which a pipe nobody reads yet would block)."""
+    cmd, env = _script(name, args, env)
+    return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, env=env)
 
 
 def cli(*args) -> subprocess.CompletedProcess:

@@ -1,5 +1,6 @@
-"""The load audit's judgement (runtime/load_audit.py) and the source tracer that tells it which
-checkpoint expert a written tensor came from (adapters/vllm/expert_loading.py, plain torch)."""
+"""The load audit's judgement (runtime/load_audit.py), the source tracer that tells it which
+checkpoint expert a written tensor came from and the audit the adapters run after a load
+(runtime/load_journal.py, plain torch), and the vLLM adapter's test-only mis-load."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading, SourceTracer
+from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.runtime.load_audit import (
     UNTRACED,
@@ -18,6 +19,7 @@ from vllm_scene_eplb.runtime.load_audit import (
     replicated_slots,
     write_problems,
 )
+from vllm_scene_eplb.runtime.load_journal import ExpertLoad, SourceTracer, audit, slot_fingerprints, written_tensors
 
 ROW = np.array([0, 1, 2, 3, 1, 3])  # 4 experts, 2 redundant slots (4 -> expert 1, 5 -> expert 3)
 SHARDS = (("w13_weight", "w1"), ("w13_weight", "w3"), ("w2_weight", "w2"))
@@ -122,3 +124,68 @@ def test_a_malformed_misload_is_one_clear_error(monkeypatch, spec):
     monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", spec)
     with pytest.raises(SceneEplbError, match="LAYER:SLOT_A:SLOT_B"):
         ExpertLoading({1: ROW}, 4).loading_row(1)
+
+
+def _one_rank_group(export_id: str, timeout_s: float):
+    """A Gloo group of one rank (its SUM is the identity): the cross-rank check with every slot local."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=timeout_s))
+
+
+def _loaded(row=ROW, scale_from=None):
+    """A layer loaded by the row (every slot local): weights and per-channel scales [6, ...] from the
+    checkpoint expert its slot names (``scale_from``: slot -> the expert whose scale it got instead),
+    with the journal of those writes."""
+    experts = torch.randn(4, 3, 2), torch.rand(4, 3, 1)  # per checkpoint expert: its weight and its scale
+    load = ExpertLoad({1: row}, 4, group=_one_rank_group)
+    module = type("Layer", (), {})()
+    module.w13_weight = experts[0][torch.as_tensor(row)]
+    scale_src = [(scale_from or {}).get(slot, int(row[slot])) for slot in range(len(row))]
+    module.w13_weight_scale = experts[1][torch.as_tensor(scale_src)]
+    for slot in range(len(row)):
+        load.write(1, slot, "model.layers.1.mlp.experts.w13_weight", "w1", int(row[slot]))
+        load.write(1, slot, "model.layers.1.mlp.experts.w13_weight_scale", "w1", int(row[slot]))  # journal: as asked
+    return load, module
+
+
+def test_the_audit_passes_a_load_whose_replicas_hold_their_experts_scales_included():
+    load, module = _loaded()
+    weights = written_tensors(module, load.journal, 1, 6)
+    assert [w.shape[1:] for w in weights] == [(3, 2), (3, 1)]  # the weight and its scale, in name order
+    checked = audit(load, {1: ROW}, list(range(6)), lambda layer: weights, "rank 0")
+    assert checked == LoadAudit(6, 12, 2)
+
+
+def test_a_replica_whose_scale_did_not_move_with_its_weights_is_refused_naming_the_slots():
+    # slot 4 holds expert 1's weights but kept the scale of the expert its linear place would hold
+    load, module = _loaded(scale_from={4: 0})
+    weights = written_tensors(module, load.journal, 1, 6)
+    with pytest.raises(
+        SceneEplbError, match=r"across EP ranks.*layer 1: slots 1 and 4 both hold expert 1 but their weights differ"
+    ):
+        audit(load, {1: ROW}, list(range(6)), lambda layer: weights, "rank 0")
+
+
+def test_a_write_from_the_wrong_expert_is_refused_before_any_rank_is_asked():
+    load, module = _loaded()
+    load.write(1, 2, "w2_weight_scale", "w2", 0)  # slot 2 should hold expert 2
+    load.loaders.add("AscendFusedMoE.weight_loader")
+    with pytest.raises(
+        SceneEplbError, match=r"loaders: AscendFusedMoE.weight_loader.*slot 2 \(w2_weight_scale w2\) holds expert 0"
+    ):
+        audit(load, {1: ROW}, list(range(6)), lambda layer: pytest.fail("no fingerprint before the writes pass"), "rank 0")
+
+
+def test_fingerprints_sit_at_the_global_slots_and_skip_what_the_layer_no_longer_holds():
+    w, s = torch.ones(2, 3), torch.full((2, 1), 2.0)
+    fp = slot_fingerprints([w, s], 6, 3, torch.float32)
+    assert fp.dtype == torch.float64 and fp.shape == (6, 4)
+    assert fp[3].tolist() == fp[4].tolist() == [3.0, 3.0, 2.0, 4.0] and not fp[[0, 1, 2, 5]].any()
+    load = ExpertLoad({}, 4)
+    load.write(1, 0, "w13_weight", "w1", 0)
+    load.write(1, 0, "w13_weight_offset", "w1", 0)  # dropped by the kernel format after loading
+    module = type("Layer", (), {"w13_weight": torch.nn.Parameter(torch.zeros(2, 3))})()
+    assert [t.shape for t in written_tensors(module, load.journal, 1, 2)] == [(2, 3)]

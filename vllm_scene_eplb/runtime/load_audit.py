@@ -127,5 +127,5 @@ def refuse(problems: list[str], where: str) -> None:
     raise SceneEplbError(
         f"load audit ({where}): the experts in memory are not the ones the layout places, so the router would send "
         f"tokens to the wrong weights: {listed}{more}. The model's loader is not covered by scene_eplb "
-        "(docs/vllm-runtime.md lists the covered loaders): serve it without a layout"
+        "(docs/vllm-runtime.md and docs/ascend.md list the covered loaders): serve it without a layout"
     )

@@ -18,6 +18,9 @@ package lets its real Python code import and run on CPU:
   test sets it around its forward passes), and ``torch.npu.is_current_stream_capturing`` returns
   ``EVENTS.capturing`` (a test sets it to act a graph capture).
 
+- ``torch_npu.npu_format_cast`` returns its tensor: ND and NZ are NPU memory formats, and on CPU every
+  tensor is ND (vLLM-Ascend casts MoE and MLA weights after loading them).
+
 No NPU kernel is implemented: a test that reaches one gets an inert object back, and the tests only
 drive paths that are plain torch on CPU (``_native_select_experts``, vLLM-Ascend's own Python).
 docs/ascend.md says which of vLLM-Ascend's paths ran here against this stand-in.
@@ -33,7 +36,11 @@ import types
 
 import torch
 
-FIXED = {"torch_npu.npu.is_available": lambda *a, **k: False, "torch_npu.npu.device_count": lambda *a, **k: 0}
+FIXED = {
+    "torch_npu.npu.is_available": lambda *a, **k: False,
+    "torch_npu.npu.device_count": lambda *a, **k: 0,
+    "torch_npu.npu_format_cast": lambda tensor, *a, **k: tensor,  # ND / NZ are NPU memory formats: on CPU every tensor is ND
+}
 _classes: dict[str, type] = {}
 
 

@@ -13,90 +13,33 @@ checkpoint expert ``row[p]``, the redundant slots included):
    as slot e <- expert e without a mapping: the tensor is reordered by the row first.
 
 Every expert write goes through ``RoutedExperts.weight_loader``, where the journal records the slot,
-the weight, the shard and the checkpoint expert the written tensor came from (``SourceTracer``: the
-checkpoint tensors the model loader yields, by memory range). ``runtime.load_audit`` judges it.
+the weight, the shard and the checkpoint expert the written tensor came from (``runtime.load_journal``:
+the tracer, the journal and the audit every engine shares). ``runtime.load_audit`` judges it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
-import re
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import SceneEplbError
-from ...runtime import load_audit
-from ...runtime.load_audit import UNTRACED, LoadAudit, LoadJournal
+from ...runtime import load_journal
+from ...runtime.load_audit import LoadAudit
+from ...runtime.load_journal import EXPERT_INDEX, ExpertLoad
 
-_EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)\.")
 # test-only: "LAYER:SLOT_A:SLOT_B" makes the loaders swap the experts of two slots of LAYER (a loader
 # bug on purpose, which the audit must refuse; every expert is still loaded somewhere)
 MISLOAD_ENV = "SCENE_EPLB_TEST_MISLOAD"
 
 
 @dataclass
-class _Source:
-    """One checkpoint tensor alive in the loader: its memory range and the checkpoint expert of each
-    index along dim 0 (``order``; one entry for a per-expert tensor)."""
-
-    ref: weakref.ref
-    start: int
-    end: int
-    stride0: int
-    order: tuple[int, ...]
-
-
-@dataclass
-class SourceTracer:
-    """Which checkpoint expert a tensor handed to a weight loader came from: the model loader's
-    yielded tensors by memory range (views, chunks and unbinds of them keep their place). Only the
-    tensors still alive are kept: the loader works through a few at a time."""
-
-    sources: list[_Source] = field(default_factory=list)
-
-    def register(self, name: str, tensor, order: tuple[int, ...] | None = None) -> None:
-        """Note a checkpoint tensor ``name``: per expert (``experts.{e}.`` in the name) or fused
-        [E, ...] along dim 0 (``order``: the checkpoint expert of each index, default the identity)."""
-        if tensor.numel() == 0:
-            return
-        m = _EXPERT_INDEX.search(name)
-        if m is not None:
-            order = (int(m.group(1)),)
-        elif order is None:
-            if tensor.dim() != 3 or "experts." not in name:
-                return
-            order = tuple(range(tensor.shape[0]))
-        self.sources = [s for s in self.sources if s.ref() is not None]
-        start = tensor.data_ptr()
-        stride0 = tensor.stride(0) * tensor.element_size() if len(order) > 1 else 0
-        self.sources.append(_Source(weakref.ref(tensor), start, start + tensor.numel() * tensor.element_size(), stride0, order))
-
-    def expert_of(self, tensor) -> int:
-        """The checkpoint expert ``tensor`` (a view of a registered tensor) holds, or ``UNTRACED``."""
-        ptr = tensor.data_ptr()
-        for s in reversed(self.sources):
-            if s.ref() is not None and s.start <= ptr < s.end:
-                return s.order[(ptr - s.start) // s.stride0] if s.stride0 else s.order[0]
-        return UNTRACED
-
-
-@dataclass
-class ExpertLoading:
-    """One worker's load: the layout rows the loaders follow (model layer -> row), the journal of
-    expert writes, the source tracer and which loader paths ran (named in a refusal)."""
-
-    rows: dict[int, np.ndarray]  # empty without a layout: vLLM's own mapping is linear
-    num_experts: int
-    journal: LoadJournal = field(default_factory=LoadJournal)
-    tracer: SourceTracer = field(default_factory=SourceTracer)
-    loaders: set[str] = field(default_factory=set)
-    group: Callable[[str, float], Any] | None = None  # a Gloo group over the EP ranks (export_id, timeout_s), EP > 1 only
+class ExpertLoading(ExpertLoad):
+    """One worker's load (``ExpertLoad``: the layout rows, the journal of expert writes, the source
+    tracer, the loader paths that ran), and the rows vLLM's loaders follow (model layer -> row)."""
 
     def loading_row(self, layer: int) -> np.ndarray | None:
         """The row a loader follows for ``layer``: the layout's, or the test-only mis-load of ``MISLOAD_ENV``."""
@@ -236,73 +179,33 @@ def _reordered(loading: ExpertLoading, layer_name: str, row, weights):
     import torch
 
     for name, w in weights:
-        if row is not None and w.dim() == 3 and _EXPERT_INDEX.search(f"{layer_name}.{name}") is None:
+        if row is not None and w.dim() == 3 and EXPERT_INDEX.search(f"{layer_name}.{name}") is None:
             loading.loaders.add("fused 3-D expert tensors")
             w = w.index_select(0, torch.as_tensor(row, dtype=torch.long, device=w.device))
             loading.tracer.register(name, w, tuple(int(x) for x in row))
         yield name, w
 
 
+def _written_slot(experts, expert_id, out, return_success):
+    """The (model layer, physical slot) a ``RoutedExperts.weight_loader`` call wrote: vLLM's mapping hands
+    it the physical slot; None where the slot is not this rank's."""
+    written = bool(out) if return_success else experts._map_global_expert_id_to_local_expert_id(expert_id) != -1
+    return (_layer_of(experts.layer_name), int(expert_id)) if written else None
+
+
 def patch_weight_loader(RoutedExperts, current_loading: Loading) -> None:
     """Every expert write journalled: slot, weight, shard, and the checkpoint expert it came from."""
-    orig = RoutedExperts.weight_loader
-
-    @functools.wraps(orig)
-    def weight_loader(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
-        loading = current_loading()
-        if loading is None:
-            return orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
-        source = loading.tracer.expert_of(loaded_weight)
-        out = orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
-        written = bool(out) if return_success else self._map_global_expert_id_to_local_expert_id(expert_id) != -1
-        if written:
-            loading.journal.write(
-                _layer_of(self.layer_name), int(expert_id), weight_name.rpartition(".")[2], str(shard_id), source
-            )
-        return out
-
+    weight_loader = load_journal.journal_writes(RoutedExperts.weight_loader, current_loading, _written_slot)
     RoutedExperts.weight_loader = weight_loader  # functools.wraps kept vLLM's mark (supports_moe_loading)
 
 
-def patch_checkpoint_iterator(DefaultModelLoader, current_loading: Loading) -> None:
-    """The checkpoint tensors the default model loader yields, registered with the tracer as they pass."""
-    orig = DefaultModelLoader.get_all_weights
-
-    @functools.wraps(orig)
-    def get_all_weights(self, model_config, model):
-        loading = current_loading()
-        for name, tensor in orig(self, model_config, model):
-            if loading is not None:
-                loading.tracer.register(name, tensor)
-            yield name, tensor
-
-    DefaultModelLoader.get_all_weights = get_all_weights
-
-
-def slot_fingerprints(routed_experts, num_physical: int, slot_base: int):
-    """[num_physical, 4] float64: each local slot's (sum, sum of squares) of ``w13_weight`` and
-    ``w2_weight`` at its global place, zeros elsewhere (summed over ranks, every rank sees all)."""
-    import torch
-
-    out = torch.zeros(num_physical, 4, dtype=torch.float64)
-    w13, w2 = routed_experts.w13_weight, routed_experts.w2_weight
-    for local in range(w13.shape[0]):
-        a, b = w13[local].double(), w2[local].double()
-        out[slot_base + local] = torch.stack([a.sum(), (a * a).sum(), b.sum(), (b * b).sum()]).cpu()
-    return out
-
-
-AUDIT_TIMEOUT_S = 120.0  # the cross-rank replica check's deadline (a peer that never loads is a refusal, not a hang)
-
-
 def audit_load(loading: ExpertLoading, runners: list, where: str) -> LoadAudit:
-    """The load audit on this worker, after its weights loaded: the journal against the expected rows
-    (the layout's, or linear) over this worker's slots, then, where the layout replicates experts
-    across EP ranks, every replica's fingerprint against its expert's first slot (one SUM over the
-    EP group's Gloo ranks, with a deadline). Raises the refusal; returns what it checked."""
-    import torch
-
+    """The load audit on this worker, after its weights loaded (``load_journal.audit``): the journal
+    against the expected rows (the layout's, or linear) over this worker's slots, then the replicas
+    across EP ranks, fingerprinted on every expert weight written (scales included). Raises the
+    refusal; returns what it checked."""
     expected: dict[int, np.ndarray] = {}  # model layer -> the expert each slot must hold
+    modules: dict[int, object] = {}
     local: list[int] = []  # this worker's slots (the same range in every MoE layer)
     for r in runners:
         experts = r.routed_experts
@@ -311,26 +214,10 @@ def audit_load(loading: ExpertLoading, runners: list, where: str) -> LoadAudit:
         layer = _layer_of(experts.layer_name)
         row = loading.rows.get(layer)
         expected[layer] = np.arange(num_physical) % loading.num_experts if row is None else row
+        modules[layer] = experts
         local = list(range(num_physical)) if emap is None else (emap >= 0).nonzero().flatten().tolist()
-    load_audit.refuse(load_audit.write_problems(loading.journal, expected, local), f"{where}, loaders: {_loaders(loading)}")
-    checked = LoadAudit(len(local) * len(expected), len(loading.journal.writes), None)
-    replicas = load_audit.replicated_slots(expected) if loading.rows else 0
-    if not replicas or loading.group is None:
-        return checked  # no expert has a second replica: no fingerprint to compute or exchange
-    base = local[0] if local else 0
-    total = torch.stack([slot_fingerprints(r.routed_experts, len(row), base) for r, row in zip(runners, expected.values())])
-    group = loading.group("load-audit", AUDIT_TIMEOUT_S)  # once per server: the world's store is new each start
-    import torch.distributed as dist
 
-    from ...runtime.export import allreduce
+    def weights(layer: int) -> list:
+        return load_journal.written_tensors(modules[layer], loading.journal, layer, len(local))
 
-    allreduce(group, total, dist.ReduceOp.SUM)
-    load_audit.refuse(load_audit.replica_problems(total.numpy(), expected, list(expected)), f"{where}, across EP ranks")
-    return dataclasses.replace(checked, replicas=replicas)
-
-
-def _loaders(loading: ExpertLoading) -> str:
-    """The loader paths that followed the layout, for the refusal (none: the model loads its own way)."""
-    if loading.loaders:
-        return ", ".join(sorted(loading.loaders))
-    return "none of the covered loaders ran (the model maps its experts its own way)" if loading.rows else "no layout"
+    return load_journal.audit(loading, expected, local, weights, where)

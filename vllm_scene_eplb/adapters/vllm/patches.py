@@ -49,6 +49,7 @@ from collections.abc import Callable
 from ...config import parse_config, plugin_enabled
 from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
+from ...runtime import load_journal
 from ...runtime.step_delay import StepDelay
 from . import expert_loading, worker_plugin
 
@@ -371,7 +372,7 @@ def install() -> None:
     expert_loading.patch_legacy_mapping(RoutedExperts, EplbState, loading)
     expert_loading.patch_fused_checkpoints(RoutedExperts, loading)
     expert_loading.patch_weight_loader(RoutedExperts, loading)
-    expert_loading.patch_checkpoint_iterator(DefaultModelLoader, loading)
+    load_journal.trace_checkpoint(DefaultModelLoader, loading)
     _patch_router(BaseRouter)
     _patch_cpu_experts(CPUUnquantizedExperts)
     _patch_moe_forward(MoERunner)

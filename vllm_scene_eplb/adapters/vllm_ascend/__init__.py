@@ -8,6 +8,7 @@
 - ``runtime``: the worker's recorder state, bound to the model's ``AscendFusedMoE`` layers;
 - ``rows``: which routed rows are this rank's own real tokens, per MoE comm method;
 - ``native_load``: vLLM-Ascend's own ``moe_load`` counters over a record, in logical ids;
+- ``expert_loading``: a layout run's expert writes of ``AscendFusedMoE`` journalled, and the load audit after it;
 - ``patches``: the model runner's load and step boundary, the worker's control RPC, the API server;
 - ``routes``: the recorder routes on vLLM 0.23's API server.
 The file format vLLM-Ascend reads (``expert_map_path``) is ``vllm_scene_eplb.formats.vllm_ascend``.

@@ -12,7 +12,8 @@
   first, the layout's fitted source counts) or, for ``dispatch: dynamic``, the virtual-id map that
   ``moe_hooks`` and ``dynamic`` turn into an even per-row split, when the current config carries a
   scene_eplb layout; its own formula otherwise. The recorder, its step boundary, the control RPC and
-  the routes are ``patches``; each worker logs the line ``scene-eplb audit`` reads when it binds.
+  the routes are ``patches``; a layout run journals every expert write (``expert_loading``) and
+  audits the load when the worker binds, which logs the line ``scene-eplb audit`` reads.
 
 Refused with a message: settings that would fight a layout (vLLM-Ascend's own dynamic EPLB, a
 hand-set ``expert_map_path``, ``mix_placement``), PP > 1, ``VLLM_USE_V2_MODEL_RUNNER`` (on vLLM
@@ -34,11 +35,11 @@ from ...layout import Layout
 from ...model_geometry import from_hf_config
 from ...runtime.layout_check import layout_for_server
 from ..drafter import moe_drafter
-from . import moe_hooks, patches
+from . import expert_loading, moe_hooks, patches
 from .server_layout import ep_size_of, layout_of, remember
 from .tables import AscendDispatch, install_dispatch
 from .version import check_versions
-from .worker_plugin import ids_hook_for
+from .worker_plugin import current_load, ids_hook_for
 
 logger = logging.getLogger("vllm.scene_eplb")
 DRAFTER_LINE = (
@@ -160,4 +161,5 @@ def register(ascend: str, vllm_version: str) -> None:
     _wrap_config(VllmConfig)
     install_dispatch(eplb_utils, _dispatch_in_config)
     moe_hooks.install(ids_hook_for)
+    expert_loading.install(current_load)
     patches.install(ascend, vllm_version)

@@ -1,8 +1,9 @@
 """This vLLM-Ascend worker's plugin state: the recorder on ``AscendFusedMoE``, and what each MoE
 layer's ``select_experts`` ids go through.
 
-``configure`` runs when the NPU model runner starts loading the model (settings, ranks), ``bind``
-after (the model's MoE layers found, the observer made, each main-model layer given its capture).
+``configure`` runs when the NPU model runner starts loading the model (settings, ranks, a layout
+run's load journal), ``bind`` after (the model's MoE layers found, a layout run's load audit, the
+observer made, each main-model layer given its capture).
 The ids of every layer then pass ``LayerIds``: counted by the observer when the layer is one of the
 bound main-model layers (this rank's own real rows only, ``rows``), then rewritten to virtual ids
 when the layer's ``log2phy`` was built for ``dispatch: dynamic`` (``dynamic``). Layers of a drafter
@@ -23,10 +24,12 @@ from ...model_geometry import from_hf_config
 from ...protocol import COMM_METHOD_LINE, NativeCounts, WorkerAnswer, startup_line
 from ...runtime.export import Exporter, group_maker
 from ...runtime.interfaces import LayerCapture, WorkerPlugin
+from ...runtime.load_journal import ExpertLoad
 from ...runtime.observer import NullObserver
 from ...runtime.worker import NullPlugin, RecorderPlugin
 from . import moe_time
 from .dynamic import virtual_ids_for
+from .expert_loading import audit_layers
 from .moe_hooks import FUSED_MOE_MODULE
 from .native_load import NativeWindow
 from .rows import OwnRows, own_rows_from_context, unsupported_settings
@@ -50,6 +53,7 @@ class AscendWorkerPlugin(RecorderPlugin):
     native: NativeWindow | None = None  # vLLM-Ascend's own counters over the last record
     timer: moe_time.MoeTimer | None = None  # time_moe: NPU event pairs around each layer's experts
     comm_seen: dict = field(default_factory=dict)  # MoE comm method -> real passes that ran it (eager passes)
+    expert_load: ExpertLoad | None = None  # a layout run's load audit journal while the weights load (freed once audited)
     _pass_comm: str | None = None  # the comm method of the pass being run, where its Python ran
 
     def note_comm(self) -> None:
@@ -87,6 +91,10 @@ class AscendWorkerPlugin(RecorderPlugin):
 
         layers = moe_layers(model_runner.model)
         self.check_moe_layers([extract_layer_index(layer.layer_name) for layer in layers])
+        if self.expert_load is not None:
+            where = f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"
+            self.load_audit = audit_layers(self.expert_load, layers, where)
+            self.expert_load = None  # the journal and tracer are done with: free them
         self.layers, self.native = layers, NativeWindow(self.model.num_experts)
         refused = unsupported_settings(model_runner.vllm_config)
         if refused and self.layout is None:  # a collection run (either role) would record nothing right
@@ -189,6 +197,12 @@ def current() -> WorkerPlugin:
     return _current
 
 
+def current_load() -> ExpertLoad | None:
+    """This worker's load the expert weight loader journals into (None: the flag off, a collection run,
+    or the load audited already)."""
+    return _current.expert_load if isinstance(_current, AscendWorkerPlugin) else None
+
+
 def configure(vllm_config, engine: str) -> WorkerPlugin:
     """Read the plugin settings and this worker's ranks, before the model loads."""
     global _current
@@ -221,5 +235,9 @@ def configure(vllm_config, engine: str) -> WorkerPlugin:
         exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
         own_rows=OwnRows(tp_rank, tp_size, pc.data_parallel_rank, pc.data_parallel_size),
     )
+    if layout is not None:  # a collection run loads by vLLM-Ascend's own split, which the plugin does not touch
+        rows = dict(zip(model.moe_layers, layout.physical_to_logical_map[list(layout.moe_layers)]))
+        group = group_maker(ep.rank_in_group, ep.world_size) if ep.world_size > 1 else None
+        rt.expert_load = ExpertLoad(rows, model.num_experts, group=group)
     _current = rt
     return rt

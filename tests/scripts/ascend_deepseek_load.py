@@ -1,0 +1,262 @@
+"""One EP rank loading the generated DeepSeek-V3 through vLLM-Ascend's real ``NPUModelRunner.load_model``
+with a scene_eplb layout (tests/ascend/test_vllm_ascend_deepseek.py).
+
+Arguments: rank, world size, the rendezvous (``file://...``), the float checkpoint, its W8A8_DYNAMIC
+copy, the layout file, the dump folder and a file that appears once those are written (the test
+makes them while this imports vLLM-Ascend). Three loads, each as a fresh worker would run it: the float
+model, the W8A8 model (``--quantization ascend``), and the W8A8 model again with a scale loader that
+follows vLLM's linear expert map instead of the layout's (the bug class of SGLang #17162: block scales
+that did not move with their weights). Prints one JSON object: per load, the load audit's word or its
+refusal (raised once the weights loaded: what memory holds is read either way) and, per MoE layer and
+local slot, which checkpoint experts each expert weight's values match
+(compared as sorted values, so the kernel layouts vLLM-Ascend gives them after loading do not matter)
+and a digest of its bytes (replicas on two ranks must hold the same bytes).
+
+Real: vLLM 0.23.0, vLLM-Ascend 0.23.0.post1 (the platform's own ``pre_register_and_update``, its custom
+ops, its ascend config, its model-parallel groups, its MoE layers, its ModelSlim quantisation, the worker
+patches that touch DeepSeek and weight loading), vLLM's distributed groups over Gloo, this plugin.
+Stand-ins for the NPU runtime only, each where vLLM-Ascend asks it at build or load time:
+
+- ``torch_npu`` (tests/ascend_standin): an identity ``npu_format_cast`` (ND / NZ are NPU formats);
+- ``Tensor.npu()`` is the tensor, ``torch.npu.current_device()`` the CPU, and no accelerator behind
+  the ``npu`` device name (``torch.distributed.barrier`` asks for it);
+- a process group's ``npu`` backend answers ``get_hccl_comm_name`` (the MC2 and all-to-all dispatchers
+  read their HCCL communicator's name when they are built) and the model runner's memory profiler
+  reads zero;
+- the model runner is built without its ``__init__``, which allocates pinned NPU input buffers: the
+  attributes ``load_model`` reads are set as ``__init__`` sets them, with the MC2 token capacity and
+  mask it sets up; ``vllm_ascend.patch.worker``'s package is replaced by the patches that touch DeepSeek
+  and weight loading (its others import torchvision; ``patch_distributed`` makes HCCL device groups).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+WORKER_PATCHES = ("patch_process_weights_after_loading", "patch_weight_utils", "patch_deepseek_v2", "patch_deepseek_mtp")
+PARAMS = ("w13_weight", "w2_weight")
+QUANT_PARAMS = ("w13_weight_scale", "w13_weight_offset", "w2_weight_scale", "w2_weight_offset")
+
+
+class HcclStandIn:
+    """A process group's ``npu`` backend: the name of its HCCL communicator, which MoE dispatchers read."""
+
+    def get_hccl_comm_name(self, rank: int) -> str:
+        return f"hccl-stand-in-{rank}"
+
+
+class NoDeviceMemory:
+    """The model runner's device memory profiler: an NPU's memory counters, read as zero here."""
+
+    consumed_memory = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def npu_runtime_stand_ins() -> None:
+    import torch_npu  # noqa: F401  # the stand-in: torch.npu
+
+    def no_accelerator(*args) -> torch.device:
+        return torch.device("cpu")
+
+    get_backend = dist.ProcessGroup._get_backend
+
+    def backend(group, device):
+        return HcclStandIn() if torch.device(device).type == "npu" else get_backend(group, device)
+
+    torch.Tensor.npu = lambda self, *a, **k: self  # type: ignore[attr-defined]
+    torch.npu.current_device = lambda: "cpu"  # type: ignore[attr-defined]
+    torch._C._get_accelerator = no_accelerator  # type: ignore[assignment]
+    dist.ProcessGroup._get_backend = backend  # type: ignore[method-assign]
+
+
+def import_vllm_ascend():
+    """vLLM-Ascend's model runner module, the plugin registered (as ``vllm.general_plugins`` does)."""
+    import vllm_ascend.patch
+
+    worker_patches = types.ModuleType("vllm_ascend.patch.worker")
+    worker_patches.__path__ = [vllm_ascend.patch.__path__[0] + "/worker"]
+    sys.modules["vllm_ascend.patch.worker"] = worker_patches
+    import vllm_scene_eplb.adapters.entry as entry
+
+    entry.register()
+    import vllm_ascend.worker.model_runner_v1 as mr
+
+    mr.DeviceMemoryProfiler = NoDeviceMemory
+    return mr
+
+
+def server_config(model: str, layout: str, dump: str, world: int, quantization: str | None):
+    """The config ``vllm serve MODEL --tensor-parallel-size WORLD --enable-expert-parallel --enforce-eager
+    --additional-config '{"scene_eplb": {...}}' [--quantization ascend]`` builds (the plugin's config
+    hook writes the expert map file and points vLLM-Ascend's ``expert_map_path`` at it)."""
+    from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
+
+    return VllmConfig(
+        model_config=ModelConfig(model=model, enforce_eager=True, quantization=quantization),
+        parallel_config=ParallelConfig(tensor_parallel_size=world, enable_expert_parallel=True),
+        device_config=DeviceConfig(device="cpu"),
+        additional_config={"scene_eplb": {"layout": layout, "dump_dir": dump}},
+    )
+
+
+def load(mr, vc, rank: int, world: int, init: str) -> tuple:
+    """vLLM-Ascend's ``NPUModelRunner.load_model`` (wrapped by the plugin: configure, load, bind) as a
+    fresh worker runs it: its worker-side setup first (ops, ascend config, distributed groups once).
+    Returns the runner and the plugin's refusal (None: it loaded), raised after the weights loaded."""
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment, model_parallel_is_initialized
+    from vllm_ascend.ascend_config import get_ascend_config, init_ascend_config
+    from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
+    from vllm_ascend.ops.fused_moe.fused_moe import AscendFusedMoE
+    from vllm_ascend.utils import register_ascend_customop
+
+    from vllm_scene_eplb.errors import SceneEplbError
+
+    for name in WORKER_PATCHES:
+        importlib.import_module(f"vllm_ascend.patch.worker.{name}")
+    register_ascend_customop(vc)
+    init_ascend_config(vc)
+    if not model_parallel_is_initialized():
+        init_distributed_environment(world, rank, init, rank, "gloo")
+        ensure_model_parallel_initialized(world, 1)
+        init_ascend_model_parallel(vc.parallel_config)
+    AscendFusedMoE.moe_counter = -1  # a worker's MoE layers count from 0 (their row of the expert map file)
+    runner = mr.NPUModelRunner.__new__(mr.NPUModelRunner)
+    runner.vllm_config, runner.model_config, runner.compilation_config = vc, vc.model_config, vc.compilation_config
+    runner.ascend_config, runner.device, runner.lora_config = get_ascend_config(), torch.device("cpu"), None
+    runner.drafter, runner.use_aux_hidden_state_outputs = None, False
+    runner.eplb_enable = runner.ascend_config.eplb_config.expert_map_path is not None
+    mr.set_mc2_tokens_capacity(vc, vc.scheduler_config.max_num_seqs, 1)
+    mr.set_mc2_mask(vc, runner.device)
+    try:
+        runner.load_model()
+    except SceneEplbError as exc:
+        return runner, str(exc)
+    return runner, None
+
+
+@contextlib.contextmanager
+def scales_by_linear_map(num_experts: int):
+    """A loader bug on purpose: every weight scale written through vLLM's linear expert map (expert
+    e to its default slot), while the weights and offsets follow the layout's map."""
+    from vllm.model_executor.layers.fused_moe.expert_map_manager import determine_expert_map
+    from vllm_ascend.ops.fused_moe.fused_moe import AscendFusedMoE
+
+    installed = AscendFusedMoE.weight_loader
+
+    def weight_loader(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
+        if "weight_scale" not in weight_name:
+            return installed(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
+        manager = self.expert_map_manager
+        saved = manager._expert_map
+        manager._expert_map = determine_expert_map(self.ep_size, self.ep_rank, num_experts)[1]
+        try:
+            return installed(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
+        finally:
+            manager._expert_map = saved
+
+    AscendFusedMoE.weight_loader = weight_loader  # bound into the parameters of the model built next
+    try:
+        yield
+    finally:
+        AscendFusedMoE.weight_loader = installed
+
+
+@functools.cache
+def checkpoint(model: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(model) / "model.safetensors"))
+
+
+def checkpoint_experts(model: str, layer: int, param: str, num_experts: int) -> list[torch.Tensor]:
+    """Each checkpoint expert's tensor of ``param`` in ``layer``, as the loader assembles it (w13: gate
+    then up; w2: down)."""
+    sd = checkpoint(model)
+    kind, _, suffix = param.partition("_")
+    projections = ("gate_proj", "up_proj") if kind == "w13" else ("down_proj",)
+    return [
+        torch.cat([sd[f"model.layers.{layer}.mlp.experts.{e}.{proj}.{suffix}"] for proj in projections])
+        for e in range(num_experts)
+    ]
+
+
+def slot_contents(model: str, layers: list, num_experts: int, quantized: bool) -> dict:
+    """Per MoE layer: its global slots on this rank and, per expert weight and slot, the checkpoint
+    experts whose values it holds (sorted values compared after the cast to the parameter's dtype) and
+    a digest of its bytes."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    out = {}
+    for layer in layers:
+        index, base = extract_layer_index(layer.layer_name), layer.ep_rank * layer.local_num_experts
+        entry: dict = {"slots": list(range(base, base + layer.local_num_experts)), "matches": {}, "digests": {}}
+        for param in PARAMS + (QUANT_PARAMS if quantized else ()):
+            data = getattr(layer, param).data
+            experts = [t.to(data.dtype).flatten().sort().values for t in checkpoint_experts(model, index, param, num_experts)]
+            held = [data[i].flatten().sort().values for i in range(layer.local_num_experts)]
+            entry["matches"][param] = [[e for e, t in enumerate(experts) if torch.equal(t, h)] for h in held]
+            entry["digests"][param] = [
+                hashlib.sha1(data[i].contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+                for i in range(layer.local_num_experts)
+            ]
+        out[str(index)] = entry
+    return out
+
+
+def main() -> None:
+    rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    float_model, w8a8_model, layout, dump, ready = sys.argv[4:9]
+    npu_runtime_stand_ins()
+    from vllm.platforms import current_platform
+
+    current_platform.pre_register_and_update()  # what `vllm serve` runs first: global patches, the "ascend" quantisation
+    mr = import_vllm_ascend()
+    from vllm.config import set_current_vllm_config
+
+    from vllm_scene_eplb.adapters.vllm_ascend import worker_plugin
+
+    deadline = time.monotonic() + 120
+    while not Path(ready).exists():  # the checkpoints and the layout, made while this imported
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{ready} never appeared")
+        time.sleep(0.1)
+    out = {}
+    for case, model, quantization in (
+        ("float", float_model, None),
+        ("w8a8", w8a8_model, "ascend"),
+        ("w8a8_scales_by_linear_map", w8a8_model, "ascend"),
+    ):
+        vc = server_config(model, layout, dump, world, quantization)
+        num_experts = vc.model_config.hf_config.n_routed_experts
+        bug = scales_by_linear_map(num_experts) if case.endswith("linear_map") else contextlib.nullcontext()
+        with set_current_vllm_config(vc), bug:
+            runner, refused = load(mr, vc, rank, world, init)
+        rt = worker_plugin.current()
+        assert isinstance(rt, worker_plugin.AscendWorkerPlugin)  # the flag is on
+        out[case] = {
+            "load_audit": rt.status().load_audit,
+            "refused": refused,
+            "ep_rank": rt.ep_rank,
+            "layers": slot_contents(model, worker_plugin.moe_layers(runner.model), num_experts, quantization is not None),
+        }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The load audit on vLLM-Ascend 0.23.0.post1: every expert write journalled, judged after the load.
+
+vLLM-Ascend places experts itself: each ``AscendFusedMoE`` builds its rank's expert map (logical
+expert -> local slot) from the ``expert_map_path`` file the config hook wrote from the layout, and
+vLLM 0.23's ``FusedMoE.weight_loader`` (which ``AscendFusedMoE`` inherits) writes checkpoint expert
+e into the slot that map gives, or skips it where e is not local. The model's own ``load_weights``
+(DeepSeek's legacy expert mapping, with logical ids) calls it once per expert, weight and shard, and
+W8A8's scales and offsets (``w13_weight_scale``, ``w13_weight_offset``, ``w2_weight_scale``, ...)
+go through it as expert weights of their own.
+
+``install`` wraps that loader on the class (every layer built afterwards binds the wrapper into its
+parameters): each write is journalled with its layer, global slot (``ep_rank x local slots + the
+map's local slot``), parameter, shard and the checkpoint expert its tensor came from (the tracer on
+vLLM's default model loader). ``audit_layers`` runs after the load (``worker_plugin.bind``): every
+slot of this rank written once per weight and shard from the expert the layout names, then every
+replica against its expert's first slot on every EP rank (``runtime.load_journal``). A layout that
+puts two replicas of one expert on one rank fails it: vLLM-Ascend's expert map keeps one local slot
+per expert, and the other is never written. Layout runs only: a collection run loads by vLLM-Ascend's
+own split, which the plugin does not touch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from ...runtime import load_journal
+from ...runtime.load_audit import LoadAudit
+from ...runtime.load_journal import ExpertLoad, Load
+from .moe_hooks import FUSED_MOE_MODULE
+
+LOADER = "AscendFusedMoE.weight_loader (the expert map of expert_map_path)"
+
+
+def _layer_of(layer_name: str) -> int:
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    return extract_layer_index(layer_name)
+
+
+def _written_slot(layer, expert_id, out, return_success):
+    """The (model layer, global slot) an ``AscendFusedMoE.weight_loader`` call wrote: the local slot
+    its expert map gives checkpoint expert ``expert_id``, after this rank's earlier slots; None where
+    the expert is not local (nothing written)."""
+    local = layer._map_global_expert_id_to_local_expert_id(expert_id)
+    if local == -1 or (return_success and not out):
+        return None
+    return _layer_of(layer.layer_name), layer.ep_rank * layer.local_num_experts + int(local)
+
+
+def install(current_load: Load) -> None:
+    """Journal every expert write of ``AscendFusedMoE`` (idempotent) and trace the checkpoint tensors
+    vLLM's default model loader yields; ``current_load()`` is this worker's load, None with the flag off."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    cls = importlib.import_module(FUSED_MOE_MODULE).AscendFusedMoE
+    orig = getattr(cls.weight_loader, "__scene_eplb_original__", cls.weight_loader)
+    cls.weight_loader = load_journal.journal_writes(orig, current_load, _written_slot, LOADER)
+    cls.weight_loader.__scene_eplb_original__ = orig
+    load_journal.trace_checkpoint(DefaultModelLoader, current_load)
+
+
+def audit_layers(load: ExpertLoad, layers: list, where: str) -> LoadAudit:
+    """The load audit of a layout run over the bound main-model ``layers`` (``AscendFusedMoE``, in layer
+    order): this rank's slots of each layer must hold the layout's row, its replicas the same weights
+    on every EP rank (vLLM-Ascend gives every rank (E + R) / EP slots, rank r the r-th run of them).
+    The fingerprints sum in float32 where the weights are (an NPU's vector units have no float64; the
+    same bytes give the same sums). Raises the refusal; returns what it checked."""
+    import torch
+
+    expected: dict[int, np.ndarray] = {}
+    modules: dict[int, object] = {}
+    local: list[int] = []
+    for layer in layers:
+        model_layer = _layer_of(layer.layer_name)
+        expected[model_layer] = load.rows[model_layer]
+        modules[model_layer] = layer
+        base = layer.ep_rank * layer.local_num_experts
+        local = list(range(base, base + layer.local_num_experts))
+
+    def weights(model_layer: int) -> list:
+        return load_journal.written_tensors(modules[model_layer], load.journal, model_layer, len(local))
+
+    return load_journal.audit(load, expected, local, weights, where, torch.float32)
