@@ -38,7 +38,7 @@ import numpy as np
 from vllm_scene_eplb.harness.local_server import engine_args, example_connector_args, http, start_server
 from vllm_scene_eplb.harness.pair_load import run_closed_loop
 from vllm_scene_eplb.protocol import StatusAnswer
-from vllm_scene_eplb.runtime.step_delay import DELAY_ENV
+from vllm_scene_eplb.runtime.step_delay import DELAY_ENV, write_delay
 from vllm_scene_eplb.stats import block_effects
 
 
@@ -100,7 +100,7 @@ def run_load(p, d, model: str, load: Load, args, delay_file: Path, workdir: Path
     """Warm-up, then ``args.rounds`` rounds of the two arms in ABBA order; the slow arms' statuses and
     bench results feed the prediction, every arm's output throughput the measured ratio."""
     arms = {"slow": args.delay_ms, "fast": 0.0}
-    delay_file.write_text(str(args.delay_ms))
+    write_delay(delay_file, args.delay_ms)
     run_closed_loop(p.url, d.url, model, load.concurrency, 5.0, load.input_len, load.output_len, VOCAB, seed=99)
     throughput = np.zeros((args.rounds, 2))
     positions = np.zeros((args.rounds, 2), dtype=int)
@@ -109,7 +109,7 @@ def run_load(p, d, model: str, load: Load, args, delay_file: Path, workdir: Path
         order = ("slow", "fast") if r % 2 == 0 else ("fast", "slow")
         seen = {}
         for pos, arm in enumerate(order):
-            delay_file.write_text(str(arms[arm]))
+            write_delay(delay_file, arms[arm])
             time.sleep(1.0)
             bench = run_closed_loop(
                 p.url, d.url, model, load.concurrency, args.seconds, load.input_len, load.output_len, VOCAB, seed=1000 * r + pos
@@ -165,7 +165,7 @@ def main() -> int:
         [sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(model), "--experts", "8", "--top-k", "2"], check=True
     )
     delay_file = work / "p-step-delay-ms"
-    delay_file.write_text("0")
+    write_delay(delay_file, 0.0)
     tp1 = (
         *engine_args("tp1"),
         "--enforce-eager",

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.runtime.step_delay import DELAY_ENV, StepDelay
+from vllm_scene_eplb.runtime.step_delay import DELAY_ENV, StepDelay, write_delay
 
 
 def _write(path, text: str, bump: int) -> None:
@@ -43,3 +43,18 @@ def test_a_change_is_read_at_the_next_step_and_a_bad_one_keeps_the_last(tmp_path
     _write(path, "garbage", 2)
     delay.sleep()
     assert delay.seconds == pytest.approx(0.0025) and "stays 2.5 ms" in caplog.text
+
+
+def test_a_replaced_file_is_read_even_within_one_mtime_tick(tmp_path):
+    """The race that kept a stale delay for a whole A/B arm: a step read the file while it was being
+    rewritten, and the write after it kept the same coarse mtime. ``write_delay`` renames a new file
+    over the old one, so the reader sees a whole file and a new inode, whatever the clock says."""
+    path = tmp_path / "delay"
+    write_delay(path, 60.0)
+    delay = StepDelay(str(path))
+    stamp = os.stat(path).st_mtime_ns
+    for ms in (0.0, 60.0, 0.0):
+        write_delay(path, ms)
+        os.utime(path, ns=(stamp, stamp))  # the same mtime tick as the last value
+        delay.sleep()
+        assert delay.seconds == ms / 1000.0

@@ -1,7 +1,11 @@
 """Test-only: a known extra time in every engine step, to move a node's step time by a controlled
 amount (the P/D pair calibration: how a P step that is d ms longer moves the whole pair). Off unless
 ``SCENE_EPLB_TEST_STEP_DELAY_FILE`` names a file; that file holds the delay in milliseconds and is
-re-read when it changes, so one server serves both arms of an interleaved A/B. Never set in production."""
+re-read when it changes, so one server serves both arms of an interleaved A/B. Never set in production.
+
+Write it with ``write_delay`` (a new file renamed over the old one): rewritten in place, a step could
+read it truncated between the truncate and the write, and since a file's mtime ticks only every few
+ms the write after would look like no change, leaving the old delay in force for the whole arm."""
 
 from __future__ import annotations
 
@@ -29,13 +33,30 @@ def _read_ms(path: str) -> float:
     return ms
 
 
+def write_delay(path: str | os.PathLike, ms: float) -> None:
+    """Set the delay a server reads from ``path``: a whole new file (a new inode) renamed over the old."""
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(repr(float(ms)))
+    os.replace(tmp, path)
+
+
+def _identity(path: str) -> tuple[int, int, int] | None:
+    """What changes whenever the file is replaced or rewritten: inode, mtime and size (None: missing)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 class StepDelay:
     """The delay of ``DELAY_ENV``'s file, read at startup (a bad one refuses to start) and again each
-    time its mtime changes (a bad value then keeps the last good one, with a warning)."""
+    time the file changes (a bad value then keeps the last good one, with a warning)."""
 
     def __init__(self, path: str):
         self.path = path
-        self.mtime = os.stat(path).st_mtime_ns if os.path.exists(path) else None
+        self.identity = _identity(path)
         self.seconds = _read_ms(path) / 1000.0
 
     @classmethod
@@ -45,12 +66,9 @@ class StepDelay:
 
     def sleep(self) -> None:
         """Wait this step's delay (after a cheap check whether the file changed)."""
-        try:
-            mtime = os.stat(self.path).st_mtime_ns
-        except OSError:
-            mtime = None
-        if mtime != self.mtime:
-            self.mtime = mtime
+        identity = _identity(self.path)
+        if identity != self.identity:
+            self.identity = identity
             try:
                 self.seconds = _read_ms(self.path) / 1000.0
             except SceneEplbError as exc:
