@@ -14,7 +14,11 @@ perfect node advice would say, so what is tested is the propagation from P's nod
 measured ratio is the block model over rounds (``stats.block_effects``) with its 95% interval.
 
 Two loads: ``p-bound`` (long prompts, short outputs: P busy, D starved) and ``d-bound`` (short
-prompts, long outputs at a concurrency D batches: D busy, P idle). A D-bound load must not predict
+prompts, long outputs at a concurrency D batches: D busy, P idle). On two shared cores the tiny
+model's decode steps are too cheap to bind on their own: the API servers and the streaming clients
+take the cores first (seen: D's batch 6.8 of 16 clients, the pair's throughput as elastic in the
+clients' time as in D's). So in the ``d-bound`` load D's steps also carry the test-only delay, a
+fixed 40 ms a step in both arms (D's own file), which makes D's step time what a client waits on. A D-bound load must not predict
 P's node gain. Exits non-zero if the median prediction lies outside the measured interval, the binding side is
 named wrong, or a D-bound load predicts most of P's node gain; a round where pair-advise abstained
 (its windows and the bench disagree) is printed with its reason and left out of the median.
@@ -44,16 +48,18 @@ from vllm_scene_eplb.stats import block_effects
 
 @dataclass(frozen=True)
 class Load:
-    """A closed-loop load: clients, prompt and output lengths, and the side expected to bind."""
+    """A closed-loop load: clients, prompt and output lengths, the side expected to bind, and D's
+    extra ms a step in both arms (``d_delay_ms``: what makes D bind, see the module docstring)."""
 
     name: str
     concurrency: int
     input_len: int
     output_len: int
     binds: str
+    d_delay_ms: float = 0.0
 
 
-LOADS = (Load("p-bound", 4, 900, 4, "prefill"), Load("d-bound", 16, 300, 128, "decode"))
+LOADS = (Load("p-bound", 4, 900, 4, "prefill"), Load("d-bound", 16, 300, 128, "decode", d_delay_ms=40.0))
 VOCAB = 512  # the tiny model's
 
 
@@ -96,11 +102,12 @@ def pair_advise(arm: dict, ratio: float, prefix: Path) -> dict:
     return {"ratio": p["ratio"], "low": p["low"], "high": p["high"], "binding": advice["binding"], "reasons": advice["reasons"]}
 
 
-def run_load(p, d, model: str, load: Load, args, delay_file: Path, workdir: Path) -> dict:
+def run_load(p, d, model: str, load: Load, args, delay_file: Path, d_delay_file: Path, workdir: Path) -> dict:
     """Warm-up, then ``args.rounds`` rounds of the two arms in ABBA order; the slow arms' statuses and
     bench results feed the prediction, every arm's output throughput the measured ratio."""
     arms = {"slow": args.delay_ms, "fast": 0.0}
     write_delay(delay_file, args.delay_ms)
+    write_delay(d_delay_file, load.d_delay_ms)
     run_closed_loop(p.url, d.url, model, load.concurrency, 5.0, load.input_len, load.output_len, VOCAB, seed=99)
     throughput = np.zeros((args.rounds, 2))
     positions = np.zeros((args.rounds, 2), dtype=int)
@@ -164,8 +171,9 @@ def main() -> int:
     subprocess.run(
         [sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(model), "--experts", "8", "--top-k", "2"], check=True
     )
-    delay_file = work / "p-step-delay-ms"
+    delay_file, d_delay_file = work / "p-step-delay-ms", work / "d-step-delay-ms"
     write_delay(delay_file, 0.0)
+    write_delay(d_delay_file, 0.0)
     tp1 = (
         *engine_args("tp1"),
         "--enforce-eager",
@@ -182,7 +190,15 @@ def main() -> int:
         cores="0",
         env={DELAY_ENV: str(delay_file)},
     )
-    d = start_server(model, work, "d", [*example_connector_args("kv_consumer", work / "kv"), *flag], engine_args=tp1, cores="1")
+    d = start_server(
+        model,
+        work,
+        "d",
+        [*example_connector_args("kv_consumer", work / "kv"), *flag],
+        engine_args=tp1,
+        cores="1",
+        env={DELAY_ENV: str(d_delay_file)},
+    )
     results, problems = {}, []
     try:
         p.wait_ready()
@@ -190,8 +206,11 @@ def main() -> int:
         for load in LOADS:
             if load.name not in args.loads.split(","):
                 continue
-            print(f"== {load.name}: concurrency {load.concurrency}, input {load.input_len}, output {load.output_len}")
-            out = run_load(p, d, str(model), load, args, delay_file, work)
+            print(
+                f"== {load.name}: concurrency {load.concurrency}, input {load.input_len}, output {load.output_len}, "
+                f"D's extra ms a step {load.d_delay_ms:g}"
+            )
+            out = run_load(p, d, str(model), load, args, delay_file, d_delay_file, work)
             problems += judge(load, out)
             m, ci = out["measured"], out["measured"]["ci"] or (float("nan"), float("nan"))
             print(

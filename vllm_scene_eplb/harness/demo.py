@@ -182,6 +182,8 @@ def fit_and_advise(rec: Recording, redundant: int, out: Path) -> Candidate:
     window = TimingWindow.of_status(rec.status, "the linear server's status", len(fitted.moe_layers))
     advice = advise(counts, fitted, "static", window)
     say(f"advise: {advice.verdict}, predicted throughput ratio {advice.predicted_throughput_ratio}")
+    for why in advice.reasons:
+        say(f"advise: {why}")
     return Candidate(fitted, path, advice)
 
 
