@@ -181,24 +181,13 @@ def main() -> int:
         "4096",
     )  # whole prompts: ExampleConnector saves only a chunked prompt's last chunk
     flag = _flag(args.seconds)
-    p = start_server(
-        model,
-        work,
-        "p",
-        [*example_connector_args("kv_producer", work / "kv"), *flag],
-        engine_args=tp1,
-        cores="0",
-        env={DELAY_ENV: str(delay_file)},
-    )
-    d = start_server(
-        model,
-        work,
-        "d",
-        [*example_connector_args("kv_consumer", work / "kv"), *flag],
-        engine_args=tp1,
-        cores="1",
-        env={DELAY_ENV: str(d_delay_file)},
-    )
+
+    def side(name: str, role: str, core: str, delay: Path):
+        """One side of the pair on its own core, with its own step-delay file."""
+        kv = example_connector_args(role, work / "kv")
+        return start_server(model, work, name, [*kv, *flag], engine_args=tp1, cores=core, env={DELAY_ENV: str(delay)})
+
+    p, d = side("p", "kv_producer", "0", delay_file), side("d", "kv_consumer", "1", d_delay_file)
     results, problems = {}, []
     try:
         p.wait_ready()
