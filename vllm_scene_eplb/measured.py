@@ -22,14 +22,14 @@ Pure numpy, no engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from .dispatch import static_table
 from .errors import SceneEplbError
 from .layout import Geometry, replica_counts
-from .protocol import LiveTime, PassGroup, group_tokens
+from .protocol import LiveTime, PassGroup, RankPassGroups, group_tokens
 from .score import rank_score
 
 
@@ -53,11 +53,15 @@ class RankGroups:
     assignments: np.ndarray
     active: np.ndarray
 
-    def since(self, last: RankGroups) -> RankGroups:
-        return RankGroups(*(np.asarray(a) - np.asarray(b) for a, b in zip(self._fields(), last._fields())))
+    @classmethod
+    def of(cls, wire: RankPassGroups) -> RankGroups:
+        """A rank's answer (``protocol.RankPassGroups``) as arrays."""
+        counts = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+        return cls(counts(wire.passes), np.asarray(wire.seconds, dtype=np.float64), counts(wire.assignments), counts(wire.active))
 
-    def _fields(self) -> tuple[np.ndarray, ...]:
-        return self.passes, self.seconds, self.assignments, self.active
+    def since(self, last: RankGroups) -> RankGroups:
+        """The window from ``last`` (the same rank, earlier) to this: every field's difference."""
+        return RankGroups(*(getattr(self, f.name) - getattr(last, f.name) for f in fields(self)))
 
 
 def _since(now, last):

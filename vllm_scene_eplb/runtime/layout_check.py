@@ -8,6 +8,13 @@ from ..layout import Layout
 from ..model_geometry import ModelGeometry
 
 
+def ep_ranks(parallel_config) -> int:
+    """The EP group's size a server's vLLM ``ParallelConfig`` makes, DP x PCP x TP (both engines build
+    their EP group over those ranks), read at configuration, before any group exists."""
+    pcp = getattr(parallel_config, "prefill_context_parallel_size", 1) or 1
+    return parallel_config.data_parallel_size * pcp * parallel_config.tensor_parallel_size
+
+
 def layout_for_server(path: str, model: ModelGeometry, ep_size: int, model_layer_axis: bool) -> Layout:
     """Read ``path`` and refuse it, naming the file, unless it fits the model and the EP size. With
     ``model_layer_axis`` its rows must be the model's layers (an engine that looks slots up by

@@ -140,19 +140,8 @@ def live_sample(ranks: Sequence[RankLive]) -> LiveSample:
                 a.gaps,
                 a.wait_seconds,
                 None if a.active_slots is None else np.asarray(a.active_slots, dtype=np.int64),
-                _groups(a),
+                None if a.groups is None else RankGroups.of(a.groups),
             )
             for a in ranked
         )
     return LiveSample(logical, sum(a.passes for a in counting), physical, sources, times)
-
-
-def _groups(rank: RankLive) -> RankGroups | None:
-    """A rank's passes by size as arrays (None where it keeps none)."""
-    g = rank.groups
-    if g is None:
-        return None
-    return RankGroups(*(np.asarray(x, dtype=d) for x, d in zip((g.passes, g.seconds, g.assignments, g.active), DTYPES)))
-
-
-DTYPES = (np.int64, np.float64, np.int64, np.int64)  # a rank's groups: passes, seconds, assignments, active slots

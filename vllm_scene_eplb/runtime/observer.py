@@ -76,7 +76,7 @@ class RoutingObserver:
         self.skipped = SkippedPasses(L, device)
         cpu = torch.device(device).type == "cpu"
         self.timing = MoeTiming(L, time_moe, RunQueueWait() if time_moe and cpu else None)
-        on = time_moe and live_counts and local_slots is not None
+        on = time_moe and live_counts
         self.activity = SlotActivity(L, local_slots, device) if on and local_slots is not None else None
         self._group = 0  # the pass-size group of the pass being run (``begin_step``'s tokens)
 

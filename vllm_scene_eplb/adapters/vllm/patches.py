@@ -50,6 +50,7 @@ from ...config import parse_config, plugin_enabled
 from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
 from ...runtime import load_journal
+from ...runtime.layout_check import ep_ranks
 from ...runtime.step_delay import StepDelay
 from . import expert_loading, worker_plugin
 
@@ -257,10 +258,8 @@ def _patch_config_check(VllmConfig) -> None:
         orig(self, *args, **kwargs)
         cfg = parse_config(self.additional_config)
         if cfg is not None and cfg.layout and self.model_config is not None:
-            pc = self.parallel_config
-            ep_size = pc.data_parallel_size * (getattr(pc, "prefill_context_parallel_size", 1) or 1) * pc.tensor_parallel_size
             model = from_hf_config(self.model_config.hf_config.to_dict(), self.model_config.model)
-            worker_plugin.load_layout_for(cfg.layout, model, ep_size, pc)
+            worker_plugin.load_layout_for(cfg.layout, model, ep_ranks(self.parallel_config), self.parallel_config)
 
     VllmConfig.__post_init__ = __post_init__
 

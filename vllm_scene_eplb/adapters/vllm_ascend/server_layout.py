@@ -11,15 +11,14 @@ from ...config import require_config
 from ...errors import SceneEplbError
 from ...layout import Layout
 from ...model_geometry import from_hf_config
-from ...runtime.layout_check import layout_for_server
+from ...runtime.layout_check import ep_ranks, layout_for_server
 
 
 def ep_size_of(parallel_config) -> int:
     """EP ranks of an Ascend server: DP x TP (x PCP) when expert parallelism is on."""
     if not parallel_config.enable_expert_parallel:
         raise SceneEplbError("scene_eplb.layout needs --enable-expert-parallel (a layout places experts on EP ranks)")
-    pcp = getattr(parallel_config, "prefill_context_parallel_size", 1) or 1
-    return parallel_config.tensor_parallel_size * parallel_config.data_parallel_size * pcp
+    return ep_ranks(parallel_config)
 
 
 def layout_of(vllm_config) -> Layout:
