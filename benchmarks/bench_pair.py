@@ -23,7 +23,10 @@ P's node gain. Exits non-zero if the median prediction lies outside the measured
 named wrong, or a D-bound load predicts most of P's node gain; a round where pair-advise abstained
 (its windows and the bench disagree) is printed with its reason and left out of the median.
 
-    python benchmarks/bench_pair.py [--rounds 4] [--seconds 20] [--delay-ms 60] [--json OUT]
+Each arm's throughput and both nodes' windows cover the same steady seconds: the load's ramp
+(``--warmup``) and its drain are outside them (``harness.pair_load``'s window).
+
+    python benchmarks/bench_pair.py [--rounds 4] [--seconds 20] [--warmup 10] [--delay-ms 60] [--json OUT]
 """
 
 from __future__ import annotations
@@ -103,8 +106,10 @@ def pair_advise(arm: dict, ratio: float, prefix: Path) -> dict:
 
 
 def run_load(p, d, model: str, load: Load, args, delay_file: Path, d_delay_file: Path, workdir: Path) -> dict:
-    """Warm-up, then ``args.rounds`` rounds of the two arms in ABBA order; the slow arms' statuses and
-    bench results feed the prediction, every arm's output throughput the measured ratio."""
+    """Warm-up, then ``args.rounds`` rounds of the two arms in ABBA order. Each arm's load runs
+    ``args.warmup`` s, then its window of ``args.seconds``, at whose end both statuses are read (their
+    flow windows are the same seconds); the slow arms' statuses and bench results feed the prediction,
+    every arm's output tokens inside its window the measured ratio."""
     arms = {"slow": args.delay_ms, "fast": 0.0}
     write_delay(delay_file, args.delay_ms)
     write_delay(d_delay_file, load.d_delay_ms)
@@ -119,13 +124,18 @@ def run_load(p, d, model: str, load: Load, args, delay_file: Path, d_delay_file:
             write_delay(delay_file, arms[arm])
             time.sleep(1.0)
             bench = run_closed_loop(
-                p.url, d.url, model, load.concurrency, args.seconds, load.input_len, load.output_len, VOCAB, seed=1000 * r + pos
+                *(p.url, d.url, model, load.concurrency, args.seconds, load.input_len, load.output_len, VOCAB),
+                seed=1000 * r + pos,
+                warmup_s=args.warmup,
+                at_window_end=lambda: (_status(p.url), _status(d.url)),
             )
+            window = bench.pop("window")
             col = 0 if arm == "fast" else 1
-            throughput[r, col], positions[r, col] = bench["output_throughput"], pos
-            seen[arm] = {"p": _status(p.url), "d": _status(d.url), "bench": bench}
+            throughput[r, col], positions[r, col] = window["output_tokens"] / args.seconds, pos
+            seen[arm] = {"p": window["at_end"][0], "d": window["at_end"][1], "bench": bench}
             print(
-                f"  {load.name} round {r} {arm:4s}: {bench['output_throughput']:.2f} output tok/s ({bench['completed']} requests)"
+                f"  {load.name} round {r} {arm:4s}: {throughput[r, col]:.2f} output tok/s "
+                f"({window['finished']} requests in the window)"
             )
         # P's node ratio as measured on P alone (its busy seconds per prefill, slow over fast): what a
         # perfect node advice would say; the pair advice propagates it from the slow arm's windows
@@ -162,6 +172,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=4, help="rounds per load, each arm once a round (default 4)")
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds per arm and round (default 20)")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=10.0,
+        help="seconds of each arm's load before its window (default 10: a request's latency)",
+    )
     ap.add_argument("--delay-ms", type=float, default=60.0, help="the slow arm's extra ms per P step (default 60)")
     ap.add_argument("--loads", default=",".join(x.name for x in LOADS), help="which loads (default all)")
     ap.add_argument("--json", help="also write the results here")

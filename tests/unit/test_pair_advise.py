@@ -25,6 +25,7 @@ from vllm_scene_eplb.advise.pair import (
     throughput,
 )
 from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.harness.results import closed_loop_rate, read_vllm_result
 from vllm_scene_eplb.protocol import FlowView, StatusAnswer
 from vllm_scene_eplb.protocol.pair import PairAdvice
 
@@ -433,3 +434,23 @@ def test_hostile_input_is_one_line(tmp_path, name, change, expected):
         extra = ["--p-advice", str(tmp_path / "advice.json")]
     code, out, err = run(*_args(paths, *extra, *change.get("args", [])))
     assert_one_line_error(code, err, expected, name)
+
+
+def test_a_closed_loops_throughput_leaves_out_its_ramp(tmp_path):
+    """4 clients, each request 5 s, started 0.1 s apart and resent at once until 20 s: 0.8 requests/s.
+    Counted over the span all four were busy, the first 5 s (nothing finished yet) read it as ~0.6."""
+    starts, lat = [], []
+    for k in range(4):
+        t = 0.1 * k
+        while t < 20.0:
+            starts.append(t)
+            lat.append(5.0)
+            t += 5.0
+    n = len(starts)
+    bench = {"duration": max(s + x for s, x in zip(starts, lat)), "completed": n, "request_rate": "inf", "max_concurrency": 4}
+    bench |= {"output_lens": [8] * n, "ttfts": [1.0] * n, "latencies": lat, "start_times": starts}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    load = read_vllm_result(path)
+    assert load.throughput == pytest.approx(0.8, rel=0.03)
+    assert closed_loop_rate(np.array(starts[:4]), np.array(lat[:4]), 4) is None  # no completion after the ramp

@@ -38,10 +38,10 @@ def test_a_change_is_read_at_the_next_step_and_a_bad_one_keeps_the_last(tmp_path
     delay = StepDelay(str(path))
     assert delay.seconds == 0.0
     _write(path, "2.5", 1)
-    delay.sleep()
+    delay.spend()
     assert delay.seconds == pytest.approx(0.0025)
     _write(path, "garbage", 2)
-    delay.sleep()
+    delay.spend()
     assert delay.seconds == pytest.approx(0.0025) and "stays 2.5 ms" in caplog.text
 
 
@@ -56,5 +56,16 @@ def test_a_replaced_file_is_read_even_within_one_mtime_tick(tmp_path):
     for ms in (0.0, 60.0, 0.0):
         write_delay(path, ms)
         os.utime(path, ns=(stamp, stamp))  # the same mtime tick as the last value
-        delay.sleep()
+        delay.spend()
         assert delay.seconds == ms / 1000.0
+
+
+def test_the_delay_is_spent_on_the_steps_core_not_given_away(tmp_path):
+    """A spin, not a sleep: the calling thread's CPU time grows by the delay, as a slower kernel's
+    would (a sleep would free the core for the work that shares it)."""
+    path = tmp_path / "delay"
+    write_delay(path, 30.0)
+    delay = StepDelay(str(path))
+    cpu, wall = time.thread_time(), time.perf_counter()
+    delay.spend()
+    assert time.perf_counter() - wall >= 0.030 and time.thread_time() - cpu >= 0.5 * 0.030

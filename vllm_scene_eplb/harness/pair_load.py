@@ -12,7 +12,11 @@ import random
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 
 @dataclass
@@ -73,14 +77,22 @@ def run_closed_loop(
     output_len: int,
     vocab: int,
     seed: int = 0,
+    warmup_s: float = 0.0,
+    at_window_end: Callable[[], Any] | None = None,
 ) -> dict:
-    """``concurrency`` clients for ``seconds`` (a client's request in flight at the end is finished and
-    counted); the result in ``vllm bench serve``'s keys plus ``p_times`` (P's answer per request)."""
+    """``concurrency`` clients for ``warmup_s`` + ``seconds`` (a client's request in flight at the end
+    is finished and counted); the result in ``vllm bench serve``'s keys plus ``p_times`` (P's answer per
+    request) and ``window``: the measured window, the last ``seconds``, which leaves out the ramp (no
+    request done yet) and the drain (clients stopping) that the run's own totals hold: its start and end
+    (s since the run's start), the output tokens streamed and the requests finished inside it, and
+    what ``at_window_end`` returned, called as the window closes with every client still busy (the
+    moment to read the nodes' windows of the same ``seconds``)."""
     rng = random.Random(seed)
     lock = threading.Lock()
     done: list[PairRequest] = []
     errors: list[str] = []
-    deadline = time.perf_counter() + seconds
+    started = time.perf_counter()
+    deadline = started + warmup_s + seconds
 
     def client(k: int) -> None:
         while time.perf_counter() < deadline and not errors:
@@ -94,16 +106,18 @@ def run_closed_loop(
             with lock:
                 done.append(req)
 
-    started = time.perf_counter()
     threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(concurrency)]
     for t in threads:
         t.start()
+    time.sleep(max(0.0, deadline - time.perf_counter()))
+    seen = at_window_end() if at_window_end is not None and not errors else None
     for t in threads:
         t.join()
     duration = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"the pair load failed: {errors[0]}")
     total_out = sum(r.output_len for r in done)
+    a, b = warmup_s, warmup_s + seconds
     return {
         "duration": duration,
         "completed": len(done),
@@ -119,4 +133,18 @@ def run_closed_loop(
         "start_times": [r.started - started for r in done],
         "itls": [r.itls for r in done],
         "p_times": [r.p_done for r in done],
+        "window": {
+            "start_s": a,
+            "end_s": b,
+            "output_tokens": sum(int(((t >= a) & (t <= b)).sum()) for t in (token_times(r, started) for r in done)),
+            "finished": sum(1 for r in done if a <= r.started - started + r.latency <= b),
+            "at_end": seen,
+        },
     }
+
+
+def token_times(req: PairRequest, origin: float) -> np.ndarray:
+    """When each of a request's output tokens arrived [output_len], in seconds since ``origin``."""
+    if req.output_len == 0:
+        return np.zeros(0)
+    return req.started - origin + req.ttft + np.concatenate([[0.0], np.cumsum(req.itls)])

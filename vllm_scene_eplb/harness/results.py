@@ -123,6 +123,23 @@ def _window(result: dict, concurrency: int) -> tuple[float, float] | None:
     return spans[0][0], spans[-1][1]
 
 
+def closed_loop_rate(starts: np.ndarray, latencies: np.ndarray, clients: int) -> float | None:
+    """A closed loop's steady completions per second [requests: starts, latencies in s], by Little's
+    law over the span in which all ``clients`` were busy: the mean number in flight over it divided by
+    the mean latency of the requests that finished in it. Counting completions over that span instead
+    reads the ramp (the loop started together, nothing finished for a latency) as lost throughput.
+    None without a span or with fewer than two requests finished in it."""
+    win = _window({"start_times": list(starts), "latencies": list(latencies)}, clients)
+    if win is None or win[1] <= win[0]:
+        return None
+    ends = starts + latencies
+    inside = (ends >= win[0]) & (ends <= win[1])
+    if inside.sum() < 2:
+        return None
+    in_flight = np.clip(np.minimum(ends, win[1]) - np.maximum(starts, win[0]), 0.0, None).sum() / (win[1] - win[0])
+    return float(in_flight / latencies[inside].mean())
+
+
 def summarise(result: dict, scene: Scene) -> dict:
     """Per-card metrics of one vllm bench serve result; NOT_OBSERVED where it gave nothing."""
     if scene.cards is None:
@@ -215,8 +232,8 @@ def read_vllm_result(path: str | Path) -> PairLoad:
     every field it uses checked (one line naming the field): the per-request lists of one length,
     finite and non-negative, a first token no later than the reply's end, as many successful
     requests (no error, an output) as ``completed`` says, ``total_output_tokens`` their sum, the rate
-    a number > 0 or "inf", the cap an integer >= 1 or null. The throughput is over the window in
-    which every client was busy (``_window``) where a closed loop has one, else over the run."""
+    a number > 0 or "inf", the cap an integer >= 1 or null. A closed loop's throughput is its steady
+    rate (``closed_loop_rate``) where its start times give one, else over the run."""
     doc = load_json(path, "bench result")
     if isinstance(doc, dict) and doc.get("format") == RESULT_FORMAT:
         raise SceneEplbError(
@@ -257,9 +274,7 @@ def read_vllm_result(path: str | Path) -> PairLoad:
     closed = rate == "inf"
     throughput = completed / duration
     clients = n if cap is None else min(cap, n)
-    win = _window({"start_times": starts, "latencies": list(lists["latencies"])}, clients) if closed and starts else None
-    if win is not None and win[1] > win[0]:
-        ends = np.array(starts)[ok] + lat
-        inside = int(((ends >= win[0]) & (ends <= win[1])).sum())
-        throughput = inside / (win[1] - win[0]) if inside >= 2 else throughput
+    if closed and starts:
+        steady = closed_loop_rate(np.array(starts)[ok], lat, clients)
+        throughput = throughput if steady is None else steady
     return PairLoad(ttft, lat, outs[ok], throughput, cap, math.inf if closed else float(rate))

@@ -3,6 +3,11 @@ amount (the P/D pair calibration: how a P step that is d ms longer moves the who
 ``SCENE_EPLB_TEST_STEP_DELAY_FILE`` names a file; that file holds the delay in milliseconds and is
 re-read when it changes, so one server serves both arms of an interleaved A/B. Never set in production.
 
+The delay is spent spinning on the step's thread, as compute would spend it: a sleep frees the core
+for whatever shares it (on the CPU pair, the API servers and the clients), and that work then leaves
+the rest of the step, so the step grows by less than the delay (seen: a 60 ms sleep a step left P's
+busy seconds per prefill at 64 ms against 63 without it).
+
 Write it with ``write_delay`` (a new file renamed over the old one): rewritten in place, a step could
 read it truncated between the truncate and the write, and since a file's mtime ticks only every few
 ms the write after would look like no change, leaving the old delay in force for the whole arm."""
@@ -64,8 +69,8 @@ class StepDelay:
         path = os.environ.get(DELAY_ENV)
         return cls(path) if path else None
 
-    def sleep(self) -> None:
-        """Wait this step's delay (after a cheap check whether the file changed)."""
+    def spend(self) -> None:
+        """Spin for this step's delay on the calling thread (after a cheap check whether the file changed)."""
         identity = _identity(self.path)
         if identity != self.identity:
             self.identity = identity
@@ -73,5 +78,6 @@ class StepDelay:
                 self.seconds = _read_ms(self.path) / 1000.0
             except SceneEplbError as exc:
                 logger.warning("scene-eplb: %s; the step delay stays %.1f ms", exc, 1000 * self.seconds)
-        if self.seconds > 0:
-            time.sleep(self.seconds)
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass

@@ -297,7 +297,7 @@ def _patch_step(GPUModelRunner) -> None:
         rt.discard_pass()  # whatever ran since the last step boundary (a warm-up) is not this step's
         rt.begin_step(scheduler_output.total_num_scheduled_tokens)
         if delay is not None and rt is not worker_plugin.NULL_PLUGIN and scheduler_output.total_num_scheduled_tokens:
-            delay.sleep()  # inside the step's clock: the step is that much longer, as a slower MoE would make it
+            delay.spend()  # inside the step's clock: the step is that much longer, as a slower MoE would make it
         return execute(self, scheduler_output, *args, **kwargs)
 
     GPUModelRunner.eplb_step = eplb_step
