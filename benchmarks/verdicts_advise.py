@@ -22,9 +22,17 @@ a fitted layout (2 redundant slots, ``static``) and ``advise``'s predicted throu
 server's dump and timing window; then the fitted server started beside the linear one, both alive,
 and at least 3 rounds of the same target load on each, the side that runs first alternating. The
 measured ratio fitted / linear and its 95% interval come from ``stats.block_effects`` over the
-rounds (each run's place in its round a term of the model), as the factorial A/B's do.
+rounds (each run's place in its round a term of the model), as the factorial A/B's do. Then the
+fitted server records the same load, and its own record window splits the error
+(``advise.error_split``): the MoE critical path predicted against measured, the time outside MoE
+(step and gap), and tokens per pass, each a factor on the ratio, printed under the row.
 
-    python benchmarks/verdicts_advise.py [--data DIR] [--json OUT] [--quick] [--engine no|also|only]
+``engine_decode()`` (``--engine decode``): the same on a model whose passes are decode-sized (64
+experts, top-4, 8 requests decoding at a time, so a pass reads the weights of about half the
+experts): the model's slowest ranks of the mean pass against the linear server's window and the
+fitted server's own, each within 5%; no A/B.
+
+    python benchmarks/verdicts_advise.py [--data DIR] [--json OUT] [--quick] [--engine no|also|only|decode]
 """
 
 from __future__ import annotations
@@ -39,14 +47,18 @@ import numpy as np
 from sample_data import DEFAULT
 
 from vllm_scene_eplb.advise import NOISE_FLOOR, Setup, advise
+from vllm_scene_eplb.advise.error_split import ErrorSplit
 from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fileio import atomic_write_bytes
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.harness import demo
 from vllm_scene_eplb.harness.results import prefill_metric
 from vllm_scene_eplb.harness.simulated import Device, Scene, Server, linear_setup, rank_ms
+from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec
 from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.protocol import TimingWindow
 from vllm_scene_eplb.stats import block_effects, check_positive
 
 DEEPSEEK_V3_GROUPS = 8
@@ -63,6 +75,10 @@ NOISE = 0.03  # relative sd of the timing window's measurement noise (rank ms pe
 RECORDED, FRESH = 256, 1024  # passes in the recording, passes the truth is computed on
 TARGETS = {"k1_vs_k16": 0.005, "vs_truth": 0.02}
 SKEWS = (0.0, 0.5, 1.0)  # router skews of the engine calibration (the demo model's default is 0.3)
+# The decode-sized check: many experts and a few tokens a pass (8 requests decoding at a time)
+DECODE_SPEC = TinyMoeSpec(num_experts=64, top_k=4, num_layers=4, hidden_size=256, moe_intermediate_size=512)
+DECODE_LOADS = demo.Loads.of(64, concurrency=8, input_len=32, output_len=48)
+DECODE_TARGET = 0.05  # |modelled / measured - 1| of the mean pass's slowest ranks on each server (issue 37)
 
 
 def distributions(path: Path) -> np.ndarray:
@@ -217,11 +233,13 @@ def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redunda
             demo.warm_up(fitted, rig, "fitted")
             demo.warm_up(linear, rig, "linear")
             values, positions, metric = _ab_rounds(rig, {"linear": linear, "fitted": fitted}, repeats)
+            own = demo.record(fitted, rig, "fitted-record")  # the candidate's own window, for the split
         finally:
             fitted.stop()
     finally:
         linear.stop()
     (effect,), note = block_effects(np.log(values), [(-1.0, 1.0)], np.array(positions))
+    split = _split(cand, rec, own, effect.ratio)
     predicted = cand.advice.predicted_throughput_ratio
     ci = effect.ci
     bound = cand.advice.details.get("bound_ratio")
@@ -242,13 +260,29 @@ def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redunda
         "positions": positions,
         "model": note,
         "reasons": list(cand.advice.reasons),
+        "split": split.to_dict() if isinstance(split, ErrorSplit) else split,
     }
     print(
         f"skew {skew}: advise {row['verdict']} predicted {_num(predicted)} (bound {_num(bound)}); measured {effect.ratio:.3f} "
         f"[{_num(ci[0] if ci else None)}, {_num(ci[1] if ci else None)}] ({effect.verdict}, {repeats} rounds, {metric})",
         flush=True,
     )
+    for line in split.lines() if isinstance(split, ErrorSplit) else [f"no split: {split}"]:
+        print(f"  {line}", flush=True)
     return row
+
+
+def _split(cand: demo.Candidate, linear: demo.Recording, own: demo.Recording, measured: float) -> ErrorSplit | str:
+    """advise's prediction against the candidate server's own record window (``ErrorSplit``), or why there is none."""
+    layers = len(cand.layout.moe_layers)
+    now = TimingWindow.of_status(linear.status, "the linear server's status", layers)
+    mine = TimingWindow.of_status(own.status, "the fitted server's status", layers)
+    if now is None or mine is None:
+        return "a server has no timed window"
+    try:
+        return ErrorSplit.of(cand.advice.details, now, mine, measured)
+    except SceneEplbError as exc:
+        return str(exc)
 
 
 def engine_calibration(
@@ -271,6 +305,38 @@ def engine_calibration(
         "trial_verdicts": [r["verdict"] for r in rows],
     }
     return {"rows": rows, "summary": summary}
+
+
+def engine_decode(out: str | Path = "out/verdicts-decode", skew: float = 0.5, redundant: int = 2) -> dict:
+    """advise's model against each server's own record window where passes are decode-sized (many
+    experts, a few tokens a pass: weight reads per active slot count): a recording on the linear
+    server, a fitted layout and ``advise``, then the fitted server records the same load, and the
+    model's slowest ranks of the mean pass are held to both windows' (``ErrorSplit.model_errors``)."""
+    out = Path(out)
+    rig = demo.prepare(out, skew, DECODE_LOADS, "tp2", DECODE_SPEC)
+    linear = demo.serve(rig, "linear", demo.plugin_config(out / "dumps"))
+    try:
+        rec = demo.record(linear, rig)
+        cand = demo.fit_and_advise(rec, redundant, out)
+    finally:
+        linear.stop()
+    fitted = demo.serve(rig, "fitted", demo.plugin_config(out / "dumps", cand.path))
+    try:
+        own = demo.record(fitted, rig, "fitted-record")
+    finally:
+        fitted.stop()
+    split = _split(cand, rec, own, None)
+    if not isinstance(split, ErrorSplit):
+        print(f"decode-sized passes: no split: {split}", flush=True)
+        return {"split": split, "verdict": cand.advice.verdict, "within": False}
+    errors = split.model_errors()
+    within = all(abs(e) <= DECODE_TARGET for e in errors.values())
+    per_pass = split.tokens_now / DECODE_SPEC.top_k
+    print(f"decode-sized passes ({DECODE_SPEC.num_experts} experts, top-{DECODE_SPEC.top_k}, {per_pass:.1f} tokens a pass):")
+    for line in split.lines():
+        print(f"  {line}", flush=True)
+    print(f"  the model within {DECODE_TARGET:.0%} of both servers' windows: {'met' if within else 'MISSED'}", flush=True)
+    return {"split": split.to_dict(), "verdict": cand.advice.verdict, "reasons": list(cand.advice.reasons), "within": within}
 
 
 def _num(x: float | None) -> str:
@@ -298,14 +364,22 @@ def _print_simulated(s: dict) -> None:
 
 
 def _print_engine(rows: list[dict]) -> None:
-    print("\n| skew | step + pause ms | advise | predicted (bound) | measured [95% CI] | predicted in CI | measured verdict |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| skew | step + pause ms | advise | predicted (bound) | measured [95% CI] | predicted in CI | measured verdict "
+        "| model's ratio x MoE x outside x batch = windows' ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ci = r["measured_ci"]
+        ci, s = r["measured_ci"], r["split"]
+        split = (
+            f"{s['predicted']:.3f} x {s['moe']:.3f} x {s['outside']:.3f} x {s['batch']:.3f} = {s['windows']:.3f}"
+            if isinstance(s, dict)
+            else f"n/a ({s})"
+        )
         print(
             f"| {r['skew']} | {_num(r['step_ms'])} + {_num(r['gap_ms'])} | {r['verdict']} | {_num(r['predicted'])} "
             f"({_num(r['bound'])}) | {r['measured']:.3f} [{_num(ci[0] if ci else None)}, {_num(ci[1] if ci else None)}] | "
-            f"{r['predicted_in_ci']} | {r['measured_verdict']} |"
+            f"{r['predicted_in_ci']} | {r['measured_verdict']} | {split} |"
         )
 
 
@@ -317,9 +391,10 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=NOISE, help=f"timing measurement noise, relative sd (default {NOISE})")
     ap.add_argument(
         "--engine",
-        choices=("no", "also", "only"),
+        choices=("no", "also", "only", "decode"),
         default="no",
-        help="the engine calibration (starts two vLLM servers per skew, ~7 min each): no (default), also, only",
+        help="the engine calibration (starts two vLLM servers per skew, ~7 min each): no (default), also, only; "
+        "decode: only the decode-sized check of the model on both servers' windows (~5 min)",
     )
     ap.add_argument("--out", default="out/verdicts-engine", help="the engine calibration's working folder")
     ap.add_argument("--repeats", type=int, default=3, help="engine calibration: alternating rounds per skew (>= 3)")
@@ -328,13 +403,16 @@ def main() -> int:
     a = ap.parse_args()
     doc: dict = {}
     ok = True
-    if a.engine != "only":
+    if a.engine not in ("only", "decode"):
         doc["advise"] = advise_calibration(a.data, quick=a.quick, noise=a.noise)
         _print_simulated(doc["advise"]["summary"])
         ok = doc["advise"]["summary"]["ep16_targets_met"]
-    if a.engine != "no":
+    if a.engine in ("also", "only"):
         doc["engine"] = engine_calibration(a.out, tuple(a.skews), a.repeats, a.num_prompts)
         _print_engine(doc["engine"]["rows"])
+    if a.engine == "decode":
+        doc["decode"] = engine_decode(a.out)
+        ok = ok and doc["decode"]["within"]
     if a.json:
         atomic_write_bytes(Path(a.json), json.dumps(doc, indent=2).encode())
     return 0 if ok else 1

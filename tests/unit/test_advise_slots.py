@@ -172,6 +172,8 @@ def test_a_window_whose_ranks_waited_on_a_run_queue_abstains_naming_it():
     busy = advise(counts, cand, "static", replace(window, wait_share=0.08))
     assert busy.predicted_throughput_ratio is None and "wait_share" in busy.reasons[-1] and "8.0%" in busy.reasons[-1]
     assert busy.details["max_wait_share"] == MAX_WAIT_SHARE
+    trial = advise(counts, cand, "static", window)  # the abstention still says what the model would have
+    assert busy.details["critical_ms_candidate"] == trial.details["critical_ms_candidate"] < trial.details["critical_ms_now"]
 
 
 def test_a_cold_first_sub_window_does_not_set_the_noise_floor():

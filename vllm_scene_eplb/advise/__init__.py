@@ -11,7 +11,8 @@ verdict, one module per stage:
    the noise floor;
 
 with ``verdict`` running them (``advise``): trial | skip | insufficient_evidence, each reason in
-words. Pure numpy, no engine.
+words; and, once a candidate has run, ``error_split``: its own window against the prediction, the
+error as three causes. Pure numpy, no engine.
 """
 
 from .gates import MIN_PASSES, NOISE_FLOOR

@@ -57,9 +57,6 @@ def advise(
     gap = evidence_gap(counts, timing)
     if gap:
         return insufficient(reasons, gap)
-    busy = contended(timing)
-    if busy:
-        return insufficient(reasons, busy, wait_share=timing.wait_share, max_wait_share=MAX_WAIT_SHARE)
     rows = list(candidate.moe_layers)
     shares = source_shares(counts, rows, candidate.geometry.ep_size)
     now = running_setup(counts, running, candidate, rows, shares)
@@ -71,7 +68,10 @@ def advise(
         return insufficient(reasons, few)
     base = fit_time_model(np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments))
     loads_now, loads_cand = now.rank_loads(passes), cand.rank_loads(passes)
+    busy = contended(timing)  # an abstention, after the prediction where there is one: what it would have said
     if not base.identified:
+        if busy:
+            return insufficient(reasons, busy, wait_share=timing.wait_share, max_wait_share=MAX_WAIT_SHARE)
         return unidentified(reasons, base, timing, loads_now, loads_cand, ab_ratio)
     slots = fit_slot_model(
         base, np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments), _active(timing), timing.pass_groups
@@ -84,10 +84,15 @@ def advise(
     numbers = {
         "critical_ms_now": prediction.critical_now,
         "critical_ms_candidate": prediction.critical_candidate,
+        # the candidate's slowest ranks on the dump's mean pass: what its own window's means can be held to
+        "mean_pass_ms_candidate": float(
+            model.critical(loads_cand.mean(axis=0), None if active is None else active[1].mean(axis=0))
+        ),
         "step_ms": timing.step_ms,
         "gap_ms": timing.gap_ms,
         "moe_share": timing.moe_share,
         "wait_share": timing.wait_share,
+        "max_wait_share": MAX_WAIT_SHARE,
         "noise_floor": floor,
         "noise_floor_source": floor_source,
         "model_residual": model.residual,
@@ -101,7 +106,7 @@ def advise(
         f"{len(rows)} layers of the timing window ({WINDOW_KINDS[timing.record]}; relative residual {model.residual:.1%}); "
         f"{passes.shape[0]} passes from {n_entries} entries; {slots.why}"
     )
-    refusal = longer_than_the_step(prediction.critical_now, timing) or check.disagreement(timing.step_ms, floor)
+    refusal = busy or longer_than_the_step(prediction.critical_now, timing) or check.disagreement(timing.step_ms, floor)
     if refusal:
         return insufficient(reasons, refusal, **numbers)
     halves = prediction.halves(n_entries)

@@ -68,7 +68,9 @@ class Loads:
     record: Scene
 
     @classmethod
-    def of(cls, num_prompts: int, concurrency: int, input_len: int) -> Loads:
+    def of(cls, num_prompts: int, concurrency: int, input_len: int, output_len: int = 4) -> Loads:
+        """Prefill loads (4 output tokens) by default; a longer ``output_len`` makes them decode loads."""
+
         def scene(name: str, n: int, seed: int) -> Scene:
             return Scene(
                 name=name,
@@ -76,13 +78,13 @@ class Loads:
                 concurrency=concurrency,
                 request_rate=float("inf"),
                 input_len=input_len,
-                output_len=4,
+                output_len=output_len,
                 cards=2,
                 seed=seed,
             )
 
         return cls(
-            target=scene(f"prefill-{input_len}", num_prompts, 0),
+            target=scene(f"prefill-{input_len}" if output_len == 4 else f"decode-{input_len}x{output_len}", num_prompts, 0),
             warmup=scene("warm-up", 4 * concurrency, 1),
             record=scene("record", 8 * concurrency, 2),
         )
@@ -157,14 +159,15 @@ def measure(srv, rig: Rig, scene: Scene, name: str, repeats: int = 1) -> dict:
     return doc
 
 
-def record(srv, rig: Rig) -> Recording:
-    """Warm ``srv`` up, record ``loads.record``, keep the status (its timing window) and dump."""
-    warm_up(srv, rig, "record")
+def record(srv, rig: Rig, name: str = "record") -> Recording:
+    """Warm ``srv`` up, record ``loads.record``, keep the status (its timing window) and dump; the
+    load's result and the status are saved as ``{name}-load.json`` and ``{name}-timing.json``."""
+    warm_up(srv, rig, name)
     answer(srv.url, "start")
-    bench(srv.url, str(rig.model), rig.loads.record, rig.out / "record-load.json", progress=say)
+    bench(srv.url, str(rig.model), rig.loads.record, rig.out / f"{name}-load.json", progress=say)
     answer(srv.url, "stop")
     status = answer(srv.url, "status")  # the timing window of the recorded load: what advise needs
-    atomic_write_bytes(rig.out / "timing.json", json.dumps(status.to_wire(), indent=1).encode())
+    atomic_write_bytes(rig.out / f"{name}-timing.json", json.dumps(status.to_wire(), indent=1).encode())
     dump = answer(srv.url, "dump")
     say(f"dumped {dump.path} {list(dump.shape)}")
     return Recording(status, dump.path, read_counts(dump.path))
@@ -283,10 +286,10 @@ def run_ab(rig: Rig, rec: Recording, a: dict, cand: Candidate, repeats: int) -> 
     return summary
 
 
-def prepare(out: Path, skew: float, loads: Loads, geometry: str) -> Rig:
-    """The output folder and the generated model at router ``skew``."""
+def prepare(out: Path, skew: float, loads: Loads, geometry: str, spec: TinyMoeSpec = DEMO_SPEC) -> Rig:
+    """The output folder and the generated model (``spec``) at router ``skew``."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    model = make_tiny_moe(out / "model", dataclasses.replace(DEMO_SPEC, skew=skew))
+    model = make_tiny_moe(out / "model", dataclasses.replace(spec, skew=skew))
     say(f"generated {model} (skew {skew})")
     return Rig(model, skew, out, geometry, loads)
 

@@ -1,0 +1,50 @@
+"""The engine calibration's three-way split (issue 37 item 2): each factor moves only with its cause."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from vllm_scene_eplb.advise.error_split import ErrorSplit
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.protocol import TimingWindow
+
+# ranks x layers: slowest ranks 3 + 2 = 5 ms per pass, a 20 + 5 ms cycle, 40 and 20 assignments per pass
+NOW = TimingWindow(((1.0, 2.0), (3.0, 1.0)), ((10.0, 10.0), (30.0, 10.0)), 20.0, {}, gap_ms=5.0)
+# as predicted: slowest 2.5 + 1.5 = 4 ms, the step 1 ms shorter, the same gap and load
+AS_PREDICTED = TimingWindow(((2.5, 1.5), (2.0, 1.0)), ((20.0, 8.0), (20.0, 12.0)), 19.0, {}, gap_ms=5.0)
+DETAILS = {"critical_ms_now": 5.0, "critical_ms_candidate": 4.0, "mean_pass_ms_modelled": 5.0, "mean_pass_ms_candidate": 4.4}
+
+
+def test_a_candidate_that_ran_as_predicted_splits_into_no_error():
+    s = ErrorSplit.of(DETAILS, NOW, AS_PREDICTED, measured=1.04)
+    assert s.predicted == pytest.approx(25 / 24) and s.windows == pytest.approx(s.predicted)
+    assert s.factors() == pytest.approx({"moe": 1.0, "outside": 1.0, "batch": 1.0})
+    assert s.outside_now == pytest.approx(20.0) and s.outside_candidate == pytest.approx(20.0)
+    assert "the A/B measured 1.040" in s.lines()[-1]
+    assert s.model_errors() == pytest.approx({"now": 0.0, "candidate": 0.1})  # 4.4 modelled, 4 measured
+
+
+@pytest.mark.parametrize(
+    ("candidate", "moved"),
+    [
+        # the MoE path fell by 2 ms, not 1, and the step with it: only the MoE factor moves
+        (replace(AS_PREDICTED, rank_ms=((1.5, 1.5), (1.0, 1.0)), step_ms=18.0), "moe"),
+        # the same MoE change, 2 ms more between steps (outside work now on the critical path)
+        (replace(AS_PREDICTED, gap_ms=7.0), "outside"),
+        # the same time, a batch 10% larger
+        (replace(AS_PREDICTED, rank_assignments=((22.0, 8.8), (22.0, 13.2))), "batch"),
+    ],
+)
+def test_each_factor_moves_with_its_cause_alone(candidate, moved):
+    f = ErrorSplit.of(DETAILS, NOW, candidate).factors()
+    assert f.pop(moved) != pytest.approx(1.0)
+    assert f == pytest.approx({k: 1.0 for k in f})
+
+
+def test_an_advice_without_a_model_or_windows_of_another_model_are_refused():
+    with pytest.raises(SceneEplbError, match="no time model"):
+        ErrorSplit.of({"wait_share": 0.08}, NOW, AS_PREDICTED)
+    with pytest.raises(SceneEplbError, match="MoE layers"):
+        ErrorSplit.of(DETAILS, NOW, replace(AS_PREDICTED, rank_ms=((2.5,), (2.0,)), rank_assignments=((1.0,), (1.0,))))

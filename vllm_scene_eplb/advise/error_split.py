@@ -1,0 +1,146 @@
+"""Where a prediction's error comes from, once the candidate has run: the running server's and the
+candidate server's own timing windows against what ``advise`` predicted, as three separate numbers.
+
+``advise`` predicts that only the MoE critical path changes (``prediction``):
+
+    predicted = cycle_now / (cycle_now + dMoE_predicted)            cycle = step_ms + gap_ms
+
+The candidate's own window says what did change. Each step of the chain below replaces one of the
+prediction's assumptions by the measurement, so each factor is one cause:
+
+    with_moe     = cycle_now / (cycle_now + dMoE_measured)           the MoE change as measured
+    with_outside = cycle_now / cycle_candidate                       and the time outside MoE as measured
+    windows      = with_outside x tokens_candidate / tokens_now      and the batch (tokens per pass)
+
+``windows`` is the throughput ratio the two windows imply; what is left against the A/B's measured
+ratio is the windows' load against the A/B's. The MoE critical path measured is the window's per
+layer slowest rank's mean ms, summed (``TimingWindow.rank_ms``), on both sides, so its change is
+like for like; tokens per pass are the window's assignments per pass over its ranks (top-k cancels).
+
+A window holds means, so it is held to the model's slowest ranks of the dump's mean pass
+(``mean_pass_ms_modelled`` now, ``mean_pass_ms_candidate``): ``model_errors`` are the model's
+errors on each server, like for like (the per-pass critical path, the expected slowest rank of
+each pass, is larger where passes are small; its change is what the ratio prices). Pure numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import SceneEplbError
+from ..protocol import TimingWindow
+from .prediction import cycle_ms
+
+
+def window_critical_ms(window: TimingWindow) -> float:
+    """The window's measured MoE critical path per pass: per layer its slowest rank's mean ms, summed."""
+    return float(np.asarray(window.rank_ms).max(axis=0).sum())
+
+
+def tokens_per_pass(window: TimingWindow) -> float:
+    """The window's assignments per pass, all ranks, mean over layers (tokens per pass x top-k)."""
+    return float(np.asarray(window.rank_assignments).sum(axis=0).mean())
+
+
+@dataclass(frozen=True)
+class ErrorSplit:
+    """A prediction against both servers' own windows: the MoE critical paths predicted (``advise``'s
+    ``critical_ms_now`` / ``critical_ms_candidate``) and measured, each side's step, gap and time
+    outside MoE (ms), its tokens per pass, and the chain of ratios the module docstring defines."""
+
+    critical_predicted_now: float
+    critical_predicted_candidate: float
+    critical_measured_now: float
+    critical_measured_candidate: float
+    mean_pass_now: float
+    mean_pass_candidate: float
+    step_now: float
+    step_candidate: float
+    gap_now: float
+    gap_candidate: float
+    tokens_now: float
+    tokens_candidate: float
+    predicted: float
+    with_moe: float
+    with_outside: float
+    windows: float
+    measured: float | None
+
+    @classmethod
+    def of(cls, details: dict, now: TimingWindow, candidate: TimingWindow, measured: float | None = None) -> ErrorSplit:
+        """From ``advise``'s details (which carry its critical paths wherever it fitted a model, an
+        abstention on contention included), the running server's window ``now`` (the one ``advise``
+        read) and the candidate server's own; ``measured``: the A/B's throughput ratio."""
+        try:
+            pred_now, pred_cand = float(details["critical_ms_now"]), float(details["critical_ms_candidate"])
+            mean_now, mean_cand = float(details["mean_pass_ms_modelled"]), float(details["mean_pass_ms_candidate"])
+        except KeyError:
+            raise SceneEplbError("advise fitted no time model (its details carry no critical paths): nothing to split") from None
+        if now.layers != candidate.layers:
+            raise SceneEplbError(f"the windows time {now.layers} and {candidate.layers} MoE layers: not one model")
+        c_now, c_cand = cycle_ms(now), cycle_ms(candidate)
+        meas_now, meas_cand = window_critical_ms(now), window_critical_ms(candidate)
+        tok_now, tok_cand = tokens_per_pass(now), tokens_per_pass(candidate)
+        if min(c_now, c_cand, tok_now, tok_cand) <= 0:
+            raise SceneEplbError("a window has no steps or no assignments: time both servers under load")
+        with_outside = c_now / c_cand
+        return cls(
+            *(pred_now, pred_cand, meas_now, meas_cand, mean_now, mean_cand),
+            *(now.step_ms, candidate.step_ms, now.gap_ms, candidate.gap_ms, tok_now, tok_cand),
+            predicted=c_now / (c_now + pred_cand - pred_now),
+            with_moe=c_now / (c_now + meas_cand - meas_now),
+            with_outside=with_outside,
+            windows=with_outside * tok_cand / tok_now,
+            measured=measured,
+        )
+
+    @property
+    def outside_now(self) -> float:
+        return self.step_now + self.gap_now - self.critical_measured_now
+
+    @property
+    def outside_candidate(self) -> float:
+        return self.step_candidate + self.gap_candidate - self.critical_measured_candidate
+
+    def factors(self) -> dict[str, float]:
+        """Each cause's factor on the ratio (1: it moved nothing); their product is windows / predicted."""
+        return {
+            "moe": self.with_moe / self.predicted,
+            "outside": self.with_outside / self.with_moe,
+            "batch": self.windows / self.with_outside,
+        }
+
+    def model_errors(self) -> dict[str, float]:
+        """The model's slowest ranks of the mean pass over each server's own window's, less 1."""
+        return {
+            "now": self.mean_pass_now / self.critical_measured_now - 1,
+            "candidate": self.mean_pass_candidate / self.critical_measured_candidate - 1,
+        }
+
+    def to_dict(self) -> dict:
+        extra = {
+            "outside_now": self.outside_now,
+            "outside_candidate": self.outside_candidate,
+            "model_errors": self.model_errors(),
+        }
+        return {**asdict(self), **extra, **self.factors()}
+
+    def lines(self) -> list[str]:
+        """The split in words, a line per cause."""
+        f, e = self.factors(), self.model_errors()
+        tail = "" if self.measured is None else f"; the A/B measured {self.measured:.3f}"
+        return [
+            f"predicted {self.predicted:.3f}: the MoE critical path {self.critical_predicted_now:.3f} -> "
+            f"{self.critical_predicted_candidate:.3f} ms per pass in a {self.step_now:.2f} + {self.gap_now:.2f} ms cycle",
+            f"the model on each server's own window (slowest ranks of the mean pass): running {self.mean_pass_now:.3f} "
+            f"modelled, {self.critical_measured_now:.3f} measured ({e['now']:+.1%}); candidate {self.mean_pass_candidate:.3f} "
+            f"modelled, {self.critical_measured_candidate:.3f} measured ({e['candidate']:+.1%})",
+            f"MoE: measured {self.critical_measured_now:.3f} -> {self.critical_measured_candidate:.3f} ms per pass: "
+            f"x{f['moe']:.3f} -> {self.with_moe:.3f}",
+            f"outside MoE: {self.outside_now:.2f} -> {self.outside_candidate:.2f} ms per step (step {self.step_now:.2f} -> "
+            f"{self.step_candidate:.2f}, gap {self.gap_now:.2f} -> {self.gap_candidate:.2f}): x{f['outside']:.3f} -> {self.with_outside:.3f}",
+            f"batch: {self.tokens_now:.1f} -> {self.tokens_candidate:.1f} assignments per pass: x{f['batch']:.3f} -> "
+            f"{self.windows:.3f} (the windows' ratio){tail}",
+        ]
