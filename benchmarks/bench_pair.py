@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_scene_eplb.harness.local_server import engine_args, example_connector_args, http, start_server
+from vllm_scene_eplb.harness.local_server import engine_args, example_connector_args, http, pin_host, start_server
 from vllm_scene_eplb.harness.pair_load import run_closed_loop
 from vllm_scene_eplb.protocol import StatusAnswer
 from vllm_scene_eplb.runtime.step_delay import DELAY_ENV, write_delay
@@ -203,6 +203,8 @@ def main() -> int:
         kv = example_connector_args(role, work / "kv")
         return start_server(model, work, name, [*kv, *flag], engine_args=tp1, cores=core, env={DELAY_ENV: str(delay)})
 
+    host = pin_host("0", "1")  # API servers and clients off the two sides' cores, where there are spare ones
+    print(f"host processes on cores {sorted(host)}" if host else "no core to spare: host processes share P's and D's cores")
     p, d = side("p", "kv_producer", "0", delay_file), side("d", "kv_consumer", "1", d_delay_file)
     results, problems = {}, []
     try:

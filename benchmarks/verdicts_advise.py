@@ -54,6 +54,7 @@ from vllm_scene_eplb.fileio import atomic_write_bytes
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.harness import demo
+from vllm_scene_eplb.harness.local_server import pin_host
 from vllm_scene_eplb.harness.results import prefill_metric
 from vllm_scene_eplb.harness.simulated import Device, Scene, Server, linear_setup, rank_ms
 from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec
@@ -293,6 +294,7 @@ def engine_calibration(
     throughput ratio, and the measured ratio over ``repeats`` alternating rounds with both servers alive."""
     if repeats < 3:
         raise SystemExit("engine calibration: at least 3 repeats per side")
+    _pin()
     loads = demo.Loads.of(num_prompts, concurrency=8, input_len=512)
     rows = [engine_skew(Path(out) / f"skew{skew}", skew, repeats, loads) for skew in skews]
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
@@ -313,6 +315,7 @@ def engine_decode(out: str | Path = "out/verdicts-decode", skew: float = 0.5, re
     server, a fitted layout and ``advise``, then the fitted server records the same load, and the
     model's slowest ranks of the mean pass are held to both windows' (``ErrorSplit.model_errors``)."""
     out = Path(out)
+    _pin()
     rig = demo.prepare(out, skew, DECODE_LOADS, "tp2", DECODE_SPEC)
     linear = demo.serve(rig, "linear", demo.plugin_config(out / "dumps"))
     try:
@@ -337,6 +340,12 @@ def engine_decode(out: str | Path = "out/verdicts-decode", skew: float = 0.5, re
         print(f"  {line}", flush=True)
     print(f"  the model within {DECODE_TARGET:.0%} of both servers' windows: {'met' if within else 'MISSED'}", flush=True)
     return {"split": split.to_dict(), "verdict": cand.advice.verdict, "reasons": list(cand.advice.reasons), "within": within}
+
+
+def _pin() -> None:
+    """The API servers, engine cores and clients off the ranks' cores where the machine has spare ones."""
+    host = pin_host(demo.RANK_CORES)
+    print(f"host processes on cores {sorted(host)}" if host else "no core to spare: host processes share the ranks' cores")
 
 
 def _num(x: float | None) -> str:

@@ -17,10 +17,13 @@ ratio is the windows' load against the A/B's. The MoE critical path measured is 
 layer slowest rank's mean ms, summed (``TimingWindow.rank_ms``), on both sides, so its change is
 like for like; tokens per pass are the window's assignments per pass over its ranks (top-k cancels).
 
-A window holds means, so it is held to the model's slowest ranks of the dump's mean pass
-(``mean_pass_ms_modelled`` now, ``mean_pass_ms_candidate``): ``model_errors`` are the model's
-errors on each server, like for like (the per-pass critical path, the expected slowest rank of
-each pass, is larger where passes are small; its change is what the ratio prices). Pure numpy.
+A window holds means, so it is held to the model's slowest ranks at that window's own load: per
+layer its assignments per pass split by the layout's modelled rank shares, with its own active
+slots (``timing_window_slowest_ms_modelled`` for the running server, which ``advise`` checks; for
+the candidate the same from ``candidate_rank_shares`` and the model's a, b and c).
+``model_errors`` are the model's errors on each server, like for like (the per-pass critical path,
+the expected slowest rank of each pass, is larger where passes are small; its change is what the
+ratio prices). Pure numpy.
 """
 
 from __future__ import annotations
@@ -39,6 +42,16 @@ def window_critical_ms(window: TimingWindow) -> float:
     return float(np.asarray(window.rank_ms).max(axis=0).sum())
 
 
+def modelled_window_ms(model: dict, shares: np.ndarray, window: TimingWindow) -> float:
+    """The model's (advise's ``details["model"]``: a [L], b [L], c) slowest ranks per layer, summed,
+    at the window's own load per layer split by ``shares`` [L, ranks], with the window's active slots."""
+    load = np.asarray(window.rank_assignments, dtype=np.float64).sum(axis=0)[:, None] * shares
+    ms = np.asarray(model["a"])[:, None] + np.asarray(model["b"])[:, None] * load
+    if window.rank_active_slots is not None:
+        ms = ms + float(model["c"]) * np.asarray(window.rank_active_slots, dtype=np.float64).T
+    return float(ms.max(axis=1).sum())
+
+
 def tokens_per_pass(window: TimingWindow) -> float:
     """The window's assignments per pass, all ranks, mean over layers (tokens per pass x top-k)."""
     return float(np.asarray(window.rank_assignments).sum(axis=0).mean())
@@ -54,8 +67,8 @@ class ErrorSplit:
     critical_predicted_candidate: float
     critical_measured_now: float
     critical_measured_candidate: float
-    mean_pass_now: float
-    mean_pass_candidate: float
+    modelled_now: float
+    modelled_candidate: float
     step_now: float
     step_candidate: float
     gap_now: float
@@ -75,11 +88,16 @@ class ErrorSplit:
         read) and the candidate server's own; ``measured``: the A/B's throughput ratio."""
         try:
             pred_now, pred_cand = float(details["critical_ms_now"]), float(details["critical_ms_candidate"])
-            mean_now, mean_cand = float(details["mean_pass_ms_modelled"]), float(details["mean_pass_ms_candidate"])
+            mean_now = float(details["timing_window_slowest_ms_modelled"])
+            shares = np.asarray(details["candidate_rank_shares"], dtype=np.float64)
+            model = details["model"]
         except KeyError:
             raise SceneEplbError("advise fitted no time model (its details carry no critical paths): nothing to split") from None
-        if now.layers != candidate.layers:
-            raise SceneEplbError(f"the windows time {now.layers} and {candidate.layers} MoE layers: not one model")
+        if not now.layers == candidate.layers == shares.shape[0]:
+            raise SceneEplbError(
+                f"the windows time {now.layers} and {candidate.layers} MoE layers, the advice {shares.shape[0]}: not one model"
+            )
+        mean_cand = modelled_window_ms(model, shares, candidate)
         c_now, c_cand = cycle_ms(now), cycle_ms(candidate)
         meas_now, meas_cand = window_critical_ms(now), window_critical_ms(candidate)
         tok_now, tok_cand = tokens_per_pass(now), tokens_per_pass(candidate)
@@ -113,10 +131,10 @@ class ErrorSplit:
         }
 
     def model_errors(self) -> dict[str, float]:
-        """The model's slowest ranks of the mean pass over each server's own window's, less 1."""
+        """The model's slowest ranks at each server's own window's load over that window's measured, less 1."""
         return {
-            "now": self.mean_pass_now / self.critical_measured_now - 1,
-            "candidate": self.mean_pass_candidate / self.critical_measured_candidate - 1,
+            "now": self.modelled_now / self.critical_measured_now - 1,
+            "candidate": self.modelled_candidate / self.critical_measured_candidate - 1,
         }
 
     def to_dict(self) -> dict:
@@ -134,8 +152,8 @@ class ErrorSplit:
         return [
             f"predicted {self.predicted:.3f}: the MoE critical path {self.critical_predicted_now:.3f} -> "
             f"{self.critical_predicted_candidate:.3f} ms per pass in a {self.step_now:.2f} + {self.gap_now:.2f} ms cycle",
-            f"the model on each server's own window (slowest ranks of the mean pass): running {self.mean_pass_now:.3f} "
-            f"modelled, {self.critical_measured_now:.3f} measured ({e['now']:+.1%}); candidate {self.mean_pass_candidate:.3f} "
+            f"the model on each server's own window (slowest ranks at its load): running {self.modelled_now:.3f} "
+            f"modelled, {self.critical_measured_now:.3f} measured ({e['now']:+.1%}); candidate {self.modelled_candidate:.3f} "
             f"modelled, {self.critical_measured_candidate:.3f} measured ({e['candidate']:+.1%})",
             f"MoE: measured {self.critical_measured_now:.3f} -> {self.critical_measured_candidate:.3f} ms per pass: "
             f"x{f['moe']:.3f} -> {self.with_moe:.3f}",

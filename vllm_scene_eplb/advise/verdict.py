@@ -84,10 +84,9 @@ def advise(
     numbers = {
         "critical_ms_now": prediction.critical_now,
         "critical_ms_candidate": prediction.critical_candidate,
-        # the candidate's slowest ranks on the dump's mean pass: what its own window's means can be held to
-        "mean_pass_ms_candidate": float(
-            model.critical(loads_cand.mean(axis=0), None if active is None else active[1].mean(axis=0))
-        ),
+        # the candidate's share of each layer's assignments per rank [L][ep]: with the model, what its own
+        # window's means can be held to at that window's load (``error_split``)
+        "candidate_rank_shares": (loads_cand.sum(axis=0) / np.maximum(loads_cand.sum(axis=(0, 2))[:, None], 1e-300)).tolist(),
         "step_ms": timing.step_ms,
         "gap_ms": timing.gap_ms,
         "moe_share": timing.moe_share,

@@ -42,7 +42,7 @@ from .compare import chart_png, compare, markdown
 from .factorial import ARMS, analyse, effect_line, round_orders
 from .factorial import chart_png as factorial_png
 from .factorial import markdown as markdown_effects
-from .local_server import GEOMETRIES, engine_args, start_server
+from .local_server import GEOMETRIES, engine_args, pin_host, start_server
 from .results import Scene, prefill_metric
 from .tiny_model import TinyMoeSpec, make_tiny_moe
 
@@ -51,6 +51,7 @@ DEMO_SPEC = TinyMoeSpec(num_experts=16, num_layers=4, hidden_size=256, moe_inter
 DEMO_ARGS = ("--max-num-batched-tokens", "4096", "--max-model-len", "2048", "--enable-expert-parallel")
 # Both sides time their experts (live.time): the linear server's window feeds advise, and the A/B stays like for like.
 TIMED = {"time_moe": True, "live_window_s": 5}
+RANK_CORES = "0|1"  # the demo servers' workers, one core each (local_server's default binding)
 GEOMETRY_NAMES = {"tp2": "TP=2 x EP=2 (DP=1)", "dp2": "DP=2 x TP=1 x EP=2 (the field geometry in miniature)"}
 
 
@@ -137,6 +138,7 @@ def serve(rig: Rig, name: str, cfg: dict):
         name,
         extra=["--additional-config", json.dumps({"scene_eplb": cfg})],
         engine_args=engine_args(rig.geometry) + DEMO_ARGS,
+        cores=RANK_CORES,
     )
     t0 = time.time()
     srv.wait_ready()
@@ -309,6 +311,12 @@ def run(
     """The demo: generate the model, record on the linear server (and measure there, unless
     ``factorial``), fit and ask ``advise``, then the A/B of the chosen mode."""
     say(f"geometry {GEOMETRY_NAMES[geometry]}")
+    host = pin_host(RANK_CORES)
+    say(
+        f"API servers, engine cores and the bench's clients on cores {sorted(host)}, the ranks on {RANK_CORES}"
+        if host
+        else f"no core to spare: the API servers, engine cores and clients share the ranks' cores ({RANK_CORES})"
+    )
     rig = prepare(out, skew, Loads.of(num_prompts, concurrency, input_len), geometry)
     srv = serve(rig, "linear", plugin_config(out / "dumps"))
     try:

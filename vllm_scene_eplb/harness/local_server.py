@@ -55,6 +55,28 @@ def example_connector_args(role: str, store: Path) -> list[str]:
     return ["--kv-transfer-config", json.dumps(config)]
 
 
+def cores_of(bind: str) -> set[int]:
+    """The cores a ``VLLM_CPU_OMP_THREADS_BIND`` value names ("0|1", "0-3|4-7", "0,2|1,3")."""
+    cores: set[int] = set()
+    for part in bind.replace("|", ",").split(","):
+        lo, _, hi = part.strip().partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
+def pin_host(*binds: str) -> frozenset[int]:
+    """Move this process, and so every process it starts from now on (a server's API server and
+    engine core, a bench's clients), off the cores the servers' workers are bound to (``binds``),
+    where the machine has cores to spare: their work then no longer lands on a rank's critical path
+    (what ``advise`` cannot price; it reads the ranks' ``wait_share``). The workers bind their own
+    threads to their cores. Returns the cores it runs on now; empty where none are spare (nothing
+    changed: on two cores the ranks take both)."""
+    spare = frozenset(os.sched_getaffinity(0) - set().union(*map(cores_of, binds)))
+    if spare:
+        os.sched_setaffinity(0, spare)
+    return spare
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
