@@ -125,3 +125,40 @@ def test_the_window_says_the_largest_ranks_wait_share_or_none():
     assert time_view([_rank(3.0)]).wait_share == 1.0  # clipped: a wait longer than its step is the clocks' skew
     assert _rank(0.5).since(_rank(0.2)).wait_seconds == pytest.approx(0.3)
     assert _rank(0.5).since(_rank(None)).wait_seconds is None
+
+
+def test_the_kernel_clock_is_the_threads_cpu_time_on_cpu_and_the_wall_clock_elsewhere():
+    """A CPU timer that sleeps 50 ms advances by about nothing (no kernel ran); a device's is the wall clock."""
+    cpu, device = moe_timing.MoeTiming(1, on=True, cpu=True), moe_timing.MoeTiming(1, on=True)
+    c0, d0 = cpu.kernel_clock(), device.kernel_clock()
+    time.sleep(0.05)
+    assert cpu.kernel_clock() - c0 < 0.01 and device.kernel_clock() - d0 >= 0.05
+    assert RoutingObserver(1, 2, 2, time_moe=True).timing.cpu and not RoutingObserver(1, 2, 2, device="meta").timing.cpu
+
+
+def _spin(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no affinity here")
+def test_a_kernel_sharing_its_core_is_timed_by_the_time_it_ran_not_by_the_wall_clock():
+    """This process and a forked one spinning on one core (processes: no GIL between them): over 0.2 s
+    of wall clock, the kernel clock advances by about the half this one ran."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        child = os.fork()
+        if child == 0:
+            _spin(0.4)
+            os._exit(0)
+        timing = moe_timing.MoeTiming(1, on=True, cpu=True)
+        _spin(0.02)  # the child is running beside it by now
+        k0, w0 = timing.kernel_clock(), time.perf_counter()
+        _spin(0.2)
+        kernel, wall = timing.kernel_clock() - k0, time.perf_counter() - w0
+        os.waitpid(child, 0)
+    finally:
+        os.sched_setaffinity(0, before)
+    assert 0 < kernel < 0.8 * wall, (kernel, wall)

@@ -14,6 +14,7 @@ object is built on.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,6 +60,9 @@ class StepHooks(Protocol):
 
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         """This pass's local expert time of MoE layer ``moe_idx`` (``time_moe``: the adapter's timer)."""
+
+    def kernel_clock(self) -> float:
+        """Seconds of the calling thread's kernel clock: the adapter's host timer takes differences of it."""
 
 
 class Observer(StepHooks, Protocol):
@@ -110,3 +114,6 @@ class NullSteps:
 
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         pass
+
+    def kernel_clock(self) -> float:
+        return time.perf_counter()

@@ -1,7 +1,10 @@
 """The MoE timer: each MoE layer's local expert time per pass and the steps' wall time (``time_moe``).
 
-The adapter reports a layer's expert seconds (``add_moe_seconds``, host wall clock around the
-rank's own expert computation) or, on CUDA, attaches a ``device_timer.DeviceMoeTimer`` whose
+The adapter reports a layer's expert seconds (``add_moe_seconds``, differences of ``kernel_clock``
+around the rank's own expert computation: on CPU the stepping thread's CPU time, the time the kernel
+ran, as a device timer would see it; where the API server, engine core and client preempt a rank on
+a shared core, or a virtual machine's host takes its vCPU (steal), that time lands in the step, not
+in the rank's MoE time) or, on CUDA, attaches a ``device_timer.DeviceMoeTimer`` whose
 accumulators graph replays keep; the step's wall time is the host's, from ``begin_step`` to
 ``end_step``, and so is the pause between one step's end and the next one's start (scheduling,
 sampling, the API server's and the client's share of the machine: time a layout does not change,
@@ -31,10 +34,11 @@ class MoeTiming:
     """Cumulative MoE seconds per layer [L] over ``moe_passes`` passes, over ``steps`` real steps
     their wall seconds and the MoE seconds within them, and the ``gap_seconds`` of the ``gaps``
     busy pauses between steps (host floats); with a ``wait`` reader, the run-queue ``wait_seconds``
-    inside those real steps; per pass-size group the MoE seconds of its real passes [G][L]."""
+    inside those real steps; per pass-size group the MoE seconds of its real passes [G][L]. ``cpu``:
+    the experts run on the host, and ``kernel_clock`` is the thread's CPU time."""
 
-    def __init__(self, num_layers: int, on: bool = False, wait: RunQueueWait | None = None):
-        self.num_layers, self.on, self.wait = num_layers, on, wait
+    def __init__(self, num_layers: int, on: bool = False, wait: RunQueueWait | None = None, cpu: bool = False):
+        self.num_layers, self.on, self.wait, self.cpu = num_layers, on, wait, cpu
         self.moe_seconds = [0.0] * num_layers  # cumulative, host
         self.moe_passes, self.steps = 0, 0
         self.step_seconds, self.step_moe_seconds = 0.0, 0.0
@@ -57,6 +61,12 @@ class MoeTiming:
                 self.gaps += 1
             self._step_ended = None
             self._wait_started = None if self.wait is None else self.wait.read()
+
+    def kernel_clock(self) -> float:
+        """Seconds of the calling thread's CPU time on CPU (``clock_gettime(CLOCK_THREAD_CPUTIME_ID)``,
+        about 1 us: no run-queue wait, and no steal where the kernel accounts it), the wall clock
+        elsewhere; an adapter's host timer takes differences of it."""
+        return time.thread_time() if self.cpu else time.perf_counter()
 
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         """This pass's local expert time of MoE layer ``moe_idx`` (host, called by the adapter's timer)."""

@@ -75,7 +75,7 @@ class RoutingObserver:
         self.ring = CountRing(entries, row, device, steps_per_entry, dp_size, source_rows)
         self.skipped = SkippedPasses(L, device)
         cpu = torch.device(device).type == "cpu"
-        self.timing = MoeTiming(L, time_moe, RunQueueWait() if time_moe and cpu else None)
+        self.timing = MoeTiming(L, time_moe, RunQueueWait() if time_moe and cpu else None, cpu)
         on = time_moe and live_counts
         self.activity = SlotActivity(L, local_slots, device) if on and local_slots is not None else None
         self._group = 0  # the pass-size group of the pass being run (``begin_step``'s tokens)
@@ -117,6 +117,10 @@ class RoutingObserver:
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         """This pass's local expert time of MoE layer ``moe_idx`` (host, called by the adapter's timer)."""
         self.timing.add_moe_seconds(moe_idx, seconds)
+
+    def kernel_clock(self) -> float:
+        """``MoeTiming.kernel_clock``: on CPU this thread's CPU time, the wall clock elsewhere."""
+        return self.timing.kernel_clock()
 
     def discard_pass(self) -> None:
         """Drop what the pass buffer holds (host, between passes): a pass the engine runs outside its

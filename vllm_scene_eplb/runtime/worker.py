@@ -117,6 +117,10 @@ class RecorderPlugin:
         """This pass's local expert time of MoE layer ``moe_idx`` (``time_moe``: the adapter's timer)."""
         self.observer.add_moe_seconds(moe_idx, seconds)
 
+    def kernel_clock(self) -> float:
+        """The observer's kernel clock (``MoeTiming.kernel_clock``): the adapter's host timer."""
+        return self.observer.kernel_clock()
+
     def discard_pass(self) -> None:
         """Drop the pass being counted (a warm-up or ``skip_eplb`` pass; before each step: a clean start)."""
         self.observer.discard_pass()

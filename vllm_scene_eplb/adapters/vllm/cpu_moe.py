@@ -5,13 +5,11 @@ a kernel sized for the local slots. Here each local assignment becomes one row (
 weight) with top-k 1, the kernel runs on those rows only, and the rows are summed back per token;
 the EP/TP all-reduce that follows adds the other ranks' parts. Per-rank work therefore follows the
 layout. An opaque custom op, so torch.compile traces around its data-dependent shapes, and it runs
-on every pass: with ``time_moe`` (``timed_layer`` >= 0) its wall time is this rank's MoE time of
-that layer in the pass, handed to the observer.
+on every pass: with ``time_moe`` (``timed_layer`` >= 0) its time on the kernel clock (the thread's
+CPU time) is this rank's MoE time of that layer in the pass, handed to the observer.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 from vllm._custom_ops import cpu_fused_moe
@@ -36,7 +34,8 @@ def cpu_local_fused_moe(
     timed_layer: int,
 ) -> None:
     """``output`` = sum over this rank's assignments of weight x expert(token); others contribute 0."""
-    started = time.perf_counter() if timed_layer >= 0 else None
+    plugin = worker_plugin.current() if timed_layer >= 0 else None
+    started = None if plugin is None else plugin.kernel_clock()
     local = expert_map[topk_ids.to(torch.int64)]
     token, k = torch.nonzero(local >= 0, as_tuple=True)
     output.zero_()
@@ -56,8 +55,8 @@ def cpu_local_fused_moe(
             skip_weighted,
         )
         output.index_add_(0, token, rows_out)
-    if started is not None:
-        worker_plugin.current().add_moe_seconds(timed_layer, time.perf_counter() - started)
+    if plugin is not None and started is not None:
+        plugin.add_moe_seconds(timed_layer, plugin.kernel_clock() - started)
 
 
 @cpu_local_fused_moe.register_fake

@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import time
 from collections.abc import Callable
 
 from ...config import parse_config, plugin_enabled
@@ -131,11 +130,12 @@ def _patch_cpu_experts(CPUUnquantizedExperts) -> None:
             )
         if timed < 0:
             return orig(self, *args, **kw)
-        started = time.perf_counter()  # time_moe without EP (every expert local): vLLM's own CPU kernel, timed
+        plugin = worker_plugin.current()
+        started = plugin.kernel_clock()  # time_moe without EP (every expert local): vLLM's own CPU kernel, timed
         try:
             return orig(self, *args, **kw)
         finally:
-            worker_plugin.current().add_moe_seconds(timed, time.perf_counter() - started)
+            plugin.add_moe_seconds(timed, plugin.kernel_clock() - started)
 
     CPUUnquantizedExperts.apply = apply
 
