@@ -173,23 +173,39 @@ def ascend_model(tmp_path_factory):
     return model, layout, path, root
 
 
-def _startup(ascend_model, scene: dict, log: list | None = None, extra_env: dict | None = None, *more: str) -> dict:
+def _startup(ascend_model, cases: dict, extra_env: dict | None = None) -> dict:
+    """``cases`` (name -> {"additional": config, "draft": bool}) through vLLM-Ascend's startup in one
+    process (``tests/scripts/ascend_startup.py``): name -> its answer, the config hook's lines in ``log``."""
     import json
 
     from ..ascend_env import env
     from ..conftest import run_script
 
     model, layout, _, _ = ascend_model
-    args = (model, json.dumps(scene), len(layout.moe_layers), layout.geometry.num_experts, *more)
+    args = (model, json.dumps(cases), len(layout.moe_layers), layout.geometry.num_experts)
     res = run_script("ascend_startup", *args, env={**env(), **(extra_env or {})})
     assert res.returncode == 0, res.stderr[-3000:]
-    if log is not None:
-        log.append(res.stdout + res.stderr)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def startups(ascend_model) -> dict:
+    """The startup cases of the tests below that share the default environment, in one process."""
+    _, layout, native, root = ascend_model
+    sglang = write_layout(layout, root / "layout.sglang.json", fmt="sglang")
+    run = {"layout": str(native), "dump_dir": str(root / "dump")}
+    cases = {
+        "scene-eplb": {"additional": {"scene_eplb": run}},
+        "sglang": {"additional": {"scene_eplb": {**run, "layout": str(sglang), "dump_dir": str(root / "dump-sglang")}}},
+        "collection": {"additional": {"scene_eplb": {"role": "prefill", "dump_dir": str(root / "dump2")}}},
+        "draft": {"additional": {"scene_eplb": {**run, "dump_dir": str(root / "d-draft")}}, "draft": True},
+        "dynamic": {"additional": {"scene_eplb": {**run, "dump_dir": str(root / "dump-dyn"), "dispatch": "dynamic"}}},
+    }
+    return _startup(ascend_model, cases)
+
+
 @pytest.mark.parametrize("fmt", ["scene-eplb", "sglang"])
-def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_model, fmt):
+def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_model, startups, fmt):
     """Real VllmConfig of vLLM 0.23 with vLLM-Ascend 0.23.0.post1's platform, eplb_utils and
     EplbConfig: the plugin writes the expert map, vLLM-Ascend parses it into our per-rank maps, and
     its log2phy is our static table while the config carries the layout, its formula otherwise.
@@ -197,15 +213,16 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
     even-split table; the config hook logs what it prepared."""
     from vllm_scene_eplb.layout import Layout
 
-    _, layout, native, root = ascend_model
+    _, layout, _, root = ascend_model
     assert layout.static_sources is not None  # fitted for static: the native file carries its table
-    path = native if fmt == "scene-eplb" else write_layout(layout, root / "layout.sglang.json", fmt="sglang")
     if fmt != "scene-eplb":
         layout = Layout(layout.physical_to_logical_map, layout.geometry, layout.moe_layers)
-    log = []
-    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump")}}, log)
-    assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, static dispatch) -> vLLM-Ascend expert_map_path" in log[0]
-    assert out["path"].startswith(str(root / "dump")) and out["path"].endswith(".json")
+    out = startups[fmt]
+    assert (
+        f"scene-eplb: layout {layout.digest()} (2 redundant slots, static dispatch) -> vLLM-Ascend expert_map_path" in out["log"]
+    )
+    dump = root / ("dump" if fmt == "scene-eplb" else "dump-sglang")
+    assert out["path"].startswith(str(dump)) and out["path"].endswith(".json")
     assert (
         read_layout(out["path"], GeometryHint(ep_size=2, num_experts=8)).physical_to_logical_map.tolist()
         == layout.physical_to_logical_map[list(layout.moe_layers)].tolist()
@@ -216,24 +233,20 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
     assert off_rank_with_local(ours, layout) == 0
 
 
-def test_startup_accepts_a_collection_run(ascend_model):
+def test_startup_accepts_a_collection_run(ascend_model, startups):
     """No layout: the flag alone is a collection run; vLLM-Ascend's eplb_config is left alone and
     nothing is written at config time (the recorder binds in the workers)."""
     _, _, _, root = ascend_model
-    log = []
-    out = _startup(ascend_model, {"scene_eplb": {"role": "prefill", "dump_dir": str(root / "dump2")}}, log)
+    out = startups["collection"]
     assert "refused" not in out and out["path"] is None
-    assert "scene-eplb: collection run (role prefill, 512 ring entries" in log[0]
+    assert "scene-eplb: collection run (role prefill, 512 ring entries" in out["log"]
     assert not (root / "dump2").exists()
 
 
 def test_startup_refuses_the_v2_model_runner(ascend_model):
     _, _, path, root = ascend_model
-    out = _startup(
-        ascend_model,
-        {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-v2")}},
-        extra_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
-    )
+    cases = {"v2": {"additional": {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-v2")}}}}
+    out = _startup(ascend_model, cases, extra_env={"VLLM_USE_V2_MODEL_RUNNER": "1"})["v2"]
     assert "V1 model runner only" in out["refused"] and not (root / "d-v2").exists()
 
 
@@ -258,13 +271,13 @@ def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, mes
     assert repr(additional) == before and not (root / "dump3").exists()
 
 
-def test_a_drafters_copy_of_a_layout_runs_config_passes_the_hook_again(ascend_model):
+def test_a_drafters_copy_of_a_layout_runs_config_passes_the_hook_again(ascend_model, startups):
     """vLLM 0.23's real ``_create_draft_vllm_config`` (what loading an MTP drafter runs) builds the
     drafter's config as a ``dataclasses.replace`` of the server's, which re-runs the config hook on
     the expert_map_path the plugin itself wrote: it passes (the same file), where the hook used to
     refuse it as set by hand."""
-    _, _, path, root = ascend_model
-    out = _startup(ascend_model, {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-draft")}}, None, None, "draft")
+    _, _, _, root = ascend_model
+    out = startups["draft"]
     assert "refused" not in out, out["refused"]
     assert out["draft"] == out["server"] and out["server"]["expert_map_path"].startswith(str(root / "d-draft"))
 
@@ -346,18 +359,15 @@ def test_prepare_needs_an_explicit_role_with_kv_both(ascend_model):
     assert written.is_file() and additional["eplb_config"]["expert_map_path"] == str(written)
 
 
-def test_startup_with_dynamic_dispatch_builds_virtual_id_maps(ascend_model):
+def test_startup_with_dynamic_dispatch_builds_virtual_id_maps(ascend_model, startups):
     """dispatch "dynamic" on vLLM-Ascend: the config hook's line says so and, inside their own
     init_eplb_config, every rank's log2phy is the virtual-id map (replica j of expert e at e + E*j)
     that the select_experts hook pairs with (tests/ascend/test_vllm_ascend_moe.py runs the two together)."""
     from vllm_scene_eplb.adapters.vllm_ascend.tables import dynamic_virtual_log2phy
 
-    _, layout, native, root = ascend_model
-    log = []
-    out = _startup(
-        ascend_model, {"scene_eplb": {"layout": str(native), "dump_dir": str(root / "dump-dyn"), "dispatch": "dynamic"}}, log
-    )
-    assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, dynamic dispatch)" in log[0]
+    _, layout, _, _ = ascend_model
+    out = startups["dynamic"]
+    assert f"scene-eplb: layout {layout.digest()} (2 redundant slots, dynamic dispatch)" in out["log"]
     maps = rank_expert_maps(layout)
     want = [dynamic_virtual_log2phy(maps[k]).tolist() for k in range(len(layout.moe_layers)) for _ in range(2)]
     assert out["ours"] == want
