@@ -62,8 +62,9 @@ def test_ranks_local_parts_sum_to_the_full_layer_and_skip_remote_work(ops):
     assert sum(rows) == M * K  # every assignment computed once, on one rank
 
 
-def test_a_timed_layer_hands_its_wall_time_to_the_observer(ops, monkeypatch):
-    """With time_moe the op's wall time goes to the worker's observer as that MoE layer's time."""
+def test_a_timed_layer_hands_its_kernel_time_to_the_observer(ops, monkeypatch):
+    """With time_moe the op's time on the observer's kernel clock (on CPU the thread's CPU time) goes
+    to the worker's observer as that MoE layer's time."""
     from types import SimpleNamespace
 
     from vllm_scene_eplb.adapters.vllm import worker_plugin
@@ -71,7 +72,9 @@ def test_a_timed_layer_hands_its_wall_time_to_the_observer(ops, monkeypatch):
 
     _, prepack, local_moe = ops
     obs = RoutingObserver(2, E, 1, time_moe=True)
-    monkeypatch.setattr(worker_plugin, "_current", SimpleNamespace(add_moe_seconds=obs.add_moe_seconds))
+    monkeypatch.setattr(
+        worker_plugin, "_current", SimpleNamespace(add_moe_seconds=obs.add_moe_seconds, kernel_clock=obs.kernel_clock)
+    )
     x, ids = torch.randn(M, H), torch.randint(0, E, (M, K), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
     w13, w2 = prepack(torch.randn(E, 2 * INTER, H) * 0.1, "vec"), prepack(torch.randn(E, H, INTER) * 0.1, "vec")
     local_moe(
