@@ -35,7 +35,7 @@ def cpu_local_fused_moe(
 ) -> None:
     """``output`` = sum over this rank's assignments of weight x expert(token); others contribute 0."""
     plugin = worker_plugin.current() if timed_layer >= 0 else None
-    started = None if plugin is None else plugin.kernel_clock()
+    started = 0.0 if plugin is None else plugin.kernel_clock()
     local = expert_map[topk_ids.to(torch.int64)]
     token, k = torch.nonzero(local >= 0, as_tuple=True)
     output.zero_()
@@ -55,7 +55,7 @@ def cpu_local_fused_moe(
             skip_weighted,
         )
         output.index_add_(0, token, rows_out)
-    if plugin is not None and started is not None:
+    if plugin is not None:
         plugin.add_moe_seconds(timed_layer, plugin.kernel_clock() - started)
 
 
