@@ -16,13 +16,19 @@ from .fileio import load_json
 class ModelGeometry:
     """The parts of a model a layout must match (layer count, MoE layers, expert count) and how
     its router picks experts: ``top_k`` per token, from ``expert_groups`` routing groups
-    (DeepSeek-V3's ``n_group`` = 8; 1 = no groups), which the fitter's group hedge uses."""
+    (DeepSeek-V3's ``n_group`` = 8; 1 = no groups), which the fitter's group hedge uses; and the
+    ``hash_layers``, MoE layers that route by a table on the token id instead of by scores
+    (DeepSeek-V4's first ``num_hash_layers``: their load is a function of the tokens alone).
+
+    DeepSeek-V4-Flash: ``ModelGeometry(43, (0, ..., 42), 256, top_k=6, expert_groups=1, hash_layers=(0, 1, 2))``.
+    """
 
     num_layers: int
     moe_layers: tuple[int, ...]
     num_experts: int
     top_k: int | None = None
     expert_groups: int = 1
+    hash_layers: tuple[int, ...] = ()
 
     def routing(self) -> dict:
         """What a counts file records of the router: top_k and expert_groups."""
@@ -113,7 +119,17 @@ def from_hf_config(cfg: dict, path: str | None = None) -> ModelGeometry:
     moe_layers = _moe_layers(f, layers)
     if not moe_layers:
         raise SceneEplbError(f"config describes no MoE layer among its {layers} layers", path)
-    return ModelGeometry(layers, moe_layers, experts, top_k, groups)
+    return ModelGeometry(layers, moe_layers, experts, top_k, groups, _hash_layers(f, moe_layers))
+
+
+def _hash_layers(f: ConfigFields, moe_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """DeepSeek-V4's hash-routed MoE layers: the first ``num_hash_layers`` model layers (vLLM's
+    ``extract_layer_index(prefix) < config.num_hash_layers``), each of them a MoE layer."""
+    n = f.integer("num_hash_layers", 0, default=0, high=len(moe_layers))
+    hashed = tuple(range(n))
+    if not set(hashed) <= set(moe_layers):
+        raise SceneEplbError(f"config num_hash_layers {n} names layers that are not MoE layers {list(moe_layers)}", f.path)
+    return hashed
 
 
 def _config_key(key: str, low: int = 1, default: int | None = None):
