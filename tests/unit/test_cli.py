@@ -141,6 +141,16 @@ BAD_INPUTS = [
     ("truncated npz", lambda w: ["inspect", w.truncated("trunc.npz", w.counts, 300)], "truncated or corrupt"),
     ("counts given as layout", lambda w: ["validate", w.counts_json("asl", [[1, 2]])], "counts file, not a layout"),
     ("no such file", lambda w: ["inspect", w.dir / "nope.json"], "no such file"),
+    (
+        "advise ep-size fractional",
+        lambda w: ["advise", w.counts, "--layout", w.layout, "--ep-size", "1.5"],
+        "argument --ep-size: expected an integer in [1, 1048576], got '1.5'",
+    ),
+    (
+        "advise nodes nan",
+        lambda w: ["advise", w.counts, "--layout", w.layout, "--nodes", "nan"],
+        "argument --nodes: expected an integer in [1, 1048576], got 'nan'",
+    ),
 ]
 
 

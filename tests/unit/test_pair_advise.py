@@ -12,8 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.advise.pair import Network as Net
 from vllm_scene_eplb.advise.pair import (
+    MAX_DRAWS,
+    MIN_DRAWS,
     NodeEffect,
     NodeWindow,
     PairLoad,
@@ -24,6 +25,7 @@ from vllm_scene_eplb.advise.pair import (
     solve,
     throughput,
 )
+from vllm_scene_eplb.advise.pair import Network as Net
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.harness.results import closed_loop_rate, read_vllm_result
 from vllm_scene_eplb.protocol import FlowView, StatusAnswer
@@ -248,7 +250,7 @@ def test_the_binding_sides_layout_carries_its_node_gain_and_the_other_does_not(t
 
 def test_a_handoff_bound_load_moves_with_neither_node():
     p, d, load = _inputs(HANDOFF_BOUND)
-    advice = pair_advise(p, d, load, _effect(1.5), _effect(1.5), draws=20)
+    advice = pair_advise(p, d, load, _effect(1.5), _effect(1.5), draws=MIN_DRAWS)
     assert advice.binding == "handoff" and advice.verdict == "skip"
     assert all(pred.ratio < 1.03 for pred in advice.predictions)
 
@@ -256,7 +258,7 @@ def test_a_handoff_bound_load_moves_with_neither_node():
 def test_an_open_load_below_capacity_predicts_one():
     t = dataclasses.replace(Truth(), rate=5.0)  # P's capacity 50/s, D's 25/s
     p, d, load = _inputs(t)
-    advice = pair_advise(p, d, load, _effect(1.3, 1.2, 1.4), _effect(1.3), draws=30)
+    advice = pair_advise(p, d, load, _effect(1.3, 1.2, 1.4), _effect(1.3), draws=MIN_DRAWS)
     assert advice.load == "open" and advice.binding == "offered_load"
     assert all(pred.ratio == pred.low == pred.high == 1.0 for pred in advice.predictions)
     assert any("latency only" in a for a in advice.assumptions)
@@ -265,14 +267,14 @@ def test_an_open_load_below_capacity_predicts_one():
 def test_an_open_load_at_saturation_carries_the_binding_capacity():
     t = dataclasses.replace(P_BOUND, rate=1000.0)
     p, d, load = _inputs(t)
-    advice = pair_advise(p, d, load, _effect(1.25), None, draws=10)
+    advice = pair_advise(p, d, load, _effect(1.25), None, draws=MIN_DRAWS)
     assert advice.binding == "prefill" and _prediction(advice, "p").ratio == pytest.approx(1.25)
 
 
 def test_the_decode_elasticity_widens_the_interval_only():
     p, d, load = _inputs(P_BOUND)
-    flat = pair_advise(p, d, load, _effect(1.25), None, elasticity=0.0, draws=40)
-    rising = pair_advise(p, d, load, _effect(1.25), None, elasticity=1.0, draws=40)
+    flat = pair_advise(p, d, load, _effect(1.25), None, elasticity=0.0, draws=MIN_DRAWS)
+    rising = pair_advise(p, d, load, _effect(1.25), None, elasticity=1.0, draws=MIN_DRAWS)
     a, b = _prediction(flat, "p"), _prediction(rising, "p")
     assert a.ratio == b.ratio and b.high - b.low >= a.high - a.low
 
@@ -280,19 +282,39 @@ def test_the_decode_elasticity_widens_the_interval_only():
 def test_windows_of_another_load_are_insufficient_evidence():
     p, d, load = _inputs(P_BOUND)
     other = dataclasses.replace(load, throughput=load.throughput * 2)
-    advice = pair_advise(p, d, other, _effect(1.25), None, draws=5)
+    advice = pair_advise(p, d, other, _effect(1.25), None)
     assert advice.verdict == "insufficient_evidence" and not advice.predictions
     assert any("take both statuses while the bench runs" in r for r in advice.reasons)
 
 
 def test_the_advice_reads_back_from_its_wire_object():
     p, d, load = _inputs(P_BOUND)
-    advice = pair_advise(p, d, load, _effect(1.25, 1.2, 1.3), _effect(1.1), draws=10)
+    advice = pair_advise(p, d, load, _effect(1.25, 1.2, 1.3), _effect(1.1), draws=MIN_DRAWS)
     wire = json.loads(json.dumps(advice.to_wire()))
     assert PairAdvice.from_wire(wire) == dataclasses.replace(advice, details=wire["details"])
     broken = {**wire, "predictions": [{**wire["predictions"][0], "low": 9.0}]}
     with pytest.raises(SceneEplbError, match="outside its interval"):
         PairAdvice.from_wire(broken)
+
+
+@pytest.mark.parametrize(
+    "option, expected",
+    [
+        ({"draws": 0}, f"draws must be an integer in [{MIN_DRAWS}, {MAX_DRAWS}]"),
+        ({"draws": MIN_DRAWS - 1}, f"draws must be an integer in [{MIN_DRAWS}, {MAX_DRAWS}]"),
+        ({"draws": 200.0}, "draws must be an integer"),
+        ({"elasticity": math.nan}, "elasticity must be in [0, 1]"),
+        ({"elasticity": -0.1}, "elasticity must be in [0, 1]"),
+        ({"seed": -1}, "seed must be an integer >= 0"),
+    ],
+    ids=["no_draws", "too_few_draws", "fractional_draws", "elasticity_nan", "elasticity_negative", "seed_negative"],
+)
+def test_the_library_refuses_an_interval_it_cannot_draw(option, expected):
+    """``pair_advise`` called directly refuses what the CLI refuses: no verdict without its interval."""
+    p, d, load = _inputs(P_BOUND)
+    with pytest.raises(SceneEplbError) as err:
+        pair_advise(p, d, load, _effect(1.25, 1.2, 1.3), None, **option)
+    assert expected in str(err.value)
 
 
 # --- the CLI on saved files -----------------------------------------------------------------------
@@ -314,7 +336,18 @@ def _write(tmp_path, t: Truth, p_change=None, d_change=None, bench_change=None) 
 
 
 def _args(paths, *more) -> list[str]:
-    return ["pair-advise", "--p-node", paths["p"], "--d-node", paths["d"], "--bench", paths["bench"], "--draws", "20", *more]
+    return [
+        "pair-advise",
+        "--p-node",
+        paths["p"],
+        "--d-node",
+        paths["d"],
+        "--bench",
+        paths["bench"],
+        "--draws",
+        str(MIN_DRAWS),
+        *more,
+    ]
 
 
 def test_the_cli_says_trial_for_a_p_layout_on_a_p_bound_pair(tmp_path):
@@ -434,6 +467,38 @@ def test_hostile_input_is_one_line(tmp_path, name, change, expected):
         extra = ["--p-advice", str(tmp_path / "advice.json")]
     code, out, err = run(*_args(paths, *extra, *change.get("args", [])))
     assert_one_line_error(code, err, expected, name)
+
+
+# each numeric option, the values outside its range, and the range its one error line names
+RANGES = [
+    ("--draws", ["0", "1", str(MIN_DRAWS - 1), str(MAX_DRAWS + 1), "40.5", "nan"], f"[{MIN_DRAWS}, {MAX_DRAWS}]"),
+    ("--seed", ["-1", str(2**32), "x"], "[0, 4294967295]"),
+    ("--elasticity", ["-0.1", "1.01", "nan", "inf", "x"], "[0, 1]"),
+    ("--d-step-ratio", ["0", "-1", "nan", "inf", "-inf", "x"], "(0, inf)"),
+    ("--d-interval", [("0", "2"), ("nan", "2"), ("1", "inf")], "(0, inf)"),
+]
+
+
+@pytest.mark.parametrize("option, values, span", RANGES, ids=[r[0] for r in RANGES])
+def test_each_numeric_option_is_refused_outside_its_range(tmp_path, option, values, span):
+    """A value outside an option's range is one line naming the option and the range, exit 2."""
+    paths = _write(tmp_path, P_BOUND)
+    ratio = [] if option == "--d-step-ratio" else ["--d-step-ratio", "1.1"]
+    for value in values:
+        given = [f"{option}={value}"] if isinstance(value, str) else [option, *value]  # =: "-inf" is no option
+        code, _, err = run(*_args(paths, "--p-step-ratio", "1.25", *ratio, *given))
+        assert_one_line_error(code, err, f"argument {option}: ", f"{option} {value}")
+        assert span in err, (option, value, err)
+
+
+def test_the_ends_of_each_range_are_taken(tmp_path):
+    """The fewest draws, the largest seed, a proportional decode step: a verdict with its interval."""
+    paths = _write(tmp_path, P_BOUND)
+    more = ["--p-step-ratio", "1.25", "--p-interval", "1.2", "1.3", "--elasticity", "1", "--seed", str(2**32 - 1)]
+    code, out, err = run(*_args(paths, *more, "--json"))
+    assert code == 0, err
+    advice = PairAdvice.from_wire(json.loads(out))
+    assert advice.details["draws"] == MIN_DRAWS and _prediction(advice, "p").low < _prediction(advice, "p").high
 
 
 def test_a_closed_loops_throughput_leaves_out_its_ramp(tmp_path):

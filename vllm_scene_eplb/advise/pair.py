@@ -45,6 +45,9 @@ WINDOW_AGREEMENT = 0.30  # a node's window rate may differ this much from the be
 SATURATED = 0.95  # an open load served below this share of its rate fell behind it
 DEFAULT_ELASTICITY = 0.5  # the decode step's elasticity in the batch the interval spans, from 0
 DEFAULT_DRAWS = 200
+INTERVAL_TAIL = 2.5  # percent of the draws beyond each end of the interval (a 95% interval)
+MIN_DRAWS = math.ceil(100 / INTERVAL_TAIL)  # 40: the fewest that put a draw, on average, beyond each end
+MAX_DRAWS = 100_000  # each draw refits the network (about 3 ms at 32 clients): minutes at most
 ELASTICITY_STEP = 1.01  # the node ratio an elasticity dlnX/dln r is taken at
 
 
@@ -399,6 +402,7 @@ def pair_advise(
     (``d_effect``) or both: the point at a flat decode step (elasticity 0), the interval the 2.5 and
     97.5 percentiles of ``draws`` draws of the bench's requests (resampled), the node ratios (uniform
     over their intervals) and the decode elasticity (uniform in [0, ``elasticity``]) give."""
+    _check_draws(elasticity, draws, seed)
     if p_effect is None and d_effect is None:
         raise SceneEplbError("no layout to price: give --p-advice or --p-step-ratio, --d-advice or --d-step-ratio")
     kind = "closed" if load.closed else "open"
@@ -422,7 +426,7 @@ def pair_advise(
     preds = []
     for k, got in samples.items():
         point = _ratio(net, load, *_node_ratios(k, r_p_point, r_d_point))
-        low, high = (float(np.percentile(got, q)) for q in (2.5, 97.5)) if got else (point, point)
+        low, high = (float(np.percentile(got, q)) for q in (INTERVAL_TAIL, 100 - INTERVAL_TAIL))
         low, high = min(low, point), max(high, point)
         node_p = p_effect.ratio if p_effect and k != "d" else None
         node_d = d_effect.ratio if d_effect and k != "p" else None
@@ -432,6 +436,20 @@ def pair_advise(
     verdict = "trial" if any(x.verdict == "trial" for x in preds) else "skip"
     details = {**details, "elasticity_range": [0.0, elasticity], "draws": draws}
     return PairAdvice(verdict, kind, binding, tuple(preds), tuple(reasons), assumptions, details)
+
+
+def _check_draws(elasticity: float, draws: int, seed: int) -> None:
+    """The interval's options, refused in one line: an elasticity in [0, 1] (flat to proportional),
+    enough draws for the interval's ends (``MIN_DRAWS``), a seed numpy takes."""
+    if not 0 <= elasticity <= 1:
+        raise SceneEplbError(f"the decode elasticity must be in [0, 1] (0: flat, 1: proportional), got {elasticity!r}")
+    if isinstance(draws, bool) or not isinstance(draws, int) or not MIN_DRAWS <= draws <= MAX_DRAWS:
+        raise SceneEplbError(
+            f"draws must be an integer in [{MIN_DRAWS}, {MAX_DRAWS}] (a {100 - 2 * INTERVAL_TAIL:g}% interval's ends "
+            f"need {MIN_DRAWS}), got {draws!r}"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SceneEplbError(f"the draws' seed must be an integer >= 0, got {seed!r}")
 
 
 def elasticities(net: Network, load: PairLoad) -> tuple[float, float]:

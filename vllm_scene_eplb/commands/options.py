@@ -20,13 +20,13 @@ MAX_OPTION_INT = 1 << 20  # any count an option takes (ranks, slots, groups, run
 
 
 def integer(low: int, high: int = MAX_OPTION_INT) -> Callable[[str], int]:
-    """An argparse type: an integer in [low, high]."""
+    """An argparse type: an integer in [low, high] (every refusal names the range)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {text!r}") from None
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {value}")
         return value
@@ -38,20 +38,22 @@ def integer(low: int, high: int = MAX_OPTION_INT) -> Callable[[str], int]:
 def number(
     low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False, allow_inf: bool = False
 ) -> Callable[[str], float]:
-    """An argparse type: a finite number in the range (``allow_inf``: +inf too, e.g. a request rate)."""
-    lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+    """An argparse type: a finite number in the range (``allow_inf``: +inf too, e.g. a request rate);
+    every refusal names the range (an unbounded end closed only where inf is taken)."""
+    hi = ")" if high_open or (math.isinf(high) and not allow_inf) else "]"
+    span = f"{'(' if low_open else '['}{low:g}, {high:g}{hi}"
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected a number in {span}, got {text!r}") from None
         if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {'a' if allow_inf else 'a finite'} number in {span}, got {text!r}")
         too_low = value <= low if low_open else value < low
         too_high = value >= high if high_open else value > high
         if (too_low or too_high) and not (allow_inf and math.isinf(value)):
-            raise argparse.ArgumentTypeError(f"must be in {lo}{low:g}, {high:g}{hi}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be in {span}, got {text}")
         return value
 
     parse.__name__ = "number"

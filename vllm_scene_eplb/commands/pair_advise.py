@@ -3,7 +3,15 @@ throughput under a measured load, with its interval, and which side binds."""
 
 from __future__ import annotations
 
-from ..advise.pair import DEFAULT_DRAWS, DEFAULT_ELASTICITY, NodeEffect, NodeWindow, pair_advise
+from ..advise.pair import (
+    DEFAULT_DRAWS,
+    DEFAULT_ELASTICITY,
+    MAX_DRAWS,
+    MIN_DRAWS,
+    NodeEffect,
+    NodeWindow,
+    pair_advise,
+)
 from ..client.record import answer
 from ..errors import SceneEplbError
 from ..fileio import load_json
@@ -43,26 +51,30 @@ def add_arguments(p) -> None:
             f"--{side}-step-ratio",
             type=number(0, low_open=True),
             metavar="R",
-            help=f"the {side.upper()} node's step time now over with the candidate (> 1 faster)",
+            help=f"the {side.upper()} node's step time now over with the candidate (a finite number > 0; > 1 faster)",
         )
         g.add_argument(
             f"--{side}-interval",
             nargs=2,
             type=number(0, low_open=True),
             metavar=("LOW", "HIGH"),
-            help=f"the interval of --{side}-step-ratio (default: the ratio alone)",
+            help=f"the interval of --{side}-step-ratio, two finite numbers > 0 around it (default: the ratio alone)",
         )
     p.add_argument(
         "--elasticity",
         type=number(0, 1),
         default=DEFAULT_ELASTICITY,
-        help="the most D's step time may rise with its batch (0: flat, memory-bound; 1: proportional); the "
+        help="the most D's step time may rise with its batch, in [0, 1] (0: flat, memory-bound; 1: proportional); the "
         f"interval spans 0 to it (default {DEFAULT_ELASTICITY})",
     )
     p.add_argument(
-        "--draws", type=integer(0, 100_000), default=DEFAULT_DRAWS, help=f"draws for the interval (default {DEFAULT_DRAWS})"
+        "--draws",
+        type=integer(MIN_DRAWS, MAX_DRAWS),
+        default=DEFAULT_DRAWS,
+        help=f"draws for the interval, {MIN_DRAWS} to {MAX_DRAWS} ({MIN_DRAWS}: a draw, on average, beyond each end of "
+        f"its 95%% interval; default {DEFAULT_DRAWS})",
     )
-    p.add_argument("--seed", type=integer(0), default=0, help="the draws' seed (default 0)")
+    p.add_argument("--seed", type=integer(0, 2**32 - 1), default=0, help="the draws' seed, 0 to 2^32 - 1 (default 0)")
     server_args(p, url=False)
 
 
