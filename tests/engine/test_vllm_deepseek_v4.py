@@ -49,7 +49,9 @@ def run(tmp_path_factory):
     ranks = run_ranks("vllm_v4_moe", EP, root / "ranks", model, path, dump, ready, prepare=prepare, timeout=600)
     from safetensors.numpy import load_file
 
-    tables = {layer: load_file(str(model / "model.safetensors"))[f"layers.{layer}.ffn.gate.tid2eid"] for layer in SPEC.hash_layers}
+    tables = {
+        layer: load_file(str(model / "model.safetensors"))[f"layers.{layer}.ffn.gate.tid2eid"] for layer in SPEC.hash_layers
+    }
     return ranks, made["layout"], tables
 
 
@@ -124,11 +126,13 @@ def test_the_load_audit_passes_on_every_rank(run, case):
 
 def test_a_mis_loaded_hash_layer_slot_is_refused_naming_it(run):
     """The test-only loader bug swaps slots 1 and 2 of hash layer 0 (EP rank 0's): that rank's audit
-    refuses naming the layer and a swapped slot; no rank serves."""
+    refuses naming the layer and both slots, and the other rank, whose own slots loaded right, refuses
+    too (in the replica check's one exchange, not after its deadline): no rank serves."""
     ranks, layout, _ = run
     row = layout.physical_to_logical_map[0]
     assert row[1] != row[2]  # the swap moves an expert
-    refusal = ranks[0]["misload"]["refused"] or ""
-    assert "layer 0 slot 1" in refusal or "layer 0 slot 2" in refusal, refusal
-    for rank in ranks:
-        assert rank["misload"]["refused"], rank["misload"]
+    own = ranks[0]["misload"]["refused"] or ""
+    assert f"layer 0 slot 1 (w13_weight w1) holds expert {row[2]}, should hold expert {row[1]}" in own, own
+    assert f"layer 0 slot 2 (w2_weight w2) holds expert {row[1]}, should hold expert {row[2]}" in own, own
+    peer = ranks[1]["misload"]["refused"] or ""
+    assert "1 other EP rank(s) found experts in the wrong slots" in peer, peer

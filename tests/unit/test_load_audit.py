@@ -169,14 +169,53 @@ def test_a_replica_whose_scale_did_not_move_with_its_weights_is_refused_naming_t
         audit(load, {1: ROW}, list(range(6)), lambda layer: weights, "rank 0")
 
 
-def test_a_write_from_the_wrong_expert_is_refused_before_any_rank_is_asked():
+def test_a_write_from_the_wrong_expert_is_refused_naming_the_loader():
     load, module = _loaded()
     load.write(1, 2, "w2_weight_scale", "w2", 0)  # slot 2 should hold expert 2
     load.loaders.add("AscendFusedMoE.weight_loader")
+    weights = written_tensors(module, load.journal, 1, 6)
     with pytest.raises(
         SceneEplbError, match=r"loaders: AscendFusedMoE.weight_loader.*slot 2 \(w2_weight_scale w2\) holds expert 0"
     ):
-        audit(load, {1: ROW}, list(range(6)), lambda layer: pytest.fail("no fingerprint before the writes pass"), "rank 0")
+        audit(load, {1: ROW}, list(range(6)), lambda layer: weights, "rank 0")
+
+
+def test_a_refusal_on_one_rank_reaches_its_peer_in_the_one_exchange_not_after_the_deadline():
+    """Rank 0's journal holds a wrong write, rank 1's is right: rank 1 must refuse too, at once (it would
+    otherwise wait out the exchange's deadline for a rank that already gave up)."""
+    import datetime
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    deadline = 20.0
+    answers: dict[int, str] = {}
+
+    def rank(r: int) -> None:
+        load, module = _loaded()
+        load.group = lambda export_id, timeout_s: dist.ProcessGroupGloo(
+            dist.PrefixStore("audit", store), r, 2, datetime.timedelta(seconds=deadline)
+        )
+        if r == 0:
+            load.write(1, 2, "model.layers.1.mlp.experts.w13_weight", "w1", 0)
+        weights = written_tensors(module, load.journal, 1, 6)
+        try:
+            audit(load, {1: ROW}, list(range(6)), lambda layer: weights, f"rank {r}")
+            answers[r] = "passed"
+        except SceneEplbError as exc:
+            answers[r] = str(exc)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(2 * deadline)
+    assert time.monotonic() - started < deadline / 2
+    assert "slot 2 (w13_weight w1) holds expert 0, should hold expert 2" in answers[0]
+    assert "1 other EP rank(s) found experts in the wrong slots" in answers[1]
 
 
 def test_fingerprints_sit_at_the_global_slots_and_skip_what_the_layer_no_longer_holds():

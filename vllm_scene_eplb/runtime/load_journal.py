@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import SceneEplbError
 from . import load_audit
 from .load_audit import UNTRACED, LoadAudit, LoadJournal
 
@@ -201,25 +202,43 @@ def audit(
     (model layer -> the expert each global slot must hold) over this worker's slots ``local`` (the
     same range in every MoE layer), then, where the layout replicates experts across EP ranks, every
     replica's fingerprint of ``weights(layer)`` (the layer's written expert tensors, [local slots, ...])
-    against its expert's first slot: one SUM over the EP group's Gloo ranks, with a deadline. Raises
-    the refusal; returns what it checked."""
+    against its expert's first slot: one SUM over the EP group's Gloo ranks, with a deadline, which also
+    counts the ranks whose own journal failed, so that a refusal on one rank is a refusal on every rank
+    (not a peer left waiting out the deadline). Raises the refusal; returns what it checked."""
     import torch
     import torch.distributed as dist
 
     from .export import allreduce
 
-    load_audit.refuse(load_audit.write_problems(load.journal, expected, local), f"{where}, loaders: {load.loaders_named()}")
+    problems = load_audit.write_problems(load.journal, expected, local)
+    context = f"{where}, loaders: {load.loaders_named()}"
     checked = LoadAudit(len(local) * len(expected), len(load.journal.writes), None)
     replicas = load_audit.replicated_slots(expected) if load.rows else 0
     if not replicas or load.group is None:
+        load_audit.refuse(problems, context)
         return checked  # no expert has a second replica: no fingerprint to compute or exchange
     base = local[0] if local else 0
     layers = list(expected)
     prints = [slot_fingerprints(weights(layer), len(expected[layer]), base, dtype) for layer in layers]
-    total = torch.cat([p.flatten() for p in prints])  # layers may fingerprint different weights: one flat SUM
-    group = load.group(f"load-audit-{next(_audit_ids)}", AUDIT_TIMEOUT_S)  # the world's store is new each start
-    allreduce(group, total, dist.ReduceOp.SUM)
-    problems, at = [], 0
+    refusing = torch.tensor([1.0 if problems else 0.0], dtype=torch.float64)
+    total = torch.cat([refusing, *(p.flatten().double() for p in prints)])  # one flat SUM: layers fingerprint different weights
+    try:
+        group = load.group(f"load-audit-{next(_audit_ids)}", AUDIT_TIMEOUT_S)  # the world's store is new each start
+        allreduce(group, total, dist.ReduceOp.SUM)
+    except RuntimeError as exc:  # Gloo's deadline: a peer failed before the check, or hangs
+        load_audit.refuse(problems, context)
+        raise SceneEplbError(
+            f"load audit ({where}): the cross-rank replica check did not complete within {AUDIT_TIMEOUT_S:.0f} s "
+            f"(a peer EP rank failed or hung before it: see its log): not serving ({exc})"
+        ) from exc
+    load_audit.refuse(problems, context)
+    others = int(total[0]) - int(refusing[0])
+    if others:
+        raise SceneEplbError(
+            f"load audit ({where}): {others} other EP rank(s) found experts in the wrong slots (their logs name the "
+            "slots): no rank serves a layout another rank loaded wrong"
+        )
+    problems, at = [], 1
     for layer, p in zip(layers, prints):
         summed = total[at : at + p.numel()].reshape(p.shape).numpy()
         at += p.numel()
