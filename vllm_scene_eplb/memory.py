@@ -75,14 +75,26 @@ class V4Cache:
             return Fraction(0)
         return Fraction(self.entry_bytes + (self.index_key_bytes if ratio == 4 else 0), ratio)
 
-    def layer_state_bytes(self, ratio: int) -> int:
-        """A layer's bytes per sequence, whatever its length: the window and the compressors' states."""
-        window = self.shape.window * self.entry_bytes
+    def layer_state_row(self, ratio: int) -> int:
+        """A layer's window and compressor-state bytes per token they hold: a window entry, and at
+        ratio > 1 the compressors' float32 kv and score rows (2 x overlap x head_dim, and the indexer's)."""
         if ratio == 0:
-            return window
+            return self.entry_bytes
         o = self.shape.overlap(ratio)
         dims = self.shape.head_dim + (self.shape.index_head_dim if ratio == 4 else 0)
-        return window + o * ratio * 2 * o * dims * STATE_BYTES
+        return self.entry_bytes + 2 * o * dims * STATE_BYTES
+
+    def layer_state_bytes(self, ratio: int) -> int:
+        """A layer's bytes per sequence, whatever its length: ``window`` window entries and the
+        compressors' rows of their last overlap x ratio tokens."""
+        compressor = self.layer_state_row(ratio) - self.entry_bytes
+        return self.shape.window * self.entry_bytes + self.shape.overlap(ratio) * ratio * compressor
+
+    @property
+    def state_row(self) -> int:
+        """Window and compressor-state bytes per in-flight token over all layers: vLLM holds a
+        sequence's windows for its last window - 1 tokens plus the tokens being computed."""
+        return sum(self.layer_state_row(r) for r in self.shape.compress_ratios)
 
     @property
     def per_token(self) -> int:
@@ -95,9 +107,8 @@ class V4Cache:
     def describe(self) -> str:
         s = self.shape
         return (
-            f"DeepSeek-V4: {s.layers_at(4)} layers at ratio 4 (an entry of {s.head_dim} and an indexer key of "
-            f"{self.index_key_bytes} B per 4 tokens), {s.layers_at(128)} at 128, {s.layers_at(0)} window only; "
-            f"window {s.window} and compressor states {self.per_sequence / 2**20:.1f} MiB per sequence, {self.dtype}"
+            f"DeepSeek-V4, {self.dtype}: {s.layers_at(4)} layers at ratio 4 (an entry of {s.head_dim} and an indexer key "
+            f"of {self.index_key_bytes} B per 4 tokens), {s.layers_at(128)} at 128, {s.layers_at(0)} window only"
         )
 
 
