@@ -193,7 +193,10 @@ def linear_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = No
 
 def model_dtype_bytes(cfg: dict, path: str | None = None) -> int:
     """Bytes of one value in the model dtype (``torch_dtype``), the unquantised weights' format."""
-    return _dtype_bytes(_model_dtype(ConfigFields(cfg, path)), "torch_dtype")
+    try:
+        return _dtype_bytes(_model_dtype(ConfigFields(cfg, path)), "config torch_dtype")
+    except SceneEplbError as exc:
+        raise SceneEplbError(exc.problem, path) from None
 
 
 def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None = None) -> tuple[int, int, str]:

@@ -147,7 +147,8 @@ def _read_keys(cls, f: ConfigFields) -> dict:
 @dataclass(frozen=True)
 class MlaShape:
     """The shapes of a DeepSeek-style model with MLA attention (DeepSeek-V2/V3's config field names),
-    read once so that every price of its weights and work reads the same fields the same way."""
+    read once (``attention_shape``) so that every price of its weights and work reads the same
+    fields the same way."""
 
     hidden: int = _config_key("hidden_size")
     vocab: int = _config_key("vocab_size")
@@ -164,15 +165,6 @@ class MlaShape:
     intermediate: int = _config_key("intermediate_size")  # a dense layer's MLP
     moe_intermediate: int = _config_key("moe_intermediate_size")  # one expert's MLP
 
-    @classmethod
-    def read(cls, cfg: dict, path: str | None, what: str = "this tool") -> MlaShape:
-        """The shape of a config's text model; ``what`` names the reader in the error when the
-        config has no MLA attention (no ``kv_lora_rank``)."""
-        shape = attention_shape(cfg, path, what)
-        if not isinstance(shape, cls):
-            raise SceneEplbError(f"{what} prices MLA attention (DeepSeek's kv_lora_rank) only", path)
-        return shape
-
 
 V4_RATIOS = (0, 4, 128)  # the compress ratios vLLM's DeepSeek-V4 builds (0: sliding window only)
 
@@ -183,7 +175,7 @@ class V4Shape:
     both key and value, a sliding window on every layer and, per layer, ``compress_ratios``: 0 the
     window only, 4 KV compressed 4:1 with an indexer keeping ``index_topk`` entries per query, 128
     compressed 128:1 and attended in full; the output projection grouped (``o_groups`` x
-    ``o_lora``); the residual stream ``hc_mult`` x hidden (hyper-connections). Read once, as ``MlaShape``."""
+    ``o_lora``); the residual stream ``hc_mult`` x hidden (hyper-connections)."""
 
     hidden: int = _config_key("hidden_size")
     vocab: int = _config_key("vocab_size")

@@ -49,8 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .errors import SceneEplbError
-from .memory import DTYPE_BYTES, GIB, STATE_BYTES, ModelMemory, V4Cache, v4_cache
+from .memory import GIB, STATE_BYTES, ModelMemory, V4Cache, model_dtype_bytes, v4_cache
 from .model_geometry import ConfigFields, Linear, MlaShape, V4Shape, attention_shape, from_hf_config
 
 MIB = 1024**2
@@ -142,21 +141,11 @@ class MlaModel:
     rope: int
     v_dim: int
 
-    @staticmethod
-    def dtype_of(cfg: dict, path: str | None) -> int:
-        """The model dtype's bytes (``torch_dtype``)."""
-        f = ConfigFields(cfg, path)
-        dtype = f.text("torch_dtype", "") or f.text("dtype", "bfloat16")
-        if dtype not in DTYPE_BYTES:
-            raise SceneEplbError(f"config torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}", path)
-        return DTYPE_BYTES[dtype]
-
     @classmethod
-    def of(cls, cfg: dict, modelslim: dict | None, path: str | None = None) -> MlaModel:
-        dtype_bytes = cls.dtype_of(cfg, path)
-        m = MlaShape.read(cfg, path, "the preflight")  # the one reader of the MLA shape fields
+    def of(cls, m: MlaShape, cfg: dict, modelslim: dict | None, path: str | None = None) -> MlaModel:
         attn = _kind(modelslim, "self_attn.")
-        return cls(dtype_bytes, attn, m.hidden, m.vocab, m.layers, m.heads, m.q_lora, m.kv_lora, m.qk_nope, m.qk_rope, m.v_head)
+        dtype = model_dtype_bytes(cfg, path)
+        return cls(dtype, attn, m.hidden, m.vocab, m.layers, m.heads, m.q_lora, m.kv_lora, m.qk_nope, m.qk_rope, m.v_head)
 
     def non_routed(self, cfg: dict, modelslim: dict | None, tp: int, path: str | None) -> int:
         """One rank's weights outside the routed experts (module docstring)."""
@@ -223,12 +212,10 @@ class V4Model:
     top_k: int
 
     @classmethod
-    def of(cls, cfg: dict, modelslim: dict | None, path: str | None, kv_cache_dtype: str = "auto") -> V4Model:
-        shape = attention_shape(cfg, path, "the preflight")
-        assert isinstance(shape, V4Shape)  # model_of reads it so
+    def of(cls, shape: V4Shape, cfg: dict, modelslim: dict | None, path: str | None, kv_cache_dtype: str = "auto") -> V4Model:
         geometry = from_hf_config(cfg, path)
         return cls(
-            MlaModel.dtype_of(cfg, path),
+            model_dtype_bytes(cfg, path),
             _kind(modelslim, "attn."),
             shape,
             v4_cache(shape, cfg, kv_cache_dtype, path),
@@ -297,9 +284,10 @@ class V4Model:
 
 def model_of(cfg: dict, modelslim: dict | None, path: str | None = None, kv_cache_dtype: str = "auto") -> MlaModel | V4Model:
     """The preflight's model of a config: ``V4Model`` for DeepSeek-V4, ``MlaModel`` for MLA."""
-    if isinstance(attention_shape(cfg, path, "the preflight"), V4Shape):
-        return V4Model.of(cfg, modelslim, path, kv_cache_dtype)
-    return MlaModel.of(cfg, modelslim, path)
+    shape = attention_shape(cfg, path, "the preflight")  # the one reader of the attention's shape fields
+    if isinstance(shape, V4Shape):
+        return V4Model.of(shape, cfg, modelslim, path, kv_cache_dtype)
+    return MlaModel.of(shape, cfg, modelslim, path)
 
 
 def _moe_layer_rest(cfg: dict, modelslim: dict | None, model: MlaModel | V4Model, tp: int, path: str | None) -> int:
