@@ -107,7 +107,7 @@ class V4Cache:
     def describe(self) -> str:
         s = self.shape
         return (
-            f"DeepSeek-V4, {self.dtype}: {s.layers_at(4)} layers at ratio 4 (an entry of {s.head_dim} and an indexer key "
+            f"DeepSeek-V4 as vLLM 0.32 lays it out, {self.dtype}: {s.layers_at(4)} layers at ratio 4 (an entry of {s.head_dim} and an indexer key "
             f"of {self.index_key_bytes} B per 4 tokens), {s.layers_at(128)} at 128, {s.layers_at(0)} window only"
         )
 

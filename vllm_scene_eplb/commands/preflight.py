@@ -111,7 +111,8 @@ def run(args, console) -> None:
         )
         + f"({memory.kv_format})\n"
         + (f"  redundant slots: {redundant['summary']}\n" if physical > experts else "")
-        + f"  fits: max_model_len up to {result.max_model_len_fit:,}, {result.max_num_seqs_fit} sequences of {max_len:,} tokens"
+        + f"  fits: max_model_len up to {result.max_model_len_fit:,}, {result.max_num_seqs_fit} sequences of {max_len:,} tokens\n"
+        "  arithmetic from the config, not measured on a device"
     )
     if result.problems:
         console.say(text)
