@@ -10,6 +10,9 @@ import shutil
 
 import pytest
 
+from vllm_scene_eplb.formats import write_layout
+from vllm_scene_eplb.layout import Geometry, Layout, linear_map
+
 from .test_bad_input import run
 
 V4 = "data/models/deepseek-v4-flash"
@@ -105,3 +108,13 @@ def test_the_fp4_checkpoint_prices_mxfp4_experts():
     code, out, err = run("preflight", "--model", V4, "--dp", "16", "--tp", "1", "--max-model-len", "8192", "--max-num-seqs", "8")
     assert code == 0, err
     assert "MXFP4 (expert_dtype fp4" in out and f"routed weights {16 * 43 * (3 * H * INTER * 17 // 32) / 2**30:.2f} GiB" in out
+
+
+def test_a_layout_file_prices_its_own_redundant_slots(model, tmp_path):
+    """The recipes pass the layout they load: its 16 redundant slots on EP16 are priced as --redundant
+    16 is, against the KV cache."""
+    geometry = Geometry(256, 16, 16)
+    path = write_layout(Layout(linear_map(geometry, 43), geometry), tmp_path / "layout.json")
+    recipe = ("--dp", "16", "--tp", "1", "--max-model-len", "133120", "--max-num-seqs", "4", "--enforce-eager")
+    by_file, by_count = _preflight(model, *recipe, "--layout", str(path)), _preflight(model, *recipe, "--redundant", "16")
+    assert by_file == by_count and by_file["redundant"]["redundant_slots_per_rank_per_layer"] == 1.0

@@ -61,15 +61,13 @@ def run(args, console) -> None:
     cfg, modelslim, path, _ = read_model_files(args.model)
     experts = ConfigFields(cfg, path).integer("n_routed_experts", 1)
     ep = args.dp * args.tp
-    if args.layout:
-        geometry = read_layout(args.layout, hint(args)).geometry
-        if geometry.ep_size != ep:
-            raise SceneEplbError(f"the layout is for EP {geometry.ep_size}, the recipe has DP {args.dp} x TP {args.tp} = {ep}")
-        physical = geometry.num_physical
-    else:
-        physical = experts + args.redundant
+    geometry = read_layout(args.layout, hint(args)).geometry if args.layout else None
+    if geometry is not None and geometry.ep_size != ep:
+        raise SceneEplbError(f"the layout is for EP {geometry.ep_size}, the recipe has DP {args.dp} x TP {args.tp} = {ep}")
+    physical = geometry.num_physical if geometry is not None else experts + args.redundant
     if physical % ep:
         raise SceneEplbError(f"{physical} expert slots do not divide over EP {ep}")
+    slots = geometry or Geometry(experts, args.redundant, ep)  # the redundant slots priced against KV
     max_len = args.max_model_len or ConfigFields(cfg, path).integer("max_position_embeddings", 1, default=None)
     if max_len is None:
         raise SceneEplbError("the config has no max_position_embeddings: give --max-model-len")
@@ -91,7 +89,6 @@ def run(args, console) -> None:
         speculative_tokens=args.speculative_tokens,
     )
     result = fit(recipe, memory, cfg, modelslim, path, args.kv_cache_dtype)
-    slots = Geometry(experts, physical - experts, ep)
     redundant = {**geometry_cost(memory, slots), "summary": cost_sentence(geometry_cost(memory, slots), slots)}
     name = f"DP{args.dp} x TP{args.tp}, {recipe.slots_per_rank} slots per rank, max_model_len {max_len:,}"
     text = (
@@ -110,7 +107,7 @@ def run(args, console) -> None:
             else ""
         )
         + f"({memory.kv_format})\n"
-        + (f"  redundant slots: {redundant['summary']}\n" if physical > experts else "")
+        + (f"  redundant slots: {redundant['summary']}\n" if slots.num_redundant else "")
         + f"  fits: max_model_len up to {result.max_model_len_fit:,}, {result.max_num_seqs_fit} sequences of {max_len:,} tokens\n"
         "  arithmetic from the config, not measured on a device"
     )
