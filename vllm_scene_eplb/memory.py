@@ -49,7 +49,7 @@ class ModelMemory:
 
 
 INDEX_KEY_BLOCK = 128  # vLLM's V4 indexer keys: fp8 with one float32 scale per 128 values
-STATE_BYTES = 4  # vLLM's V4 compressor state is float32
+FLOAT32_BYTES = 4  # vLLM's V4 compressor state and hyper-connection weights are float32
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class V4Cache:
 
     @property
     def index_key_bytes(self) -> int:
-        return self.shape.index_head_dim + STATE_BYTES * math.ceil(self.shape.index_head_dim / INDEX_KEY_BLOCK)
+        return self.shape.index_head_dim + FLOAT32_BYTES * math.ceil(self.shape.index_head_dim / INDEX_KEY_BLOCK)
 
     def layer_token_bytes(self, ratio: int) -> Fraction:
         """A layer's bytes per token of context: its compressed entries and indexer keys."""
@@ -82,7 +82,7 @@ class V4Cache:
             return self.entry_bytes
         o = self.shape.overlap(ratio)
         dims = self.shape.head_dim + (self.shape.index_head_dim if ratio == 4 else 0)
-        return self.entry_bytes + 2 * o * dims * STATE_BYTES
+        return self.entry_bytes + 2 * o * dims * FLOAT32_BYTES
 
     def layer_state_bytes(self, ratio: int) -> int:
         """A layer's bytes per sequence, whatever its length: ``window`` window entries and the

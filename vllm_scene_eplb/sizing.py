@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .memory import GIB, STATE_BYTES, ModelMemory, V4Cache, model_dtype_bytes, v4_cache
+from .memory import FLOAT32_BYTES, GIB, ModelMemory, V4Cache, model_dtype_bytes, v4_cache
 from .model_geometry import ConfigFields, Linear, MlaShape, V4Shape, attention_shape, from_hf_config
 
 MIB = 1024**2
@@ -241,7 +241,7 @@ class V4Model:
 
     def hyper_connections(self) -> int:
         """One layer's hyper-connection weights (float32, replicated)."""
-        return self.shape.hc_weights * STATE_BYTES
+        return self.shape.hc_weights * FLOAT32_BYTES
 
     def non_routed(self, cfg: dict, modelslim: dict | None, tp: int, path: str | None) -> int:
         """One rank's weights outside the routed experts: every layer's attention by its compress ratio
@@ -251,7 +251,7 @@ class V4Model:
         attention = sum(self.attention(r, tp) for r in s.compress_ratios)
         moe_rest = s.layers * _moe_layer_rest(cfg, modelslim, self, tp, path)
         tables = self.hash_layers * s.vocab * self.top_k * 4
-        head = s.hc_mult * s.hc_mult * s.hidden * STATE_BYTES
+        head = s.hc_mult * s.hc_mult * s.hidden * FLOAT32_BYTES
         embed_and_head = 2 * math.ceil(s.vocab / tp) * s.hidden * self.dtype_bytes
         return attention + s.layers * self.hyper_connections() + moe_rest + tables + embed_and_head + head
 
@@ -266,7 +266,7 @@ class V4Model:
         hc head."""
         s = self.shape
         projections = 2 * _linear(s.hidden, s.hidden, self.attn_kind, self.dtype_bytes)
-        head = s.hc_mult * s.hc_mult * s.hidden * STATE_BYTES
+        head = s.hc_mult * s.hc_mult * s.hidden * FLOAT32_BYTES
         rest = _moe_layer_rest(cfg, modelslim, self, tp, path)
         return self.attention(0, tp) + self.hyper_connections() + rest + projections + head
 

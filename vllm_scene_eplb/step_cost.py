@@ -46,8 +46,8 @@ input + (output + 1) / 2; a prefix-cache hit does not change a decode token's wo
 **Scores.** A layout's ideal score B (max / mean rank load, ``score``) multiplies the slowest rank's
 routed FLOPs, not the weights it reads (a rank reads its experts whatever their tokens). The step
 then takes ``others + routed(B)``, and a candidate at B1 gives ``step(B0) / step(B1)``, the
-``ceiling_ratio``: what the node's step gains if nothing else on its critical path moves. The hash layers' experts are priced as
-any MoE layer's. Pure arithmetic, no engine, not measured on a device.
+``ceiling_ratio``: what the node's step gains if nothing else on its critical path moves. DeepSeek-V4's
+hash layers' experts are priced as any MoE layer's. Pure arithmetic, no engine, not measured on a device.
 """
 
 from __future__ import annotations
@@ -59,7 +59,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .errors import SceneEplbError
-from .memory import ModelMemory, V4Cache, linear_bytes, model_dtype_bytes, read_model_files, read_model_memory, v4_cache
+from .memory import (
+    FLOAT32_BYTES,
+    ModelMemory,
+    V4Cache,
+    linear_bytes,
+    model_dtype_bytes,
+    read_model_files,
+    read_model_memory,
+    v4_cache,
+)
 from .model_geometry import V4_RATIOS, MlaShape, V4Shape, attention_shape, from_hf_config
 
 ROLES = ("prefill", "decode")
@@ -305,11 +314,11 @@ def _v4_parts(model: StepModel, m: V4Shape, cache: V4Cache, scene: Scene) -> dic
             compressed = np.floor(c / ratio) if ratio else 0 * c
             return np.minimum(m.window, c) + (np.minimum(m.index_topk, compressed) if ratio == 4 else compressed)
 
-        ctx_flops += n * 2 * m.heads * 2 * m.head_dim * _context_sums(scene, keys)
+        attended = _context_sums(scene, keys)
         indexed = _context_sums(scene, lambda c: np.floor(c / 4)) if ratio == 4 else 0 * tokens
-        ctx_flops += n * 2 * m.index_heads * m.index_head_dim * indexed
+        ctx_flops += n * (2 * m.heads * 2 * m.head_dim * attended + 2 * m.index_heads * m.index_head_dim * indexed)
         if scene.role == "decode":
-            ctx_bytes += n * (_context_sums(scene, keys) * cache.entry_bytes + indexed * cache.index_key_bytes)
+            ctx_bytes += n * (attended * cache.entry_bytes + indexed * cache.index_key_bytes)
         else:
             window = np.minimum(m.window, prefix) + tokens
             ctx_bytes += n * (window * cache.entry_bytes + (prefix + tokens) * float(cache.layer_token_bytes(ratio)))
@@ -320,7 +329,8 @@ def _v4_parts(model: StepModel, m: V4Shape, cache: V4Cache, scene: Scene) -> dic
         "attention_projections": _Work(proj_flops, proj_bytes),
         "attention_context": _Work(ctx_flops, ctx_bytes),
         "hyper_connections": _Work(
-            (m.layers * (2 * m.hc_weights + 2 * mixing) + 2 * head) * tokens, (m.layers * m.hc_weights + head) * 4 * steps
+            (m.layers * (2 * m.hc_weights + 2 * mixing) + 2 * head) * tokens,
+            (m.layers * m.hc_weights + head) * FLOAT32_BYTES * steps,
         ),
     }
 
@@ -357,7 +367,7 @@ def _check_score(name: str, value: float, ep_size: int) -> None:
         raise SceneEplbError(f"{name} must be an ideal score in [1, ep_size {ep_size}] (max / mean rank load), got {value!r}")
 
 
-def _model_said(model: StepModel, scene: Scene) -> list[str]:
+def _model_said(model: StepModel) -> list[str]:
     """The sentences that name the model's shapes and what its attention is priced as."""
     m = model.shape
     moe = f"{model.moe_layers} MoE ({m.experts} routed experts, top-{model.top_k}, {m.shared} shared, moe_intermediate {m.moe_intermediate})"
@@ -397,7 +407,7 @@ def _assumptions(model: StepModel, scene: Scene, machine: Machine, score_given: 
         f"expert-parallel ({m.experts / scene.ep_size:g} experts per rank; redundant slots not priced)",
         f"weights: the routed experts at {model.expert_weight_bytes:.4g} B per weight ({model.memory.expert_format}), "
         f"every other linear layer at {model.linear_bytes:.4g} B ({model.linear_format}), read once per step",
-        *_model_said(model, scene),
+        *_model_said(model),
         "left out: norms, the embedding lookup, activations' bytes, dispatch/combine communication, scheduling "
         "and the pause between steps",
     ]
