@@ -6,9 +6,10 @@ checkpoint expert ``row[p]``, the redundant slots included):
 1. ``RoutedExperts.get_expert_mapping`` (``MoERunner.load_weights``: Qwen3-MoE, Mixtral, GLM-4.5):
    its physical -> logical map is the layout's row (``patch_expert_mapping``);
 2. the legacy ``RoutedExperts.make_expert_params_mapping`` that hand-written ``load_weights`` call
-   (DeepSeek-V2/V3/R1, Kimi-K2, Llama4, gpt-oss, ...): one flat mapping for the whole model with no
+   (DeepSeek-V2/V3/R1, V4, Kimi-K2, Llama4, gpt-oss, ...): one flat mapping for the whole model with no
    redundant slots; under a layout it becomes one mapping per MoE layer, each entry qualified with
-   the layer's module path and built on that layer's row with the layout's redundant slots;
+   the layer's module path and built on that layer's row with the layout's redundant slots, which a
+   loader iterating it sees as the entries of the current checkpoint tensor's layer (``LayerMapping``);
 3. fused 3-D checkpoints (``experts.gate_up_proj`` [E, ...]: Qwen3-VL-MoE, Aria), which vLLM loads
    as slot e <- expert e without a mapping: the tensor is reordered by the row first.
 
@@ -20,7 +21,9 @@ the tracer, the journal and the audit every engine shares). ``runtime.load_audit
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,15 +97,59 @@ def patch_expert_mapping(RoutedExperts, EplbState, current_loading: Loading) -> 
     RoutedExperts.get_expert_mapping = get_expert_mapping
 
 
-def _qualified_mapping(loading: ExpertLoading, RoutedExperts, EplbState, orig, model, args: tuple) -> list:
-    """The legacy mapping under a layout: per MoE layer of ``model``, the entries built on its row
-    (with the redundant slots), both names prefixed with the layer's module path."""
+CHECKPOINT_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a checkpoint tensor's model layer
+
+
+class LayerMapping(list):
+    """The legacy mapping under a layout: the whole model's entries, each qualified with its layer's
+    module path (a list, as vLLM's loaders expect), iterated as the entries of the layer of the
+    checkpoint tensor being loaded (the tracer's ``current``) instead of all of them: the loaders
+    scan the mapping once per expert tensor without a break where the expert is not on the rank.
+
+    Exact whatever the guess: a name matches only its own layer's entries, a match calls the expert
+    weight loader (``ExpertLoad.calls``), so where the guessed layer's entries called nothing, the
+    rest of the list follows in order; an unknown layer iterates the whole list."""
+
+    def __init__(self, entries: list, groups: dict[int, list], loading: ExpertLoading):
+        super().__init__(entries)
+        self.groups = groups  # model layer -> its entries (each the same tuple as in the list)
+        self.loading = loading
+
+    def layer_now(self) -> int | None:
+        """The model layer of the checkpoint tensor the loader is at, None where none is known."""
+        name = self.loading.tracer.current
+        m = None if name is None else CHECKPOINT_LAYER.search(name)
+        return None if m is None else int(m.group(1))
+
+    def __iter__(self):
+        layer = self.layer_now()
+        group = None if layer is None else self.groups.get(layer)
+        if group is None:
+            return super().__iter__()
+        return itertools.chain(group, self._rest_unless_matched(group, self.loading.calls))
+
+    def _rest_unless_matched(self, group: list, calls: int):
+        """The entries outside ``group``, in order, where none of ``group``'s reached a weight loader
+        since ``calls`` (the tensor is not of that layer, or nothing of it loads here)."""
+        if self.loading.calls != calls:
+            return
+        skip = {id(e) for e in group}
+        yield from (e for e in super().__iter__() if id(e) not in skip)
+
+
+def moe_layers(model, RoutedExperts) -> list[tuple[str, int]]:
+    """Each MoE layer of ``model``: its module path and its model layer."""
+    return [(name, _layer_of(m.layer_name)) for name, m in model.named_modules() if isinstance(m, RoutedExperts)]
+
+
+def qualified_mapping(loading: ExpertLoading, EplbState, orig, model, args: tuple, layers: list) -> LayerMapping | None:
+    """The legacy mapping under a layout: per MoE layer of ``model`` (``layers``: module path, model
+    layer), the entries ``orig`` builds on its row (with the redundant slots), both names prefixed
+    with the layer's module path; None where no layer has a row."""
     gate, down, up, num_experts, _redundant, prefix = args
     out: list = []
-    for name, module in model.named_modules():
-        if not isinstance(module, RoutedExperts):
-            continue
-        layer = _layer_of(module.layer_name)
+    groups: dict[int, list] = {}
+    for name, layer in layers:
         row = loading.loading_row(layer)
         if row is None:
             continue
@@ -122,8 +169,10 @@ def _qualified_mapping(loading: ExpertLoading, RoutedExperts, EplbState, orig, m
                 "covered by scene_eplb: serve the model without a layout"
             )
         base = module_path[: -len(param_stem)]
-        out.extend((base + p, base + w, e, s) for p, w, e, s in entries)
-    return out
+        qualified = [(base + p, base + w, e, s) for p, w, e, s in entries]
+        out += qualified
+        groups.setdefault(layer, []).extend(qualified)
+    return LayerMapping(out, groups, loading) if out else None
 
 
 def patch_legacy_mapping(RoutedExperts, EplbState, current_loading: Loading) -> None:
@@ -153,8 +202,8 @@ def patch_legacy_mapping(RoutedExperts, EplbState, current_loading: Loading) -> 
         if loading is None or not loading.rows:
             return orig(model, *args)
         loading.loaders.add(f"{type(model).__name__}.load_weights via make_expert_params_mapping")
-        mapping = _qualified_mapping(loading, RoutedExperts, EplbState, orig, model, args)
-        return mapping if mapping else orig(model, *args)
+        mapping = qualified_mapping(loading, EplbState, orig, model, args, moe_layers(model, RoutedExperts))
+        return orig(model, *args) if mapping is None else mapping
 
     RoutedExperts.make_expert_params_mapping = staticmethod(make_expert_params_mapping)
 
