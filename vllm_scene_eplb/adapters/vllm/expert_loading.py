@@ -9,7 +9,7 @@ checkpoint expert ``row[p]``, the redundant slots included):
    (DeepSeek-V2/V3/R1, V4, Kimi-K2, Llama4, gpt-oss, ...): one flat mapping for the whole model with no
    redundant slots; under a layout it becomes one mapping per MoE layer, each entry qualified with
    the layer's module path and built on that layer's row with the layout's redundant slots, which a
-   loader iterating it sees as the entries of the current checkpoint tensor's layer (``LayerMapping``);
+   loader iterating it sees as the entries of the checkpoint tensor it is at (``ScopedMapping``);
 3. fused 3-D checkpoints (``experts.gate_up_proj`` [E, ...]: Qwen3-VL-MoE, Aria), which vLLM loads
    as slot e <- expert e without a mapping: the tensor is reordered by the row first.
 
@@ -100,37 +100,43 @@ def patch_expert_mapping(RoutedExperts, EplbState, current_loading: Loading) -> 
 CHECKPOINT_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a checkpoint tensor's model layer
 
 
-class LayerMapping(list):
+class ScopedMapping(list):
     """The legacy mapping under a layout: the whole model's entries, each qualified with its layer's
-    module path (a list, as vLLM's loaders expect), iterated as the entries of the layer of the
-    checkpoint tensor being loaded (the tracer's ``current``) instead of all of them: the loaders
-    scan the mapping once per expert tensor without a break where the expert is not on the rank.
+    module path (a list, as vLLM's loaders expect), iterated as the entries of the checkpoint tensor
+    being loaded (the tracer's ``current``): its layer's entries for its expert, its replicas' slots,
+    instead of all of them, which the loaders scan once per expert tensor not on the rank.
 
-    Exact whatever the guess: a name matches only its own layer's entries, a match calls the expert
-    weight loader (``ExpertLoad.calls``), so where the guessed layer's entries called nothing, the
-    rest of the list follows in order; an unknown layer iterates the whole list."""
+    Exact whatever the guess: a name matches only its layer's entries for its expert, and a match calls
+    the expert weight loader (``ExpertLoad.calls``); where the guessed entries called nothing, the rest
+    of the list follows in order. Where the layer or the expert is not known, the whole list."""
 
-    def __init__(self, entries: list, groups: dict[int, list], loading: ExpertLoading):
+    def __init__(self, entries: list, loading: ExpertLoading):
         super().__init__(entries)
-        self.groups = groups  # model layer -> its entries (each the same tuple as in the list)
         self.loading = loading
+        self.groups: dict[tuple[int, int], list] = {}  # (model layer, checkpoint expert) -> its entries, as in the list
+        for entry in entries:
+            layer, expert = CHECKPOINT_LAYER.search(entry[1]), EXPERT_INDEX.search(entry[1])
+            if layer is not None and expert is not None:
+                self.groups.setdefault((int(layer.group(1)), int(expert.group(1))), []).append(entry)
 
-    def layer_now(self) -> int | None:
-        """The model layer of the checkpoint tensor the loader is at, None where none is known."""
+    def scope_now(self) -> tuple[int, int] | None:
+        """The (model layer, checkpoint expert) of the checkpoint tensor the loader is at, None where not known."""
         name = self.loading.tracer.current
-        m = None if name is None else CHECKPOINT_LAYER.search(name)
-        return None if m is None else int(m.group(1))
+        if name is None:
+            return None
+        layer, expert = CHECKPOINT_LAYER.search(name), EXPERT_INDEX.search(name)
+        return None if layer is None or expert is None else (int(layer.group(1)), int(expert.group(1)))
 
     def __iter__(self):
-        layer = self.layer_now()
-        group = None if layer is None else self.groups.get(layer)
+        scope = self.scope_now()
+        group = None if scope is None else self.groups.get(scope)
         if group is None:
             return super().__iter__()
         return itertools.chain(group, self._rest_unless_matched(group, self.loading.calls))
 
     def _rest_unless_matched(self, group: list, calls: int):
         """The entries outside ``group``, in order, where none of ``group``'s reached a weight loader
-        since ``calls`` (the tensor is not of that layer, or nothing of it loads here)."""
+        since ``calls`` (the tensor is not of that scope, or nothing of it loads here)."""
         if self.loading.calls != calls:
             return
         skip = {id(e) for e in group}
@@ -142,13 +148,12 @@ def moe_layers(model, RoutedExperts) -> list[tuple[str, int]]:
     return [(name, _layer_of(m.layer_name)) for name, m in model.named_modules() if isinstance(m, RoutedExperts)]
 
 
-def qualified_mapping(loading: ExpertLoading, EplbState, orig, model, args: tuple, layers: list) -> LayerMapping | None:
+def qualified_mapping(loading: ExpertLoading, EplbState, orig, model, args: tuple, layers: list) -> ScopedMapping | None:
     """The legacy mapping under a layout: per MoE layer of ``model`` (``layers``: module path, model
     layer), the entries ``orig`` builds on its row (with the redundant slots), both names prefixed
     with the layer's module path; None where no layer has a row."""
     gate, down, up, num_experts, _redundant, prefix = args
     out: list = []
-    groups: dict[int, list] = {}
     for name, layer in layers:
         row = loading.loading_row(layer)
         if row is None:
@@ -169,10 +174,8 @@ def qualified_mapping(loading: ExpertLoading, EplbState, orig, model, args: tupl
                 "covered by scene_eplb: serve the model without a layout"
             )
         base = module_path[: -len(param_stem)]
-        qualified = [(base + p, base + w, e, s) for p, w, e, s in entries]
-        out += qualified
-        groups.setdefault(layer, []).extend(qualified)
-    return LayerMapping(out, groups, loading) if out else None
+        out.extend((base + p, base + w, e, s) for p, w, e, s in entries)
+    return ScopedMapping(out, loading) if out else None
 
 
 def patch_legacy_mapping(RoutedExperts, EplbState, current_loading: Loading) -> None:
