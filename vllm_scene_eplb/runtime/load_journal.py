@@ -58,6 +58,7 @@ class SourceTracer:
     tensors still alive are kept: the loader works through a few at a time."""
 
     sources: list[_Source] = field(default_factory=list)
+    current: str | None = None  # the checkpoint tensor the model's loader works on (the last yielded), None outside a load
 
     def register(self, name: str, tensor, order: tuple[int, ...] | None = None) -> None:
         """Note a checkpoint tensor ``name``: per expert (``experts.{e}.`` in the name) or fused
@@ -96,6 +97,7 @@ class ExpertLoad:
     journal: LoadJournal = field(default_factory=LoadJournal)
     tracer: SourceTracer = field(default_factory=SourceTracer)
     loaders: set[str] = field(default_factory=set)
+    calls: int = 0  # expert weight loader calls so far, whether they wrote or not (a mapping entry matched)
     group: Callable[[str, float], Any] | None = None  # a Gloo group over the EP ranks (export_id, timeout_s), EP > 1 only
 
     def write(self, layer: int, slot: int, weight_name: str, shard: str, source: int) -> None:
@@ -116,7 +118,7 @@ Load = Callable[[], "ExpertLoad | None"]  # this worker's load (None: the flag i
 
 def trace_checkpoint(DefaultModelLoader, current_load: Load) -> None:
     """The checkpoint tensors vLLM's default model loader yields, registered with the tracer as they
-    pass (idempotent)."""
+    pass, the last one yielded the tracer's ``current`` until the next (idempotent)."""
     orig = DefaultModelLoader.get_all_weights
     if getattr(orig, "__scene_eplb_traced__", False):
         return
@@ -124,10 +126,15 @@ def trace_checkpoint(DefaultModelLoader, current_load: Load) -> None:
     @functools.wraps(orig)
     def get_all_weights(self, model_config, model):
         load = current_load()
-        for name, tensor in orig(self, model_config, model):
+        try:
+            for name, tensor in orig(self, model_config, model):
+                if load is not None:
+                    load.tracer.register(name, tensor)
+                    load.tracer.current = name
+                yield name, tensor
+        finally:
             if load is not None:
-                load.tracer.register(name, tensor)
-            yield name, tensor
+                load.tracer.current = None
 
     get_all_weights.__scene_eplb_traced__ = True  # type: ignore[attr-defined]
     DefaultModelLoader.get_all_weights = get_all_weights
@@ -148,6 +155,7 @@ def journal_writes(orig, current_load: Load, written_slot: WrittenSlot, loader: 
         load = current_load()
         if load is None:
             return orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
+        load.calls += 1
         source = load.tracer.expert_of(loaded_weight)
         out = orig(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
         where = written_slot(self, expert_id, out, return_success)

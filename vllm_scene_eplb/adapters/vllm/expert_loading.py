@@ -6,9 +6,10 @@ checkpoint expert ``row[p]``, the redundant slots included):
 1. ``RoutedExperts.get_expert_mapping`` (``MoERunner.load_weights``: Qwen3-MoE, Mixtral, GLM-4.5):
    its physical -> logical map is the layout's row (``patch_expert_mapping``);
 2. the legacy ``RoutedExperts.make_expert_params_mapping`` that hand-written ``load_weights`` call
-   (DeepSeek-V2/V3/R1, Kimi-K2, Llama4, gpt-oss, ...): one flat mapping for the whole model with no
+   (DeepSeek-V2/V3/R1, V4, Kimi-K2, Llama4, gpt-oss, ...): one flat mapping for the whole model with no
    redundant slots; under a layout it becomes one mapping per MoE layer, each entry qualified with
-   the layer's module path and built on that layer's row with the layout's redundant slots;
+   the layer's module path and built on that layer's row with the layout's redundant slots, which a
+   loader iterating it sees as the entries of the checkpoint tensor it is at (``ScopedMapping``);
 3. fused 3-D checkpoints (``experts.gate_up_proj`` [E, ...]: Qwen3-VL-MoE, Aria), which vLLM loads
    as slot e <- expert e without a mapping: the tensor is reordered by the row first.
 
@@ -20,7 +21,9 @@ the tracer, the journal and the audit every engine shares). ``runtime.load_audit
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,15 +97,64 @@ def patch_expert_mapping(RoutedExperts, EplbState, current_loading: Loading) -> 
     RoutedExperts.get_expert_mapping = get_expert_mapping
 
 
-def _qualified_mapping(loading: ExpertLoading, RoutedExperts, EplbState, orig, model, args: tuple) -> list:
-    """The legacy mapping under a layout: per MoE layer of ``model``, the entries built on its row
-    (with the redundant slots), both names prefixed with the layer's module path."""
+CHECKPOINT_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a checkpoint tensor's model layer
+
+
+class ScopedMapping(list):
+    """The legacy mapping under a layout: the whole model's entries, each qualified with its layer's
+    module path (a list, as vLLM's loaders expect), iterated as the entries of the checkpoint tensor
+    being loaded (the tracer's ``current``): its layer's entries for its expert, its replicas' slots,
+    instead of all of them, which the loaders scan once per expert tensor not on the rank.
+
+    Exact whatever the guess: a name matches only its layer's entries for its expert, and a match calls
+    the expert weight loader (``ExpertLoad.calls``); where the guessed entries called nothing, the rest
+    of the list follows in order. Where the layer or the expert is not known, the whole list."""
+
+    def __init__(self, entries: list, loading: ExpertLoading):
+        super().__init__(entries)
+        self.loading = loading
+        self.groups: dict[tuple[int, int], list] = {}  # (model layer, checkpoint expert) -> its entries, as in the list
+        for entry in entries:
+            layer, expert = CHECKPOINT_LAYER.search(entry[1]), EXPERT_INDEX.search(entry[1])
+            if layer is not None and expert is not None:
+                self.groups.setdefault((int(layer.group(1)), int(expert.group(1))), []).append(entry)
+
+    def scope_now(self) -> tuple[int, int] | None:
+        """The (model layer, checkpoint expert) of the checkpoint tensor the loader is at, None where not known."""
+        name = self.loading.tracer.current
+        if name is None:
+            return None
+        layer, expert = CHECKPOINT_LAYER.search(name), EXPERT_INDEX.search(name)
+        return None if layer is None or expert is None else (int(layer.group(1)), int(expert.group(1)))
+
+    def __iter__(self):
+        scope = self.scope_now()
+        group = None if scope is None else self.groups.get(scope)
+        if group is None:
+            return super().__iter__()
+        return itertools.chain(group, self._rest_unless_matched(group, self.loading.calls))
+
+    def _rest_unless_matched(self, group: list, calls: int):
+        """The entries outside ``group``, in order, where none of ``group``'s reached a weight loader
+        since ``calls`` (the tensor is not of that scope, or nothing of it loads here)."""
+        if self.loading.calls != calls:
+            return
+        skip = {id(e) for e in group}
+        yield from (e for e in super().__iter__() if id(e) not in skip)
+
+
+def moe_layers(model, RoutedExperts) -> list[tuple[str, int]]:
+    """Each MoE layer of ``model``: its module path and its model layer."""
+    return [(name, _layer_of(m.layer_name)) for name, m in model.named_modules() if isinstance(m, RoutedExperts)]
+
+
+def qualified_mapping(loading: ExpertLoading, EplbState, orig, model, args: tuple, layers: list) -> ScopedMapping | None:
+    """The legacy mapping under a layout: per MoE layer of ``model`` (``layers``: module path, model
+    layer), the entries ``orig`` builds on its row (with the redundant slots), both names prefixed
+    with the layer's module path; None where no layer has a row."""
     gate, down, up, num_experts, _redundant, prefix = args
     out: list = []
-    for name, module in model.named_modules():
-        if not isinstance(module, RoutedExperts):
-            continue
-        layer = _layer_of(module.layer_name)
+    for name, layer in layers:
         row = loading.loading_row(layer)
         if row is None:
             continue
@@ -123,7 +175,7 @@ def _qualified_mapping(loading: ExpertLoading, RoutedExperts, EplbState, orig, m
             )
         base = module_path[: -len(param_stem)]
         out.extend((base + p, base + w, e, s) for p, w, e, s in entries)
-    return out
+    return ScopedMapping(out, loading) if out else None
 
 
 def patch_legacy_mapping(RoutedExperts, EplbState, current_loading: Loading) -> None:
@@ -153,8 +205,8 @@ def patch_legacy_mapping(RoutedExperts, EplbState, current_loading: Loading) -> 
         if loading is None or not loading.rows:
             return orig(model, *args)
         loading.loaders.add(f"{type(model).__name__}.load_weights via make_expert_params_mapping")
-        mapping = _qualified_mapping(loading, RoutedExperts, EplbState, orig, model, args)
-        return mapping if mapping else orig(model, *args)
+        mapping = qualified_mapping(loading, EplbState, orig, model, args, moe_layers(model, RoutedExperts))
+        return orig(model, *args) if mapping is None else mapping
 
     RoutedExperts.make_expert_params_mapping = staticmethod(make_expert_params_mapping)
 
