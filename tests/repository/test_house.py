@@ -37,6 +37,7 @@ PURE = (
     "runtime.layout_check",
     "sizing",
     "step_cost",
+    "hash_routing",
 )
 
 
