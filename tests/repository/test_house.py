@@ -38,6 +38,8 @@ PURE = (
     "sizing",
     "step_cost",
     "hash_routing",
+    "hash_counts",
+    "token_input",
 )
 
 

@@ -163,7 +163,7 @@ def read_checkpoint_tensors(folder: str | os.PathLike, names: Iterable[str]) -> 
     """The tensors of ``names`` that a checkpoint folder holds (a name it lacks is left out, for the
     caller to name), each read from its file after that file's header was checked."""
     folder = Path(folder)
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for path, wanted in _shards(folder, set(names)).items():
         if not path.is_file():
             raise SceneEplbError("the checkpoint's index names this shard, which is missing", path)
