@@ -44,12 +44,12 @@ def apportion(total: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """``total`` (int, any shape) split over len(``weights``) entries in proportion to the integer
     ``weights``: [T, *total.shape], each part within one of its exact share and the sums exact
     (largest remainder; ties go round the entries cell by cell, so no entry takes every odd unit)."""
-    count = len(weights)
-    w = weights.astype(object).reshape((-1,) + (1,) * total.ndim)
-    product = total.astype(object)[None] * w  # Python integers: exact past int64
-    whole = sum(int(x) for x in weights)
+    count, whole = len(weights), sum(int(x) for x in weights)
+    exact = np.int64 if int(total.max(initial=0)) * whole * count < 2**63 else object  # Python integers past int64
+    w = weights.astype(exact).reshape((-1,) + (1,) * total.ndim)
+    product = total.astype(exact)[None] * w
     share, rest = product // whole, product % whole
-    short = total.astype(object) - share.sum(axis=0)  # how many entries of each cell get one more
+    short = total.astype(exact) - share.sum(axis=0)  # how many entries of each cell get one more
     cell = np.arange(total.size).reshape(total.shape)
     turn = (np.arange(count).reshape(w.shape) - cell[None]) % count  # the tie-break, rotated per cell
     order = np.argsort(-(rest * count + turn), axis=0, kind="stable")

@@ -3,8 +3,11 @@ the hash-routed layers' counts predicted exactly from the tokens, before (or bes
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from ..counts import Counts
 from ..errors import SceneEplbError
 from ..formats import read_counts, write_counts
 from ..formats.counts import PREDICTED_KEY
@@ -59,16 +62,17 @@ def _histogram(args, tables: HashTables) -> tuple[np.ndarray, str]:
     if args.histogram:
         return check_histogram(read_histogram(args.histogram), tables.vocab, args.histogram), f"histogram {args.histogram}"
     if args.token_ids:
-        requests = read_token_ids(args.token_ids)
-        return token_histogram(
-            requests, tables.vocab, args.token_ids
-        ), f"token ids of {len(requests)} requests in {args.token_ids}"
-    prompts = read_prompts(args.prompts)
-    return token_histogram(tokenize(prompts, args.model), tables.vocab, args.prompts), f"{len(prompts)} prompts in {args.prompts}"
+        requests, path = read_token_ids(args.token_ids), args.token_ids
+        source = f"token ids of {len(requests)} requests in {path}"
+    else:
+        prompts, path = read_prompts(args.prompts), args.prompts
+        requests, source = tokenize(prompts, args.model), f"{len(prompts)} prompts in {path}"
+    return token_histogram(requests, tables.vocab, path), source
 
 
 def run(args, console: Console) -> None:
-    check_output_file(args.output, [f for f in (args.fill, args.token_ids, args.histogram, args.prompts) if f])
+    tokens_file = args.token_ids or args.histogram or args.prompts
+    check_output_file(args.output, [f for f in (args.fill, tokens_file) if f])
     geometry, _ = model_hash_geometry(args.model)
     record = read_counts(args.fill) if args.fill else None
     with console.progress(f"reading the hash tables of {args.model}"):
@@ -76,12 +80,10 @@ def run(args, console: Console) -> None:
     with console.progress("reading the tokens"):
         histogram, source = _histogram(args, tables)
     if not histogram.any():
-        raise SceneEplbError(
-            "the tokens given hold no token: nothing to predict", args.token_ids or args.histogram or args.prompts
-        )
+        raise SceneEplbError("the tokens given hold no token: nothing to predict", tokens_file)
     meta = prediction_meta(geometry, tables, histogram, source) | ({"role": args.role} if args.role else {})
     if record is None:
-        counts = predicted_counts(geometry, tables, histogram, {"model": args.model.rstrip("/").rsplit("/", 1)[-1], **meta})
+        counts = predicted_counts(geometry, tables, histogram, {"model": Path(args.model).resolve().name, **meta})
     else:
         try:
             counts = fill_hash_layers(record, geometry, tables, histogram, meta)
@@ -89,42 +91,43 @@ def run(args, console: Console) -> None:
             raise SceneEplbError(exc.problem, args.fill) from None
     out = write_counts(counts, args.output)
     total = counts.total()[list(tables.layers)]
-    skew = total.max(axis=1) / total.mean(axis=1)
-    dropped = (
-        []
-        if record is None
-        else [k for k, v in (("physical_count", record.physical), ("source_count", record.sources)) if v is not None]
-    )
+    measured = {} if record is None else {"physical_count": record.physical, "source_count": record.sources}
     payload = {
         "output": str(out),
         PREDICTED_KEY: list(tables.layers),
         "tokens": int(histogram.sum()),
         "tokens_from": source,
-        "expert_skew_max_over_mean": dict(zip(map(str, tables.layers), skew.tolist())),
+        "expert_skew_max_over_mean": dict(zip(map(str, tables.layers), (total.max(axis=1) / total.mean(axis=1)).tolist())),
         "filled": args.fill,
         "recorded_tokens": counts.meta.get("recorded_tokens"),
-        "dropped": dropped,
+        "dropped": [key for key, array in measured.items() if array is not None],
         "shape": list(counts.data.shape),
     }
+    console.emit(payload, _text(payload, tables, counts))
+
+
+def _text(payload: dict, tables: HashTables, counts: Counts) -> str:
+    """What the command says: the tables, the tokens, each hash layer's skew and what it wrote."""
     lines = [
         f"hash layers {list(tables.layers)}: {tables.num_experts} experts, top-{tables.top_k}, vocabulary {tables.vocab}",
-        f"tokens: {payload['tokens']} from {source}",
-        "expert load max/mean: " + ", ".join(f"layer {layer} {s:.2f}" for layer, s in zip(tables.layers, skew)),
+        f"tokens: {payload['tokens']} from {payload['tokens_from']}",
+        "expert load max/mean: " + ", ".join(f"layer {k} {v:.2f}" for k, v in payload["expert_skew_max_over_mean"].items()),
     ]
-    if record is None:
+    shape = "[T={}, L={}, E={}]".format(*payload["shape"])
+    if payload["filled"] is None:
+        lines.append(f"wrote {payload['output']}: counts {shape}, the hash layers predicted, every other layer zero")
+        return "\n".join(lines)
+    recorded = payload["recorded_tokens"]
+    lines.append(
+        f"the record routed {recorded:.1f} tokens a score-routed layer, the tokens given {payload['tokens']} "
+        f"(ratio {payload['tokens'] / recorded:.3f}: 1 when they are the record's tokens)"
+    )
+    if payload["dropped"]:
         lines.append(
-            f"wrote {out}: counts [T=1, L={geometry.num_layers}, E={geometry.num_experts}], the hash layers predicted, every other layer zero"
+            f"dropped {', '.join(payload['dropped'])}: measured, the prediction cannot split the hash layers by slot or source"
         )
-    else:
-        lines.append(
-            f"the record routed {payload['recorded_tokens']:.1f} tokens a score-routed layer, the tokens given {payload['tokens']}"
-            f" (ratio {payload['tokens'] / payload['recorded_tokens']:.3f}: 1 when they are the record's tokens)"
-        )
-        if dropped:
-            lines.append(
-                f"dropped {', '.join(dropped)}: measured in the record, the prediction cannot split the hash layers by slot or source"
-            )
-        lines.append(
-            f"wrote {out}: {args.fill} with its hash layers filled over its {record.written_entries().size} written entries"
-        )
-    console.emit(payload, "\n".join(lines))
+    written = counts.written_entries().size
+    lines.append(
+        f"wrote {payload['output']}: counts {shape}, {payload['filled']} with its hash layers filled over its {written} written entries"
+    )
+    return "\n".join(lines)
