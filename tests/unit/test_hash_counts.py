@@ -200,3 +200,10 @@ def test_a_bad_model_or_record_is_one_line_and_writes_nothing(tmp_path, model):
         code, _, err = run("hash-counts", *args, "--token-ids", tmp_path / "ids.json", "-o", out, "-q")
         assert_one_line_error(code, err, expected, str(args))
         assert not out.exists()
+
+
+@pytest.mark.parametrize("predicted", ["0,1,2", [0, 9], [True]], ids=["a string", "a layer past the axis", "a boolean"])
+def test_a_counts_file_whose_predicted_layers_are_not_layers_is_refused(tmp_path, predicted):
+    path = write_counts(Counts(np.ones((1, 3, 4), dtype=np.int64), {"predicted_layers": predicted}), tmp_path / "c.npz")
+    code, _, err = run("inspect", path, "-q")
+    assert_one_line_error(code, err, "predicted_layers must be a list of layer indices in [0, 3)", str(predicted))
