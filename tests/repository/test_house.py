@@ -37,6 +37,9 @@ PURE = (
     "runtime.layout_check",
     "sizing",
     "step_cost",
+    "hash_routing",
+    "hash_counts",
+    "token_input",
 )
 
 

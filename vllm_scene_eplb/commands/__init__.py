@@ -11,6 +11,7 @@ from . import (
     compare,
     convert,
     fit,
+    hash_counts,
     inspect,
     pair_advise,
     preflight,
@@ -38,4 +39,5 @@ COMMANDS = {
     "compare": compare,
     "preflight": preflight,
     "screen": screen,
+    "hash-counts": hash_counts,
 }

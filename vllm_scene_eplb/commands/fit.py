@@ -17,7 +17,7 @@ from ..scenes import normalise_weights
 from .arguments import model_args, model_memory
 from .console import Console
 from .options import check_output_file, integer
-from .scenes import read_scenes, scene_names, scenes_payload, scenes_text
+from .scenes import layer_notes, read_scenes, scene_names, scenes_payload, scenes_text, unrouted_layers
 
 HELP = "fit a layout to counts (one scene or several)"
 DESCRIPTION = (
@@ -134,6 +134,7 @@ def run(args, console: Console) -> None:
     weights = parse_weights(args.scene_weights, len(args.counts))
     scenes = read_scenes(args.counts, console)
     routing = resolve_routing(args, scenes)
+    hash_layers = read_model_geometry(args.model).hash_layers if args.model else ()
     geometry = Geometry(scenes[0].num_experts, args.redundant, args.ep_size, args.nodes)
     options = FitOptions(
         geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups, objective=args.objective
@@ -145,7 +146,11 @@ def run(args, console: Console) -> None:
     names = scene_names(args.counts)
     evals = [evaluate(layout, c) for c in scenes]
     out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
-    lines = [f"routing groups: {routing.expert_groups} (from {routing.source})"]
+    notes = [note for c, path in zip(scenes, args.counts) for note in layer_notes(c, path, hash_layers)]
+    unrouted = unrouted_layers(scenes, layout.moe_layers)
+    if unrouted:
+        notes.append(f"MoE layers {unrouted} have no counts in any scene: fitted to an even load, their scores say nothing")
+    lines = [f"routing groups: {routing.expert_groups} (from {routing.source})", *notes]
     if len(scenes) > 1:
         lines.append(
             "scene weights: "
@@ -164,6 +169,7 @@ def run(args, console: Console) -> None:
         "expert_groups": routing.expert_groups,
         "expert_groups_from": routing.source,
         "memory": memory,
+        "notes": notes,
         **scenes_payload(args.counts, evals, layout.meta["scene_weights"]),
     }
     console.emit(payload, "\n".join(line for line in lines if line))

@@ -7,8 +7,10 @@ import numpy as np
 
 from ..formats import read_counts
 from ..memory import memory_cost
+from ..model_geometry import read_model_geometry
 from .arguments import model_args, model_memory
 from .console import Console
+from .scenes import layer_notes
 
 HELP = "summarise and validate a counts file"
 
@@ -25,6 +27,7 @@ def run(args, console: Console) -> None:
     active = c.active_layers()
     per_layer = total.sum(axis=1)
     skew = [float(total[layer].max() / total[layer].mean()) for layer in active]
+    notes = layer_notes(c, args.counts, read_model_geometry(args.model).hash_layers if args.model else ())
     payload = {
         "file": args.counts,
         "shape": list(c.data.shape),
@@ -38,6 +41,7 @@ def run(args, console: Console) -> None:
         "meta": c.meta,
         "counts_sha256": c.digest(),
         "memory": memory_cost(model_memory(args), None),
+        "notes": notes,
     }
     zero = payload["all_zero_layers"]
     text = (
@@ -56,6 +60,7 @@ def run(args, console: Console) -> None:
             if c.sources is not None
             else ""
         )
+        + "".join(f"  {note}\n" for note in notes)
         + f"  sha256 {c.digest()}"
         + (f"\n  {payload['memory']['summary']}" if payload["memory"] else "")
     )

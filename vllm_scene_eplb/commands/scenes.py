@@ -3,12 +3,16 @@ summary text and the ``--json`` payload, one scene or several."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from ..counts import Counts
 from ..errors import SceneEplbError
 from ..evaluation import SCORES, Evaluation, check_compatible
 from ..formats import read_counts
+from ..formats.counts import PREDICTED_KEY
 from .console import Console
 
 
@@ -67,3 +71,28 @@ def scenes_text(paths: list[str], evals: list[Evaluation]) -> str:
     if len(evals) == 1:
         return summary_text(evals[0])
     return "\n".join(f"scene {n}:\n{summary_text(ev)}" for n, ev in zip(scene_names(paths), evals))
+
+
+def layer_notes(counts: Counts, name: str, hash_layers: Sequence[int] = ()) -> list[str]:
+    """What a counts file says of its layers beyond the counts: those predicted from tokens, not
+    recorded (``hash-counts``), and the model's ``hash_layers`` left all zero (a recorder that missed
+    them: SGLang #25961 recorded 40 of DeepSeek-V4-Flash's 43 layers)."""
+    notes = []
+    predicted = counts.meta.get(PREDICTED_KEY)
+    if predicted:
+        tokens = counts.meta.get("predicted_tokens")
+        notes.append(f"{name}: layers {predicted} predicted from {tokens} tokens (hash-routed), not recorded")
+    total = counts.total()
+    empty = [layer for layer in hash_layers if layer < counts.num_layers and not total[layer].any()]
+    if empty:
+        notes.append(
+            f"{name}: the model's hash layers {empty} are all zero (a recorder that missed them?): fill them "
+            f"with `scene-eplb hash-counts MODEL --fill {name} --token-ids TOKENS -o FILLED`"
+        )
+    return notes
+
+
+def unrouted_layers(scenes: Sequence[Counts], layers: Sequence[int]) -> list[int]:
+    """The ``layers`` no scene routed anything in (the fitter gives them an even load)."""
+    routed = np.sum([c.total() for c in scenes], axis=0).any(axis=1)
+    return [int(layer) for layer in layers if not routed[layer]]

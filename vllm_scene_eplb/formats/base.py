@@ -191,9 +191,10 @@ def int_map(raw: Any, what: str, path: Path) -> np.ndarray:
     return integer_array(raw, what, str(path), -MAX_ID, MAX_ID, {2: "[layer, slot]"})
 
 
-def check_moe_layers(moe_layers: Any, num_layers: int, path: Path) -> None:
-    """``moe_layers`` metadata, when present, must list layer indices of the file's layer axis."""
+def check_moe_layers(moe_layers: Any, num_layers: int, path: Path, key: str = "moe_layers") -> None:
+    """``moe_layers`` metadata (or another list of layers, named ``key``), when present, must list
+    layer indices of the file's layer axis."""
     if moe_layers is None:
         return
     if not isinstance(moe_layers, list) or not all(type(i) is int and 0 <= i < num_layers for i in moe_layers):
-        raise SceneEplbError(f"moe_layers must be a list of layer indices in [0, {num_layers})", path)
+        raise SceneEplbError(f"{key} must be a list of layer indices in [0, {num_layers})", path)

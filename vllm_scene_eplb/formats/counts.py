@@ -36,6 +36,7 @@ COUNTS_FORMAT = "scene-eplb-counts"
 PHYSICAL_KEY = "physical_count"  # measured replica traffic [T, L, P], where the recorder saw it (optional)
 SOURCE_KEY = "source_count"  # the window's assignments by routing EP rank [S, L, E], where the recorder saw them (optional)
 OPTIONAL_KEYS = (PHYSICAL_KEY, SOURCE_KEY)
+PREDICTED_KEY = "predicted_layers"  # metadata: layers whose counts were predicted from tokens (hash_counts), not recorded
 
 
 def _own_checksum(meta: dict, data: np.ndarray, physical: np.ndarray | None = None, sources: np.ndarray | None = None) -> str:
@@ -108,8 +109,10 @@ def _read_own(loaded: Loaded, hint: GeometryHint) -> Counts:
 
 
 def _check_meta(meta: dict, num_layers: int, path: Path) -> None:
-    """The metadata fields the tools read (model, role, MoE layers, the router's top_k and groups) have their types."""
-    check_moe_layers(meta.get("moe_layers"), num_layers, path)
+    """The metadata fields the tools read (model, role, MoE layers, the layers predicted from tokens
+    rather than recorded, the router's top_k and groups) have their types."""
+    for key in ("moe_layers", PREDICTED_KEY):
+        check_moe_layers(meta.get(key), num_layers, path, key)
     for key in ("model", "role"):
         if meta.get(key) is not None and not isinstance(meta[key], str):
             raise SceneEplbError(f"counts metadata {key} must be a string, got {meta[key]!r}", path)

@@ -1,0 +1,209 @@
+"""`scene-eplb hash-counts`: a tiny DeepSeek-V4's hash layers predicted from token ids, a histogram or
+text prompts into a counts file `fit` and `inspect` take, or filled into a record that missed them;
+bad input is one line and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.formats import read_counts, write_counts
+from vllm_scene_eplb.harness.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
+from vllm_scene_eplb.hash_counts import apportion
+from vllm_scene_eplb.hash_routing import read_hash_tables
+
+from ..conftest import skewed_counts
+from .test_bad_input import assert_one_line_error, run
+
+SPEC = TinyDeepseekV4Spec()
+HASHED = list(SPEC.hash_layers)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return make_tiny_deepseek_v4(tmp_path_factory.mktemp("tiny-v4"), SPEC)
+
+
+@pytest.fixture(scope="module")
+def requests() -> list[list[int]]:
+    rng = np.random.default_rng(3)
+    return [rng.integers(0, SPEC.vocab_size, int(n)).tolist() for n in rng.integers(0, 80, 30)]
+
+
+def _bincounts(model: Path, ids: np.ndarray) -> np.ndarray:
+    tables = read_hash_tables(model)
+    return np.stack([np.bincount(t[ids].ravel(), minlength=SPEC.num_experts) for t in tables.tables])
+
+
+def test_token_ids_json_jsonl_and_histogram_give_the_exact_counts(tmp_path, model, requests):
+    (tmp_path / "ids.json").write_text(json.dumps(requests))
+    (tmp_path / "ids.jsonl").write_text("\n".join(json.dumps(r) for r in requests) + "\n\n")
+    flat = np.concatenate([np.asarray(r, dtype=np.int64) for r in requests])
+    (tmp_path / "hist.json").write_text(json.dumps(np.bincount(flat).tolist()))
+    outs, texts = [], []
+    for option, source in (("--token-ids", "ids.json"), ("--token-ids", "ids.jsonl"), ("--histogram", "hist.json")):
+        out = tmp_path / f"{source}.npz"
+        code, stdout, err = run("hash-counts", model, option, tmp_path / source, "-o", out, "--role", "prefill", "-q")
+        assert code == 0, err
+        outs.append(read_counts(out))
+        texts.append(stdout)
+    want = _bincounts(model, flat)
+    for c in outs:
+        assert c.data.shape == (1, SPEC.num_layers, SPEC.num_experts)
+        assert np.array_equal(c.data[0, HASHED], want) and not c.data[0, SPEC.num_hash_layers :].any()
+        assert c.meta["predicted_layers"] == HASHED and c.meta["predicted_tokens"] == flat.size
+        assert c.meta["moe_layers"] == SPEC.moe_layers and c.meta["top_k"] == SPEC.top_k and c.meta["role"] == "prefill"
+    assert len({c.meta["tokens_sha256"] for c in outs}) == 1
+    assert f"tokens: {flat.size} from token ids of 30 requests" in texts[0] and f"tokens: {flat.size} from histogram" in texts[2]
+
+
+def test_fit_and_inspect_take_a_prediction_and_say_what_it_is(tmp_path, model, requests):
+    (tmp_path / "ids.json").write_text(json.dumps(requests))
+    counts = tmp_path / "hash.npz"
+    assert run("hash-counts", model, "--token-ids", tmp_path / "ids.json", "-o", counts, "-q")[0] == 0
+    code, out, err = run(
+        "fit", counts, "--ep-size", "4", "--redundant", "4", "-o", tmp_path / "layout.json", "--model", model, "-q"
+    )
+    assert code == 0, err
+    assert "layers [0, 1, 2] predicted from" in out and "MoE layers [3, 4] have no counts in any scene" in out
+    layout = json.loads((tmp_path / "layout.json").read_text())
+    assert layout["moe_layers"] == SPEC.moe_layers and len(layout["physical_to_logical_map"]) == SPEC.num_layers
+    code, out, err = run("inspect", counts, "--json", "-q")
+    assert code == 0, err
+    assert json.loads(out)["meta"]["predicted_layers"] == HASHED and "predicted from" in json.loads(out)["notes"][0]
+
+
+def _record(path: Path, entries: int = 6, physical: bool = False) -> Path:
+    """A record of the tiny V4 whose hash layers came out empty (the score-routed ones routed)."""
+    data = skewed_counts(entries, SPEC.num_layers, SPEC.num_experts, seed=5) * SPEC.top_k
+    data[:, HASHED] = 0
+    data[2] = 0  # an unwritten ring entry
+    phys = np.concatenate([data, np.zeros_like(data[..., :4])], axis=2) if physical else None
+    return write_counts(Counts(data, {"model": "tiny", "role": "prefill", "moe_layers": SPEC.moe_layers}, phys), path)
+
+
+def test_fill_puts_the_exact_prediction_into_a_record_that_missed_the_hash_layers(tmp_path, model, requests):
+    record = _record(tmp_path / "record.npz", physical=True)
+    (tmp_path / "ids.json").write_text(json.dumps(requests))
+    out = tmp_path / "filled.npz"
+    code, stdout, err = run("inspect", record, "--model", model, "-q")
+    assert code == 0 and "the model's hash layers [0, 1, 2] are all zero" in stdout, err
+    code, stdout, err = run("hash-counts", model, "--token-ids", tmp_path / "ids.json", "--fill", record, "-o", out, "-q")
+    assert code == 0, err
+    before, after = read_counts(record), read_counts(out)
+    flat = np.concatenate([np.asarray(r, dtype=np.int64) for r in requests])
+    assert np.array_equal(after.total()[HASHED], _bincounts(model, flat))
+    scored = [layer for layer in SPEC.moe_layers if layer not in HASHED]
+    assert np.array_equal(after.data[:, scored], before.data[:, scored])
+    assert not after.data[2].any() and after.physical is None and "dropped physical_count" in stdout
+    tokens = before.data[:, scored].sum(axis=(1, 2))
+    share = after.data[:, HASHED].sum(axis=(1, 2)) / after.data[:, HASHED].sum()
+    assert np.allclose(share, tokens / tokens.sum(), atol=1e-3)
+    assert after.meta["predicted_layers"] == HASHED and after.meta["role"] == "prefill"
+    assert after.meta["recorded_tokens"] == pytest.approx(tokens.sum() / (SPEC.top_k * len(scored)))
+    code, stdout, _ = run("inspect", out, "--model", model, "-q")
+    assert code == 0 and "all zero" not in stdout and "predicted from" in stdout
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    total=st.lists(st.integers(0, 2**53), min_size=1, max_size=6),
+    weights=st.lists(st.integers(0, 2**40), min_size=1, max_size=8).filter(any),
+)
+def test_apportion_keeps_every_total_and_each_share_within_one(total, weights):
+    t, w = np.array(total, dtype=np.int64), np.array(weights, dtype=np.int64)
+    parts = apportion(t, w)
+    assert parts.shape == (len(w), len(t)) and np.array_equal(parts.sum(axis=0), t) and (parts >= 0).all()
+    exact = [[x * wi / sum(weights) for x in total] for wi in weights]
+    assert np.all(np.abs(parts - np.array(exact)) <= 1 + 1e-6 * np.array(exact))
+
+
+def test_prompts_are_tokenized_by_the_models_tokenizer(tmp_path, model):
+    from transformers import AutoTokenizer
+
+    prompts = ["the quick brown fox", "jumps over the lazy dog again and again"]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": p}) for p in prompts))
+    out = tmp_path / "p.npz"
+    code, _, err = run("hash-counts", model, "--prompts", tmp_path / "prompts.jsonl", "-o", out, "-q")
+    assert code == 0, err
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    ids = np.concatenate([tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts])
+    assert np.array_equal(read_counts(out).data[0, HASHED], _bincounts(model, ids))
+
+
+def test_prompts_without_transformers_are_one_line(tmp_path, model, monkeypatch):
+    (tmp_path / "prompts.json").write_text(json.dumps(["hello"]))
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    code, _, err = run("hash-counts", model, "--prompts", tmp_path / "prompts.json", "-o", tmp_path / "p.npz", "-q")
+    assert_one_line_error(code, err, "needs the transformers package", "no transformers")
+    assert not (tmp_path / "p.npz").exists()
+
+
+def test_help_says_which_tokens_each_node_computes():
+    code, out, _ = run("hash-counts", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "uncached prompt tokens" in text and "drafted tokens" in text and "--fill" in text
+
+
+BAD = {
+    "id past the vocabulary": ("--token-ids", "ids.json", [[1, 2], [3, 512]], "request 1's token ids has a value above 511"),
+    "not JSON": ("--token-ids", "ids.json", "[[1, 2]", "the file is not valid JSON"),
+    "not a list of requests": ("--token-ids", "ids.json", {"a": 1}, "expected a JSON list"),
+    "a request not a list": ("--token-ids", "ids.jsonl", "[1]\n5\n", "request 1 is int, not a list of token ids"),
+    "bad JSONL line": ("--token-ids", "ids.jsonl", "[1]\n[2,\n", "line 2 is not valid JSON"),
+    "no tokens": ("--token-ids", "ids.json", [[], []], "hold no token"),
+    "negative histogram": ("--histogram", "h.json", [1, -1], "a negative value -1"),
+    "histogram past the vocabulary": ("--histogram", "h.json", [0] * 600 + [1], "token id 600, outside the vocabulary"),
+    "prompt not a string": ("--prompts", "p.json", [["a"]], "prompt 0 is list"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_tokens_are_one_line_and_write_nothing(tmp_path, model, name):
+    option, file, content, expected = BAD[name]
+    (tmp_path / file).write_text(content if isinstance(content, str) else json.dumps(content))
+    out = tmp_path / "out.npz"
+    code, _, err = run("hash-counts", model, option, tmp_path / file, "-o", out, "-q")
+    assert_one_line_error(code, err, expected, name)
+    assert not out.exists()
+
+
+def test_a_bad_model_or_record_is_one_line_and_writes_nothing(tmp_path, model):
+    (tmp_path / "ids.json").write_text(json.dumps([[1, 2, 3]]))
+    out = tmp_path / "out.npz"
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((model / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:-1000])
+    no_hash = tmp_path / "no-hash"
+    no_hash.mkdir()
+    (no_hash / "config.json").write_text(json.dumps({**json.loads((model / "config.json").read_text()), "num_hash_layers": 0}))
+    recorded = _record(tmp_path / "recorded.npz")
+    full = read_counts(recorded)
+    write_counts(Counts(full.data + 1, full.meta), tmp_path / "full.npz")
+    other = write_counts(Counts(np.ones((2, 3, SPEC.num_experts), dtype=np.int64)), tmp_path / "other.npz")
+    cases = [
+        ((broken,), "outside the file's"),
+        ((no_hash,), "config has no num_hash_layers"),
+        ((model, "--fill", tmp_path / "full.npz"), "hash layers [0, 1, 2] hold"),
+        ((model, "--fill", other), "the record is [L=3, E=64], the model [L=5, E=64]"),
+        ((model, "--fill", tmp_path / "ids.json"), "not a counts file"),
+    ]
+    for args, expected in cases:
+        code, _, err = run("hash-counts", *args, "--token-ids", tmp_path / "ids.json", "-o", out, "-q")
+        assert_one_line_error(code, err, expected, str(args))
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("predicted", ["0,1,2", [0, 9], [True]], ids=["a string", "a layer past the axis", "a boolean"])
+def test_a_counts_file_whose_predicted_layers_are_not_layers_is_refused(tmp_path, predicted):
+    path = write_counts(Counts(np.ones((1, 3, 4), dtype=np.int64), {"predicted_layers": predicted}), tmp_path / "c.npz")
+    code, _, err = run("inspect", path, "-q")
+    assert_one_line_error(code, err, "predicted_layers must be a list of layer indices in [0, 3)", str(predicted))

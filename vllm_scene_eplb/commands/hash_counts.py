@@ -1,0 +1,133 @@
+"""`scene-eplb hash-counts MODEL (--token-ids F | --histogram F | --prompts F) -o OUT [--fill RECORD]`:
+the hash-routed layers' counts predicted exactly from the tokens, before (or beside) any record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..counts import Counts
+from ..errors import SceneEplbError
+from ..formats import read_counts, write_counts
+from ..formats.counts import PREDICTED_KEY
+from ..hash_counts import fill_hash_layers, predicted_counts, prediction_meta
+from ..hash_routing import HashTables, check_histogram, model_hash_geometry, read_hash_tables, token_histogram
+from ..token_input import read_histogram, read_prompts, read_token_ids, tokenize
+from .console import Console
+from .options import check_output_file
+
+HELP = "predict the hash-routed layers' counts (DeepSeek-V4) exactly from tokens"
+DESCRIPTION = (
+    "DeepSeek-V4 routes its first num_hash_layers MoE layers by a table on the token id "
+    "(layers.N.ffn.gate.tid2eid), so their counts are a function of the tokens a node computes: a P node "
+    "computes each request's uncached prompt tokens (the prompt minus its prefix-cache hit); a D node computes "
+    "the tokens it samples (each fed back in the next step) and, with MTP or another drafter, the drafted "
+    "tokens the target model verifies. Give those tokens; the command writes a scene-eplb counts file over the "
+    "model's layer axis that `fit` takes: one entry, the hash layers exact, every other layer zero, the "
+    "metadata naming the predicted layers. With --fill, a recorded counts file whose hash layers came out "
+    "empty gets them filled instead, the prediction split over its entries by their tokens."
+)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="the model's folder: config.json (num_hash_layers, vocab_size) and its safetensors")
+    tokens = p.add_mutually_exclusive_group(required=True)
+    tokens.add_argument(
+        "--token-ids",
+        metavar="FILE",
+        help="token ids per request: a JSON list of lists of integers, or .jsonl with one list a line "
+        "(P: the uncached prompt tokens; D: the sampled and drafted tokens)",
+    )
+    tokens.add_argument("--histogram", metavar="FILE", help="a token histogram: a JSON list, the count of token id i at index i")
+    tokens.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help='text prompts (a JSON list or .jsonl lines of strings or of {"prompt": ...}), tokenized by the model\'s '
+        "tokenizer with its special tokens, as a completion request is (needs transformers); every prompt token "
+        "counts, i.e. a P node with no prefix-cache hits",
+    )
+    p.add_argument(
+        "--fill",
+        metavar="RECORD",
+        help="a recorded counts file of this model whose hash layers are all zero: write it with them filled "
+        "(measured physical_count and source_count are dropped: the prediction cannot split them)",
+    )
+    p.add_argument("--role", choices=("prefill", "decode"), help="the node the tokens are from (counts metadata role)")
+    p.add_argument("-o", "--output", required=True, help="counts file to write (scene-eplb .npz; replaced atomically)")
+
+
+def _histogram(args, tables: HashTables) -> tuple[np.ndarray, str]:
+    """The tokens the options give, as a histogram over the vocabulary, and where they came from in words."""
+    if args.histogram:
+        return check_histogram(read_histogram(args.histogram), tables.vocab, args.histogram), f"histogram {args.histogram}"
+    if args.token_ids:
+        requests, path = read_token_ids(args.token_ids), args.token_ids
+        source = f"token ids of {len(requests)} requests in {path}"
+    else:
+        prompts, path = read_prompts(args.prompts), args.prompts
+        requests, source = tokenize(prompts, args.model), f"{len(prompts)} prompts in {path}"
+    return token_histogram(requests, tables.vocab, path), source
+
+
+def run(args, console: Console) -> None:
+    tokens_file = args.token_ids or args.histogram or args.prompts
+    check_output_file(args.output, [f for f in (args.fill, tokens_file) if f])
+    geometry, _ = model_hash_geometry(args.model)
+    record = read_counts(args.fill) if args.fill else None
+    with console.progress(f"reading the hash tables of {args.model}"):
+        tables = read_hash_tables(args.model)
+    with console.progress("reading the tokens"):
+        histogram, source = _histogram(args, tables)
+    if not histogram.any():
+        raise SceneEplbError("the tokens given hold no token: nothing to predict", tokens_file)
+    meta = prediction_meta(geometry, tables, histogram, source) | ({"role": args.role} if args.role else {})
+    if record is None:
+        counts = predicted_counts(geometry, tables, histogram, {"model": Path(args.model).resolve().name, **meta})
+    else:
+        try:
+            counts = fill_hash_layers(record, geometry, tables, histogram, meta)
+        except SceneEplbError as exc:
+            raise SceneEplbError(exc.problem, args.fill) from None
+    out = write_counts(counts, args.output)
+    total = counts.total()[list(tables.layers)]
+    measured = {} if record is None else {"physical_count": record.physical, "source_count": record.sources}
+    payload = {
+        "output": str(out),
+        PREDICTED_KEY: list(tables.layers),
+        "tokens": int(histogram.sum()),
+        "tokens_from": source,
+        "expert_skew_max_over_mean": dict(zip(map(str, tables.layers), (total.max(axis=1) / total.mean(axis=1)).tolist())),
+        "filled": args.fill,
+        "recorded_tokens": counts.meta.get("recorded_tokens"),
+        "dropped": [key for key, array in measured.items() if array is not None],
+        "shape": list(counts.data.shape),
+    }
+    console.emit(payload, _text(payload, tables, counts))
+
+
+def _text(payload: dict, tables: HashTables, counts: Counts) -> str:
+    """What the command says: the tables, the tokens, each hash layer's skew and what it wrote."""
+    lines = [
+        f"hash layers {list(tables.layers)}: {tables.num_experts} experts, top-{tables.top_k}, vocabulary {tables.vocab}",
+        f"tokens: {payload['tokens']} from {payload['tokens_from']}",
+        "expert load max/mean: " + ", ".join(f"layer {k} {v:.2f}" for k, v in payload["expert_skew_max_over_mean"].items()),
+    ]
+    shape = "[T={}, L={}, E={}]".format(*payload["shape"])
+    if payload["filled"] is None:
+        lines.append(f"wrote {payload['output']}: counts {shape}, the hash layers predicted, every other layer zero")
+        return "\n".join(lines)
+    recorded = payload["recorded_tokens"]
+    lines.append(
+        f"the record routed {recorded:.1f} tokens a score-routed layer, the tokens given {payload['tokens']} "
+        f"(ratio {payload['tokens'] / recorded:.3f}: 1 when they are the record's tokens)"
+    )
+    if payload["dropped"]:
+        lines.append(
+            f"dropped {', '.join(payload['dropped'])}: measured, the prediction cannot split the hash layers by slot or source"
+        )
+    written = counts.written_entries().size
+    lines.append(
+        f"wrote {payload['output']}: counts {shape}, {payload['filled']} with its hash layers filled over its {written} written entries"
+    )
+    return "\n".join(lines)
