@@ -157,14 +157,14 @@ def expert_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = No
                 dtype, "torch_dtype"
             ), f"{kind} (ModelSlim: int8, per-channel scale and offset)"
         raise SceneEplbError(f"ModelSlim expert quantisation {kind!r} is not priced here: pass --expert-bytes")
+    quant = f.obj("quantization_config")
+    if not quant:  # unquantized: vLLM reads DeepSeek-V4's expert_dtype only through its quantization config
+        return params * _dtype_bytes(dtype, "torch_dtype"), dtype
     experts = f.text("expert_dtype", "")
     if experts == "fp4":  # DeepSeek-V4's MXFP4 experts: two weights per byte, one ue8m0 scale per 32
         return params // 2 + params // 32, "MXFP4 (expert_dtype fp4: 4-bit weights, a ue8m0 scale per 32)"
     if experts not in ("", "fp8"):
         raise SceneEplbError(f"config expert_dtype {experts!r} is not priced here: pass --expert-bytes", path)
-    quant = f.obj("quantization_config")
-    if not quant:
-        return params * _dtype_bytes(dtype, "torch_dtype"), dtype
     q = ConfigFields(quant, path)
     method = q.text("quant_method", "")
     if method == "fp8":
