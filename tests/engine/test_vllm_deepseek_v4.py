@@ -19,6 +19,7 @@ from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts, write_layout
 from vllm_scene_eplb.harness.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
+from vllm_scene_eplb.hash_routing import predict_hash_counts
 from vllm_scene_eplb.layout import Geometry
 
 from ..conftest import require_vllm, run_ranks, skewed_counts
@@ -54,7 +55,7 @@ def run(tmp_path_factory):
     tables = {
         layer: load_file(str(model / "model.safetensors"))[f"layers.{layer}.ffn.gate.tid2eid"] for layer in SPEC.hash_layers
     }
-    return ranks, made["layout"], tables
+    return ranks, made["layout"], tables, model
 
 
 def dumped(rank: dict, case: str) -> Counts:
@@ -64,7 +65,7 @@ def dumped(rank: dict, case: str) -> Counts:
 
 
 def test_the_layout_replicates_experts_across_the_two_ranks(run):
-    _, layout, _ = run
+    _, layout, _, _ = run
     for row in layout.physical_to_logical_map:
         replicated = [e for e in np.unique(row) if len({int(p) // SLOTS for p in np.flatnonzero(row == e)}) > 1]
         assert replicated  # a replica on each rank: the replica maps and the audit have work to do
@@ -74,7 +75,7 @@ def test_the_layout_replicates_experts_across_the_two_ranks(run):
 def test_every_moe_block_computes_what_the_plain_torch_layer_does(run, case):
     """Every block's output (routed experts on two EP ranks, the shared expert, the all-reduce) equals a
     plain-torch V4 block from the checkpoint: with a layout the work moves, the answer does not."""
-    ranks, _, _ = run
+    ranks, _, _, _ = run
     for rank in ranks:
         assert rank[case]["refused"] is None, rank[case]["refused"]
         assert max(rank[case]["max_abs_error"]) < 1e-5, rank[case]["max_abs_error"]
@@ -84,17 +85,20 @@ def test_every_moe_block_computes_what_the_plain_torch_layer_does(run, case):
 def test_hash_layers_count_exactly_the_table_rows_of_the_real_tokens(run, case):
     """Hash layers route by ``tid2eid[token]``: their counts are bincount(tid2eid[ids]) over the real
     rows, padding counted nowhere (SGLang #25961 recorded these layers empty)."""
-    ranks, _, tables = run
+    ranks, _, tables, model = run
     ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in ranks[0][case]["tokens"]])
     counts = dumped(ranks[0], case).data.sum(axis=0)
+    predicted = predict_hash_counts(model, ranks[0][case]["tokens"])  # what `scene-eplb hash-counts` writes
+    assert sorted(predicted) == list(tables) == SPEC.hash_layers
     for layer, table in tables.items():
         want = np.bincount(table[ids].ravel(), minlength=SPEC.num_experts)
         assert counts[layer].sum() > 0 and np.array_equal(counts[layer], want), layer
+        assert np.array_equal(predicted[layer], counts[layer]), layer
 
 
 @pytest.mark.parametrize("case", LOADED)
 def test_every_moe_layer_counts_what_an_independent_router_chose(run, case):
-    ranks, _, _ = run
+    ranks, _, _, _ = run
     counts = dumped(ranks[0], case)
     want = np.asarray(ranks[0][case]["expected_counts"])
     assert np.array_equal(counts.data.sum(axis=0), want)
@@ -104,7 +108,7 @@ def test_every_moe_layer_counts_what_an_independent_router_chose(run, case):
 
 @pytest.mark.parametrize("case", ["static", "dynamic"])
 def test_replica_traffic_sums_to_each_expert_and_uses_both_replicas(run, case):
-    ranks, layout, _ = run
+    ranks, layout, _, _ = run
     counts = dumped(ranks[0], case)
     assert counts.physical is not None
     physical, logical = counts.physical.sum(axis=0), counts.data.sum(axis=0)
@@ -118,7 +122,7 @@ def test_replica_traffic_sums_to_each_expert_and_uses_both_replicas(run, case):
 
 @pytest.mark.parametrize("case", LOADED)
 def test_the_load_audit_passes_on_every_rank(run, case):
-    ranks, layout, _ = run
+    ranks, layout, _, _ = run
     for rank in ranks:
         audit = rank[case]["load_audit"] or ""
         assert audit.startswith("passed:"), audit
@@ -130,7 +134,7 @@ def test_a_mis_loaded_hash_layer_slot_is_refused_naming_it(run):
     """The test-only loader bug swaps slots 1 and 2 of hash layer 0 (EP rank 0's): that rank's audit
     refuses naming the layer and both slots, and the other rank, whose own slots loaded right, refuses
     too (in the replica check's one exchange, not after its deadline): no rank serves."""
-    ranks, layout, _ = run
+    ranks, layout, _, _ = run
     row = layout.physical_to_logical_map[0]
     assert row[1] != row[2]  # the swap moves an expert
     own = ranks[0]["misload"]["refused"] or ""
