@@ -30,6 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 GROUPS = ("unit", "repository", "ascend", "engine")
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Every run ends with the vLLM servers it started (engine starts are most of the suite's time)."""
+    from vllm_scene_eplb.harness.local_server import STARTED
+
+    terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(STARTED) or 'none'})")
+
+
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         group = item.path.parent.name

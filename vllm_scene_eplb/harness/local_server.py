@@ -198,6 +198,9 @@ def _forced(position: dict, token: int) -> tuple[float, float]:
     return position[str(token)]["logprob"], top[0] - top[1] if len(top) > 1 else float("inf")
 
 
+STARTED: list[str] = []  # the names of the servers this process started, in order (the test suite prints them)
+
+
 def start_server(
     model: Path,
     workdir: Path,
@@ -212,6 +215,7 @@ def start_server(
     """Start a server on a free port, logging to ``workdir/name.log``; call ``wait_ready`` next (or use
     it in a ``with``). ``cores`` binds its workers' threads (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``: one
     entry per worker, ``|``-separated); ``env`` adds to its environment."""
+    STARTED.append(name)
     port = free_port()
     env = {
         **os.environ,
