@@ -26,6 +26,7 @@ from ...runtime.replica_map import SourceRanks, own_source_span
 from ...runtime.worker import NullPlugin, RecorderPlugin
 from ..drafter import moe_drafter
 from .expert_loading import ExpertLoading, audit_load
+from .sequence_parallel import ShardRows, shard_rows_of
 from .version import check_engine_version, engine_version
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -77,6 +78,7 @@ class VllmWorkerPlugin(RecorderPlugin):
     """A vLLM worker's plugin state: the recorder's, plus where its routed batch comes from."""
 
     dp_size: int
+    tp_size: int
     source: SourceRanks  # the EP ranks that route this worker's batch (the static table's source rows)
     source_rank: int  # this worker's place in vLLM's EP group: its row of the per-source counts
     expert_loading: ExpertLoading | None = None  # the loaders' layout rows and the load audit's journal
@@ -115,12 +117,19 @@ class VllmWorkerPlugin(RecorderPlugin):
 
     def bind(self, model_runner) -> None:
         """Attach the observer, the replica maps and the checks to the loaded model."""
+        from vllm import envs
+
         from ...runtime.replica_map import layer_maps  # torch: imported once the engine runs
 
         runners = moe_runners(model_runner.model)
         self.check_moe_layers([int(r.layer_id) for r in runners])
         for r in runners:
             check_moe_backend(r)
+        shard = shard_rows_of(model_runner.model, runners, self.tp_rank, self.tp_size, bool(envs.VLLM_MOE_SKIP_PADDING))
+        if shard is not None:
+            # each TP rank routes its own chunk of the step: it counts that chunk (the export's sum
+            # over the EP group counts every token once) and its own static table row routes it
+            self.source, self.contributes = SourceRanks(self.source_rank, 1), True
         if self.expert_loading is not None:
             where = f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"
             self.load_audit = audit_load(self.expert_loading, runners, where)
@@ -151,16 +160,20 @@ class VllmWorkerPlugin(RecorderPlugin):
             else torch.arange(E).expand(L, E)
         )
         # where several ranks route the same batch, each also counts the rows its own table row routes
-        # with DP > 1 a rank counts its own DP rank's rows, its experts compute every DP rank's: no active slots
+        # with DP > 1 (or TP chunks) a rank counts its own rows, its experts compute every rank's: no active slots
         observer = self.make_observer(
-            device, slots, self.dp_size, source_rows=self.source.span > 1, active_slots=self.dp_size == 1
+            device, slots, self.dp_size, source_rows=self.source.span > 1, active_slots=self.dp_size == 1 and shard is None
         )
         # the largest pass a MoE layer routes (compiled, the capture cannot grow its ones buffer)
         batch = model_runner.vllm_config.scheduler_config.max_num_batched_tokens
         observer.reserve(batch * self.dp_size * (self.model.top_k or E))
         padding = padding_rows_of(model_runner)
         for idx, r in enumerate(runners):
-            r.router._scene_eplb_physical = functools.partial(_capture, observer, idx, padding, self.source, self.source_rank)
+            r.router._scene_eplb_physical = (
+                functools.partial(_capture, observer, idx, padding, self.source, self.source_rank)
+                if shard is None
+                else functools.partial(_capture_chunk, observer, idx, shard)
+            )
         if self.config.time_moe:
             attach_moe_timer(observer, runners, device)
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
@@ -173,6 +186,22 @@ def _capture(observer: LayerCapture, moe_idx: int, padding, source: SourceRanks,
     if observer.source_rows:
         lo, hi = own_source_span(source, source_rank, slots.shape[0])
         observer.capture_sources(moe_idx, slots[lo:hi], None if padding is None else padding[lo:hi])
+
+
+def _capture_chunk(observer: LayerCapture, moe_idx: int, shard: ShardRows, slots) -> None:
+    """Count the real rows of this TP rank's chunk of the step (sequence-parallel MoE), read from the
+    forward context's padding mask; a pass whose rows do not follow the chunk rule is marked skipped
+    (status, dump metadata and the dump route's refusal show it), never miscounted."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    try:
+        mask = get_forward_context().is_padding if is_forward_context_available() else None
+        rows, padding = shard.own(slots.shape[0], mask)
+    except ValueError as exc:
+        logger.error("scene-eplb: this pass of MoE layer %d is not counted (skipped): %s", moe_idx, exc)
+        observer.skip(moe_idx)
+        return
+    observer.capture(moe_idx, slots[:rows], padding_rows=padding)
 
 
 def attach_moe_timer(observer, runners: list, device) -> None:
@@ -244,9 +273,10 @@ def configure(vllm_config) -> VllmPlugin:
         dp_rank=pc.data_parallel_rank,
         dp_size=pc.data_parallel_size,
         tp_rank=tp_rank,
+        tp_size=tp_size,
         source=source,
         source_rank=group_rank,
-        contributes=tp_rank == 0,
+        contributes=tp_rank == 0,  # every TP rank where the MoE layers route TP chunks (set at bind)
         observer=NullObserver(role, cfg.ring_entries),
         exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
     )
@@ -271,8 +301,9 @@ def padding_rows_of(model_runner):
 def check_parallel_settings(pc) -> None:
     """Refuse the parallel settings whose routed rows the observer cannot attribute (each needs its
     own padding mask, which vLLM does not hand the router): dual-batch overlap / micro-batching (the
-    second micro-batch starts at an offset into the step's rows) and sequence-parallel MoE (each TP
-    rank routes a chunk padded to a multiple of the TP size)."""
+    second micro-batch starts at an offset into the step's rows) and prefill context parallelism.
+    Sequence-parallel MoE is counted chunk by chunk (``sequence_parallel``), decided at bind from
+    the MoE layers vLLM built."""
     if pc.use_ubatching:
         raise SceneEplbError(
             "scene_eplb does not count micro-batched steps (the second micro-batch's padding rows are not "
@@ -282,11 +313,6 @@ def check_parallel_settings(pc) -> None:
         raise SceneEplbError(
             "scene_eplb does not count prefill context parallelism (it gathers tokens over PCP ranks and keeps "
             "its own MoE padding): drop --prefill-context-parallel-size"
-        )
-    if pc.use_sequence_parallel_moe:
-        raise SceneEplbError(
-            "scene_eplb does not count sequence-parallel MoE (each TP rank routes a padded chunk of the "
-            "step's rows): serve without sequence-parallel MoE (--enable-expert-parallel with TP, or DP x EP)"
         )
 
 
