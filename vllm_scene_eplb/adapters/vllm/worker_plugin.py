@@ -257,6 +257,7 @@ def configure(vllm_config) -> VllmPlugin:
     ep_size = ep.world_size if pc.enable_expert_parallel else 1  # the EP size a layout must be made for
     ep_rank = ep.rank_in_group if pc.enable_expert_parallel else 0
     check_parallel_settings(pc)
+    check_moe_kernel(vllm_config.kernel_config)
     # DP rank d's tokens are routed by its TP ranks, EP ranks d*tp .. d*tp+tp-1 (vLLM's numbering; the
     # EP group holds every DP x TP rank, with EP on or off).
     group_rank = ep.rank_in_group
@@ -316,12 +317,36 @@ def check_parallel_settings(pc) -> None:
         )
 
 
+def check_moe_kernel(kernel_config) -> None:
+    """Refuse a MoE backend that builds no MoE layer the plugin can bind: vLLM 0.33's MegaMoE
+    (``--kernel-config moe_backend=deep_gemm_mega_moe``, DeepSeek-V4) routes inside its own experts
+    (``DeepGemmMegaMoEExperts`` behind ``bf16_mega_gate``), with no MoE runner and no router step."""
+    try:
+        from vllm.config.kernel import NATIVE_MEGA_MOE_BACKENDS
+    except ImportError:  # a release without MegaMoE
+        return
+    backend = getattr(kernel_config, "moe_backend", None)
+    if backend in NATIVE_MEGA_MOE_BACKENDS:
+        raise SceneEplbError(
+            f"--kernel-config moe_backend={backend} (MegaMoE) routes inside its own experts, past vLLM's "
+            "router, so scene_eplb's counts and replica map never run (a layout would compute the wrong "
+            "experts, silently): choose another moe_backend or remove scene_eplb"
+        )
+
+
+CPU_EXPERTS_MODULE = "vllm.model_executor.layers.fused_moe.experts.cpu"  # vLLM's CPU experts: cpu_moe, cpu_int4_moe
+
+
 def check_moe_backend(moe_runner) -> None:
     """Refuse a MoE layer the plugin cannot see into: a monolithic kernel routes inside itself, so
     the router's EPLB mapping step (the replica map and the count) never runs and, with a layout,
     logical ids would index physical slots (the wrong experts, silently); a quant method without
     EPLB support ignores physical ids; naive DP dispatch routes the DP-gathered batch on every rank
-    (each would count every DP rank's tokens)."""
+    (each would count every DP rank's tokens); quantized CPU experts (``CPUExpertsMxfp4``,
+    ``CPUExpertsFp8``, ...) under expert parallelism hand their kernel global ids with no expert
+    map (the plugin's local-experts path covers the unquantized ones only)."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
     qm = moe_runner.routed_experts.quant_method
     experts = fused_experts_of(moe_runner)
     backend = qm.__class__.__name__ + ("" if experts is None else f" / {experts.__class__.__name__}")
@@ -333,6 +358,18 @@ def check_moe_backend(moe_runner) -> None:
         )
     if not qm.supports_eplb:
         raise SceneEplbError(f"{where}: this quant method does not support EPLB (physical expert ids), which scene_eplb needs")
+    if (
+        experts is not None
+        and type(experts).__module__.startswith(CPU_EXPERTS_MODULE)
+        and not isinstance(experts, CPUUnquantizedExperts)
+        and moe_runner.routed_experts.expert_map is not None
+    ):
+        raise SceneEplbError(
+            f"{where}: vLLM's quantized CPU experts pass global expert ids to their kernel with no expert "
+            "map, so under expert parallelism every rank would compute the wrong experts (scene_eplb's "
+            "local-experts path covers unquantized CPU experts only): serve without --enable-expert-parallel "
+            "or with unquantized experts"
+        )
     if getattr(moe_runner, "do_naive_dispatch_combine", False):
         raise SceneEplbError(
             f"{where}: naive DP dispatch routes the DP-gathered batch on every rank, which scene_eplb would "
