@@ -84,6 +84,18 @@ def test_quantized_cpu_experts_under_expert_parallelism_are_refused_by_layer(rel
     assert cpu["mxfp4_no_ep"] is None and cpu["unquantized_ep"] is None
 
 
+def test_a_layout_beside_a_v4_mtp_or_dspark_drafter_is_refused_with_the_reason(both):
+    """vLLM 0.33 places a V4 MTP or DSpark draft's experts with its own EPLB; scene_eplb's static layout
+    covers the target's MoE layers only, so the combination stops startup saying so (n-gram drafts pass)."""
+    _, new = both
+    for method in ("mtp", "dspark"):
+        got = new["drafters"][method]
+        assert got["vllm_eplb"] is True
+        assert got["refused"].startswith(f"scene_eplb.layout with a speculative drafter that has MoE layers ({method})")
+        assert "DeepSeek-V4 DSpark draft's included" in got["refused"]
+    assert new["drafters"]["ngram"]["refused"] is None
+
+
 def test_mega_moe_is_refused_by_its_backend_name(release):
     """DeepSeek-V4's MegaMoE builds no MoE runner (it routes inside its experts): named, not "MoE layers []"."""
     mega = release["mega_moe"]

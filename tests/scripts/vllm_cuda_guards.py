@@ -114,6 +114,26 @@ def main() -> None:
         "unquantized_ep": cpu_refusal(UnquantizedFusedMoEMethod, CPUUnquantizedExperts, True),
     }
 
+    # ---- a layout beside DeepSeek-V4's MTP or DSpark drafter, which vLLM 0.33 registers with its own EPLB
+    try:
+        from vllm.v1.worker.gpu.eplb_utils import draft_model_supports_eplb
+    except ImportError:  # vLLM 0.32: no DSpark
+        draft_model_supports_eplb = None
+    if draft_model_supports_eplb is not None:
+        from transformers import DeepseekV4Config
+
+        draft_config = SimpleNamespace(hf_config=DeepseekV4Config())  # vLLM's ModelConfig around the real HF config: a stand-in
+        out["drafters"] = {}
+        for method in ("mtp", "dspark", "ngram"):
+            spec = SimpleNamespace(method=method, draft_model_config=draft_config)
+            try:
+                worker_plugin.check_drafter(SimpleNamespace(speculative_config=spec))
+                refused = None
+            except SceneEplbError as exc:
+                refused = str(exc)
+            # object(): the draft's MoE model, which vLLM's rule only needs to exist
+            out["drafters"][method] = {"vllm_eplb": draft_model_supports_eplb(spec, object()), "refused": refused}
+
     # ---- MegaMoE (DeepSeek-V4's --kernel-config moe_backend=deep_gemm_mega_moe), refused by name before the weights load
     from vllm.config.kernel import KernelConfig
 

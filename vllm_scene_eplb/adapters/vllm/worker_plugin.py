@@ -378,16 +378,23 @@ def check_moe_backend(moe_runner) -> None:
 
 
 def check_drafter(vllm_config) -> None:
-    """Refuse a layout run whose speculative drafter has MoE layers of its own (DeepSeek's MTP layer):
-    vLLM builds them with the same slot count and the layout has no rows for them. Drafts without a
-    model (n-gram, suffix) and dense drafters are fine; the recorder never counts a drafter's layers
-    (it binds to the target model), and its verification passes are the target's own."""
+    """Refuse a layout run whose speculative drafter has MoE layers of its own (DeepSeek's MTP layer,
+    a DeepSeek-V4 DSpark draft): the layout places the target model's MoE layers only, while vLLM
+    would build the drafter's with the layout's slot count and load and route them by no layout row,
+    so the draft would compute from slots the layout never placed. vLLM's own EPLB does place a
+    drafter's experts (vLLM 0.33 registers MTP drafts and V4 DSpark drafts with it:
+    ``draft_model_supports_eplb``); a static layout for a drafter's layers, counted apart from the
+    target's, is not built. Drafts without a model (n-gram, suffix) and dense drafters are fine; the
+    recorder never counts a drafter's layers (it binds to the target model), and its verification
+    passes are the target's own."""
     method = moe_drafter(vllm_config)
     if method is not None:
         raise SceneEplbError(
-            f"scene_eplb.layout with a speculative drafter that has MoE layers ({method}): vLLM gives the "
-            "drafter's MoE layers the layout's slot count and the layout has no rows for them; record and "
-            "fit with it, then serve the layout without the MoE drafter (or use n-gram drafts)"
+            f"scene_eplb.layout with a speculative drafter that has MoE layers ({method}): the layout places "
+            "the target model's MoE layers only, and vLLM would build the drafter's with the layout's slot "
+            "count but load and route them by no layout row (vLLM's own --enable-eplb places a drafter's "
+            "experts, a DeepSeek-V4 DSpark draft's included; scene_eplb's static layout does not); record "
+            "and fit with the drafter on, then serve the layout without the MoE drafter (or use n-gram drafts)"
         )
 
 
