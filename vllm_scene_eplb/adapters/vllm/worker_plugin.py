@@ -318,14 +318,12 @@ def check_parallel_settings(pc) -> None:
 
 
 def check_moe_kernel(kernel_config) -> None:
-    """Refuse a MoE backend that builds no MoE layer the plugin can bind: vLLM 0.33's MegaMoE
+    """Refuse a MoE backend that builds no MoE layer the plugin can bind: MegaMoE
     (``--kernel-config moe_backend=deep_gemm_mega_moe``, DeepSeek-V4) routes inside its own experts
     (``DeepGemmMegaMoEExperts`` behind ``bf16_mega_gate``), with no MoE runner and no router step."""
-    try:
-        from vllm.config.kernel import NATIVE_MEGA_MOE_BACKENDS
-    except ImportError:  # a release without MegaMoE
-        return
-    backend = getattr(kernel_config, "moe_backend", None)
+    from vllm.config.kernel import NATIVE_MEGA_MOE_BACKENDS
+
+    backend = kernel_config.moe_backend
     if backend in NATIVE_MEGA_MOE_BACKENDS:
         raise SceneEplbError(
             f"--kernel-config moe_backend={backend} (MegaMoE) routes inside its own experts, past vLLM's "
