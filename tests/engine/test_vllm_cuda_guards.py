@@ -73,6 +73,36 @@ def test_a_monolithic_backend_and_a_quant_method_without_eplb_are_refused_by_lay
     assert refused["modular"] is None
 
 
+def test_quantized_cpu_experts_under_expert_parallelism_are_refused_by_layer(release):
+    """vLLM's CPUExpertsMxfp4 / CPUExpertsFp8 hand their kernel global ids with no expert map: under EP
+    every rank would compute the wrong experts; without EP, and the unquantized experts (the plugin's
+    local path), pass."""
+    cpu = release["cpu_experts"]
+    for key, cls, method in (("mxfp4_ep", "CPUExpertsMxfp4", "Mxfp4MoEMethod"), ("fp8_ep", "CPUExpertsFp8", "Fp8MoEMethod")):
+        assert f"MoE layer 3 (model.layers.3.mlp.experts), backend {method} / {cls}" in cpu[key]
+        assert "quantized CPU experts pass global expert ids" in cpu[key]
+    assert cpu["mxfp4_no_ep"] is None and cpu["unquantized_ep"] is None
+
+
+def test_a_layout_beside_a_v4_mtp_or_dspark_drafter_is_refused_with_the_reason(both):
+    """vLLM 0.33 places a V4 MTP or DSpark draft's experts with its own EPLB; scene_eplb's static layout
+    covers the target's MoE layers only, so the combination stops startup saying so (n-gram drafts pass)."""
+    _, new = both
+    for method in ("mtp", "dspark"):
+        got = new["drafters"][method]
+        assert got["vllm_eplb"] is True
+        assert got["refused"].startswith(f"scene_eplb.layout with a speculative drafter that has MoE layers ({method})")
+        assert "DeepSeek-V4 DSpark draft's included" in got["refused"]
+    assert new["drafters"]["ngram"]["refused"] is None
+
+
+def test_mega_moe_is_refused_by_its_backend_name(release):
+    """DeepSeek-V4's MegaMoE builds no MoE runner (it routes inside its experts): named, not "MoE layers []"."""
+    mega = release["mega_moe"]
+    assert mega["deep_gemm_mega_moe"].startswith("--kernel-config moe_backend=deep_gemm_mega_moe (MegaMoE) routes inside")
+    assert mega["auto"] is None
+
+
 def test_the_flag_asks_vllm_0_33_for_a_decomposed_backend(both):
     _, new = both
     assert new["decomposed"] == [True, False, True]

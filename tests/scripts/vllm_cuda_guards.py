@@ -89,6 +89,63 @@ def main() -> None:
     modular.moe_kernel = None
     out["refused"] = {"monolithic": refusal(mono), "no_eplb": refusal(no_eplb), "modular": refusal(modular)}
 
+    # ---- vLLM's CPU experts behind their quant methods (quantized ones on AMX hosts), with EP (an expert map) and without
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUExpertsFp8, CPUExpertsMxfp4
+    from vllm.model_executor.layers.quantization.fp8 import Fp8MoEMethod
+    from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
+
+    def cpu_refusal(method_cls, experts_cls, ep: bool):
+        qm = object.__new__(method_cls)
+        qm.moe_kernel = SimpleNamespace(
+            is_monolithic=False, fused_experts=object.__new__(experts_cls)
+        )  # the kernel object: a stand-in
+        runner = moe_runner(qm)
+        runner.routed_experts.expert_map = torch.tensor([0, 1, -1, -1]) if ep else None
+        try:
+            worker_plugin.check_moe_backend(runner)
+        except SceneEplbError as exc:
+            return str(exc)
+        return None
+
+    out["cpu_experts"] = {
+        "mxfp4_ep": cpu_refusal(Mxfp4MoEMethod, CPUExpertsMxfp4, True),
+        "fp8_ep": cpu_refusal(Fp8MoEMethod, CPUExpertsFp8, True),
+        "mxfp4_no_ep": cpu_refusal(Mxfp4MoEMethod, CPUExpertsMxfp4, False),
+        "unquantized_ep": cpu_refusal(UnquantizedFusedMoEMethod, CPUUnquantizedExperts, True),
+    }
+
+    # ---- a layout beside DeepSeek-V4's MTP or DSpark drafter, which vLLM 0.33 registers with its own EPLB
+    try:
+        from vllm.v1.worker.gpu.eplb_utils import draft_model_supports_eplb
+    except ImportError:  # vLLM 0.32: no DSpark
+        draft_model_supports_eplb = None
+    if draft_model_supports_eplb is not None:
+        from transformers import DeepseekV4Config
+
+        draft_config = SimpleNamespace(hf_config=DeepseekV4Config())  # vLLM's ModelConfig around the real HF config: a stand-in
+        out["drafters"] = {}
+        for method in ("mtp", "dspark", "ngram"):
+            spec = SimpleNamespace(method=method, draft_model_config=draft_config)
+            try:
+                worker_plugin.check_drafter(SimpleNamespace(speculative_config=spec))
+                refused = None
+            except SceneEplbError as exc:
+                refused = str(exc)
+            # object(): the draft's MoE model, which vLLM's rule only needs to exist
+            out["drafters"][method] = {"vllm_eplb": draft_model_supports_eplb(spec, object()), "refused": refused}
+
+    # ---- MegaMoE (DeepSeek-V4's --kernel-config moe_backend=deep_gemm_mega_moe), refused by name before the weights load
+    from vllm.config.kernel import KernelConfig
+
+    def kernel_refusal(backend: str):
+        try:
+            worker_plugin.check_moe_kernel(KernelConfig(moe_backend=backend))
+        except SceneEplbError as exc:
+            return str(exc)
+        return None
+
+    out["mega_moe"] = {"deep_gemm_mega_moe": kernel_refusal("deep_gemm_mega_moe"), "auto": kernel_refusal("auto")}
+
     # ---- vLLM 0.33: the flag asks for a decomposed backend (layer.py reads the router's property)
     if hasattr(FusedMoERouter, "supports_monolithic_kernels"):
         prop = BaseRouter.supports_monolithic_kernels  # the (patched) property every router inherits

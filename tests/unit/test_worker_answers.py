@@ -118,3 +118,19 @@ def test_a_broken_worker_answer_is_a_500_naming_its_field():
     with pytest.raises(RouteError, match="ep_rank must be an integer") as bad:
         asyncio.run(WorkerFanout(call_every_worker).native())
     assert bad.value.status == 500
+
+
+def test_the_scheduled_tokens_cross_into_an_export_once_per_dp_rank():
+    """Two TP ranks of one DP rank that both count their own rows (sequence-parallel MoE, vLLM-Ascend):
+    both parts carry their counts, only TP rank 0's the step's 2 scheduled tokens (the export sums them)."""
+    ranks = [recorder(0), recorder(1)]
+    ranks[1].tp_rank = 1
+    for rt in ranks:
+        rt.observer.start()
+        rt.begin_step(2)
+        rt.observer.capture(0, torch.tensor([[rt.ep_rank, 7]]))
+        rt.end_step(False)
+        rt.observer.stop()
+    parts = [rt.rank_record(rt.observer.snapshot()) for rt in ranks]
+    assert [p.tokens for p in parts] == [2, 0]
+    assert [int(p.counts.sum()) for p in parts] == [2, 2]

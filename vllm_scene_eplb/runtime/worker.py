@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..config import PluginConfig
@@ -35,6 +36,9 @@ from .export import Exporter, RankRecord
 from .interfaces import NullSteps, Observer
 from .load_audit import LoadAudit
 from .observer import RoutingObserver
+
+if TYPE_CHECKING:
+    from .count_ring import Record
 
 NOT_ENABLED = "the scene_eplb plugin is not enabled on this server (no scene_eplb in --additional-config)"
 
@@ -254,30 +258,17 @@ class RecorderPlugin:
         """Freeze this rank's counts (a CPU copy) and hand them to the exporter's thread, which must
         finish by ``deadline`` (wall clock); a request that arrives after it starts nothing. ``skipped``:
         the record's skipped (layer, pass) pairs over all ranks (the route summed them), for the metadata."""
-        import torch
-
         if time.time() >= deadline:
             raise SceneEplbError(f"dump {export_id} reached this rank after its deadline: nothing started")
         rec = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
         T, L, E = self.config.ring_entries, self.model.num_layers, self.model.num_experts
         P = 0 if rec.physical is None else rec.physical.shape[2]
-        # this rank's entries [n, L, E + P], logical then physical, summed in one export
-        local = torch.zeros((rec.stamps.size, L, E + P), dtype=torch.int64)
-        sources = None
-        if rec.sources is not None:  # every rank routes its own rows, contributing or not
-            sources = torch.zeros((rec.stamps.size, L, E), dtype=torch.int64)
-            sources[:, self.moe_layer_ids] = rec.sources
-        if self.contributes:
-            local[:, self.moe_layer_ids, :E] = rec.logical
-            if rec.physical is not None:
-                local[:, self.moe_layer_ids, E:] = rec.physical
+        record = self.rank_record(rec)
+        local = record.counts
         st = self.status()
         meta = st.dump_meta()
         meta.update(ring_wrapped=rec.wrapped, recorded_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), skipped_passes=int(skipped))
         path = Path(self.config.dump_dir) / f"counts-{self.role}-{export_id}.npz"
-        record = RankRecord(
-            local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry, rec.tokens if self.contributes else 0, sources
-        )
         job = self.exporter.begin(export_id, record, path, meta, T, (L, E + P), deadline, split=E)
         return DumpStarted(
             **asdict(job.answer()),
@@ -288,6 +279,27 @@ class RecorderPlugin:
             passes_recorded=st.passes_recorded,
             local_total=int(local[..., :E].sum()),
         )
+
+    def rank_record(self, rec: Record) -> RankRecord:
+        """This rank's part of an export, from its snapshot ``rec``: its entries [n, L, E + P]
+        (logical then physical, summed in one export) where it contributes, else zeros; its own-row
+        counts (every rank routes its own rows, contributing or not); the scheduled tokens on TP rank
+        0 alone (a DP rank's TP ranks run the same scheduled tokens, whichever of them count rows)."""
+        import torch
+
+        L, E = self.model.num_layers, self.model.num_experts
+        P = 0 if rec.physical is None else rec.physical.shape[2]
+        local = torch.zeros((rec.stamps.size, L, E + P), dtype=torch.int64)
+        sources = None
+        if rec.sources is not None:
+            sources = torch.zeros((rec.stamps.size, L, E), dtype=torch.int64)
+            sources[:, self.moe_layer_ids] = rec.sources
+        if self.contributes:
+            local[:, self.moe_layer_ids, :E] = rec.logical
+            if rec.physical is not None:
+                local[:, self.moe_layer_ids, E:] = rec.physical
+        tokens = rec.tokens if self.tp_rank == 0 else 0
+        return RankRecord(local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry, tokens, sources)
 
 
 def _rows(counts) -> tuple[tuple[int, ...], ...]:

@@ -26,6 +26,7 @@ from ...runtime.replica_map import SourceRanks, own_source_span
 from ...runtime.worker import NullPlugin, RecorderPlugin
 from ..drafter import moe_drafter
 from .expert_loading import ExpertLoading, audit_load
+from .sequence_parallel import ShardRows, shard_rows_of
 from .version import check_engine_version, engine_version
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -77,6 +78,7 @@ class VllmWorkerPlugin(RecorderPlugin):
     """A vLLM worker's plugin state: the recorder's, plus where its routed batch comes from."""
 
     dp_size: int
+    tp_size: int
     source: SourceRanks  # the EP ranks that route this worker's batch (the static table's source rows)
     source_rank: int  # this worker's place in vLLM's EP group: its row of the per-source counts
     expert_loading: ExpertLoading | None = None  # the loaders' layout rows and the load audit's journal
@@ -115,12 +117,19 @@ class VllmWorkerPlugin(RecorderPlugin):
 
     def bind(self, model_runner) -> None:
         """Attach the observer, the replica maps and the checks to the loaded model."""
+        from vllm import envs
+
         from ...runtime.replica_map import layer_maps  # torch: imported once the engine runs
 
         runners = moe_runners(model_runner.model)
         self.check_moe_layers([int(r.layer_id) for r in runners])
         for r in runners:
             check_moe_backend(r)
+        shard = shard_rows_of(model_runner.model, runners, self.tp_rank, self.tp_size, bool(envs.VLLM_MOE_SKIP_PADDING))
+        if shard is not None:
+            # each TP rank routes its own chunk of the step: it counts that chunk (the export's sum
+            # over the EP group counts every token once) and its own static table row routes it
+            self.source, self.contributes = SourceRanks(self.source_rank, 1), True
         if self.expert_loading is not None:
             where = f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"
             self.load_audit = audit_load(self.expert_loading, runners, where)
@@ -151,16 +160,20 @@ class VllmWorkerPlugin(RecorderPlugin):
             else torch.arange(E).expand(L, E)
         )
         # where several ranks route the same batch, each also counts the rows its own table row routes
-        # with DP > 1 a rank counts its own DP rank's rows, its experts compute every DP rank's: no active slots
+        # with DP > 1 (or TP chunks) a rank counts its own rows, its experts compute every rank's: no active slots
         observer = self.make_observer(
-            device, slots, self.dp_size, source_rows=self.source.span > 1, active_slots=self.dp_size == 1
+            device, slots, self.dp_size, source_rows=self.source.span > 1, active_slots=self.dp_size == 1 and shard is None
         )
         # the largest pass a MoE layer routes (compiled, the capture cannot grow its ones buffer)
         batch = model_runner.vllm_config.scheduler_config.max_num_batched_tokens
         observer.reserve(batch * self.dp_size * (self.model.top_k or E))
         padding = padding_rows_of(model_runner)
         for idx, r in enumerate(runners):
-            r.router._scene_eplb_physical = functools.partial(_capture, observer, idx, padding, self.source, self.source_rank)
+            r.router._scene_eplb_physical = (
+                functools.partial(_capture, observer, idx, padding, self.source, self.source_rank)
+                if shard is None
+                else functools.partial(_capture_chunk, observer, idx, shard)
+            )
         if self.config.time_moe:
             attach_moe_timer(observer, runners, device)
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
@@ -173,6 +186,22 @@ def _capture(observer: LayerCapture, moe_idx: int, padding, source: SourceRanks,
     if observer.source_rows:
         lo, hi = own_source_span(source, source_rank, slots.shape[0])
         observer.capture_sources(moe_idx, slots[lo:hi], None if padding is None else padding[lo:hi])
+
+
+def _capture_chunk(observer: LayerCapture, moe_idx: int, shard: ShardRows, slots) -> None:
+    """Count the real rows of this TP rank's chunk of the step (sequence-parallel MoE), read from the
+    forward context's padding mask; a pass whose rows do not follow the chunk rule is marked skipped
+    (status, dump metadata and the dump route's refusal show it), never miscounted."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    try:
+        mask = get_forward_context().is_padding if is_forward_context_available() else None
+        rows, padding = shard.own(slots.shape[0], mask)
+    except ValueError as exc:
+        logger.error("scene-eplb: this pass of MoE layer %d is not counted (skipped): %s", moe_idx, exc)
+        observer.skip(moe_idx)
+        return
+    observer.capture(moe_idx, slots[:rows], padding_rows=padding)
 
 
 def attach_moe_timer(observer, runners: list, device) -> None:
@@ -228,6 +257,7 @@ def configure(vllm_config) -> VllmPlugin:
     ep_size = ep.world_size if pc.enable_expert_parallel else 1  # the EP size a layout must be made for
     ep_rank = ep.rank_in_group if pc.enable_expert_parallel else 0
     check_parallel_settings(pc)
+    check_moe_kernel(vllm_config.kernel_config)
     # DP rank d's tokens are routed by its TP ranks, EP ranks d*tp .. d*tp+tp-1 (vLLM's numbering; the
     # EP group holds every DP x TP rank, with EP on or off).
     group_rank = ep.rank_in_group
@@ -244,9 +274,10 @@ def configure(vllm_config) -> VllmPlugin:
         dp_rank=pc.data_parallel_rank,
         dp_size=pc.data_parallel_size,
         tp_rank=tp_rank,
+        tp_size=tp_size,
         source=source,
         source_rank=group_rank,
-        contributes=tp_rank == 0,
+        contributes=tp_rank == 0,  # every TP rank where the MoE layers route TP chunks (set at bind)
         observer=NullObserver(role, cfg.ring_entries),
         exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
     )
@@ -271,8 +302,9 @@ def padding_rows_of(model_runner):
 def check_parallel_settings(pc) -> None:
     """Refuse the parallel settings whose routed rows the observer cannot attribute (each needs its
     own padding mask, which vLLM does not hand the router): dual-batch overlap / micro-batching (the
-    second micro-batch starts at an offset into the step's rows) and sequence-parallel MoE (each TP
-    rank routes a chunk padded to a multiple of the TP size)."""
+    second micro-batch starts at an offset into the step's rows) and prefill context parallelism.
+    Sequence-parallel MoE is counted chunk by chunk (``sequence_parallel``), decided at bind from
+    the MoE layers vLLM built."""
     if pc.use_ubatching:
         raise SceneEplbError(
             "scene_eplb does not count micro-batched steps (the second micro-batch's padding rows are not "
@@ -283,11 +315,24 @@ def check_parallel_settings(pc) -> None:
             "scene_eplb does not count prefill context parallelism (it gathers tokens over PCP ranks and keeps "
             "its own MoE padding): drop --prefill-context-parallel-size"
         )
-    if pc.use_sequence_parallel_moe:
+
+
+def check_moe_kernel(kernel_config) -> None:
+    """Refuse a MoE backend that builds no MoE layer the plugin can bind: MegaMoE
+    (``--kernel-config moe_backend=deep_gemm_mega_moe``, DeepSeek-V4) routes inside its own experts
+    (``DeepGemmMegaMoEExperts`` behind ``bf16_mega_gate``), with no MoE runner and no router step."""
+    from vllm.config.kernel import NATIVE_MEGA_MOE_BACKENDS
+
+    backend = kernel_config.moe_backend
+    if backend in NATIVE_MEGA_MOE_BACKENDS:
         raise SceneEplbError(
-            "scene_eplb does not count sequence-parallel MoE (each TP rank routes a padded chunk of the "
-            "step's rows): serve without sequence-parallel MoE (--enable-expert-parallel with TP, or DP x EP)"
+            f"--kernel-config moe_backend={backend} (MegaMoE) routes inside its own experts, past vLLM's "
+            "router, so scene_eplb's counts and replica map never run (a layout would compute the wrong "
+            "experts, silently): choose another moe_backend or remove scene_eplb"
         )
+
+
+CPU_EXPERTS_MODULE = "vllm.model_executor.layers.fused_moe.experts.cpu"  # vLLM's CPU experts: cpu_moe, cpu_int4_moe
 
 
 def check_moe_backend(moe_runner) -> None:
@@ -295,7 +340,11 @@ def check_moe_backend(moe_runner) -> None:
     the router's EPLB mapping step (the replica map and the count) never runs and, with a layout,
     logical ids would index physical slots (the wrong experts, silently); a quant method without
     EPLB support ignores physical ids; naive DP dispatch routes the DP-gathered batch on every rank
-    (each would count every DP rank's tokens)."""
+    (each would count every DP rank's tokens); quantized CPU experts (``CPUExpertsMxfp4``,
+    ``CPUExpertsFp8``, ...) under expert parallelism hand their kernel global ids with no expert
+    map (the plugin's local-experts path covers the unquantized ones only)."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
     qm = moe_runner.routed_experts.quant_method
     experts = fused_experts_of(moe_runner)
     backend = qm.__class__.__name__ + ("" if experts is None else f" / {experts.__class__.__name__}")
@@ -307,6 +356,18 @@ def check_moe_backend(moe_runner) -> None:
         )
     if not qm.supports_eplb:
         raise SceneEplbError(f"{where}: this quant method does not support EPLB (physical expert ids), which scene_eplb needs")
+    if (
+        experts is not None
+        and type(experts).__module__.startswith(CPU_EXPERTS_MODULE)
+        and not isinstance(experts, CPUUnquantizedExperts)
+        and moe_runner.routed_experts.expert_map is not None
+    ):
+        raise SceneEplbError(
+            f"{where}: vLLM's quantized CPU experts pass global expert ids to their kernel with no expert "
+            "map, so under expert parallelism every rank would compute the wrong experts (scene_eplb's "
+            "local-experts path covers unquantized CPU experts only): serve without --enable-expert-parallel "
+            "or with unquantized experts"
+        )
     if getattr(moe_runner, "do_naive_dispatch_combine", False):
         raise SceneEplbError(
             f"{where}: naive DP dispatch routes the DP-gathered batch on every rank, which scene_eplb would "
@@ -315,16 +376,23 @@ def check_moe_backend(moe_runner) -> None:
 
 
 def check_drafter(vllm_config) -> None:
-    """Refuse a layout run whose speculative drafter has MoE layers of its own (DeepSeek's MTP layer):
-    vLLM builds them with the same slot count and the layout has no rows for them. Drafts without a
-    model (n-gram, suffix) and dense drafters are fine; the recorder never counts a drafter's layers
-    (it binds to the target model), and its verification passes are the target's own."""
+    """Refuse a layout run whose speculative drafter has MoE layers of its own (DeepSeek's MTP layer,
+    a DeepSeek-V4 DSpark draft): the layout places the target model's MoE layers only, while vLLM
+    would build the drafter's with the layout's slot count and load and route them by no layout row,
+    so the draft would compute from slots the layout never placed. vLLM's own EPLB does place a
+    drafter's experts (vLLM 0.33 registers MTP drafts and V4 DSpark drafts with it:
+    ``draft_model_supports_eplb``); a static layout for a drafter's layers, counted apart from the
+    target's, is not built. Drafts without a model (n-gram, suffix) and dense drafters are fine; the
+    recorder never counts a drafter's layers (it binds to the target model), and its verification
+    passes are the target's own."""
     method = moe_drafter(vllm_config)
     if method is not None:
         raise SceneEplbError(
-            f"scene_eplb.layout with a speculative drafter that has MoE layers ({method}): vLLM gives the "
-            "drafter's MoE layers the layout's slot count and the layout has no rows for them; record and "
-            "fit with it, then serve the layout without the MoE drafter (or use n-gram drafts)"
+            f"scene_eplb.layout with a speculative drafter that has MoE layers ({method}): the layout places "
+            "the target model's MoE layers only, and vLLM would build the drafter's with the layout's slot "
+            "count but load and route them by no layout row (vLLM's own --enable-eplb places a drafter's "
+            "experts, a DeepSeek-V4 DSpark draft's included; scene_eplb's static layout does not); record "
+            "and fit with the drafter on, then serve the layout without the MoE drafter (or use n-gram drafts)"
         )
 
 
