@@ -20,7 +20,8 @@ import pytest
 from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import write_layout
-from vllm_scene_eplb.harness.tiny_deepseek import TinyDeepseekSpec, make_tiny_deepseek, write_w8a8
+from vllm_scene_eplb.harness.modelslim import write_w8a8
+from vllm_scene_eplb.harness.tiny_deepseek import TinyDeepseekSpec, make_tiny_deepseek
 from vllm_scene_eplb.layout import Geometry
 
 from ..ascend_env import run_ranks
@@ -46,7 +47,7 @@ def run(tmp_path_factory):
     made = {}
 
     def prepare():
-        write_w8a8(make_tiny_deepseek(model, SPEC), w8a8, SPEC)
+        write_w8a8(make_tiny_deepseek(model, SPEC), w8a8, SPEC.routed_expert_weight)
         counts = Counts(skewed_counts(4, len(SPEC.moe_layers), SPEC.num_experts, top_k=SPEC.top_k))
         made["layout"] = fit(counts, FitOptions(Geometry(SPEC.num_experts, REDUNDANT, EP)))
         write_layout(made["layout"], path)
