@@ -47,11 +47,12 @@ EP, REDUNDANT = 2, 2
 WEIGHTS = ("w13_weight", "w2_weight")
 SCALES = ("w13_weight_scale", "w2_weight_scale")
 OFFSETS = ("w13_weight_offset", "w2_weight_offset")
-# family -> (spec, checkpoint maker, the script its ranks run)
+# family -> (spec, checkpoint maker); both run in the same two processes (tests/scripts/ascend_deepseek.py)
 FAMILIES = {
-    "deepseek_v3": (TinyDeepseekSpec(), make_tiny_deepseek, "ascend_deepseek_load"),
-    "deepseek_v4": (TinyDeepseekV4Spec(), make_tiny_deepseek_v4, "ascend_deepseek_v4"),
+    "deepseek_v3": (TinyDeepseekSpec(), make_tiny_deepseek),
+    "deepseek_v4": (TinyDeepseekV4Spec(), make_tiny_deepseek_v4),
 }
+FORWARD = "deepseek_v4"  # the family whose MoE forward runs too
 TOKENS, REAL = 16, 13  # V4's forward batch: the last 3 rows padding (token id -1)
 
 
@@ -70,52 +71,67 @@ class Ran:
         return (self.spec.num_experts + REDUNDANT) // EP
 
 
-_RAN: dict[str, Ran] = {}
+def family_files(root: Path, family: str) -> list[Path]:
+    """The files the ranks read for a family: float and W8A8 checkpoints and the layout; for the forward
+    family also the layout fitted for dynamic dispatch and the inputs."""
+    d = root / family
+    files = [d / "model", d / "model-w8a8", d / "layout.json"]
+    return files + ([d / "layout-dynamic.json", d / "inputs.safetensors"] if family == FORWARD else [])
 
 
-def ran(family: str, tmp_path_factory) -> Ran:
-    """The family's ranks, run once for the module. The checkpoints, the layouts and the inputs are made
-    while the ranks import vLLM-Ascend (``ready`` tells them)."""
-    if family in _RAN:
-        return _RAN[family]
-    require_vllm()
-    spec, make, script = FAMILIES[family]
-    root = tmp_path_factory.mktemp(family)
-    model, w8a8, path, ready = root / family, root / f"{family}-w8a8", root / "layout.json", root / "ready"
-    dynamic, inputs_file = root / "layout-dynamic.json", root / "inputs.safetensors"
-    made: dict = {}
+def make_family(family: str, files: list[Path]) -> tuple:
+    """Write a family's files; returns (its layout, the forward's inputs or None)."""
+    from safetensors.torch import save_file
 
-    def prepare():
-        from safetensors.torch import save_file
-
-        write_w8a8(make(model, spec), w8a8, spec.routed_expert_weight)
-        counts = Counts(skewed_counts(4, len(spec.moe_layers), spec.num_experts, top_k=spec.top_k))
-        made["layout"] = fit(counts, FitOptions(Geometry(spec.num_experts, REDUNDANT, EP)))
-        write_layout(made["layout"], path)
-        write_layout(fit(counts, FitOptions(Geometry(spec.num_experts, REDUNDANT, EP), dispatch="dynamic")), dynamic)
-        g = torch.Generator().manual_seed(1)
-        ids = torch.randint(0, spec.vocab_size, (TOKENS,), generator=g)
-        ids[REAL:] = -1
-        made["inputs"] = {"ids": ids, "x": torch.randn(TOKENS, spec.hidden_size, generator=g), "real": torch.tensor(REAL)}
-        save_file(made["inputs"], str(inputs_file))
-        ready.touch()
-
-    args = (model, w8a8, path, root / "dump", ready) + ((dynamic, inputs_file) if family == "deepseek_v4" else ())
-    ranks = run_ranks(script, EP, root / "ranks", *args, prepare=prepare, timeout=600)
-    layout = made["layout"]
-    rows = dict(zip(spec.moe_layers, layout.physical_to_logical_map[list(layout.moe_layers)]))
-    _RAN[family] = Ran(spec, ranks, rows, model, made["inputs"])
-    return _RAN[family]
-
-
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def run(request, tmp_path_factory) -> Ran:
-    return ran(request.param, tmp_path_factory)
+    spec, make = FAMILIES[family]
+    write_w8a8(make(files[0], spec), files[1], spec.routed_expert_weight)
+    counts = Counts(skewed_counts(4, len(spec.moe_layers), spec.num_experts, top_k=spec.top_k))
+    geometry = Geometry(spec.num_experts, REDUNDANT, EP)
+    layout = fit(counts, FitOptions(geometry))
+    write_layout(layout, files[2])
+    if family != FORWARD:
+        return layout, None
+    write_layout(fit(counts, FitOptions(geometry, dispatch="dynamic")), files[3])
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, spec.vocab_size, (TOKENS,), generator=g)
+    ids[REAL:] = -1
+    inputs = {"ids": ids, "x": torch.randn(TOKENS, spec.hidden_size, generator=g), "real": torch.tensor(REAL)}
+    save_file(inputs, str(files[4]))
+    return layout, inputs
 
 
 @pytest.fixture(scope="module")
-def v4(tmp_path_factory) -> Ran:
-    return ran("deepseek_v4", tmp_path_factory)
+def ran(tmp_path_factory) -> dict[str, Ran]:
+    """Both families' ranks, run once for the module (one vLLM-Ascend import for all). The checkpoints,
+    layouts and inputs are made while the ranks import vLLM-Ascend (``ready`` tells them)."""
+    require_vllm()
+    root = tmp_path_factory.mktemp("ascend-deepseek")
+    ready, files = root / "ready", {family: family_files(root, family) for family in FAMILIES}
+    made = {}
+
+    def prepare():
+        for family in FAMILIES:
+            made[family] = make_family(family, files[family])
+        ready.touch()
+
+    args = [ready, root / "dump", *(f for family in FAMILIES for f in files[family])]
+    ranks = run_ranks("ascend_deepseek", EP, root / "ranks", *args, prepare=prepare, timeout=600)
+    out = {}
+    for family, (spec, _) in FAMILIES.items():
+        layout, inputs = made[family]
+        rows = dict(zip(spec.moe_layers, layout.physical_to_logical_map[list(layout.moe_layers)]))
+        out[family] = Ran(spec, [rank[family] for rank in ranks], rows, files[family][0], inputs)
+    return out
+
+
+@pytest.fixture(params=list(FAMILIES))
+def run(request, ran) -> Ran:
+    return ran[request.param]
+
+
+@pytest.fixture
+def v4(ran) -> Ran:
+    return ran[FORWARD]
 
 
 def test_the_layout_replicates_experts_across_the_two_ranks(run):
@@ -242,8 +258,9 @@ def test_v4_hash_layers_routed_by_score_fail_the_count_check(v4):
     want, got = reference_counts(v4), counted(v4, "fallback")
     for rank in v4.ranks:
         assert rank["forward"]["fallback"]["hash_calls"] == []
-    for layer in v4.spec.hash_layers:
-        assert got[layer].sum() == REAL * v4.spec.top_k and not (got[layer] == want[layer]).all(), layer
+    for layer in v4.spec.moe_layers:  # the score layers route alike on both paths; the hash layers do not
+        assert got[layer].sum() == REAL * v4.spec.top_k
+        assert (got[layer] == want[layer]).all() == (layer not in v4.spec.hash_layers), layer
 
 
 @pytest.mark.parametrize("forward", ["static", "dynamic"])

@@ -1,17 +1,14 @@
-"""One EP rank loading the generated DeepSeek-V3 (or DeepSeek-V4: ascend_deepseek_v4.py runs these
-loads too) through vLLM-Ascend's real ``NPUModelRunner.load_model`` with a scene_eplb layout
-(tests/ascend/test_vllm_ascend_deepseek.py).
+"""An EP rank loading the generated DeepSeek-V3 or DeepSeek-V4 through vLLM-Ascend's real
+``NPUModelRunner.load_model`` with a scene_eplb layout (not a script: tests/scripts/ascend_deepseek.py
+runs these loads for tests/ascend/test_vllm_ascend_deepseek.py).
 
-Arguments: rank, world size, the rendezvous (``file://...``), the float checkpoint, its W8A8_DYNAMIC
-copy, the layout file, the dump folder and a file that appears once those are written (the test
-makes them while this imports vLLM-Ascend). Three loads, each as a fresh worker would run it: the float
-model, the W8A8 model (``--quantization ascend``), and the W8A8 model again with a scale loader that
-follows vLLM's linear expert map instead of the layout's (the bug class of SGLang #17162: block scales
-that did not move with their weights). Prints one JSON object: per load, the load audit's word or its
-refusal (raised once the weights loaded: what memory holds is read either way) and, per MoE layer and
-local slot, which checkpoint experts each expert weight's values match
-(compared as sorted values, so the kernel layouts vLLM-Ascend gives them after loading do not matter)
-and a digest of its bytes (replicas on two ranks must hold the same bytes).
+Three loads of a model, each as a fresh worker would run it (``LOADS``): the float model, the W8A8 model
+(``--quantization ascend``), and the W8A8 model again with a scale loader that follows vLLM's linear
+expert map instead of the layout's (the bug class of SGLang #17162: block scales that did not move with
+their weights). Each reports the load audit's word or its refusal (raised once the weights loaded: what
+memory holds is read either way) and, per MoE layer and local slot, which checkpoint experts each expert
+weight's values match (compared as sorted values, so the kernel layouts vLLM-Ascend gives them after
+loading do not matter) and a digest of its bytes (replicas on two ranks must hold the same bytes).
 
 Real: vLLM 0.23.0, vLLM-Ascend 0.23.0.post1 (the platform's own ``pre_register_and_update``, its custom
 ops, its models' registration (its DeepSeek-V4 over vLLM's), its ascend config, its model-parallel
@@ -41,7 +38,6 @@ import contextlib
 import functools
 import hashlib
 import importlib
-import json
 import sys
 import time
 import types
@@ -245,24 +241,22 @@ def slot_contents(model: str, model_type: str, layers: list, num_experts: int, q
 LOADS = (("float", False), ("w8a8", True), ("w8a8_scales_by_linear_map", True))  # (case, the W8A8 checkpoint)
 
 
-def start() -> tuple:
+def start(ready: str):
     """A worker process up to its first load: the NPU runtime's stand-ins, what `vllm serve` runs first
     (the platform's ``pre_register_and_update``: global patches, the "ascend" quantisation), vLLM-Ascend's
-    model runner module; then the files the test makes while this imports. Returns (the model runner
-    module, rank, world size, rendezvous, float checkpoint, W8A8 checkpoint, layout, dump folder)."""
-    rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    float_model, w8a8_model, layout, dump, ready = sys.argv[4:9]
+    model runner module (returned); then the files the test makes while this imports (``ready`` appears
+    once they are written)."""
     npu_runtime_stand_ins()
     from vllm.platforms import current_platform
 
     current_platform.pre_register_and_update()
     mr = import_vllm_ascend()
     deadline = time.monotonic() + 120
-    while not Path(ready).exists():  # the checkpoints and the layout, made while this imported
+    while not Path(ready).exists():
         if time.monotonic() > deadline:
             raise SystemExit(f"{ready} never appeared")
         time.sleep(0.1)
-    return mr, rank, world, init, float_model, w8a8_model, layout, dump
+    return mr
 
 
 def load_case(mr, case: str, model: str, scene_eplb: dict, rank: int, world: int, init: str) -> tuple:
@@ -282,26 +276,21 @@ def load_case(mr, case: str, model: str, scene_eplb: dict, rank: int, world: int
     rt = worker_plugin.current()
     assert isinstance(rt, worker_plugin.AscendWorkerPlugin)  # the flag is on
     layers = worker_plugin.moe_layers(runner.model)
-    return (
-        runner,
-        vc,
-        {
-            "load_audit": rt.status().load_audit,
-            "refused": refused,
-            "ep_rank": rt.ep_rank,
-            "layers": slot_contents(model, hf.model_type, layers, hf.n_routed_experts, quantization is not None),
-        },
-    )
+    report = {
+        "load_audit": rt.status().load_audit,
+        "refused": refused,
+        "ep_rank": rt.ep_rank,
+        "layers": slot_contents(model, hf.model_type, layers, hf.n_routed_experts, quantization is not None),
+    }
+    return runner, vc, report
 
 
-def main() -> None:
-    mr, rank, world, init, float_model, w8a8_model, layout, dump = start()
+def layout_loads(mr, models: tuple, layout: str, dump: str, rank: int, world: int, init: str, after_float=None) -> dict:
+    """The three ``LOADS`` of ``models`` (float, W8A8) with ``layout``, each one's report by case;
+    ``after_float(runner, config)``, when given, runs on the float model while it is loaded."""
     out = {}
     for case, quantized in LOADS:
-        model = w8a8_model if quantized else float_model
-        out[case] = load_case(mr, case, model, {"layout": layout, "dump_dir": dump}, rank, world, init)[2]
-    print(json.dumps(out))
-
-
-if __name__ == "__main__":
-    main()
+        runner, vc, out[case] = load_case(mr, case, models[quantized], {"layout": layout, "dump_dir": dump}, rank, world, init)
+        if case == "float" and after_float is not None:
+            after_float(runner, vc)
+    return out

@@ -1,18 +1,20 @@
-"""One EP rank of the generated DeepSeek-V4 through vLLM-Ascend 0.23.0.post1's real V4 model: its load
-with a layout (tests/scripts/ascend_deepseek_load.py's three loads) and the MoE forward of every layer
-(tests/ascend/test_vllm_ascend_deepseek.py).
+"""One EP rank of the generated DeepSeek-V3 and DeepSeek-V4 through vLLM-Ascend 0.23.0.post1's real code
+in one process (tests/ascend/test_vllm_ascend_deepseek.py): each model's layout loads
+(tests/scripts/ascend_deepseek_load.py), and V4's MoE forward of every layer.
 
-Arguments: those of ascend_deepseek_load.py, then the layout fitted for ``dispatch: dynamic`` and the
-inputs file (``ids`` [N] token ids, -1 on padding rows, ``x`` [N, H] hidden states, ``real`` the real
-rows before the padding). Loads: the float model with the layout (after its load, the forward:
-``static``, and ``static_linear_log2phy``: the same with each layer's ``log2phy`` replaced by vLLM's
-linear placement, the bug a wrong map makes), the W8A8 model, the W8A8 model with its scales by the
-linear map, the float model without a layout (a collection run: the forward ``none``, and ``fallback``,
-the same with vLLM-Ascend's fused-gating check answering False, so its ``_native_select_experts`` runs
-and drops ``tid2eid``) and with the dynamic layout (``dynamic``). Prints one JSON object: the loads as
-ascend_deepseek_load.py prints them, and per forward the recorder's counts of this rank [layer][expert],
-whether the routing op was called with the hash table per layer, the comm method, and per layer whether
-the output equals the run without a layout and by how much it differs.
+Arguments: rank, world size, the rendezvous (``file://...``), a file that appears once the others are
+written (the test makes them while this imports vLLM-Ascend), the dump folder; V3's float checkpoint,
+its W8A8_DYNAMIC copy and its layout; V4's float checkpoint, W8A8_DYNAMIC copy, layout, the layout
+fitted for ``dispatch: dynamic`` and the inputs file (``ids`` [N] token ids, -1 on padding rows, ``x``
+[N, H] hidden states, ``real`` the real rows before the padding). V4's forwards: after its float load
+with the layout, ``static``, and ``static_linear_log2phy`` (each layer's ``log2phy`` replaced by vLLM's
+linear placement, the bug a wrong map makes); then the float model without a layout (a collection run:
+``none``, and ``fallback``, the same with vLLM-Ascend's fused-gating check answering False, so its
+``_native_select_experts`` runs and drops ``tid2eid``) and with the dynamic layout (``dynamic``). Prints
+one JSON object: per model type, its loads' reports by case; for V4 also per forward the recorder's
+counts of this rank [layer][expert], whether the routing op was called with the hash table per layer,
+the comm method, and per layer whether the output equals the run without a layout and by how much it
+differs.
 
 The forward runs vLLM-Ascend's real ``AscendFusedMoE.forward_impl`` (wrapped by the plugin) on each MoE
 layer of the loaded model, on the same hidden states, under its real ``set_ascend_forward_context``
@@ -20,9 +22,10 @@ carrying the token ids: the comm method's real ``prepare`` (padding and the TP s
 the ids), the real ``select_experts`` (hooked by the plugin) and ``_select_experts_with_fusion_ops``, the
 real ``MoECommMethod.fused_experts`` (``log2phy[topk_ids]``), the real ``unquant_apply_mlp``, the real
 ``finalize`` (the TP all-gather over Gloo). The router logits are the layer's float32 gate on the hidden
-states (in the model's dtype), as ``AscendFusedMoE.shared_forward_impl`` computes them. Stand-ins, beside ascend_deepseek_load.py's: the NPU kernels
-of tests/scripts/ascend_kernels.py (``moe_gating_top_k_hash``, ``npu_grouped_matmul``, ``npu_swiglu``,
-the token dispatcher's dispatch and combine).
+states (in the model's dtype), as ``AscendFusedMoE.shared_forward_impl`` computes them. Stand-ins,
+beside ascend_deepseek_load.py's: the NPU kernels of tests/scripts/ascend_kernels.py
+(``moe_gating_top_k_hash``, ``npu_grouped_matmul``, ``npu_swiglu``, the token dispatcher's dispatch and
+combine).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import sys
 import ascend_kernels
 import torch
 import torch_npu
-from ascend_deepseek_load import LOADS, load_case, start
+from ascend_deepseek_load import layout_loads, load_case, start
 
 
 def forward(runner, vc, inputs: dict, name: str) -> dict:
@@ -90,36 +93,39 @@ def compared(run: dict, baseline: dict) -> dict:
 
 
 def main() -> None:
-    mr, rank, world, init, float_model, w8a8_model, layout, dump = start()
-    dynamic_layout, inputs_file = sys.argv[9:11]
+    rank, world, init, ready, dump = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6]
+    v3_float, v3_w8a8, v3_layout = sys.argv[6:9]
+    v4_float, v4_w8a8, v4_layout, v4_dynamic, inputs_file = sys.argv[9:14]
+    mr = start(ready)
     from safetensors.torch import load_file
     from vllm_ascend.ops.fused_moe import experts_selector
 
+    out: dict = {"deepseek_v3": layout_loads(mr, (v3_float, v3_w8a8), v3_layout, dump, rank, world, init)}
     inputs = load_file(inputs_file)
     ascend_kernels.register_hash_op()
     torch_npu.npu_grouped_matmul = ascend_kernels.grouped_matmul
     torch_npu.npu_swiglu = ascend_kernels.swiglu
-    out: dict = {}
     runs = []
-    for case, quantized in LOADS:
-        model = w8a8_model if quantized else float_model
-        runner, vc, out[case] = load_case(mr, case, model, {"layout": layout, "dump_dir": dump}, rank, world, init)
-        if case == "float":
-            runs.append(forward(runner, vc, inputs, "static"))
-            for layer in runner.model.modules():
-                if hasattr(layer, "log2phy") and layer.log2phy is not None:  # vLLM's linear placement: expert e in slot e
-                    layer.log2phy = torch.arange(layer.log2phy.numel(), dtype=layer.log2phy.dtype)
-            runs.append(forward(runner, vc, inputs, "static_linear_log2phy"))
-    runner, vc, _ = load_case(mr, "float", float_model, {"dump_dir": dump}, rank, world, init)
+
+    def static(runner, vc) -> None:
+        runs.append(forward(runner, vc, inputs, "static"))
+        for layer in runner.model.modules():
+            if getattr(layer, "log2phy", None) is not None:  # vLLM's linear placement: expert e in slot e
+                layer.log2phy = torch.arange(layer.log2phy.numel(), dtype=layer.log2phy.dtype)
+        runs.append(forward(runner, vc, inputs, "static_linear_log2phy"))
+
+    v4 = layout_loads(mr, (v4_float, v4_w8a8), v4_layout, dump, rank, world, init, after_float=static)
+    runner, vc, _ = load_case(mr, "float", v4_float, {"dump_dir": dump}, rank, world, init)
     baseline = forward(runner, vc, inputs, "none")
     check = experts_selector.check_npu_moe_gating_top_k
     experts_selector.check_npu_moe_gating_top_k = lambda **kwargs: False  # the fused op "not supported": the fallback
     runs.append(forward(runner, vc, inputs, "fallback"))
     experts_selector.check_npu_moe_gating_top_k = check
-    scene_eplb = {"layout": dynamic_layout, "dump_dir": dump, "dispatch": "dynamic"}
-    runner, vc, _ = load_case(mr, "float", float_model, scene_eplb, rank, world, init)
+    scene_eplb = {"layout": v4_dynamic, "dump_dir": dump, "dispatch": "dynamic"}
+    runner, vc, _ = load_case(mr, "float", v4_float, scene_eplb, rank, world, init)
     runs.append(forward(runner, vc, inputs, "dynamic"))
-    out["forward"] = {run["name"]: compared(run, baseline) for run in [baseline, *runs]}
+    v4["forward"] = {run["name"]: compared(run, baseline) for run in [baseline, *runs]}
+    out["deepseek_v4"] = v4
     print(json.dumps(out))
 
 
