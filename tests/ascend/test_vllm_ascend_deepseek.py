@@ -1,7 +1,8 @@
 """The generated DeepSeek-V3 and DeepSeek-V4 loaded with a layout through vLLM-Ascend's real model
 runner, MoE layers and ModelSlim W8A8 code on two Gloo ranks (EP=2), with stand-ins for the NPU runtime
 only (see tests/scripts/ascend_deepseek_load.py): the load audit every rank runs before serving; and
-V4's MoE forward through vLLM-Ascend's real ``AscendFusedMoE`` (tests/scripts/ascend_deepseek_v4.py).
+V4's MoE forward through vLLM-Ascend's real ``AscendFusedMoE`` (tests/scripts/ascend_deepseek.py, whose two
+processes run both models).
 
 The layout has 2 redundant slots with replicas on both ranks. Each rank loads the float model, then
 its W8A8_DYNAMIC copy, whose routed experts carry a per-channel scale and offset that must move with
