@@ -1,25 +1,28 @@
-"""One EP rank loading the generated DeepSeek-V3 through vLLM-Ascend's real ``NPUModelRunner.load_model``
-with a scene_eplb layout (tests/ascend/test_vllm_ascend_deepseek.py).
+"""An EP rank loading the generated DeepSeek-V3 or DeepSeek-V4 through vLLM-Ascend's real
+``NPUModelRunner.load_model`` with a scene_eplb layout (not a script: tests/scripts/ascend_deepseek.py
+runs these loads for tests/ascend/test_vllm_ascend_deepseek.py).
 
-Arguments: rank, world size, the rendezvous (``file://...``), the float checkpoint, its W8A8_DYNAMIC
-copy, the layout file, the dump folder and a file that appears once those are written (the test
-makes them while this imports vLLM-Ascend). Three loads, each as a fresh worker would run it: the float
-model, the W8A8 model (``--quantization ascend``), and the W8A8 model again with a scale loader that
-follows vLLM's linear expert map instead of the layout's (the bug class of SGLang #17162: block scales
-that did not move with their weights). Prints one JSON object: per load, the load audit's word or its
-refusal (raised once the weights loaded: what memory holds is read either way) and, per MoE layer and
-local slot, which checkpoint experts each expert weight's values match
-(compared as sorted values, so the kernel layouts vLLM-Ascend gives them after loading do not matter)
-and a digest of its bytes (replicas on two ranks must hold the same bytes).
+Three loads of a model, each as a fresh worker would run it (``LOADS``): the float model, the W8A8 model
+(``--quantization ascend``), and the W8A8 model again with a scale loader that follows vLLM's linear
+expert map instead of the layout's (the bug class of SGLang #17162: block scales that did not move with
+their weights). Each reports the load audit's word or its refusal (raised once the weights loaded: what
+memory holds is read either way) and, per MoE layer and local slot, which checkpoint experts each expert
+weight's values match (compared as sorted values, so the kernel layouts vLLM-Ascend gives them after
+loading do not matter) and a digest of its bytes (replicas on two ranks must hold the same bytes).
 
 Real: vLLM 0.23.0, vLLM-Ascend 0.23.0.post1 (the platform's own ``pre_register_and_update``, its custom
-ops, its ascend config, its model-parallel groups, its MoE layers, its ModelSlim quantisation, the worker
-patches that touch DeepSeek and weight loading), vLLM's distributed groups over Gloo, this plugin.
+ops, its models' registration (its DeepSeek-V4 over vLLM's), its ascend config, its model-parallel
+groups, its MoE layers, its ModelSlim quantisation, the worker patches that touch DeepSeek and weight
+loading), vLLM's distributed groups over Gloo, this plugin.
 Stand-ins for the NPU runtime only, each where vLLM-Ascend asks it at build or load time:
 
 - ``torch_npu`` (tests/ascend_standin): an identity ``npu_format_cast`` (ND / NZ are NPU formats);
 - ``Tensor.npu()`` is the tensor, ``torch.npu.current_device()`` the CPU, and no accelerator behind
   the ``npu`` device name (``torch.distributed.barrier`` asks for it);
+- the platform's ``device_type`` reads ``cpu``: the buffers V4's model allocates on it when built (the
+  indexer's top-k buffer, the MTP hidden-state buffer, the rotary tables) are CPU tensors; V4's
+  attention, compressor, indexer, caches and mHC parameters are otherwise built by their real code
+  (none of their NPU kernels runs at build or load time);
 - a process group's ``npu`` backend answers ``get_hccl_comm_name`` (the MC2 and all-to-all dispatchers
   read their HCCL communicator's name when they are built) and the model runner's memory profiler
   reads zero;
@@ -35,7 +38,6 @@ import contextlib
 import functools
 import hashlib
 import importlib
-import json
 import sys
 import time
 import types
@@ -83,10 +85,15 @@ def npu_runtime_stand_ins() -> None:
     torch.npu.current_device = lambda: "cpu"  # type: ignore[attr-defined]
     torch._C._get_accelerator = no_accelerator  # type: ignore[assignment]
     dist.ProcessGroup._get_backend = backend  # type: ignore[method-assign]
+    from vllm_ascend.platform import NPUPlatform
+
+    NPUPlatform.device_type = "cpu"  # the buffers a model allocates on the platform's device (V4's) are CPU tensors
 
 
 def import_vllm_ascend():
-    """vLLM-Ascend's model runner module, the plugin registered (as ``vllm.general_plugins`` does)."""
+    """vLLM-Ascend's model runner module, the plugin and vLLM-Ascend's models registered (as
+    ``vllm.general_plugins`` does)."""
+    import vllm_ascend
     import vllm_ascend.patch
 
     worker_patches = types.ModuleType("vllm_ascend.patch.worker")
@@ -95,23 +102,24 @@ def import_vllm_ascend():
     import vllm_scene_eplb.adapters.entry as entry
 
     entry.register()
+    vllm_ascend.register_model()  # its `ascend_model` general plugin: its DeepSeek-V4 over vLLM's
     import vllm_ascend.worker.model_runner_v1 as mr
 
     mr.DeviceMemoryProfiler = NoDeviceMemory
     return mr
 
 
-def server_config(model: str, layout: str, dump: str, world: int, quantization: str | None):
+def server_config(model: str, scene_eplb: dict, world: int, quantization: str | None):
     """The config ``vllm serve MODEL --tensor-parallel-size WORLD --enable-expert-parallel --enforce-eager
-    --additional-config '{"scene_eplb": {...}}' [--quantization ascend]`` builds (the plugin's config
-    hook writes the expert map file and points vLLM-Ascend's ``expert_map_path`` at it)."""
+    --additional-config '{"scene_eplb": SCENE_EPLB}' [--quantization ascend]`` builds (with a layout, the
+    plugin's config hook writes the expert map file and points vLLM-Ascend's ``expert_map_path`` at it)."""
     from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 
     return VllmConfig(
         model_config=ModelConfig(model=model, enforce_eager=True, quantization=quantization),
         parallel_config=ParallelConfig(tensor_parallel_size=world, enable_expert_parallel=True),
         device_config=DeviceConfig(device="cpu"),
-        additional_config={"scene_eplb": {"layout": layout, "dump_dir": dump}},
+        additional_config={"scene_eplb": scene_eplb},
     )
 
 
@@ -177,6 +185,14 @@ def scales_by_linear_map(num_experts: int):
         AscendFusedMoE.weight_loader = installed
 
 
+# Per model type: a routed expert's checkpoint tensor name, and its gate, up and down projections' names
+# (DeepSeek-V3 in transformers' names, DeepSeek-V4 in DeepSeek's own, which vLLM-Ascend's V4 loader renames)
+EXPERT_NAMES = {
+    "deepseek_v3": ("model.layers.{layer}.mlp.experts.{e}.{proj}.{suffix}", ("gate_proj", "up_proj", "down_proj")),
+    "deepseek_v4": ("layers.{layer}.ffn.experts.{e}.{proj}.{suffix}", ("w1", "w3", "w2")),
+}
+
+
 @functools.cache
 def checkpoint(model: str) -> dict:
     from safetensors.torch import load_file
@@ -184,19 +200,20 @@ def checkpoint(model: str) -> dict:
     return load_file(str(Path(model) / "model.safetensors"))
 
 
-def checkpoint_experts(model: str, layer: int, param: str, num_experts: int) -> list[torch.Tensor]:
+def checkpoint_experts(model: str, model_type: str, layer: int, param: str, num_experts: int) -> list[torch.Tensor]:
     """Each checkpoint expert's tensor of ``param`` in ``layer``, as the loader assembles it (w13: gate
     then up; w2: down)."""
     sd = checkpoint(model)
     kind, _, suffix = param.partition("_")
-    projections = ("gate_proj", "up_proj") if kind == "w13" else ("down_proj",)
+    name, (gate, up, down) = EXPERT_NAMES[model_type]
+    projections = (gate, up) if kind == "w13" else (down,)
     return [
-        torch.cat([sd[f"model.layers.{layer}.mlp.experts.{e}.{proj}.{suffix}"] for proj in projections])
+        torch.cat([sd[name.format(layer=layer, e=e, proj=proj, suffix=suffix)] for proj in projections])
         for e in range(num_experts)
     ]
 
 
-def slot_contents(model: str, layers: list, num_experts: int, quantized: bool) -> dict:
+def slot_contents(model: str, model_type: str, layers: list, num_experts: int, quantized: bool) -> dict:
     """Per MoE layer: its global slots on this rank and, per expert weight and slot, the checkpoint
     experts whose values it holds (sorted values compared after the cast to the parameter's dtype) and
     a digest of its bytes."""
@@ -208,7 +225,9 @@ def slot_contents(model: str, layers: list, num_experts: int, quantized: bool) -
         entry: dict = {"slots": list(range(base, base + layer.local_num_experts)), "matches": {}, "digests": {}}
         for param in PARAMS + (QUANT_PARAMS if quantized else ()):
             data = getattr(layer, param).data
-            experts = [t.to(data.dtype).flatten().sort().values for t in checkpoint_experts(model, index, param, num_experts)]
+            experts = [
+                t.to(data.dtype).flatten().sort().values for t in checkpoint_experts(model, model_type, index, param, num_experts)
+            ]
             held = [data[i].flatten().sort().values for i in range(layer.local_num_experts)]
             entry["matches"][param] = [[e for e, t in enumerate(experts) if torch.equal(t, h)] for h in held]
             entry["digests"][param] = [
@@ -219,44 +238,59 @@ def slot_contents(model: str, layers: list, num_experts: int, quantized: bool) -
     return out
 
 
-def main() -> None:
-    rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    float_model, w8a8_model, layout, dump, ready = sys.argv[4:9]
+LOADS = (("float", False), ("w8a8", True), ("w8a8_scales_by_linear_map", True))  # (case, the W8A8 checkpoint)
+
+
+def start(ready: str):
+    """A worker process up to its first load: the NPU runtime's stand-ins, what `vllm serve` runs first
+    (the platform's ``pre_register_and_update``: global patches, the "ascend" quantisation), vLLM-Ascend's
+    model runner module (returned); then the files the test makes while this imports (``ready`` appears
+    once they are written)."""
     npu_runtime_stand_ins()
     from vllm.platforms import current_platform
 
-    current_platform.pre_register_and_update()  # what `vllm serve` runs first: global patches, the "ascend" quantisation
+    current_platform.pre_register_and_update()
     mr = import_vllm_ascend()
+    deadline = time.monotonic() + 120
+    while not Path(ready).exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{ready} never appeared")
+        time.sleep(0.1)
+    return mr
+
+
+def load_case(mr, case: str, model: str, scene_eplb: dict, rank: int, world: int, init: str) -> tuple:
+    """One load of ``LOADS`` (or a float load with other ``scene_eplb`` settings) as a fresh worker runs
+    it: (the runner, its config, what it reports: the load audit's word or its refusal, the EP rank and
+    what each slot holds)."""
     from vllm.config import set_current_vllm_config
 
     from vllm_scene_eplb.adapters.vllm_ascend import worker_plugin
 
-    deadline = time.monotonic() + 120
-    while not Path(ready).exists():  # the checkpoints and the layout, made while this imported
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{ready} never appeared")
-        time.sleep(0.1)
+    quantization = "ascend" if case.startswith("w8a8") else None
+    vc = server_config(model, scene_eplb, world, quantization)
+    hf = vc.model_config.hf_config
+    bug = scales_by_linear_map(hf.n_routed_experts) if case.endswith("linear_map") else contextlib.nullcontext()
+    with set_current_vllm_config(vc), bug:
+        runner, refused = load(mr, vc, rank, world, init)
+    rt = worker_plugin.current()
+    assert isinstance(rt, worker_plugin.AscendWorkerPlugin)  # the flag is on
+    layers = worker_plugin.moe_layers(runner.model)
+    report = {
+        "load_audit": rt.status().load_audit,
+        "refused": refused,
+        "ep_rank": rt.ep_rank,
+        "layers": slot_contents(model, hf.model_type, layers, hf.n_routed_experts, quantization is not None),
+    }
+    return runner, vc, report
+
+
+def layout_loads(mr, models: tuple, layout: str, dump: str, rank: int, world: int, init: str, after_float=None) -> dict:
+    """The three ``LOADS`` of ``models`` (float, W8A8) with ``layout``, each one's report by case;
+    ``after_float(runner, config)``, when given, runs on the float model while it is loaded."""
     out = {}
-    for case, model, quantization in (
-        ("float", float_model, None),
-        ("w8a8", w8a8_model, "ascend"),
-        ("w8a8_scales_by_linear_map", w8a8_model, "ascend"),
-    ):
-        vc = server_config(model, layout, dump, world, quantization)
-        num_experts = vc.model_config.hf_config.n_routed_experts
-        bug = scales_by_linear_map(num_experts) if case.endswith("linear_map") else contextlib.nullcontext()
-        with set_current_vllm_config(vc), bug:
-            runner, refused = load(mr, vc, rank, world, init)
-        rt = worker_plugin.current()
-        assert isinstance(rt, worker_plugin.AscendWorkerPlugin)  # the flag is on
-        out[case] = {
-            "load_audit": rt.status().load_audit,
-            "refused": refused,
-            "ep_rank": rt.ep_rank,
-            "layers": slot_contents(model, worker_plugin.moe_layers(runner.model), num_experts, quantization is not None),
-        }
-    print(json.dumps(out))
-
-
-if __name__ == "__main__":
-    main()
+    for case, quantized in LOADS:
+        runner, vc, out[case] = load_case(mr, case, models[quantized], {"layout": layout, "dump_dir": dump}, rank, world, init)
+        if case == "float" and after_float is not None:
+            after_float(runner, vc)
+    return out

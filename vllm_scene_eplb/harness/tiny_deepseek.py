@@ -14,9 +14,9 @@ Expert weights are saved per expert (``...mlp.experts.{e}.gate_proj.weight``), a
 them, so vLLM loads them through DeepSeek's own ``load_weights`` and its legacy expert mapping.
 
 ``--w8a8`` also writes the same weights as a ModelSlim-style W8A8_DYNAMIC checkpoint (``OUT_DIR-w8a8``,
-``write_w8a8``), the format vLLM-Ascend serves with ``--quantization ascend``: the routed experts of
-the main model int8 with a per-output-channel scale and offset each, everything else float, and the
-``quant_model_description.json`` that says which is which.
+``modelslim.write_w8a8``), the format vLLM-Ascend serves with ``--quantization ascend``: the routed
+experts of the main model (``TinyDeepseekSpec.routed_expert_weight``) int8 with a per-output-channel scale and offset
+each, everything else float, and the ``quant_model_description.json`` that says which is which.
 
     python -m vllm_scene_eplb.harness.tiny_deepseek OUT_DIR [--skew 1.0] [--seed 0] [--w8a8]
 """
@@ -26,10 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .modelslim import write_w8a8
 from .tiny_model import save_tokenizer
 
 
@@ -62,6 +62,12 @@ class TinyDeepseekSpec:
     @property
     def moe_layers(self) -> list[int]:
         return list(range(self.first_dense, self.num_layers))
+
+    def routed_expert_weight(self, name: str) -> bool:
+        """A routed expert's projection weight of a main-model MoE layer: what ``--w8a8`` quantises (the
+        MTP layer stays float: ModelSlim does not describe it, and vLLM-Ascend's note is to mark it FLOAT)."""
+        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight", name)
+        return m is not None and int(m.group(1)) in self.moe_layers
 
 
 def hf_config(spec: TinyDeepseekSpec) -> dict:
@@ -201,58 +207,6 @@ def make_tiny_deepseek(out_dir: str | Path, spec: TinyDeepseekSpec = TinyDeepsee
     return out
 
 
-W8A8_DYNAMIC = "W8A8_DYNAMIC"
-
-
-def _quantized_expert(name: str, spec: TinyDeepseekSpec) -> bool:
-    """A routed expert's projection weight of a main-model MoE layer (the MTP layer stays float: ModelSlim
-    does not describe it, and vLLM-Ascend's note is to mark it FLOAT)."""
-    m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight", name)
-    return m is not None and int(m.group(1)) in spec.moe_layers
-
-
-def w8a8_weights(sd: dict, spec: TinyDeepseekSpec) -> tuple[dict, dict]:
-    """(state dict, quant description) of ModelSlim's W8A8_DYNAMIC on ``sd``: each routed expert
-    projection [out, in] becomes an int8 ``weight`` with a float32 ``weight_scale`` and ``weight_offset``
-    [out, 1] (symmetric per output channel: scale = max |w| / 127, offset 0), as vLLM-Ascend's
-    ``AscendW8A8DynamicFusedMoEMethod`` loads them; every other tensor is kept and described FLOAT."""
-    import torch
-
-    out: dict = {}
-    description: dict = {"model_quant_type": W8A8_DYNAMIC}
-    for name, t in sd.items():
-        if not _quantized_expert(name, spec):
-            out[name] = t
-            description[name] = "FLOAT"
-            continue
-        w = t.to(torch.float32)
-        scale = (w.abs().amax(dim=1, keepdim=True) / 127.0).clamp_min(1e-12)
-        stem = name[: -len("weight")]
-        out[name] = torch.round(w / scale).clamp(-127, 127).to(torch.int8).contiguous()
-        out[stem + "weight_scale"] = scale.contiguous()
-        out[stem + "weight_offset"] = torch.zeros_like(scale)
-        for key in (name, stem + "weight_scale", stem + "weight_offset"):
-            description[key] = W8A8_DYNAMIC
-    return out, description
-
-
-def write_w8a8(float_dir: str | Path, out_dir: str | Path, spec: TinyDeepseekSpec = TinyDeepseekSpec()) -> Path:
-    """The float checkpoint in ``float_dir`` (``make_tiny_deepseek``) as a ModelSlim W8A8_DYNAMIC one in
-    ``out_dir``: its weights (``w8a8_weights``), ``quant_model_description.json`` and the float
-    checkpoint's config and tokenizer; returns the folder."""
-    from safetensors.torch import load_file, save_file
-
-    src, out = Path(float_dir), Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    sd, description = w8a8_weights(load_file(str(src / "model.safetensors")), spec)
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "quant_model_description.json").write_text(json.dumps(description, indent=1))
-    for f in src.iterdir():
-        if f.is_file() and f.name != "model.safetensors":
-            shutil.copyfile(f, out / f.name)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.harness.tiny_deepseek", description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
@@ -264,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     out = make_tiny_deepseek(a.out_dir, spec)
     print(out)
     if a.w8a8:
-        print(write_w8a8(out, out.with_name(out.name + "-w8a8"), spec))
+        print(write_w8a8(out, out.with_name(out.name + "-w8a8"), spec.routed_expert_weight))
     return 0
 
 

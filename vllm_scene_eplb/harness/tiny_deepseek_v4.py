@@ -18,16 +18,23 @@ Tensors are named as DeepSeek ships V4 (``layers.N.ffn.experts.E.w1.weight``, ``
 (``expert_dtype`` ``bf16``: no MXFP4 scales). tests/engine/test_vllm_deepseek_v4.py loads every
 tensor through that loader and checks each parameter it fills.
 
-    python -m vllm_scene_eplb.harness.tiny_deepseek_v4 OUT_DIR [--skew 1.0] [--seed 0]
+``--w8a8`` also writes the same weights as a ModelSlim-style W8A8_DYNAMIC checkpoint (``OUT_DIR-w8a8``,
+``modelslim.write_w8a8``), as vLLM-Ascend serves V4 on 910C (``--quantization ascend``): the routed
+experts of the main model int8 with a per-output-channel scale and offset each
+(``layers.N.ffn.experts.E.w1.weight_scale``), everything else float, described by DeepSeek's names.
+
+    python -m vllm_scene_eplb.harness.tiny_deepseek_v4 OUT_DIR [--skew 1.0] [--seed 0] [--w8a8]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .modelslim import write_w8a8
 from .tiny_model import save_tokenizer
 
 
@@ -65,6 +72,12 @@ class TinyDeepseekV4Spec:
     @property
     def hash_layers(self) -> list[int]:
         return list(range(self.num_hash_layers))
+
+    def routed_expert_weight(self, name: str) -> bool:
+        """A routed expert's projection weight of a main-model MoE layer, by DeepSeek's own name
+        (``layers.N.ffn.experts.E.w1.weight``): what ``--w8a8`` quantises (the MTP layer stays float)."""
+        m = re.fullmatch(r"layers\.(\d+)\.ffn\.experts\.\d+\.w[123]\.weight", name)
+        return m is not None and int(m.group(1)) in self.moe_layers
 
 
 def hf_config(spec: TinyDeepseekV4Spec) -> dict:
@@ -104,6 +117,9 @@ def hf_config(spec: TinyDeepseekV4Spec) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4096,
+        # YaRN as V4-Flash ships it (factor 16, beta 32 / 1), over a short original context: vLLM-Ascend's
+        # V4 reads every one of these keys when it builds a layer
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 256, "beta_fast": 32, "beta_slow": 1},
         "rope_theta": 10000.0,
         "compress_rope_theta": 160000.0,
         "tie_word_embeddings": False,
@@ -237,8 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--skew", type=float, default=TinyDeepseekV4Spec.skew, help="routing skew (0 = near-uniform)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--w8a8", action="store_true", help="also write the ModelSlim W8A8_DYNAMIC checkpoint to OUT_DIR-w8a8")
     a = ap.parse_args(argv)
-    print(make_tiny_deepseek_v4(a.out_dir, TinyDeepseekV4Spec(skew=a.skew, seed=a.seed)))
+    spec = TinyDeepseekV4Spec(skew=a.skew, seed=a.seed)
+    out = make_tiny_deepseek_v4(a.out_dir, spec)
+    print(out)
+    if a.w8a8:
+        print(write_w8a8(out, out.with_name(out.name + "-w8a8"), spec.routed_expert_weight))
     return 0
 
 
