@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...config import kv_role_of, parse_config
-from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
 from ...protocol import COMM_METHOD_LINE, NativeCounts, WorkerAnswer, startup_line
 from ...runtime.export import Exporter, group_maker
@@ -96,12 +95,7 @@ class AscendWorkerPlugin(RecorderPlugin):
             self.load_audit = audit_layers(self.expert_load, layers, where)
             self.expert_load = None  # the journal and tracer are done with: free them
         self.layers, self.native = layers, NativeWindow(self.model.num_experts)
-        refused = unsupported_settings(model_runner.vllm_config)
-        if refused and self.layout is None:  # a collection run (either role) would record nothing right
-            raise SceneEplbError(
-                f"the scene_eplb recorder on vLLM-Ascend cannot tell its own tokens under {', '.join(refused)}: "
-                "turn it off for the collection run"
-            )
+        refused = unsupported_settings(model_runner.vllm_config)  # a collection run was refused at its config
         if refused:  # a layout run: serving goes on; the recorder and live fitness have nothing to read
             logger.warning(
                 "scene-eplb: no routing counts on this server (recorder and live fitness off) under %s", ", ".join(refused)
