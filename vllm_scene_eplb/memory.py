@@ -9,7 +9,10 @@ rank that gets it: memory that comes out of that rank's KV cache. From a Hugging
   (3 x hidden x moe_intermediate weights), at the checkpoint's dtype or quantisation, scales included;
 - ``kv_bytes_per_token``: one token's KV cache over all layers on one rank with attention DP
   (TP 1, as the P recipe runs): DeepSeek's MLA keeps one compressed latent (kv_lora_rank +
-  qk_rope_head_dim) per layer; other attention keeps K and V per KV head.
+  qk_rope_head_dim) per layer; DeepSeek-V4 one compressed entry per ``compress_ratio`` tokens, and
+  on its ratio-4 layers an indexer key per 4 tokens (``V4Cache``); other attention keeps K and V per KV head;
+- ``kv_bytes_per_sequence``: what a sequence holds whatever its length: DeepSeek-V4's sliding
+  window and compressor states (0 for other attention).
 
 Not counted: the MTP layer (``num_nextn_predict_layers``), which vLLM-Ascend places with the same
 slot count, and activation workspace. Pure numpy-free arithmetic, no engine.
@@ -20,11 +23,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 
 from .errors import SceneEplbError
 from .fileio import load_json
 from .layout import Geometry
-from .model_geometry import ConfigFields, from_hf_config, read_hf_config, text_config
+from .model_geometry import ConfigFields, V4Shape, attention_shape, from_hf_config, read_hf_config, text_config
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 KV_CACHE_DTYPES = ("auto",) + tuple(DTYPE_BYTES)
@@ -41,6 +45,77 @@ class ModelMemory:
     kv_bytes_per_token: int
     kv_format: str  # e.g. "MLA latent 512 + rope 64 per layer, bfloat16"
     num_moe_layers: int
+    kv_bytes_per_sequence: int = 0  # DeepSeek-V4's window and compressor states
+
+
+INDEX_KEY_BLOCK = 128  # vLLM's V4 indexer keys: fp8 with one float32 scale per 128 values
+FLOAT32_BYTES = 4  # vLLM's V4 compressor state and hyper-connection weights are float32
+
+
+@dataclass(frozen=True)
+class V4Cache:
+    """One rank's DeepSeek-V4 cache (attention DP, TP 1) as vLLM 0.32's V4 KV cache specs lay it out
+    (``attention.py``, ``compressor.py``): every layer a sliding window of ``window`` entries per
+    sequence; a ratio-r layer (r > 1) one compressed entry per r tokens and its compressor's float32
+    state (kv and score, overlap x r tokens of 2 x overlap x head_dim); a ratio-4 layer also an
+    indexer key per 4 tokens (fp8, 132 B at 128) and its compressor's state. An entry is ``head_dim``
+    at the KV dtype (vLLM's fp8_ds_mla packing, 584 B, is not priced)."""
+
+    shape: V4Shape
+    entry_bytes: int  # one KV entry (window or compressed): head_dim at the KV dtype
+    dtype: str
+
+    @property
+    def index_key_bytes(self) -> int:
+        return self.shape.index_head_dim + FLOAT32_BYTES * math.ceil(self.shape.index_head_dim / INDEX_KEY_BLOCK)
+
+    def layer_token_bytes(self, ratio: int) -> Fraction:
+        """A layer's bytes per token of context: its compressed entries and indexer keys."""
+        if ratio == 0:
+            return Fraction(0)
+        return Fraction(self.entry_bytes + (self.index_key_bytes if ratio == 4 else 0), ratio)
+
+    def layer_state_row(self, ratio: int) -> int:
+        """A layer's window and compressor-state bytes per token they hold: a window entry, and at
+        ratio > 1 the compressors' float32 kv and score rows (2 x overlap x head_dim, and the indexer's)."""
+        if ratio == 0:
+            return self.entry_bytes
+        o = self.shape.overlap(ratio)
+        dims = self.shape.head_dim + (self.shape.index_head_dim if ratio == 4 else 0)
+        return self.entry_bytes + 2 * o * dims * FLOAT32_BYTES
+
+    def layer_state_bytes(self, ratio: int) -> int:
+        """A layer's bytes per sequence, whatever its length: ``window`` window entries and the
+        compressors' rows of their last overlap x ratio tokens."""
+        compressor = self.layer_state_row(ratio) - self.entry_bytes
+        return self.shape.window * self.entry_bytes + self.shape.overlap(ratio) * ratio * compressor
+
+    @property
+    def state_row(self) -> int:
+        """Window and compressor-state bytes per in-flight token over all layers: vLLM holds a
+        sequence's windows for its last window - 1 tokens plus the tokens being computed."""
+        return sum(self.layer_state_row(r) for r in self.shape.compress_ratios)
+
+    @property
+    def per_token(self) -> int:
+        return math.ceil(sum(self.layer_token_bytes(r) for r in self.shape.compress_ratios))
+
+    @property
+    def per_sequence(self) -> int:
+        return sum(self.layer_state_bytes(r) for r in self.shape.compress_ratios)
+
+    def describe(self) -> str:
+        s = self.shape
+        return (
+            f"DeepSeek-V4 as vLLM 0.32 lays it out, {self.dtype}: {s.layers_at(4)} layers at ratio 4 (an entry of {s.head_dim} and an indexer key "
+            f"of {self.index_key_bytes} B per 4 tokens), {s.layers_at(128)} at 128, {s.layers_at(0)} window only"
+        )
+
+
+def v4_cache(shape: V4Shape, cfg: dict, kv_cache_dtype: str = "auto", path: str | None = None) -> V4Cache:
+    """DeepSeek-V4's cache at ``kv_cache_dtype`` ("auto": the model dtype)."""
+    dtype = _model_dtype(ConfigFields(cfg, path)) if kv_cache_dtype == "auto" else kv_cache_dtype
+    return V4Cache(shape, shape.head_dim * _dtype_bytes(dtype, "kv cache dtype"), dtype)
 
 
 def _dtype_bytes(name: str, what: str) -> int:
@@ -82,6 +157,11 @@ def expert_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = No
                 dtype, "torch_dtype"
             ), f"{kind} (ModelSlim: int8, per-channel scale and offset)"
         raise SceneEplbError(f"ModelSlim expert quantisation {kind!r} is not priced here: pass --expert-bytes")
+    experts = f.text("expert_dtype", "")
+    if experts == "fp4":  # DeepSeek-V4's MXFP4 experts: two weights per byte, one ue8m0 scale per 32
+        return params // 2 + params // 32, "MXFP4 (expert_dtype fp4: 4-bit weights, a ue8m0 scale per 32)"
+    if experts not in ("", "fp8"):
+        raise SceneEplbError(f"config expert_dtype {experts!r} is not priced here: pass --expert-bytes", path)
     quant = f.obj("quantization_config")
     if not quant:
         return params * _dtype_bytes(dtype, "torch_dtype"), dtype
@@ -89,33 +169,56 @@ def expert_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = No
     method = q.text("quant_method", "")
     if method == "fp8":
         block = quant.get("weight_block_size")
-        if block:  # one float32 scale per block of each projection (DeepSeek-V3's checkpoint: 128x128)
+        if block:  # one scale per block of each projection (DeepSeek-V3's: 128x128 float32; V4's ue8m0, a byte)
             if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b >= 1 for b in block)):
                 raise SceneEplbError(
                     f"config quantization_config.weight_block_size must be two integers >= 1, got {block!r}", path
                 )
             b = (block[0], block[1])
             scales = 2 * _blocks(inter, hidden, b) + _blocks(hidden, inter, b)
-            return params + 4 * scales, f"fp8 with {b[0]}x{b[1]} block scales"
+            ue8m0 = q.text("scale_fmt", "") == "ue8m0"
+            return params + (1 if ue8m0 else 4) * scales, f"fp8 with {b[0]}x{b[1]} {'ue8m0 ' if ue8m0 else ''}block scales"
         return params + 3 * 4, "fp8 with per-tensor scales"
     raise SceneEplbError(f"quantization method {method!r} is not priced here: pass --expert-bytes")
 
 
-def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None = None) -> tuple[int, str]:
-    """One token's KV cache over all layers on one rank (attention TP 1), and its format."""
+def linear_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = None) -> tuple[float, str]:
+    """Bytes per weight of the linear layers outside the routed experts, and their format: the
+    checkpoint's quantisation priced as for an expert's shape, without ``expert_dtype`` (DeepSeek-V4's
+    MXFP4 is the routed experts' alone)."""
+    hidden, inter = _expert_shape(ConfigFields(cfg, path))
+    size, fmt = expert_bytes({k: v for k, v in cfg.items() if k != "expert_dtype"}, modelslim, path)
+    return size / (3 * hidden * inter), fmt
+
+
+def model_dtype_bytes(cfg: dict, path: str | None = None) -> int:
+    """Bytes of one value in the model dtype (``torch_dtype``), the unquantised weights' format."""
+    try:
+        return _dtype_bytes(_model_dtype(ConfigFields(cfg, path)), "config torch_dtype")
+    except SceneEplbError as exc:
+        raise SceneEplbError(exc.problem, path) from None
+
+
+def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None = None) -> tuple[int, int, str]:
+    """One token's KV cache over all layers on one rank (attention TP 1), what a sequence holds
+    whatever its length (DeepSeek-V4's window and compressor states) and its format."""
     f = ConfigFields(cfg, path)
+    shape = attention_shape(cfg, path) if f.has("compress_ratios") else None
+    if isinstance(shape, V4Shape):
+        cache = v4_cache(shape, cfg, kv_cache_dtype, path)
+        return cache.per_token, cache.per_sequence, cache.describe()
     dtype = _model_dtype(f) if kv_cache_dtype == "auto" else kv_cache_dtype
     size = _dtype_bytes(dtype, "kv cache dtype")
     layers = f.integer("num_hidden_layers", 1)
     if f.has("kv_lora_rank"):
         rank, rope = f.integer("kv_lora_rank", 1), f.integer("qk_rope_head_dim", 0, default=0)
-        return layers * (rank + rope) * size, f"MLA latent {rank} + rope {rope} per layer, {dtype}"
+        return layers * (rank + rope) * size, 0, f"MLA latent {rank} + rope {rope} per layer, {dtype}"
     heads = f.integer("num_attention_heads", 1)
     kv_heads = f.integer("num_key_value_heads", 1, default=heads)
     head_dim = f.integer("head_dim", 1, default=None) or f.integer("hidden_size", 1) // heads
     if head_dim < 1:
         raise SceneEplbError(f"config hidden_size {f.cfg['hidden_size']} is smaller than num_attention_heads {heads}", path)
-    return layers * 2 * kv_heads * head_dim * size, f"K and V, {kv_heads} KV heads x {head_dim} per layer, {dtype}"
+    return layers * 2 * kv_heads * head_dim * size, 0, f"K and V, {kv_heads} KV heads x {head_dim} per layer, {dtype}"
 
 
 def read_model_files(model_dir: str | os.PathLike) -> tuple[dict, dict | None, str, int]:
@@ -147,10 +250,10 @@ def read_model_memory(
             per_expert, fmt = expert_bytes_override, "given (--expert-bytes)"
         else:
             per_expert, fmt = expert_bytes(cfg, modelslim, path)
-        kv, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype, path)
+        kv, per_sequence, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype, path)
     except SceneEplbError as exc:
         raise SceneEplbError(exc.problem, path) from None
-    return ModelMemory(per_expert, fmt, kv, kv_fmt, moe_layers)
+    return ModelMemory(per_expert, fmt, kv, kv_fmt, moe_layers, per_sequence)
 
 
 def replica_cost(memory: ModelMemory, slots_per_rank: float) -> dict:

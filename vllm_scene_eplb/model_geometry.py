@@ -1,6 +1,7 @@
 """MoE geometry of a Hugging Face model config (config.json): which layers are MoE, how many experts,
-how they are routed (top-k, routing groups); and the shapes of a DeepSeek-style MLA model that the
-preflight's bytes and the screen's FLOPs are priced from (``MlaShape``)."""
+how they are routed (top-k, routing groups); and the shapes the preflight's bytes and the screen's
+FLOPs are priced from: DeepSeek-V2/V3's MLA (``MlaShape``) and DeepSeek-V4's compressed sparse
+attention (``V4Shape``), one reader for both (``attention_shape``)."""
 
 from __future__ import annotations
 
@@ -138,10 +139,16 @@ def _config_key(key: str, low: int = 1, default: int | None = None):
     return field(metadata={"key": key, "low": low, "default": _MISSING if default is None else default})
 
 
+def _read_keys(cls, f: ConfigFields) -> dict:
+    """Every ``_config_key`` field of the dataclass ``cls`` read from ``f``."""
+    return {x.name: f.integer(x.metadata["key"], x.metadata["low"], x.metadata["default"]) for x in fields(cls) if x.metadata}
+
+
 @dataclass(frozen=True)
 class MlaShape:
     """The shapes of a DeepSeek-style model with MLA attention (DeepSeek-V2/V3's config field names),
-    read once so that every price of its weights and work reads the same fields the same way."""
+    read once (``attention_shape``) so that every price of its weights and work reads the same
+    fields the same way."""
 
     hidden: int = _config_key("hidden_size")
     vocab: int = _config_key("vocab_size")
@@ -158,14 +165,118 @@ class MlaShape:
     intermediate: int = _config_key("intermediate_size")  # a dense layer's MLP
     moe_intermediate: int = _config_key("moe_intermediate_size")  # one expert's MLP
 
-    @classmethod
-    def read(cls, cfg: dict, path: str | None, what: str = "this tool") -> MlaShape:
-        """The shape of a config's text model; ``what`` names the reader in the error when the
-        config has no MLA attention (no ``kv_lora_rank``)."""
-        f = ConfigFields(text_config(cfg, path), path)
-        if not f.has("kv_lora_rank"):
-            raise SceneEplbError(f"{what} prices MLA attention (DeepSeek's kv_lora_rank) only", path)
-        return cls(**{x.name: f.integer(x.metadata["key"], x.metadata["low"], x.metadata["default"]) for x in fields(cls)})
+
+V4_RATIOS = (0, 4, 128)  # the compress ratios vLLM's DeepSeek-V4 builds (0: sliding window only)
+
+
+@dataclass(frozen=True)
+class V4Shape:
+    """The shapes of a DeepSeek-V4 model (vLLM's V4 field names): one KV head of ``head_dim`` that is
+    both key and value, a sliding window on every layer and, per layer, ``compress_ratios``: 0 the
+    window only, 4 KV compressed 4:1 with an indexer keeping ``index_topk`` entries per query, 128
+    compressed 128:1 and attended in full; the output projection grouped (``o_groups`` x
+    ``o_lora``); the residual stream ``hc_mult`` x hidden (hyper-connections)."""
+
+    hidden: int = _config_key("hidden_size")
+    vocab: int = _config_key("vocab_size")
+    layers: int = _config_key("num_hidden_layers")
+    heads: int = _config_key("num_attention_heads")
+    head_dim: int = _config_key("head_dim")  # the one KV head's size, rope included
+    qk_rope: int = _config_key("qk_rope_head_dim", 0)
+    q_lora: int = _config_key("q_lora_rank")
+    o_groups: int = _config_key("o_groups")
+    o_lora: int = _config_key("o_lora_rank")
+    window: int = _config_key("sliding_window")
+    index_heads: int = _config_key("index_n_heads")
+    index_head_dim: int = _config_key("index_head_dim")
+    index_topk: int = _config_key("index_topk")
+    hc_mult: int = _config_key("hc_mult", 1, 1)
+    experts: int = _config_key("n_routed_experts")
+    shared: int = _config_key("n_shared_experts", 0, 0)
+    moe_intermediate: int = _config_key("moe_intermediate_size")
+    mtp_layers: int = _config_key("num_nextn_predict_layers", 0, 0)
+    compress_ratios: tuple[int, ...] = ()  # one per model layer (an entry past them, the MTP layer's, is not read)
+
+    def __post_init__(self) -> None:
+        if self.heads % self.o_groups:
+            raise SceneEplbError(f"config o_groups {self.o_groups} does not divide num_attention_heads {self.heads}")
+        if len(self.compress_ratios) != self.layers:
+            raise SceneEplbError(f"config compress_ratios names {len(self.compress_ratios)} of {self.layers} layers")
+
+    def layers_at(self, ratio: int) -> int:
+        """How many model layers have compress ratio ``ratio``."""
+        return self.compress_ratios.count(ratio)
+
+    @staticmethod
+    def overlap(ratio: int) -> int:
+        """The compressor's overlap factor (vLLM's ``coff``): 2 at ratio 4 (overlapping windows), else 1."""
+        return 2 if ratio == 4 else 1
+
+    def attention_linears(self, ratio: int) -> tuple[Linear, ...]:
+        """A layer's attention weights at compress ratio ``ratio`` as vLLM 0.32's ``DeepseekV4Attention``
+        builds them: wq_a and wkv fused and replicated, wq_b and the grouped wo_a column-parallel, wo_b
+        row-parallel; at ratio > 1 the compressor's wkv and wgate (replicated, unquantised); at ratio 4
+        the indexer's wq_b (replicated), weights_proj and compressor (replicated, unquantised)."""
+        h, hd = self.hidden, self.head_dim
+        linears = [
+            Linear("wq_a+wkv", self.q_lora + hd, h, quantized=True, sharded=False),
+            Linear("wq_b", self.heads * hd, self.q_lora, quantized=True, sharded=True),
+            Linear("wo_a", self.o_groups * self.o_lora, self.heads * hd // self.o_groups, quantized=True, sharded=True),
+            Linear("wo_b", h, self.o_groups * self.o_lora, quantized=True, sharded=True),
+        ]
+        if ratio > 1:
+            linears.append(Linear("compressor", 2 * self.overlap(ratio) * hd, h, quantized=False, sharded=False))
+        if ratio == 4:
+            ih = self.index_heads * self.index_head_dim
+            linears += [
+                Linear("indexer wq_b", ih, self.q_lora, quantized=True, sharded=False),
+                Linear("indexer weights_proj", self.index_heads, h, quantized=False, sharded=False),
+                Linear("indexer compressor", 2 * 2 * self.index_head_dim, h, quantized=False, sharded=False),
+            ]
+        return tuple(linears)
+
+    @property
+    def hc_weights(self) -> int:
+        """One layer's hyper-connection mixing weights (float32): attention's and the MLP's, each
+        (2 + hc_mult) x hc_mult rows over the hc_mult x hidden residual stream."""
+        return 2 * (2 + self.hc_mult) * self.hc_mult * self.hc_mult * self.hidden
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One weight of a layer: [rows, cols], quantised with the checkpoint's linear format or kept
+    in the model dtype, and split over TP ranks or replicated on each."""
+
+    name: str
+    rows: int
+    cols: int
+    quantized: bool
+    sharded: bool
+
+    @property
+    def weights(self) -> int:
+        return self.rows * self.cols
+
+
+def attention_shape(cfg: dict, path: str | None, what: str = "this tool") -> MlaShape | V4Shape:
+    """The shape of a config's text model: ``V4Shape`` with ``compress_ratios``, ``MlaShape`` with
+    ``kv_lora_rank``; ``what`` names the reader in the error for any other attention."""
+    f = ConfigFields(text_config(cfg, path), path)
+    if f.has("compress_ratios"):
+        layers = f.integer("num_hidden_layers", 1)
+        ratios = f.int_list("compress_ratios")
+        if len(ratios) < layers or not set(ratios[:layers]) <= set(V4_RATIOS):
+            raise f._fail("compress_ratios", f"a list of one of {V4_RATIOS} per layer ({layers})")
+        try:
+            return V4Shape(**_read_keys(V4Shape, f), compress_ratios=tuple(ratios[:layers]))
+        except SceneEplbError as exc:
+            raise SceneEplbError(exc.problem, path) from None
+    if not f.has("kv_lora_rank"):
+        raise SceneEplbError(
+            f"{what} prices MLA attention (DeepSeek's kv_lora_rank) or DeepSeek-V4's compressed attention (compress_ratios) only",
+            path,
+        )
+    return MlaShape(**_read_keys(MlaShape, f))
 
 
 def read_hf_config(path: str | os.PathLike) -> tuple[dict, Path]:

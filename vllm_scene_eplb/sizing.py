@@ -1,4 +1,5 @@
-"""Does a server's recipe fit its devices? One rank's weights, communication buffer and KV cache.
+"""Does a server's recipe fit its devices? One rank's weights, communication buffer and KV cache,
+for DeepSeek-V3's MLA (``MlaModel``) or DeepSeek-V4's compressed sparse attention (``V4Model``).
 
 Built on ``memory`` (one routed expert's bytes, one KV token's bytes) and the model's config.json,
 per rank of a DP x TP server with expert parallelism over all DP x TP ranks (EP = DP x TP):
@@ -28,6 +29,16 @@ per rank of a DP x TP server with expert parallelism over all DP x TP ranks (EP 
 - **KV cache**: what is left of ``gpu_memory_utilization`` x device memory, in tokens of
   ``memory.kv_bytes_per_token`` (MLA keeps the full latent on every TP rank).
 
+**DeepSeek-V4** (``V4Model``): per layer its attention by compress ratio as vLLM builds it
+(``V4Shape.attention_linears``: wq_a/wkv, the compressors and the indexer replicated, wq_b and wo_a
+1 / TP, wo_b 1 / TP; the compressors and weights_proj unquantised), the hyper-connections' float32
+mixing weights, shared expert and gate on every layer (all MoE), the hash layers' token -> expert
+tables (int32); no MLA copies (no kv_b to absorb, no MLAPO). Its cache (``memory.V4Cache``): per
+token the compressed entries and indexer keys; beside them, windows and compressor states for each
+of ``max_num_seqs`` sequences and for the step's ``max_num_batched_tokens`` in-flight tokens (vLLM's
+sliding-window admission); the MTP layer is window-only attention (vLLM builds it at ratio 1).
+vLLM-Ascend's own V4 cache layout is not read: the layout priced is vLLM 0.32's.
+
 The recipe fits when the KV cache holds ``max_num_seqs`` sequences of ``max_model_len`` tokens (so
 no admitted sequence is preempted for KV; vLLM itself refuses below one) and HCCL_BUFFSIZE, where
 set, covers the MC2 buffer. Arithmetic from the config, not measured on a device. Pure, no engine.
@@ -38,9 +49,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .errors import SceneEplbError
-from .memory import DTYPE_BYTES, GIB, ModelMemory
-from .model_geometry import ConfigFields, MlaShape
+from .memory import FLOAT32_BYTES, GIB, ModelMemory, V4Cache, model_dtype_bytes, v4_cache
+from .model_geometry import ConfigFields, Linear, MlaShape, V4Shape, attention_shape, from_hf_config
 
 MIB = 1024**2
 MC2_TOKEN_CAP = 512  # vLLM-Ascend caps the MC2 tokens per TP rank here (set_mc2_tokens_capacity)
@@ -88,6 +98,8 @@ class RankFit:
     hccl_buffsize_mb: int  # the HCCL_BUFFSIZE this recipe needs (at least CANN's default)
     problems: tuple[str, ...]
     copies: tuple[tuple[str, int], ...] = ()  # what vLLM-Ascend keeps beside the weights, by name (bytes)
+    kv_bytes_per_sequence: int = 0  # DeepSeek-V4's window and compressor states (with the MTP layer's window)
+    kv_state_bytes: int = 0  # all of them: max_num_seqs sequences' and the step's in-flight tokens'
 
     def to_dict(self) -> dict:
         return {**asdict(self), "problems": list(self.problems), "copies": dict(self.copies)}
@@ -130,16 +142,42 @@ class MlaModel:
     v_dim: int
 
     @classmethod
-    def of(cls, cfg: dict, modelslim: dict | None, path: str | None = None) -> MlaModel:
-        f = ConfigFields(cfg, path)
-        dtype = f.text("torch_dtype", "") or f.text("dtype", "bfloat16")
-        if dtype not in DTYPE_BYTES:
-            raise SceneEplbError(f"config torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}", path)
-        m = MlaShape.read(cfg, path, "the preflight")  # the one reader of the MLA shape fields
+    def of(cls, m: MlaShape, cfg: dict, modelslim: dict | None, path: str | None = None) -> MlaModel:
         attn = _kind(modelslim, "self_attn.")
-        return cls(
-            DTYPE_BYTES[dtype], attn, m.hidden, m.vocab, m.layers, m.heads, m.q_lora, m.kv_lora, m.qk_nope, m.qk_rope, m.v_head
-        )
+        dtype = model_dtype_bytes(cfg, path)
+        return cls(dtype, attn, m.hidden, m.vocab, m.layers, m.heads, m.q_lora, m.kv_lora, m.qk_nope, m.qk_rope, m.v_head)
+
+    def non_routed(self, cfg: dict, modelslim: dict | None, tp: int, path: str | None) -> int:
+        """One rank's weights outside the routed experts (module docstring)."""
+        f, b, hidden = ConfigFields(cfg, path), self.dtype_bytes, self.hidden
+        dense, inter = f.integer("first_k_dense_replace", 0, default=0), f.integer("intermediate_size", 1)
+        mlp = _kind(modelslim, "mlp.gate_proj") if dense else "FLOAT"
+        dense_mlp = dense * math.ceil((2 * _linear(inter, hidden, mlp, b) + _linear(hidden, inter, mlp, b)) / tp)
+        moe_rest = (self.layers - dense) * _moe_layer_rest(cfg, modelslim, self, tp, path)
+        embed_and_head = 2 * math.ceil(self.vocab / tp) * hidden * b
+        return self.layers * self.attention(tp) + dense_mlp + moe_rest + embed_and_head
+
+    def copies(self, recipe: Recipe) -> list[tuple[str, int]]:
+        """What vLLM-Ascend's MLA keeps beside the weights: the absorbed W_UV/W_UK_T, and MLAPO's fused
+        weights on a W8A8 kv_consumer above its token limit."""
+        copies = [("absorbed MLA W_UV/W_UK_T", self.layers * self.absorbed(recipe.tp))]
+        if recipe.kv_consumer and self.attn_kind in MODELSLIM_INT8 and recipe.max_num_batched_tokens > MLAPO_MAX_TOKENS:
+            kept = self.q_kv_a() + math.ceil(self.q_b() / recipe.tp)
+            copies.append((f"MLAPO's q_a/kv_a/q_b kept (max_num_batched_tokens > {MLAPO_MAX_TOKENS})", self.layers * kept))
+        return copies
+
+    def mtp_layer(self, cfg: dict, modelslim: dict | None, tp: int, path: str | None) -> int:
+        """The MTP drafter's layer outside its routed experts: MLA, shared experts, gate and ``eh_proj``."""
+        eh_proj = 2 * self.hidden * self.hidden * self.dtype_bytes
+        return self.attention(tp) + _moe_layer_rest(cfg, modelslim, self, tp, path) + eh_proj
+
+    def mtp_kv(self, memory: ModelMemory) -> tuple[int, int]:
+        """What the MTP layer adds to the cache (per token, per sequence): one more layer's latent."""
+        return memory.kv_bytes_per_token // self.layers, 0
+
+    def step_states(self, recipe: Recipe) -> int:
+        """Cache the step's in-flight tokens hold beyond the sequences' own: none (MLA has no window)."""
+        return 0
 
     def q_kv_a(self) -> int:
         """``q_a_proj`` and ``kv_a_proj_with_mqa``: replicated on every TP rank."""
@@ -161,7 +199,98 @@ class MlaModel:
         return math.ceil(self.kv_lora * self.heads * (self.nope + self.v_dim) * self.dtype_bytes / tp)
 
 
-def _moe_layer_rest(cfg: dict, modelslim: dict | None, model: MlaModel, tp: int, path: str | None) -> int:
+@dataclass(frozen=True)
+class V4Model:
+    """DeepSeek-V4's numbers the preflight prices (``V4Shape``), its dtype's bytes, the ModelSlim kind
+    of its attention and its cache (``V4Cache``, for the MTP layer's window)."""
+
+    dtype_bytes: int
+    attn_kind: str
+    shape: V4Shape
+    cache: V4Cache
+    hash_layers: int
+    top_k: int
+
+    @classmethod
+    def of(cls, shape: V4Shape, cfg: dict, modelslim: dict | None, path: str | None, kv_cache_dtype: str = "auto") -> V4Model:
+        geometry = from_hf_config(cfg, path)
+        return cls(
+            model_dtype_bytes(cfg, path),
+            _kind(modelslim, "attn."),
+            shape,
+            v4_cache(shape, cfg, kv_cache_dtype, path),
+            len(geometry.hash_layers),
+            geometry.top_k or 0,
+        )
+
+    @property
+    def hidden(self) -> int:
+        return self.shape.hidden
+
+    @property
+    def layers(self) -> int:
+        return self.shape.layers
+
+    def _bytes(self, linear: Linear, tp: int) -> int:
+        size = _linear(linear.rows, linear.cols, self.attn_kind if linear.quantized else "FLOAT", self.dtype_bytes)
+        return math.ceil(size / tp) if linear.sharded else size
+
+    def attention(self, ratio: int, tp: int) -> int:
+        """One layer's attention at compress ratio ``ratio`` on a rank (``V4Shape.attention_linears``)."""
+        return sum(self._bytes(x, tp) for x in self.shape.attention_linears(ratio))
+
+    def hyper_connections(self) -> int:
+        """One layer's hyper-connection weights (float32, replicated)."""
+        return self.shape.hc_weights * FLOAT32_BYTES
+
+    def non_routed(self, cfg: dict, modelslim: dict | None, tp: int, path: str | None) -> int:
+        """One rank's weights outside the routed experts: every layer's attention by its compress ratio
+        and hyper-connections, the MoE layers' shared experts and gate, the hash layers' token -> expert
+        tables (int32, vocab x top-k), embedding and LM head (1 / TP) and the head's hyper-connection."""
+        s = self.shape
+        attention = sum(self.attention(r, tp) for r in s.compress_ratios)
+        moe_rest = s.layers * _moe_layer_rest(cfg, modelslim, self, tp, path)
+        tables = self.hash_layers * s.vocab * self.top_k * 4
+        head = s.hc_mult * s.hc_mult * s.hidden * FLOAT32_BYTES
+        embed_and_head = 2 * math.ceil(s.vocab / tp) * s.hidden * self.dtype_bytes
+        return attention + s.layers * self.hyper_connections() + moe_rest + tables + embed_and_head + head
+
+    def copies(self, recipe: Recipe) -> list[tuple[str, int]]:
+        """No MLA absorbed weights nor MLAPO: V4 has no kv_b to absorb (other copies vLLM-Ascend's V4
+        may keep are not priced)."""
+        return []
+
+    def mtp_layer(self, cfg: dict, modelslim: dict | None, tp: int, path: str | None) -> int:
+        """The MTP drafter's layer outside its routed experts: window-only attention (vLLM builds the MTP
+        layer at ratio 1), hyper-connections, shared experts and gate, ``e_proj`` and ``h_proj`` and its
+        hc head."""
+        s = self.shape
+        projections = 2 * _linear(s.hidden, s.hidden, self.attn_kind, self.dtype_bytes)
+        head = s.hc_mult * s.hc_mult * s.hidden * FLOAT32_BYTES
+        rest = _moe_layer_rest(cfg, modelslim, self, tp, path)
+        return self.attention(0, tp) + self.hyper_connections() + rest + projections + head
+
+    def mtp_kv(self, memory: ModelMemory) -> tuple[int, int]:
+        """What the MTP layer adds to the cache (per token, per sequence): its window only."""
+        return 0, self.cache.layer_state_bytes(0)
+
+    def step_states(self, recipe: Recipe) -> int:
+        """The windows and compressor states of the step's in-flight tokens, ``max_num_batched_tokens``
+        of them (vLLM's sliding-window admission: window - 1 + the in-flight tokens per sequence), the
+        MTP layer's window included."""
+        mtp = self.cache.layer_state_row(0) if recipe.speculative_tokens else 0
+        return recipe.max_num_batched_tokens * (self.cache.state_row + mtp)
+
+
+def model_of(cfg: dict, modelslim: dict | None, path: str | None = None, kv_cache_dtype: str = "auto") -> MlaModel | V4Model:
+    """The preflight's model of a config: ``V4Model`` for DeepSeek-V4, ``MlaModel`` for MLA."""
+    shape = attention_shape(cfg, path, "the preflight")  # the one reader of the attention's shape fields
+    if isinstance(shape, V4Shape):
+        return V4Model.of(shape, cfg, modelslim, path, kv_cache_dtype)
+    return MlaModel.of(shape, cfg, modelslim, path)
+
+
+def _moe_layer_rest(cfg: dict, modelslim: dict | None, model: MlaModel | V4Model, tp: int, path: str | None) -> int:
     """One MoE layer's shared experts (1 / TP) and router gate (replicated, model dtype) on a rank."""
     f, b = ConfigFields(cfg, path), model.dtype_bytes
     experts, shared = f.integer("n_routed_experts", 1), f.integer("n_shared_experts", 0, default=0)
@@ -172,28 +301,17 @@ def _moe_layer_rest(cfg: dict, modelslim: dict | None, model: MlaModel, tp: int,
 
 def non_routed_bytes(cfg: dict, modelslim: dict | None, tp: int, path: str | None = None) -> int:
     """One rank's weights outside the routed experts (see the module docstring), at TP ``tp``."""
-    model = MlaModel.of(cfg, modelslim, path)
-    f, b, hidden = ConfigFields(cfg, path), model.dtype_bytes, model.hidden
-    dense, inter = f.integer("first_k_dense_replace", 0, default=0), f.integer("intermediate_size", 1)
-    mlp = _kind(modelslim, "mlp.gate_proj") if dense else "FLOAT"
-    dense_mlp = dense * math.ceil((2 * _linear(inter, hidden, mlp, b) + _linear(hidden, inter, mlp, b)) / tp)
-    moe_rest = (model.layers - dense) * _moe_layer_rest(cfg, modelslim, model, tp, path)
-    embed_and_head = 2 * math.ceil(model.vocab / tp) * hidden * b
-    return model.layers * model.attention(tp) + dense_mlp + moe_rest + embed_and_head
+    return model_of(cfg, modelslim, path).non_routed(cfg, modelslim, tp, path)
 
 
 def kept_copies(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, path: str | None = None) -> tuple:
     """What vLLM-Ascend keeps on a rank beside the weights (module docstring), by name: (name, bytes)."""
-    model = MlaModel.of(cfg, modelslim, path)
-    copies = [("absorbed MLA W_UV/W_UK_T", model.layers * model.absorbed(recipe.tp))]
-    if recipe.kv_consumer and model.attn_kind in MODELSLIM_INT8 and recipe.max_num_batched_tokens > MLAPO_MAX_TOKENS:
-        kept = model.q_kv_a() + math.ceil(model.q_b() / recipe.tp)
-        copies.append((f"MLAPO's q_a/kv_a/q_b kept (max_num_batched_tokens > {MLAPO_MAX_TOKENS})", model.layers * kept))
+    model = model_of(cfg, modelslim, path)
+    copies = model.copies(recipe)
     if recipe.native_eplb:
         copies.append(("native EPLB swap buffer", recipe.slots_per_rank * memory.bytes_per_expert))
     if recipe.speculative_tokens:
-        eh_proj = 2 * model.hidden * model.hidden * model.dtype_bytes
-        layer = model.attention(recipe.tp) + _moe_layer_rest(cfg, modelslim, model, recipe.tp, path) + eh_proj
+        layer = model.mtp_layer(cfg, modelslim, recipe.tp, path)
         copies.append(("MTP layer", layer + recipe.slots_per_rank * memory.bytes_per_expert))
     return tuple(copies)
 
@@ -220,8 +338,11 @@ def mc2_hccl_bytes(cfg: dict, slots_per_rank: int, ep: int, max_bs: int, path: s
     return 2 * (slots_per_rank * max_bs * ep * token + (top_k + shared) * max_bs * _align(2 * hidden, 512))
 
 
-def fit(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, path: str | None = None) -> RankFit:
-    """One rank's memory under ``recipe`` and what does not fit (one sentence each, with the numbers)."""
+def fit(
+    recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, path: str | None = None, kv_cache_dtype: str = "auto"
+) -> RankFit:
+    """One rank's memory under ``recipe`` and what does not fit (one sentence each, with the numbers);
+    ``kv_cache_dtype`` as ``memory`` was priced with."""
     ep = recipe.dp * recipe.tp
     non_routed = non_routed_bytes(cfg, modelslim, recipe.tp, path)
     routed = recipe.slots_per_rank * memory.num_moe_layers * memory.bytes_per_expert
@@ -233,9 +354,14 @@ def fit(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, 
     copies = kept_copies(recipe, memory, cfg, modelslim, path)
     kept = sum(size for _, size in copies)
     kv = budget - non_routed - routed - kept - hccl - recipe.reserve_bytes
-    per_token = memory.kv_bytes_per_token  # the MTP layer caches one more layer's latent
-    per_token += per_token // MlaModel.of(cfg, modelslim, path).layers if recipe.speculative_tokens else 0
-    kv_tokens = max(kv, 0) // per_token
+    per_token, per_sequence = memory.kv_bytes_per_token, memory.kv_bytes_per_sequence
+    model = model_of(cfg, modelslim, path, kv_cache_dtype)
+    if recipe.speculative_tokens:  # the MTP layer's cache: MLA's latent per token, V4's window per sequence
+        extra = model.mtp_kv(memory)
+        per_token, per_sequence = per_token + extra[0], per_sequence + extra[1]
+    # what max_num_seqs sequences hold whatever their lengths, and the step's in-flight tokens' windows
+    states = recipe.max_num_seqs * per_sequence + model.step_states(recipe)
+    kv_tokens = max(kv - states, 0) // per_token
     problems = []
     weights = f"non-routed {non_routed / GIB:.1f} GiB + routed {routed / GIB:.1f} GiB ({recipe.slots_per_rank} slots x "
     weights += f"{memory.num_moe_layers} MoE layers x {memory.bytes_per_expert / MIB:.1f} MiB)"
@@ -251,6 +377,7 @@ def fit(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, 
             f"the KV cache does not hold max_num_seqs {recipe.max_num_seqs} x max_model_len {recipe.max_model_len:,} = "
             f"{recipe.max_num_seqs * recipe.max_model_len:,} tokens: {kv / GIB:.1f} GiB left after {weights} holds "
             f"{kv_tokens:,} tokens of {per_token:,} B"
+            + (f" beside {recipe.max_num_seqs} sequences' windows and compressor states {states / GIB:.2f} GiB" if states else "")
         )
     if recipe.hccl_buffsize_mb is not None and recipe.hccl_buffsize_mb < need_mb:
         problems.append(
@@ -266,10 +393,12 @@ def fit(recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, 
         kv,
         per_token,
         kv_tokens,
-        kv_tokens,
-        kv_tokens // recipe.max_model_len,
+        max(kv - per_sequence - model.step_states(recipe), 0) // per_token,
+        max(kv - model.step_states(recipe), 0) // (recipe.max_model_len * per_token + per_sequence),
         max_bs,
         need_mb,
         tuple(problems),
         copies,
+        per_sequence,
+        states,
     )

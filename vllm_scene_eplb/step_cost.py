@@ -1,4 +1,5 @@
-"""What one engine step costs per new token, part by part, for a DeepSeek-style MLA MoE model, and so
+"""What one engine step costs per new token, part by part, for a DeepSeek-style MoE model (MLA, or
+DeepSeek-V4's compressed sparse attention), and so
 what share of the step the routed experts take and what a better-balanced layout could give at most
 (``scene-eplb screen``): a screen before a scene is recorded, from the model's shapes alone.
 
@@ -24,6 +25,19 @@ the peak (one efficiency for all cancels in the shares). Parts, per layer:
   per token). Norms, the embedding lookup, activations' bytes and the dispatch/combine
   communication are left out.
 
+**DeepSeek-V4** (``V4Shape``) replaces MLA and the dense MLP with, per layer by its compress ratio:
+
+- **attention projections**: wq_a, wkv, wq_b, the grouped wo_a and wo_b; at ratio > 1 the
+  compressor, at ratio 4 the indexer's wq_b, weights_proj and compressor (unquantised ones at the
+  model dtype), 2 FLOPs per weight per token;
+- **attention context**: one KV entry of head_dim is key and value, 2 x heads x 2 x head_dim FLOPs
+  per key; a token at context c attends to min(window, c) window keys plus, at ratio 4, the
+  indexer's top ``index_topk`` of c / 4 compressed entries (the indexer scores all c / 4, 2 x
+  index_heads x index_head_dim each), at ratio 128 all c / 128; decode reads each key and every
+  indexer key it scores, prefill the chunk's cache once (``V4Cache``);
+- **hyper-connections**: the mixing weights (float32) over the hc_mult x hidden stream, twice a layer,
+  and the head's.
+
 **Scenes.** Prefill computes the uncached part of one prompt (``cached_share`` of it is a prefix-cache
 hit: attended to, not recomputed) in chunks of ``chunk`` tokens, the cost per new token over the
 request. Decode runs ``batch`` sequences per rank per step at the mean context over the output,
@@ -32,8 +46,8 @@ input + (output + 1) / 2; a prefix-cache hit does not change a decode token's wo
 **Scores.** A layout's ideal score B (max / mean rank load, ``score``) multiplies the slowest rank's
 routed FLOPs, not the weights it reads (a rank reads its experts whatever their tokens). The step
 then takes ``others + routed(B)``, and a candidate at B1 gives ``step(B0) / step(B1)``, the
-``ceiling_ratio``: what the node's step gains if nothing else on its critical path moves. Pure
-arithmetic, no engine, not measured on a device.
+``ceiling_ratio``: what the node's step gains if nothing else on its critical path moves. DeepSeek-V4's
+hash layers' experts are priced as any MoE layer's. Pure arithmetic, no engine, not measured on a device.
 """
 
 from __future__ import annotations
@@ -45,8 +59,17 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .errors import SceneEplbError
-from .memory import ModelMemory, read_model_files, read_model_memory
-from .model_geometry import MlaShape, from_hf_config
+from .memory import (
+    FLOAT32_BYTES,
+    ModelMemory,
+    V4Cache,
+    linear_bytes,
+    model_dtype_bytes,
+    read_model_files,
+    read_model_memory,
+    v4_cache,
+)
+from .model_geometry import V4_RATIOS, MlaShape, V4Shape, attention_shape, from_hf_config
 
 ROLES = ("prefill", "decode")
 # The ideal score a layout that knows nothing of the scene has: the linear layout's median layer on
@@ -123,12 +146,18 @@ class Scene:
 
 @dataclass(frozen=True)
 class StepModel:
-    """The model as the screen prices it: its MLA shapes, top-k, and its routed expert's and KV
-    token's bytes (``memory``), which price every linear weight and every latent read."""
+    """The model as the screen prices it: its shapes (MLA or DeepSeek-V4's), top-k, its routed
+    expert's and KV token's bytes (``memory``), the other linear weights' bytes and, for V4, its
+    cache's layout (``cache``)."""
 
-    shape: MlaShape
+    shape: MlaShape | V4Shape
     top_k: int
     memory: ModelMemory
+    linear_bytes: float  # per weight of every linear layer outside the routed experts, scales included
+    linear_format: str
+    dtype_bytes: int  # the model dtype's: unquantised weights (V4's compressors, hyper-connections in float32 aside)
+    cache: V4Cache | None = None  # DeepSeek-V4's
+    hash_layers: int = 0  # DeepSeek-V4's MoE layers routed by token id
 
     @property
     def moe_layers(self) -> int:
@@ -139,8 +168,8 @@ class StepModel:
         return self.shape.layers - self.moe_layers
 
     @property
-    def weight_bytes(self) -> float:
-        """Bytes per weight of every linear layer: the routed experts' format, scales included."""
+    def expert_weight_bytes(self) -> float:
+        """Bytes per weight of a routed expert, scales included."""
         return self.memory.bytes_per_expert / (3 * self.shape.hidden * self.shape.moe_intermediate)
 
     @property
@@ -151,14 +180,18 @@ class StepModel:
 
 def read_step_model(path: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes: int | None = None) -> StepModel:
     """A model folder's or config.json's ``StepModel`` (``expert_bytes`` as ``--expert-bytes``); one
-    line naming the field when the config is not a DeepSeek-style MLA MoE model."""
+    line naming the field when the config is not a DeepSeek-style MLA or DeepSeek-V4 MoE model."""
     memory = read_model_memory(path, kv_cache_dtype, expert_bytes)
-    cfg, _, where, _ = read_model_files(path)
-    shape = MlaShape.read(cfg, where, "the screen")
-    top_k = from_hf_config(cfg, where).top_k
+    cfg, modelslim, where, _ = read_model_files(path)
+    shape = attention_shape(cfg, where, "the screen")
+    geometry = from_hf_config(cfg, where)
+    top_k = geometry.top_k
     if top_k is None:
         raise SceneEplbError("config has no num_experts_per_tok (the routed experts' top-k)", where)
-    return StepModel(shape, top_k, memory)
+    linear, linear_format = linear_bytes(cfg, modelslim, where)
+    cache = v4_cache(shape, cfg, kv_cache_dtype, where) if isinstance(shape, V4Shape) else None
+    dtype = model_dtype_bytes(cfg, where)
+    return StepModel(shape, top_k, memory, linear, linear_format, dtype, cache, len(geometry.hash_layers))
 
 
 @dataclass(frozen=True)
@@ -227,10 +260,10 @@ def _steps(scene: Scene) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     return tokens, context, prefix, sampled
 
 
-def _work(model: StepModel, scene: Scene) -> dict[str, _Work]:
-    """Every part's work per step (module docstring)."""
-    m, wb = model.shape, model.weight_bytes
-    tokens, context, prefix, sampled = _steps(scene)
+def _mla_parts(model: StepModel, m: MlaShape, scene: Scene) -> dict[str, _Work]:
+    """MLA attention and the dense layers' MLP per step (module docstring)."""
+    wb = model.linear_bytes
+    tokens, context, prefix, _ = _steps(scene)
     steps = np.ones_like(tokens)
     attn_weights = (
         m.hidden * m.q_lora
@@ -246,18 +279,82 @@ def _work(model: StepModel, scene: Scene) -> dict[str, _Work]:
         upproject = 2 * m.kv_lora * m.heads * (m.qk_nope + m.v_head) * prefix
         ctx_flops = 2 * m.heads * (m.qk_nope + m.qk_rope + m.v_head) * context + upproject
         ctx_bytes = (prefix + tokens) * model.kv_bytes
-    expert = 3 * m.hidden * m.moe_intermediate
-    touched = 1 - (1 - model.top_k / m.experts) ** (tokens * scene.ep_size)
-    local_experts = m.experts / scene.ep_size
-    layers, moe, dense = m.layers, model.moe_layers, model.dense_layers
+    layers, dense = m.layers, model.dense_layers
     return {
         "attention_projections": _Work(layers * 2 * attn_weights * tokens, layers * attn_weights * wb * steps),
         "attention_context": _Work(layers * ctx_flops, layers * ctx_bytes),
         "dense_mlp": _Work(
             dense * 2 * 3 * m.hidden * m.intermediate * tokens, dense * 3 * m.hidden * m.intermediate * wb * steps
         ),
+    }
+
+
+def _context_sums(scene: Scene, f) -> np.ndarray:
+    """Per step, ``f(c)`` summed over its new tokens, c the context each attends to (itself included):
+    every position of each prefill chunk, or decode's batch at the mean context."""
+    if scene.role == "decode":
+        return np.array([scene.batch * float(f(np.float64(scene.mean_context)))])
+    c = np.arange(scene.cached_tokens + 1, scene.input_len + 1, dtype=np.float64)
+    return np.add.reduceat(f(c), np.arange(0, len(c), scene.chunk))
+
+
+def _v4_parts(model: StepModel, m: V4Shape, cache: V4Cache, scene: Scene) -> dict[str, _Work]:
+    """DeepSeek-V4's attention per layer kind and its hyper-connections per step (module docstring)."""
+    tokens, _, prefix, _ = _steps(scene)
+    steps = np.ones_like(tokens)
+    proj_flops, proj_bytes, ctx_flops, ctx_bytes = (np.zeros_like(tokens) for _ in range(4))
+    for ratio in V4_RATIOS:
+        n = m.layers_at(ratio)
+        linears = m.attention_linears(ratio)
+        weights = sum(x.weights for x in linears)
+        proj_flops += n * 2 * weights * tokens
+        proj_bytes += n * sum(x.weights * (model.linear_bytes if x.quantized else model.dtype_bytes) for x in linears) * steps
+
+        def keys(c, ratio=ratio):
+            compressed = np.floor(c / ratio) if ratio else 0 * c
+            return np.minimum(m.window, c) + (np.minimum(m.index_topk, compressed) if ratio == 4 else compressed)
+
+        attended = _context_sums(scene, keys)
+        indexed = _context_sums(scene, lambda c: np.floor(c / 4)) if ratio == 4 else 0 * tokens
+        ctx_flops += n * (2 * m.heads * 2 * m.head_dim * attended + 2 * m.index_heads * m.index_head_dim * indexed)
+        if scene.role == "decode":
+            ctx_bytes += n * (attended * cache.entry_bytes + indexed * cache.index_key_bytes)
+        else:
+            window = np.minimum(m.window, prefix) + tokens
+            ctx_bytes += n * (window * cache.entry_bytes + (prefix + tokens) * float(cache.layer_token_bytes(ratio)))
+    hc = m.hc_mult
+    mixing = 2 * (hc + hc * hc + hc) * m.hidden  # per block: collapse, the comb over the streams, expand
+    head = hc * hc * m.hidden  # hc_head, once per token
+    return {
+        "attention_projections": _Work(proj_flops, proj_bytes),
+        "attention_context": _Work(ctx_flops, ctx_bytes),
+        "hyper_connections": _Work(
+            (m.layers * (2 * m.hc_weights + 2 * mixing) + 2 * head) * tokens,
+            (m.layers * m.hc_weights + head) * FLOAT32_BYTES * steps,
+        ),
+    }
+
+
+def _work(model: StepModel, scene: Scene) -> dict[str, _Work]:
+    """Every part's work per step (module docstring)."""
+    m, wb = model.shape, model.linear_bytes
+    tokens, _, _, sampled = _steps(scene)
+    steps = np.ones_like(tokens)
+    if isinstance(m, MlaShape):
+        attention = _mla_parts(model, m, scene)
+    else:
+        assert model.cache is not None  # read_step_model reads it with every V4Shape
+        attention = _v4_parts(model, m, model.cache, scene)
+    expert = 3 * m.hidden * m.moe_intermediate
+    touched = 1 - (1 - model.top_k / m.experts) ** (tokens * scene.ep_size)
+    local_experts = m.experts / scene.ep_size
+    moe = model.moe_layers
+    return {
+        **attention,
         "shared_experts": _Work(moe * 2 * m.shared * expert * tokens, moe * m.shared * expert * wb * steps),
-        "routed_experts": _Work(moe * 2 * model.top_k * expert * tokens, moe * local_experts * touched * expert * wb),
+        "routed_experts": _Work(
+            moe * 2 * model.top_k * expert * tokens, moe * local_experts * touched * model.memory.bytes_per_expert
+        ),
         "rest": _Work(
             moe * 2 * m.hidden * m.experts * tokens + 2 * m.hidden * m.vocab * sampled,
             moe * m.hidden * m.experts * wb * steps + m.hidden * m.vocab * wb * (sampled > 0),
@@ -270,6 +367,37 @@ def _check_score(name: str, value: float, ep_size: int) -> None:
         raise SceneEplbError(f"{name} must be an ideal score in [1, ep_size {ep_size}] (max / mean rank load), got {value!r}")
 
 
+def _model_said(model: StepModel) -> list[str]:
+    """The sentences that name the model's shapes and what its attention is priced as."""
+    m = model.shape
+    moe = f"{model.moe_layers} MoE ({m.experts} routed experts, top-{model.top_k}, {m.shared} shared, moe_intermediate {m.moe_intermediate})"
+    if isinstance(m, MlaShape):
+        return [
+            f"model: {m.layers} layers, {model.dense_layers} dense (intermediate {m.intermediate}), {moe}; "
+            f"MLA {m.heads} heads, q_lora {m.q_lora}, kv_lora {m.kv_lora}, qk_nope {m.qk_nope}, qk_rope {m.qk_rope}, "
+            f"v_head {m.v_head}; hidden {m.hidden}, vocab {m.vocab}",
+            f"KV latent {model.kv_bytes} B per token and layer ({model.memory.kv_format})",
+        ]
+    assert model.cache is not None  # read_step_model reads it with every V4Shape
+    return [
+        f"model: DeepSeek-V4, {m.layers} layers, {moe}; attention: one KV head of {m.head_dim} (rope {m.qk_rope}) that is "
+        f"key and value, {m.heads} query heads, q_lora {m.q_lora}, output in {m.o_groups} groups x o_lora {m.o_lora}; "
+        f"hidden {m.hidden}, vocab {m.vocab}",
+        f"attention per layer by compress ratio: {m.layers_at(0)} layers attend to the sliding window ({m.window}) only; "
+        f"{m.layers_at(4)} at ratio 4 to the window and the top {m.index_topk} of the context's 1-in-4 compressed "
+        f"entries, chosen by an indexer ({m.index_heads} heads x {m.index_head_dim}) that scores every compressed "
+        f"entry; {m.layers_at(128)} at ratio 128 to the window and every 1-in-128 compressed entry; 2 x {m.heads} "
+        f"heads x 2 x {m.head_dim} FLOPs per key attended (the entry is key and value); the compressors' pooling, "
+        "the indexer's top-k selection and the attention sink are left out",
+        f"cache: an entry {model.cache.entry_bytes} B ({model.cache.dtype}; vLLM's fp8_ds_mla packing not priced), an "
+        f"indexer key {model.cache.index_key_bytes} B (fp8 with scales), as vLLM 0.32's V4 cache specs lay them out",
+        f"hyper-connections: the residual stream is {m.hc_mult} x hidden; their mixing weights (float32) and "
+        "matmuls are priced, the streams' reads and writes are activations (left out)",
+        f"hash layers: the first {model.hash_layers} MoE layers route by a table on the token id (no score top-k); "
+        "their experts' work is priced as any MoE layer's, and the score applies to them as to the others",
+    ]
+
+
 def _assumptions(model: StepModel, scene: Scene, machine: Machine, score_given: bool) -> tuple[str, ...]:
     m = model.shape
     said = [
@@ -277,28 +405,25 @@ def _assumptions(model: StepModel, scene: Scene, machine: Machine, score_given: 
         f"bytes / {machine.bytes_per_s / 1e12:g} TB/s) ({machine.source}); every kernel at that peak",
         f"one EP rank of {scene.ep_size}: attention data-parallel (each rank its own requests), routed experts "
         f"expert-parallel ({m.experts / scene.ep_size:g} experts per rank; redundant slots not priced)",
-        f"weights: every linear layer at the routed experts' format, {model.weight_bytes:.4g} B per weight "
-        f"({model.memory.expert_format}), read once per step; KV latent {model.kv_bytes} B per token and layer "
-        f"({model.memory.kv_format})",
-        f"model: {m.layers} layers, {model.dense_layers} dense (intermediate {m.intermediate}), {model.moe_layers} MoE "
-        f"({m.experts} routed experts, top-{model.top_k}, {m.shared} shared, moe_intermediate {m.moe_intermediate}); "
-        f"MLA {m.heads} heads, q_lora {m.q_lora}, kv_lora {m.kv_lora}, qk_nope {m.qk_nope}, qk_rope {m.qk_rope}, "
-        f"v_head {m.v_head}; hidden {m.hidden}, vocab {m.vocab}",
+        f"weights: the routed experts at {model.expert_weight_bytes:.4g} B per weight ({model.memory.expert_format}), "
+        f"every other linear layer at {model.linear_bytes:.4g} B ({model.linear_format}), read once per step",
+        *_model_said(model),
         "left out: norms, the embedding lookup, activations' bytes, dispatch/combine communication, scheduling "
         "and the pause between steps",
     ]
+    mla = isinstance(m, MlaShape)
     if scene.role == "prefill":
         said.append(
             f"prefill: one request per step, its {scene.input_len - scene.cached_tokens:,} uncached tokens in chunks of "
-            f"{scene.chunk:,}, MLA as multi-head attention; the {scene.cached_tokens:,} prefix-cached tokens are not "
-            "recomputed but attended to and up-projected per chunk; one sampled token per request; the output length "
-            "does not change P's work"
+            f"{scene.chunk:,}{', MLA as multi-head attention' if mla else ''}; the {scene.cached_tokens:,} prefix-cached "
+            f"tokens are not recomputed but attended to{' and up-projected' if mla else ', their cache read once'} per "
+            "chunk; one sampled token per request; the output length does not change P's work"
         )
     else:
+        how = "MLA over the latents (absorbed)" if mla else "each key attended to read once per token, and every indexer key"
         said.append(
             f"decode: {scene.batch} sequences per rank per step at the mean context {scene.mean_context:,.1f} "
-            "(input + (output + 1) / 2), MLA over the latents (absorbed); a prefix-cache hit does not change "
-            "decode's work; no speculative decoding"
+            f"(input + (output + 1) / 2), {how}; a prefix-cache hit does not change decode's work; no speculative decoding"
         )
     said.append(
         "score: the slowest rank's routed FLOPs are the score x the mean; the weights it reads do not change; "

@@ -81,3 +81,20 @@ def test_gqa_kv_token_and_what_cannot_be_priced(tmp_path):
     with pytest.raises(SceneEplbError, match="'awq' is not priced here: pass --expert-bytes"):
         read_model_memory(awq)
     assert read_model_memory(awq, expert_bytes_override=1000).bytes_per_expert == 1000
+
+
+def test_deepseek_v4_flash_mxfp4_expert_and_compressed_cache():
+    """MXFP4 experts (two weights a byte, a ue8m0 scale per 32); a token's cache is a 512-wide bf16
+    entry per 4 tokens plus a 132 B indexer key on the 21 ratio-4 layers and an entry per 128 on
+    the 20 ratio-128 layers; a sequence holds every layer's window and the compressors' states."""
+    m = read_model_memory(DATA.parent / "models" / "deepseek-v4-flash")
+    params = 3 * 4096 * 2048
+    assert m.bytes_per_expert == params // 2 + params // 32 and "MXFP4" in m.expert_format
+    assert m.num_moe_layers == 43
+    assert m.kv_bytes_per_token == 21 * (1024 + 132) // 4 + 20 * 1024 // 128 == 6229
+    window = 43 * 128 * 1024
+    states = 21 * 8 * 4 * (512 + 128) * 4 + 20 * 128 * 2 * 512 * 4  # float32 kv and score, overlap x ratio tokens
+    assert m.kv_bytes_per_sequence == window + states
+    assert read_model_memory(DATA.parent / "models" / "deepseek-v4-flash", kv_cache_dtype="fp8").kv_bytes_per_token == (
+        21 * (512 + 132) // 4 + 20 * 512 // 128
+    )

@@ -261,3 +261,88 @@ def test_the_library_refuses_a_scene_that_is_not_one():
             Scene(**{"role": "prefill", "input_len": 8, "output_len": 1, "cached_share": 0.0, **bad})
     with pytest.raises(Exception, match="bytes_per_s"):
         Machine("broken", 1e12, float("nan"), "a test")
+
+
+# DeepSeek-V4-Flash (issue 44, item 8): compressed sparse attention, hyper-connections, MXFP4 experts.
+V4 = "data/models/deepseek-v4-flash"
+
+
+@pytest.fixture(scope="module")
+def v4():
+    return read_step_model(V4)
+
+
+def test_v4_attention_per_compress_ratio_matches_a_hand_count(v4):
+    """Decode at context 1,001: every layer attends to the window (128); the 21 ratio-4 layers to the
+    top 512 of 250 compressed entries (all 250) and their indexer scores the 250; the 20 ratio-128
+    layers to 7 compressed entries; the 2 window-only layers to the window alone."""
+    parts = _parts(screen(v4, Scene("decode", 1000, 1, 0.0, batch=4), MACHINES["910c"]))
+    keys = 2 * 128 + 21 * (128 + 250) + 20 * (128 + 7)
+    assert parts["attention_context"].flops == pytest.approx(2 * 64 * 2 * 512 * keys + 21 * 2 * 64 * 128 * 250)
+    entry, index_key = 512 * 2, 128 + 4  # bf16 entry; fp8 indexer key with one float32 scale
+    assert parts["attention_context"].bytes == pytest.approx(keys * entry + 21 * 250 * index_key)
+    top = _parts(screen(v4, Scene("decode", 100_000, 1, 0.0, batch=4), MACHINES["910c"]))
+    keys = 2 * 128 + 21 * (128 + 512) + 20 * (128 + 781)  # the indexer keeps 512 of 25,000
+    assert top["attention_context"].flops == pytest.approx(2 * 64 * 2 * 512 * keys + 21 * 2 * 64 * 128 * 25000)
+
+
+def test_v4_projections_hyper_connections_and_mxfp4_experts(v4):
+    parts = _parts(screen(v4, Scene("prefill", 10, 1, 0.0, chunk=100), MACHINES["910c"]))
+    h, common = 4096, 4096 * (1024 + 512) + 1024 * 64 * 512 + 64 * 512 * 1024 + 8 * 1024 * 4096
+    compressor = {0: 0, 4: h * 2 * 2 * 512 + 1024 * 64 * 128 + h * 64 + h * 4 * 128, 128: h * 2 * 512}
+    weights = 43 * common + 21 * compressor[4] + 20 * compressor[128]
+    assert parts["attention_projections"].flops == 2 * weights
+    mixing = 43 * (2 * 2 * 24 * 4 * h + 2 * 2 * (4 + 16 + 4) * h) + 2 * 4 * 4 * h  # two blocks a layer, the head
+    assert parts["hyper_connections"].flops == pytest.approx(mixing)
+    assert "dense_mlp" not in parts  # every V4-Flash layer is MoE
+    assert parts["routed_experts"].flops == 43 * 2 * 6 * 3 * h * 2048
+    assert v4.expert_weight_bytes == pytest.approx(0.5 + 1 / 32) and v4.linear_bytes == pytest.approx(1 + 1 / 128**2)
+
+
+def test_v4_flash_on_the_field_scenes_keeps_its_experts_at_128k(v3, v4):
+    """At 128K with 90.62% hits V3's dense MLA is 88% of the step and a layout can give 2%; V4's
+    attention reads a bounded set of keys per query (the indexer's scan aside), so its routed
+    experts keep a third of the step and the ceiling stays above 1.1."""
+    for machine in MACHINES.values():
+        short, long = (screen(v4, scene, machine, b0, b1) for scene, b0, b1 in (FIELD_16K, FIELD_128K))
+        old = screen(v3, *FIELD_128K[:1], machine, *FIELD_128K[1:])
+        assert _parts(long)["attention_context"].share < 0.5 < _parts(old)["attention_context"].share, machine.name
+        assert long.routed_share > 0.3 and long.ceiling_ratio > 1.1 > old.ceiling_ratio, machine.name
+        assert short.ceiling_ratio > long.ceiling_ratio, machine.name
+
+
+def test_v4_names_its_assumptions():
+    args = ("screen", "--model-config", V4, "--role", "decode", "--input-len", 16384, "--output-len", 1024)
+    code, out, err = run(*args, "--cached-share", 0, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert set(doc["parts"]) == {
+        "attention_projections",
+        "attention_context",
+        "hyper_connections",
+        "shared_experts",
+        "routed_experts",
+        "rest",
+    }
+    said = " ".join(doc["assumptions"])
+    for named in ("MXFP4", "ue8m0", "sliding window (128)", "top 512", "ratio 128", "first 3 MoE layers route", "4 x hidden"):
+        assert named in said, named
+
+
+V4_CASES = {
+    "ratio_unknown": ({"compress_ratios": [0, 0, 8] + [4] * 41}, "compress_ratios"),
+    "ratios_short": ({"compress_ratios": [0, 4]}, "compress_ratios"),
+    "no_index_topk": ({"index_topk": None}, "config has no index_topk"),
+    "o_groups_uneven": ({"o_groups": 7}, "o_groups 7 does not divide"),
+    "expert_dtype_unknown": ({"expert_dtype": "int3"}, "expert_dtype 'int3'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(V4_CASES))
+def test_a_bad_v4_config_is_one_line_naming_the_field(name, tmp_path):
+    cfg = json.loads(open(f"{V4}/config.json").read())
+    change, expected = V4_CASES[name]
+    cfg = {k: v for k, v in {**cfg, **change}.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, out, err = run("screen", "--model-config", tmp_path, *SCENE)
+    assert_one_line_error(code, err, expected, name)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from ..errors import SceneEplbError
 from ..formats import read_layout
-from ..memory import GIB, read_model_files, read_model_memory
+from ..layout import Geometry
+from ..memory import GIB, cost_sentence, geometry_cost, read_model_files, read_model_memory
 from ..model_geometry import ConfigFields
-from ..sizing import Recipe, fit
+from ..sizing import MIB, Recipe, fit
 from .arguments import geometry_args, hint, model_args
 from .options import integer, number
 
@@ -60,15 +61,13 @@ def run(args, console) -> None:
     cfg, modelslim, path, _ = read_model_files(args.model)
     experts = ConfigFields(cfg, path).integer("n_routed_experts", 1)
     ep = args.dp * args.tp
-    if args.layout:
-        geometry = read_layout(args.layout, hint(args)).geometry
-        if geometry.ep_size != ep:
-            raise SceneEplbError(f"the layout is for EP {geometry.ep_size}, the recipe has DP {args.dp} x TP {args.tp} = {ep}")
-        physical = geometry.num_physical
-    else:
-        physical = experts + args.redundant
+    geometry = read_layout(args.layout, hint(args)).geometry if args.layout else None
+    if geometry is not None and geometry.ep_size != ep:
+        raise SceneEplbError(f"the layout is for EP {geometry.ep_size}, the recipe has DP {args.dp} x TP {args.tp} = {ep}")
+    physical = geometry.num_physical if geometry is not None else experts + args.redundant
     if physical % ep:
         raise SceneEplbError(f"{physical} expert slots do not divide over EP {ep}")
+    slots = geometry or Geometry(experts, args.redundant, ep)  # the redundant slots priced against KV
     max_len = args.max_model_len or ConfigFields(cfg, path).integer("max_position_embeddings", 1, default=None)
     if max_len is None:
         raise SceneEplbError("the config has no max_position_embeddings: give --max-model-len")
@@ -89,7 +88,8 @@ def run(args, console) -> None:
         native_eplb=args.native_eplb,
         speculative_tokens=args.speculative_tokens,
     )
-    result = fit(recipe, memory, cfg, modelslim, path)
+    result = fit(recipe, memory, cfg, modelslim, path, args.kv_cache_dtype)
+    redundant = {**geometry_cost(memory, slots), "summary": cost_sentence(geometry_cost(memory, slots), slots)}
     name = f"DP{args.dp} x TP{args.tp}, {recipe.slots_per_rank} slots per rank, max_model_len {max_len:,}"
     text = (
         f"preflight {name}, max_num_seqs {args.max_num_seqs}, per rank:\n"
@@ -100,8 +100,16 @@ def run(args, console) -> None:
         f"(buffer {result.hccl_bytes / GIB:.2f} GiB), reserve {result.reserve_bytes / GIB:.2f} GiB\n"
         f"  budget {args.gpu_memory_utilization:g} x {args.device_memory_gib:g} GiB = {result.budget_bytes / GIB:.2f} GiB; "
         f"KV cache {result.kv_bytes / GIB:.2f} GiB = {result.kv_tokens:,} tokens of {result.kv_bytes_per_token:,} B "
-        f"({memory.kv_format})\n"
-        f"  fits: max_model_len up to {result.max_model_len_fit:,}, {result.max_num_seqs_fit} sequences of {max_len:,} tokens"
+        + (
+            f"beside {result.kv_state_bytes / GIB:.2f} GiB of windows and compressor states ({args.max_num_seqs} x "
+            f"{result.kv_bytes_per_sequence / MIB:.1f} MiB per sequence and the step's {args.max_num_batched_tokens:,} tokens) "
+            if result.kv_bytes_per_sequence
+            else ""
+        )
+        + f"({memory.kv_format})\n"
+        + (f"  redundant slots: {redundant['summary']}\n" if slots.num_redundant else "")
+        + f"  fits: max_model_len up to {result.max_model_len_fit:,}, {result.max_num_seqs_fit} sequences of {max_len:,} tokens\n"
+        "  arithmetic from the config, not measured on a device"
     )
     if result.problems:
         console.say(text)
@@ -109,4 +117,4 @@ def run(args, console) -> None:
     if args.shell:
         print(f"HCCL_BUFFSIZE={args.hccl_buffsize or result.hccl_buffsize_mb}")
         return
-    console.emit({"recipe": name, **result.to_dict()}, text + "\n  the recipe fits")
+    console.emit({"recipe": name, **result.to_dict(), "redundant": redundant}, text + "\n  the recipe fits")

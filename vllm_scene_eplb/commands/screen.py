@@ -13,8 +13,9 @@ from .options import integer, number
 
 HELP = "before recording: the routed experts' share of a scene's step and the ceiling a layout could give (ceiling_ratio)"
 DESCRIPTION = (
-    "Prices one EP rank's step per new token from a DeepSeek-style MLA MoE model's config.json: MLA "
-    "attention (projections, and the work over the context a token attends to), dense layers, shared and "
+    "Prices one EP rank's step per new token from a DeepSeek-style MoE model's config.json: attention "
+    "(MLA, or DeepSeek-V4's compressed sparse attention per layer's compress ratio: projections, and the "
+    "work over the context a token attends to), dense layers or V4's hyper-connections, shared and "
     "routed experts and the rest, each as FLOPs and bytes read on a named machine's roofline. Says the "
     "routed experts' share of the step and ceiling_ratio, the step ratio a layout at --candidate-score "
     "(default 1, perfect) gives over one at --score (default 2, a scene-blind layout) if only the slowest "
@@ -29,7 +30,7 @@ def add_arguments(p) -> None:
         "--model-config",
         required=True,
         metavar="CONFIG.json",
-        help="the model's config.json (or its folder), e.g. data/models/deepseek-v3",
+        help="the model's config.json (or its folder), e.g. data/models/deepseek-v3 or data/models/deepseek-v4-flash",
     )
     s.add_argument("--role", choices=ROLES, required=True, help="the node: prefill (P) or decode (D)")
     s.add_argument("--input-len", type=integer(1), required=True, metavar="N", help="prompt tokens per request")
