@@ -500,3 +500,25 @@ def test_the_v4_flash_recipes_collect_and_verify(recipe, p_geometry):
     d = _verify(RECIPE=recipe, MODEL=model, SIDE="d", SCENE_EPLB_CLI=_env()["SCENE_EPLB_CLI"], PYTHONPATH=_env()["PYTHONPATH"])
     assert d.returncode == 0, d.stderr
     assert "D-DP16-TP1-EP16" in d.stdout and "verify totals" in d.stdout and f"--model {model}" in d.stdout
+
+
+def test_the_v4_flash_recipes_pass_the_preflight_and_refuse_what_the_tutorial_copies():
+    """Every V4-Flash side's dry run passes `scene-eplb preflight` on V4-Flash W8A8 (the HCCL buffer its
+    MC2 capacity needs); the tutorial's D as written (60 sequences of 1,048,576 tokens) is refused with
+    the numbers, and so are its handshake ports 30000 / 30100 (inside the transfer engine's ports)."""
+    model = v4_w8a8_model()
+    for recipe in ("v4-flash-field", "v4-flash-tutorial"):
+        assert _dry("p_server.sh", "collect", RECIPE=recipe, MODEL=model).startswith("HCCL_BUFFSIZE=200 ")
+    assert _dry("d_server.sh", "collect", RECIPE="v4-flash-tutorial", MODEL=model).startswith("HCCL_BUFFSIZE=1047 ")
+    for script, env, said in (
+        ("d_server.sh", {"D_MAX_MODEL_LEN": "1048576"}, "does not hold max_num_seqs 60 x max_model_len 1,048,576"),
+        ("p_server.sh", {"P_KV_PORT": "30000"}, "KV handshake ports 30000-30015 must lie in 36000-65535"),
+    ):
+        res = subprocess.run(
+            ["bash", str(DEPLOY / script), "collect"],
+            capture_output=True,
+            text=True,
+            env=_env(RECIPE="v4-flash-tutorial", MODEL=model, **env),
+            timeout=60,
+        )
+        assert res.returncode == 2 and said in res.stderr, res.stderr

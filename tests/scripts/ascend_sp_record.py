@@ -72,7 +72,7 @@ def main() -> None:
     from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import CAPTURE_ATTR, AscendWorkerPlugin, _capture
     from vllm_scene_eplb.runtime.observer import RoutingObserver
 
-    torch.ops._C_ascend.moe_gating_top_k_hash = moe_gating_top_k_hash_standin
+    torch.ops._C_ascend.moe_gating_top_k_hash = moe_gating_top_k_hash_standin  # type: ignore[attr-defined]  # the NPU kernel
     cfg = json.loads((Path(model) / "config.json").read_text())
     E, K, H, V = cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["vocab_size"]
     ROUTE = dict(top_k=K, use_grouped_topk=True, renormalize=True, topk_group=1, num_expert_group=1, scoring_func="sqrtsoftplus")
