@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...errors import SceneEplbError
+
 logger = logging.getLogger("vllm.scene_eplb")
 
 
@@ -124,3 +126,11 @@ def unsupported_settings(vllm_config) -> list[str]:
     if getattr(getattr(ascend, "xlite_graph_config", None), "enabled", False):
         found.append("xlite_graph_config.enabled (xlite routes MoE in C++ and bypasses select_experts: nothing would be counted)")
     return found
+
+
+def unrecordable(refused: list[str]) -> SceneEplbError:
+    """The refusal of a collection run under ``refused`` (``unsupported_settings``)."""
+    return SceneEplbError(
+        f"the scene_eplb recorder on vLLM-Ascend cannot count its own tokens exactly under {'; '.join(refused)}: "
+        "drop these settings for the collection run"
+    )

@@ -37,7 +37,7 @@ from ...model_geometry import from_hf_config
 from ...runtime.layout_check import layout_for_server
 from ..drafter import moe_drafter
 from . import expert_loading, moe_hooks, patches
-from .rows import unsupported_settings
+from .rows import unrecordable, unsupported_settings
 from .server_layout import ep_size_of, layout_of, remember
 from .tables import AscendDispatch, install_dispatch
 from .version import check_versions
@@ -143,13 +143,16 @@ def refuse_unrecordable(vllm_config) -> None:
     """A collection run under settings whose routed rows the recorder cannot tell apart
     (``rows.unsupported_settings``, read from vLLM-Ascend's config once its platform set it up) stops
     here, when the config is built: before any worker starts or loads a weight. A layout run serves
-    on (its worker says the recorder is off)."""
-    refused = unsupported_settings(vllm_config)
-    if refused and require_config(vllm_config.additional_config).layout is None:
-        raise SceneEplbError(
-            f"the scene_eplb recorder on vLLM-Ascend cannot count its own tokens exactly under {'; '.join(refused)}: "
-            "drop these settings for the collection run"
-        )
+    on (its worker says the recorder is off). Where vLLM-Ascend's platform set up no config (a
+    device that is not an NPU) the worker checks when it binds."""
+    if require_config(vllm_config.additional_config).layout is not None:
+        return
+    try:
+        refused = unsupported_settings(vllm_config)
+    except RuntimeError:  # "Ascend config is not initialized": its platform skipped this config
+        return
+    if refused:
+        raise unrecordable(refused)
 
 
 def _wrap_config(vllm_config_cls) -> None:

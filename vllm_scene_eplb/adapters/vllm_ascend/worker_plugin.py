@@ -31,7 +31,7 @@ from .dynamic import virtual_ids_for
 from .expert_loading import audit_layers
 from .moe_hooks import FUSED_MOE_MODULE
 from .native_load import NativeWindow
-from .rows import OwnRows, own_rows_from_context, unsupported_settings
+from .rows import OwnRows, own_rows_from_context, unrecordable, unsupported_settings
 from .server_layout import layout_of
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -95,7 +95,9 @@ class AscendWorkerPlugin(RecorderPlugin):
             self.load_audit = audit_layers(self.expert_load, layers, where)
             self.expert_load = None  # the journal and tracer are done with: free them
         self.layers, self.native = layers, NativeWindow(self.model.num_experts)
-        refused = unsupported_settings(model_runner.vllm_config)  # a collection run was refused at its config
+        refused = unsupported_settings(model_runner.vllm_config)
+        if refused and self.layout is None:  # refused when its config was built, unless vLLM-Ascend had set up none then
+            raise unrecordable(refused)
         if refused:  # a layout run: serving goes on; the recorder and live fitness have nothing to read
             logger.warning(
                 "scene-eplb: no routing counts on this server (recorder and live fitness off) under %s", ", ".join(refused)
