@@ -7,17 +7,16 @@
 #   their layouts] -> audit both -> B on the same load -> compare.
 # Usage: bash collect.sh            (DRY_RUN=1 prints every command without running it)
 # Scene knobs (env): N, C, RATE, IN_LEN, OUT_LEN, PREFIX_SHARE, CARDS (all P + D cards), REDUNDANT,
-# D_REDUNDANT, EXPERT_GROUPS (the model's n_group: 8 for DeepSeek-V3/R1; 1 for models without groups).
+# D_REDUNDANT, EXPERT_GROUPS (the model's n_group: env.sh's RECIPE sets it, 8 for DeepSeek-V3, 1 for V4-Flash).
+# RECIPE=v4-flash-field or v4-flash-tutorial (env.sh): the V4-Flash pair; the servers run with the same RECIPE.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
-MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 PROXY=${PROXY_URL:-http://127.0.0.1:8000}
 P_URL=${P_URL:-http://127.0.0.1:8100}
 D_URL=${D_URL:-http://127.0.0.1:8200}
 N=${N:-320}; C=${C:-128}; RATE=${RATE:-6}; IN_LEN=${IN_LEN:-16384}; OUT_LEN=${OUT_LEN:-1024}
 PREFIX_SHARE=${PREFIX_SHARE:-0}; CARDS=${CARDS:-16}; REDUNDANT=${REDUNDANT:-16}; D_REDUNDANT=${D_REDUNDANT:-0}
-EXPERT_GROUPS=${EXPERT_GROUPS:-8}
 OUT=${SCENE_EPLB_DIR}/scene-$(date +%Y%m%d-%H%M%S)
 P_LOG=${P_LOG:-$OUT/p_server.log}; D_LOG=${D_LOG:-$OUT/d_server.log}
 SCENE=(--model "$MODEL" --input-len "$IN_LEN" --output-len "$OUT_LEN" --prefix-share "$PREFIX_SHARE" --cards "$CARDS"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The D (decode) server: 8 cards = 16 dies, DP4 x TP4 with EP16 (sized by the preflight), ACL graphs,
-# kv_consumer; or with D_NODES=2 two nodes, DP32 x TP1 with EP32, MTP1 and FULL_DECODE_ONLY graphs
-# (run it on both, NODE_RANK=0 and 1, D_HEAD_IP node 0's address). MTP=1 adds the MTP drafter.
+# The D (decode) server, kv_consumer, EP over all its dies; its model and geometry are env.sh's RECIPE:
+# v3 (DeepSeek-V3: 8 cards = 16 dies, DP4 x TP4, ACL graphs; or with D_NODES=2 two nodes, DP32 x TP1 with
+# EP32, MTP1 and FULL_DECODE_ONLY graphs: run it on both, NODE_RANK=0 and 1, D_HEAD_IP node 0's address),
+# or v4-flash-field / v4-flash-tutorial (DeepSeek-V4-Flash after vLLM-Ascend's V4-Flash tutorial: DP16 x
+# TP1, FULL_DECODE_ONLY, MTP 1). MTP=1 adds the MTP drafter.
 #   bash d_server.sh collect            # collection run: plugin armed (role decode, recorder idle; a ring
 #                                       # entry sums 16 decode steps, so 512 entries hold minutes)
 #   bash d_server.sh layout LAYOUT.json # layout run: the fitted D layout (256 slots, R = 0: placement only)
@@ -12,7 +14,6 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
 MODE=${1:?usage: d_server.sh collect|layout LAYOUT|plain}
-MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 if [ "${NATIVE_EPLB:-0}" = 1 ]; then export DYNAMIC_EPLB=true; fi  # vLLM-Ascend's EplbConfig asserts it with dynamic_eplb
 ADDITIONAL=$(server_config decode "$MODE" "${2:-}") || { echo "d_server.sh: see above" >&2; exit 2; }
 CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${D_PORT:-8200}"
@@ -20,7 +21,7 @@ CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${D_P
   --max-model-len "$D_MAX_MODEL_LEN" --max-num-seqs "$D_MAX_NUM_SEQS"
   --max-num-batched-tokens "$D_MAX_NUM_BATCHED_TOKENS"
   --cudagraph-metrics  # logs which passes replayed a graph, padded how (verify.sh's graph check reads it)
-  --no-enable-prefix-caching --quantization ascend
+  --no-enable-prefix-caching --quantization ascend "${MODEL_ARGS[@]}"
   --kv-transfer-config "$(kv_transfer_config kv_consumer "$D_KV_PORT" d0)"
   --additional-config "$ADDITIONAL")
 if [ "$MTP" -gt 0 ]; then CMD+=(--speculative-config "{\"method\": \"mtp\", \"num_speculative_tokens\": $MTP}"); fi

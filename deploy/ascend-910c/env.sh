@@ -43,6 +43,43 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
 # with NODE_RANK (0: the head, which serves the API; 1: headless) and D_HEAD_IP (node 0's address).
 # MTP=N: vLLM-Ascend's MTP drafter with N speculative tokens (its DeepSeek D recipes use 1); the
 # preflight counts its layer. D_GRAPH_MODE: the cudagraph_mode D runs (empty: vLLM-Ascend's default).
+# RECIPE: the model and the pair's geometry (README.md in this folder):
+#   v3                 DeepSeek-V3 W8A8 (the default): the sizes below
+#   v4-flash-field     DeepSeek-V4-Flash W8A8 (ModelSlim's copy, `--quantization ascend`). P after the field's
+#                      nodes: EP16 over 16 dies as DP16 x TP1 (no context parallelism), chunk 8192, one prefill
+#                      request at a time, 256 experts + 16 redundant slots (17 a rank), max_model_len 131072.
+#                      D after vLLM-Ascend 0.23.0.post1's V4-Flash tutorial (A3 1P1D): DP16 x TP1,
+#                      FULL_DECODE_ONLY graphs, MTP 1, 120 batched tokens; 60 sequences of 65536 tokens (the
+#                      tutorial's 1048576 x 60 is 63M tokens: the preflight finds room for 4.4M a rank).
+#   v4-flash-tutorial  the same D; P after the tutorial: DP4 x TP4 eager, chunk 8192, 16 sequences, MTP 1,
+#                      FlashComm1 (VLLM_ASCEND_ENABLE_FLASHCOMM1=1), enable_shared_expert_dp and enable_dsa_cp
+#                      (P_SEQUENCE_PARALLEL=1; the recorder counts each rank's own sequence-parallel chunk).
+# V4 pairs use MooncakeHybridConnector (V4's caches are several KV groups), the tutorial's block size 128
+# and hybrid KV cache manager; their handshake ports stay at 36000 / 36100 (the tutorial's 30000 / 30100 lie
+# in the transfer engine's ports of a 16-NPU node, which check_ports refuses). `scene-eplb preflight` sizes
+# every V4 side as it does V3's (each server runs it first). EXPERT_GROUPS is the model's n_group (collect.sh).
+export RECIPE=${RECIPE:-v3}
+# shellcheck disable=SC2034  # read by p_server.sh and d_server.sh, which source this file
+MODEL_ARGS=()  # the server flags the model itself needs
+case "$RECIPE" in
+  v3) export MODEL=${MODEL:-/models/DeepSeek-V3-w8a8} KV_CONNECTOR=${KV_CONNECTOR:-MooncakeConnectorV1} EXPERT_GROUPS=${EXPERT_GROUPS:-8} ;;
+  v4-flash-field | v4-flash-tutorial)
+    export MODEL=${MODEL:-/models/DeepSeek-V4-Flash-w8a8-mtp} KV_CONNECTOR=${KV_CONNECTOR:-MooncakeHybridConnector} EXPERT_GROUPS=${EXPERT_GROUPS:-1}
+    # shellcheck disable=SC2034
+    MODEL_ARGS=(--block-size 128 --no-disable-hybrid-kv-cache-manager --tokenizer-mode deepseek_v4)
+    export D_DP=${D_DP:-16} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY}
+    export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-65536} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-60} D_MAX_NUM_BATCHED_TOKENS=${D_MAX_NUM_BATCHED_TOKENS:-120}
+    export P_MAX_MODEL_LEN=${P_MAX_MODEL_LEN:-131072}
+    if [ "$RECIPE" = v4-flash-field ]; then
+      export P_DP=${P_DP:-16} P_TP=${P_TP:-1} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
+    else
+      export P_DP=${P_DP:-4} P_TP=${P_TP:-4} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-16} P_MTP=${P_MTP:-1} P_SEQUENCE_PARALLEL=${P_SEQUENCE_PARALLEL:-1}
+    fi ;;
+  *) echo "env.sh: RECIPE is v3, v4-flash-field or v4-flash-tutorial, got $RECIPE" >&2; return 2 ;;
+esac
+# P_MTP=N: the MTP drafter on P too (the V4-Flash tutorial's P runs it eager); P_SEQUENCE_PARALLEL=1: FlashComm1,
+# shared-expert DP and DSA-CP on P (server_config and p_server.sh).
+export P_MTP=${P_MTP:-0} P_SEQUENCE_PARALLEL=${P_SEQUENCE_PARALLEL:-0}
 export D_NODES=${D_NODES:-1}
 if [ "$D_NODES" = 2 ]; then
   export D_DP=${D_DP:-32} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY}
@@ -129,9 +166,10 @@ check_ports() {
   fi
   echo "env.sh: KV handshake ports $first-$last, clear of Mooncake's transfer ports 20000-$((20000 + 1000 * npus - 1)) ($npus NPUs)" >&2
 }
-# kv_transfer_config ROLE PORT ENGINE_ID: the --kv-transfer-config JSON of one side of the pair.
+# kv_transfer_config ROLE PORT ENGINE_ID: the --kv-transfer-config JSON of one side of the pair (KV_CONNECTOR:
+# MooncakeConnectorV1 for V3, MooncakeHybridConnector for V4; both read the same extra config).
 kv_transfer_config() {
-  printf '{"kv_connector": "MooncakeConnectorV1", "kv_role": "%s", "kv_port": "%s", "engine_id": "%s", ' "$1" "$2" "$3"
+  printf '{"kv_connector": "%s", "kv_role": "%s", "kv_port": "%s", "engine_id": "%s", ' "$KV_CONNECTOR" "$1" "$2" "$3"
   printf '"kv_connector_extra_config": {"prefill": {"dp_size": %d, "tp_size": %d}, "decode": {"dp_size": %d, "tp_size": %d}}}' \
     "$P_DP" "$P_TP" "$D_DP" "$D_TP"
 }
@@ -148,6 +186,7 @@ kv_transfer_config() {
 #   NATIVE_EPLB=1  (collect, plain) vLLM-Ascend's dynamic EPLB with an algorithm interval far longer than
 #                  any run: its moe_load counters count (verify.sh checks ours against them), no expert moves
 #   PREFILL_MC2=1  enable_prefill_mc2: passes of <= 512 tokens take MC2 (verify.sh's short-prompt check)
+#   P_SEQUENCE_PARALLEL=1  (prefill) enable_shared_expert_dp and enable_dsa_cp, with FlashComm1 (p_server.sh)
 server_config() {
   local role=$1 mode=$2 layout=${3:-} parts=()
   if [ "${NATIVE_EPLB:-0}" = 1 ]; then
@@ -155,6 +194,7 @@ server_config() {
     parts+=('"eplb_config": {"dynamic_eplb": true, "expert_heat_collection_interval": 1, "algorithm_execution_interval": 100000000}')
   fi
   if [ "${PREFILL_MC2:-0}" = 1 ]; then parts+=('"enable_prefill_mc2": true'); fi
+  if [ "$role" = prefill ] && [ "$P_SEQUENCE_PARALLEL" = 1 ]; then parts+=('"enable_shared_expert_dp": true' '"enable_dsa_cp": true'); fi
   case "$mode" in
     collect) parts+=("\"scene_eplb\": {\"role\": \"$role\", \"ring_entries\": 512, \"dump_dir\": \"$SCENE_EPLB_DIR/dumps\"}") ;;
     layout)

@@ -11,7 +11,10 @@
 #                 each real token once, no padding row, no dummy pass. P: prompts of P_LENS lengths,
 #                 P_C at a time, then P_PAD_LEN-token prompts one at a time: fewer tokens than TP on the
 #                 rank, which ALLTOALL pads to the TP size (the only P pass that pads: P runs eager, no
-#                 DP padding); D: D_SEQS_PER_RANK (>= 3) sequences per DP engine, so decode batches pad
+#                 DP padding; under FlashComm1, P_SEQUENCE_PARALLEL=1, the runner pads every pass to a
+#                 multiple of TP and each DP rank to the largest; at TP1 no P pass pads and no such load
+#                 runs). Every MoE layer of the served model's config is checked (--model), so a layer
+#                 that recorded nothing fails by name, V4's hash-routed layers said apart; D: D_SEQS_PER_RANK (>= 3) sequences per DP engine, so decode batches pad
 #                 to the captured graph sizes. D takes the production path where a P server answers at
 #                 PAIR_P_URL (PAIR=auto; 1 insists, 0 never): the load goes through proxy.sh, D pulls each
 #                 prompt's KV from P and computes its last prompt token alone (totals count those,
@@ -37,7 +40,6 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # D runs without the MTP drafter here: totals count one token per decode pass, and verified drafts add more
 if [ "${SIDE:-p}" = d ]; then export MTP=0; fi
 source "$HERE/env.sh"
-MODEL=${MODEL:-/models/DeepSeek-V3-w8a8}
 SIDE=${SIDE:-p}
 case "$SIDE" in
   p) SERVER=p_server.sh; URL=${P_URL:-http://127.0.0.1:${P_PORT:-8100}}; CHECKS=(audit totals native mc2 throughput) ;;
@@ -50,8 +52,9 @@ SHORT_LEN=${SHORT_LEN:-251}; MC2_CHUNK=${MC2_CHUNK:-2048}; ROUNDS=${ROUNDS:-3}; 
 D_IN_LEN=${D_IN_LEN:-1024}; D_OUT_LEN=${D_OUT_LEN:-256}; D_SEQS_PER_RANK=${D_SEQS_PER_RANK:-3}
 read -r -a P_LENS <<< "${P_LENS:-1001 2999 4093}"  # prompt lengths of P's record: no multiple of the TP size
 P_C=${P_C:-2}  # P's record runs this few prompts at a time, so a pass is a few odd-length chunks
-P_PAD_LEN=${P_PAD_LEN:-$((P_TP - 3))}  # then prompts this short, one at a time: below TP, so ALLTOALL pads
-if [ "$P_PAD_LEN" -lt 1 ] || [ "$P_PAD_LEN" -ge "$P_TP" ]; then
+P_PAD_LEN=${P_PAD_LEN:-$((P_TP > 3 ? P_TP - 3 : P_TP - 1))}  # then prompts this short, one at a time: below TP, so ALLTOALL pads
+if [ "$P_TP" = 1 ]; then P_PAD_LEN=0  # TP1: nothing pads a P pass, no such load
+elif [ "$P_PAD_LEN" -lt 1 ] || [ "$P_PAD_LEN" -ge "$P_TP" ]; then
   echo "verify.sh: P_PAD_LEN $P_PAD_LEN must lie in 1-$((P_TP - 1)): ALLTOALL pads only a pass of fewer tokens than TP ($P_TP)" >&2; exit 2
 fi
 STATS_WAIT=${STATS_WAIT:-11}  # s: one vLLM stats interval (VLLM_LOG_STATS_INTERVAL, 10 s) and a second
@@ -61,7 +64,7 @@ if [ "$SIDE" = d ]; then  # the recorded loads (LEN:CONCURRENCY, one bench run e
   RECORD_LOADS=("$D_IN_LEN:$((D_SEQS_PER_RANK * D_DP))"); OUT_LEN=$D_OUT_LEN; TOTALS=(--decode); METRIC=output_throughput_per_card
   PARALLEL=D-DP$D_DP-TP$D_TP-EP$((D_DP * D_TP))
 else
-  RECORD_LOADS=(); for len in "${P_LENS[@]}"; do RECORD_LOADS+=("$len:$P_C"); done; RECORD_LOADS+=("$P_PAD_LEN:1")
+  RECORD_LOADS=(); for len in "${P_LENS[@]}"; do RECORD_LOADS+=("$len:$P_C"); done; if [ "$P_PAD_LEN" -gt 0 ]; then RECORD_LOADS+=("$P_PAD_LEN:1"); fi
   OUT_LEN=1; TOTALS=(); METRIC=prefill_throughput_per_card; PARALLEL=P-DP$P_DP-TP$P_TP-EP$((P_DP * P_TP))
 fi
 TLEN=$IN_LEN; if [ "$SIDE" = d ]; then TLEN=$D_IN_LEN; fi  # the warm-up's and the throughput rounds' prompt length
@@ -176,7 +179,7 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
     fi
     if record record "${RECORD_LOADS[@]}"; then
       step totals python -m vllm_scene_eplb.client.verify totals "$(counts_of record)" "$OUT/record-metrics-before.txt" \
-        "$OUT/record-metrics-after.txt" "${TOTALS[@]}" || true
+        "$OUT/record-metrics-after.txt" "${TOTALS[@]}" --model "$MODEL" || true
       if [ "$SIDE" = d ]; then
         step graph python -m vllm_scene_eplb.client.verify graph "$(log_of)" --from-byte "$(offset_of "$OUT/record-log-start.txt")" \
           --to-byte "$(offset_of "$OUT/record-log-stop.txt")" || true
@@ -195,7 +198,7 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
   if [ "$SIDE" = d ]; then :
   elif step start-mc2 start_p collect PREFILL_MC2=1 CHUNK="$MC2_CHUNK" && record mc2 "$SHORT_LEN:$C"; then
     step mc2-totals python -m vllm_scene_eplb.client.verify totals "$(counts_of mc2)" "$OUT/mc2-metrics-before.txt" \
-      "$OUT/mc2-metrics-after.txt" || true
+      "$OUT/mc2-metrics-after.txt" --model "$MODEL" || true
     step mc2 python -m vllm_scene_eplb.client.verify comm "$(log_of)" --want MC2 || true
   else
     skip mc2 "P with MC2 prefill did not start or its record failed"

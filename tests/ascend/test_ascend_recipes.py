@@ -30,6 +30,7 @@ import pytest
 from ..ascend_env import env as ascend_env
 from ..conftest import run_script
 from ..repository.test_deploy import _env as deploy_env
+from ..repository.test_deploy import v4_w8a8_model
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "ascend-910c"
 
@@ -44,7 +45,10 @@ def _command(script: str, *args: str, **env_extra: str) -> dict:
         env=deploy_env(**env_extra),
     )
     assert res.returncode == 0, res.stderr
-    argv = shlex.split(res.stdout)[1:]  # after the HCCL_BUFFSIZE the preflight set
+    words = shlex.split(res.stdout)[1:]  # after the HCCL_BUFFSIZE the preflight set
+    start = next(i for i, w in enumerate(words) if "=" not in w)
+    env = dict(w.split("=", 1) for w in words[:start])  # the environment the recipe exports (FlashComm1)
+    argv = words[start:]
 
     def flag(name):
         return argv[argv.index(name) + 1] if name in argv else None
@@ -54,12 +58,19 @@ def _command(script: str, *args: str, **env_extra: str) -> dict:
         "extra": json.loads(flag("--additional-config") or "{}"),
         "dp": int(flag("--data-parallel-size")),
         "tp": int(flag("--tensor-parallel-size")),
+        **({"env": env} if env else {}),
     }
+
+
+def _v4(script: str, recipe: str, mode: str, tiny_v4: Path, **env_extra: str) -> dict:
+    """A V4-Flash recipe's command: its dry run sized by the preflight on V4-Flash W8A8's config, checked on a tiny V4."""
+    return {**_command(script, mode, RECIPE=recipe, MODEL=v4_w8a8_model(), **env_extra), "model": str(tiny_v4)}
 
 
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
     """Every recipe (and two that must fail) through the released code, in one process."""
+    from vllm_scene_eplb.harness.tiny_deepseek_v4 import make_tiny_deepseek_v4
     from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec
 
     from ..conftest import tiny_model_and_layout
@@ -104,6 +115,12 @@ def checked(tmp_path_factory):
         "d collect, two nodes": _command("d_server.sh", "collect", NODE_RANK="0", **two, **base),
         "p collect, D on two nodes": _command("p_server.sh", "collect", **two, **base),
     }
+    tiny_v4 = make_tiny_deepseek_v4(root / "tiny-v4")
+    for recipe in ("v4-flash-field", "v4-flash-tutorial"):
+        for mode in ("collect", "plain"):
+            recipes[f"p {mode}, {recipe}"] = _v4("p_server.sh", recipe, mode, tiny_v4, **base)
+    for mode in ("collect", "plain"):
+        recipes[f"d {mode}, v4-flash"] = _v4("d_server.sh", "v4-flash-tutorial", mode, tiny_v4, **base)
     old = dict(recipes["p collect"], kv={k: v for k, v in recipes["p collect"]["kv"].items() if k != "kv_connector_extra_config"})
     wrong = json.loads(json.dumps(recipes["d plain"]))
     wrong["kv"]["kv_connector_extra_config"]["decode"]["dp_size"] = 8
@@ -118,6 +135,7 @@ def test_every_recipe_passes_the_released_engine_checks(checked):
     for name in recipes:
         assert out[name]["ok"], f"{name}: {out[name]['error']}"
         assert out[name]["connector"] == "MooncakeConnector"
+        assert out[name]["connector_module"] == ("mooncake_hybrid_connector" if "v4-flash" in name else "mooncake_connector")
     assert {out[n]["kv_role"] for n in recipes if n.startswith("p ")} == {"kv_producer"}
     assert {out[n]["kv_role"] for n in recipes if n.startswith("d ")} == {"kv_consumer"}
     assert min(out[n]["kv_port"] for n in recipes) >= 36000  # clear of Mooncake's transfer ports on a 16-NPU node
@@ -135,3 +153,22 @@ def test_the_old_json_and_a_mismatched_side_fail_the_same_checks(checked):
     assert not out["old json (no extra config)"]["ok"] and out["old json (no extra config)"]["error"].startswith("AssertionError")
     bad = out["decode side sized 8, server 4"]
     assert not bad["ok"] and "conflicting data parallel size" in bad["error"]
+
+
+def test_the_v4_flash_recipes_follow_the_field_and_the_tutorial(checked):
+    """P after the field (DP16 x TP1 = EP16, one request at a time, chunk 8192) and after vLLM-Ascend's
+    V4-Flash tutorial (DP4 x TP4 eager with FlashComm1, shared-expert DP and DSA-CP, which its real
+    config turns on), D after the tutorial (DP16 x TP1, FULL_DECODE_ONLY, MTP 1), all through
+    MooncakeHybridConnector's own worker check, handshake ports at or above 36000."""
+    recipes, out, _, _ = checked
+    field, tutorial, d = (
+        recipes["p collect, v4-flash-field"],
+        recipes["p collect, v4-flash-tutorial"],
+        recipes["d collect, v4-flash"],
+    )
+    assert (field["dp"], field["tp"], tutorial["dp"], tutorial["tp"], d["dp"], d["tp"]) == (16, 1, 4, 4, 16, 1)
+    assert out["p collect, v4-flash-field"]["sp"] == [False, False, False]
+    assert out["p collect, v4-flash-tutorial"]["sp"] == [True, True, True]  # FlashComm1, DSA-CP, shared-expert DP
+    assert tutorial["env"] == {"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"} and "env" not in field
+    assert out["d collect, v4-flash"]["sp"] == [False, False, False]
+    assert {out[n]["kv_port"] for n in recipes if "v4-flash" in n} == {36000, 36100}

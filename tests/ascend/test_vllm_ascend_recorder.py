@@ -207,31 +207,46 @@ def test_native_window_maps_vllm_ascend_slot_counters_to_logical_experts():
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory):
-    """What vLLM-Ascend's real ascend config and enable_sp() say per setting (tests/scripts/ascend_settings.py)."""
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    """What vLLM-Ascend's real ascend config and enable_sp() say per setting, and the plugin's config
+    hook on a collection run under it (tests/scripts/ascend_settings.py), on a tiny DeepSeek-V4."""
+    from vllm_scene_eplb.harness.tiny_deepseek_v4 import make_tiny_deepseek_v4
 
-    return run("ascend_settings", make_tiny_moe(tmp_path_factory.mktemp("ascend-settings") / "model", TinyMoeSpec()))
+    tmp = tmp_path_factory.mktemp("ascend-settings")
+    return run("ascend_settings", make_tiny_deepseek_v4(tmp / "model"), tmp / "dumps")
 
 
 def test_plain_settings_keep_the_own_row_rules(settings):
-    assert settings["plain"] == []
+    assert settings["plain"]["found"] == [] and settings["plain"]["refused"] is None
+
+
+@pytest.mark.parametrize(
+    "case, on", [("flashcomm1", [True, False, False]), ("dsa_cp", [True, True, False]), ("shared_expert_dp", [True, False, True])]
+)
+def test_the_tutorials_sequence_parallel_settings_are_recorded(settings, case, on):
+    """FlashComm1, DSA-CP and shared-expert DP (vLLM-Ascend's V4-Flash P recipe) are on in its real
+    config (shared-expert DP turns FlashComm1 on) and a collection run under them starts: each rank
+    counts its own sequence-parallel chunk (tests/ascend/test_vllm_ascend_sp_record.py)."""
+    assert settings[case]["sp"] == on
+    assert settings[case]["found"] == [] and settings[case]["refused"] is None
 
 
 @pytest.mark.parametrize(
     "case, found",
     [
         ("gate", "multistream_overlap_gate (routing runs before prepare)"),
-        ("flashcomm1", "sequence parallelism / flashcomm1 (its EP all-gather drops padding rows)"),
         ("flashcomm2", "flashcomm2"),
         ("xlite", "xlite_graph_config.enabled"),
         ("sp_by_pass", "enable_sp_by_pass"),
     ],
-    ids=["gate", "flashcomm1", "flashcomm2", "xlite", "sp_by_pass"],
+    ids=["gate", "flashcomm2", "xlite", "sp_by_pass"],
 )
-def test_settings_that_reshape_the_routed_rows_are_found_in_vllm_ascends_own_config(settings, case, found):
-    """Read back from vLLM-Ascend's real ascend config and enable_sp(): the settings under which the
-    own-row rules do not hold (a collection run refuses them when the recorder binds)."""
-    if case in ("gate", "flashcomm1"):
-        assert settings[case] == [found]
+def test_settings_that_reshape_the_routed_rows_are_refused_when_the_config_is_built(settings, case, found):
+    """Read back from vLLM-Ascend's real ascend config: the settings under which the own-row rules do
+    not hold. A collection run under one is refused by the plugin's ``VllmConfig.__post_init__`` hook,
+    naming the flag: the config is never built, so no worker starts and ``load_model`` never runs."""
+    if case == "gate":
+        assert settings[case]["found"] == [found]
     else:
-        assert any(f.startswith(found) for f in settings[case]), settings
+        assert any(f.startswith(found) for f in settings[case]["found"]), settings
+    refused = settings[case]["refused"]
+    assert refused and "cannot count its own tokens exactly" in refused and found in refused, refused

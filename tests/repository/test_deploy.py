@@ -27,13 +27,26 @@ W8A8 = {
 }
 
 
+def _w8a8(model: str, description: dict) -> str:
+    """The config.json of ``data/models/MODEL`` beside a W8A8 ModelSlim description, in a folder of its own."""
+    folder = Path(tempfile.mkdtemp(prefix=f"scene-eplb-{model}-w8a8-"))
+    shutil.copy(ROOT / "data" / "models" / model / "config.json", folder / "config.json")
+    (folder / "quant_model_description.json").write_text(json.dumps(description))
+    return str(folder)
+
+
 @functools.cache
 def w8a8_model() -> str:
-    """DeepSeek-V3's config.json (data/) beside a W8A8 ModelSlim description, in a folder of its own."""
-    folder = Path(tempfile.mkdtemp(prefix="scene-eplb-dsv3-w8a8-"))
-    shutil.copy(ROOT / "data" / "models" / "deepseek-v3" / "config.json", folder / "config.json")
-    (folder / "quant_model_description.json").write_text(json.dumps(W8A8))
-    return str(folder)
+    """DeepSeek-V3 W8A8."""
+    return _w8a8("deepseek-v3", W8A8)
+
+
+@functools.cache
+def v4_w8a8_model() -> str:
+    """DeepSeek-V4-Flash W8A8, as the preflight's V4 test describes it."""
+    from ..unit.test_preflight_v4 import W8A8 as V4_W8A8
+
+    return _w8a8("deepseek-v4-flash", V4_W8A8)
 
 
 def _env(**env_extra: str) -> dict:
@@ -468,3 +481,44 @@ def test_the_two_node_d_recipe_runs_dp32_tp1_with_mtp1_and_full_decode_only_grap
     assert one.returncode == 0 and "--max-num-seqs 14" in one.stdout and "num_speculative_tokens" in one.stdout
     assert "speculative" not in _start("d_server.sh", "collect").stdout
     assert _start("d_server.sh", "collect", MTP="1", D_MAX_NUM_SEQS="16").returncode == 2  # the preflight refuses 16
+
+
+@pytest.mark.parametrize("recipe, p_geometry", [("v4-flash-field", "P-DP16-TP1-EP16"), ("v4-flash-tutorial", "P-DP4-TP4-EP16")])
+def test_the_v4_flash_recipes_collect_and_verify(recipe, p_geometry):
+    """RECIPE=v4-flash-*: collect.sh fits both sides without routing groups (V4 has none) on the V4
+    pair's geometry; verify.sh checks every MoE layer of the served model's config (--model: V4-Flash's
+    43, the 3 hash-routed ones included) on P and on D, where D runs without MTP; at TP1 no P pass pads,
+    so the field's P record runs no short-prompt load."""
+    model = v4_w8a8_model()
+    out = _dry("collect.sh", RECIPE=recipe, MODEL=model)
+    assert out.count("--expert-groups 1") == 2 and "--expert-groups 8" not in out
+    assert f"{p_geometry.replace('-TP1', '').replace('-TP4', '')}+D-DP16-EP16" in out
+    p = _verify(RECIPE=recipe, MODEL=model, SCENE_EPLB_CLI=_env()["SCENE_EPLB_CLI"], PYTHONPATH=_env()["PYTHONPATH"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count(f"--model {model}") >= 3 and f"{p_geometry}" in p.stdout
+    assert ("--input-len 1 --output-len 1" in p.stdout) == (recipe == "v4-flash-tutorial")  # below TP4, not at TP1
+    d = _verify(RECIPE=recipe, MODEL=model, SIDE="d", SCENE_EPLB_CLI=_env()["SCENE_EPLB_CLI"], PYTHONPATH=_env()["PYTHONPATH"])
+    assert d.returncode == 0, d.stderr
+    assert "D-DP16-TP1-EP16" in d.stdout and "verify totals" in d.stdout and f"--model {model}" in d.stdout
+
+
+def test_the_v4_flash_recipes_pass_the_preflight_and_refuse_what_the_tutorial_copies():
+    """Every V4-Flash side's dry run passes `scene-eplb preflight` on V4-Flash W8A8 (the HCCL buffer its
+    MC2 capacity needs); the tutorial's D as written (60 sequences of 1,048,576 tokens) is refused with
+    the numbers, and so are its handshake ports 30000 / 30100 (inside the transfer engine's ports)."""
+    model = v4_w8a8_model()
+    for recipe in ("v4-flash-field", "v4-flash-tutorial"):
+        assert _dry("p_server.sh", "collect", RECIPE=recipe, MODEL=model).startswith("HCCL_BUFFSIZE=200 ")
+    assert _dry("d_server.sh", "collect", RECIPE="v4-flash-tutorial", MODEL=model).startswith("HCCL_BUFFSIZE=1047 ")
+    for script, env, said in (
+        ("d_server.sh", {"D_MAX_MODEL_LEN": "1048576"}, "does not hold max_num_seqs 60 x max_model_len 1,048,576"),
+        ("p_server.sh", {"P_KV_PORT": "30000"}, "KV handshake ports 30000-30015 must lie in 36000-65535"),
+    ):
+        res = subprocess.run(
+            ["bash", str(DEPLOY / script), "collect"],
+            capture_output=True,
+            text=True,
+            env=_env(RECIPE="v4-flash-tutorial", MODEL=model, **env),
+            timeout=60,
+        )
+        assert res.returncode == 2 and said in res.stderr, res.stderr

@@ -1,6 +1,8 @@
 """Each recipe's configuration through the released engine code's own checks (tests/ascend/test_ascend_recipes.py).
 
-Arguments: the recipes (JSON: name -> kv, extra, dp, tp, env) and the model folder. Prints one JSON object, a verdict per recipe."""
+Arguments: the recipes (JSON: name -> kv, extra, dp, tp, env, and optionally model) and the model folder.
+Prints one JSON object, a verdict per recipe. Each recipe runs on a fresh vLLM-Ascend config (its own
+reset) with its environment, restored after it; the connector's own module gives the worker checked."""
 
 from __future__ import annotations
 
@@ -17,32 +19,42 @@ def main() -> None:
     import vllm_scene_eplb.adapters.entry as entry
 
     entry.register()
-    from vllm.config import KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig
+    from vllm.config import KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-    from vllm_ascend.ascend_config import get_ascend_config
+    from vllm_ascend.ascend_config import clear_ascend_config, get_ascend_config
     from vllm_ascend.distributed.kv_transfer import register_connector
-    from vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector import MooncakeConnectorWorker
+    from vllm_ascend.utils import enable_dsa_cp, enable_sp
 
     register_connector()
     recipes, model = json.loads(sys.argv[1]), sys.argv[2]
     out = {}
+    environ = dict(os.environ)
     for name, r in recipes.items():
-        os.environ.update(r.get("env", {}))
+        os.environ.clear()
+        os.environ.update({**environ, **r.get("env", {})})
+        clear_ascend_config()  # vLLM-Ascend's own reset of its config, enable_sp() and enable_dsa_cp()
         try:
             kv = KVTransferConfig(**r["kv"])
             connector = KVConnectorFactory.get_connector_class(kv)
-            worker = object.__new__(MooncakeConnectorWorker)
+            worker = object.__new__(sys.modules[connector.__module__].MooncakeConnectorWorker)
             worker._get_prefill_decode_size(SimpleNamespace(kv_transfer_config=kv))
             if worker._prefill_tp_size < worker._decode_tp_size:  # the worker's __init__ check, after the call above
                 raise ValueError("prefill_tp_size must be >= decode_tp_size")
             pc = ParallelConfig(data_parallel_size=r["dp"], tensor_parallel_size=r["tp"], enable_expert_parallel=True)
             vc = VllmConfig(
-                model_config=ModelConfig(model=model), parallel_config=pc, kv_transfer_config=kv, additional_config=r["extra"]
+                model_config=ModelConfig(model=r.get("model", model)),
+                parallel_config=pc,
+                kv_transfer_config=kv,
+                additional_config=r["extra"],
             )
             ascend = get_ascend_config()
+            with set_current_vllm_config(vc):  # DSA-CP raises here without FlashComm1
+                sp = [enable_sp(vc), enable_dsa_cp(), bool(ascend.enable_shared_expert_dp)]
             out[name] = {
                 "ok": True,
                 "connector": connector.__name__,
+                "connector_module": connector.__module__.rsplit(".", 1)[-1],
+                "sp": sp,
                 "kv_role": vc.kv_transfer_config.kv_role,
                 "kv_port": int(vc.kv_transfer_config.kv_port),
                 "dynamic_eplb": ascend.eplb_config.dynamic_eplb,

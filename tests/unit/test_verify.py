@@ -44,6 +44,48 @@ def test_totals_fail_names_the_layer_that_is_off(tmp_path, capsys):
     assert out.startswith("FAIL") and "(2, 201)" in out
 
 
+def _v4_files(tmp_path, silent):
+    """A V4-Flash dump (43 MoE layers, the first 3 hash-routed) with the layers in ``silent`` empty,
+    and the model folder its totals are checked against."""
+    import shutil
+    from pathlib import Path
+
+    (tmp_path / "model").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[2] / "data/models/deepseek-v4-flash/config.json", tmp_path / "model")
+    data = np.zeros((1, 43, 256), dtype=np.int64)
+    data[0, :, 7] = 100 * 6
+    data[0, silent] = 0
+    counts = write_counts(Counts(data, {"top_k": 6, "moe_layers": [x for x in range(43) if x not in silent]}), tmp_path / "c.npz")
+    (tmp_path / "before.txt").write_text(METRICS.format(a=100.0, b=50.0))
+    (tmp_path / "after.txt").write_text(METRICS.format(a=160.0, b=90.0))
+    return [str(counts), str(tmp_path / "before.txt"), str(tmp_path / "after.txt"), "--model", str(tmp_path / "model")]
+
+
+def test_totals_with_the_model_pass_when_all_43_v4_layers_counted(tmp_path, capsys):
+    assert main(["totals", *_v4_files(tmp_path, [])]) == 0
+    assert "43 MoE layers" in capsys.readouterr().out
+
+
+def test_totals_with_the_model_fail_when_v4s_hash_layers_recorded_nothing(tmp_path, capsys):
+    """SGLang #25961's failure: V4-Flash's 3 token-id-routed layers empty, 40 of 43 recorded. The dump
+    names only the 40 (its own moe_layers), so without the model the check would pass."""
+    files = _v4_files(tmp_path, [0, 1, 2])
+    assert main(["totals", *files[:3]]) == 0
+    capsys.readouterr()
+    assert main(["totals", *files]) == 1
+    out = capsys.readouterr().out
+    assert (
+        out.startswith("FAIL")
+        and "40 of 43 MoE layers recorded tokens, none in [0, 1, 2] (hash-routed by token id: [0, 1, 2])" in out
+    )
+
+
+def test_totals_with_the_model_name_a_silent_score_layer(tmp_path, capsys):
+    assert main(["totals", *_v4_files(tmp_path, [20])]) == 1
+    out = capsys.readouterr().out
+    assert "none in [20]" in out and "hash-routed" not in out
+
+
 def test_totals_fail_cleanly_on_a_file_that_is_not_a_dump(tmp_path, capsys):
     files = _files(tmp_path, {1: 200})
     (tmp_path / "bad.json").write_text("{}")

@@ -1,6 +1,6 @@
 """The acceptance checks of ``deploy/ascend-910c/verify.sh``, one PASS/FAIL line each.
 
-    python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER [--decode] [--local-prompt]
+    python -m vllm_scene_eplb.client.verify totals COUNTS METRICS_BEFORE METRICS_AFTER [--decode] [--local-prompt] [--model DIR]
     python -m vllm_scene_eplb.client.verify native COUNTS NATIVE.json [--tolerance 0.02] [--waive-unavailable]
     python -m vllm_scene_eplb.client.verify graph SERVER.log [--from-byte N] [--to-byte M]
     python -m vllm_scene_eplb.client.verify comm SERVER.log [--want MC2]
@@ -12,8 +12,11 @@ DP engines, after minus before) and, with ``--decode``, one token per decode pas
 minus finished requests (each request's first token comes out of its prefill pass); with
 ``--local-prompt`` only the prompt tokens the engine computed itself
 (``vllm:prompt_tokens_by_source_total{source="local_compute"}``), as on a D node whose prompts' KV
-was pulled from P (it computes the last prompt token alone). Holds when nothing but the recorded
-load ran, prefix caching is off and no drafts are verified. ``native``: the dump against vLLM-Ascend's own
+was pulled from P (it computes the last prompt token alone). With ``--model`` (the served model's
+folder) the layers checked are every MoE layer of the model's config, not those the dump names: a
+layer that recorded nothing fails the check by name, DeepSeek-V4's hash-routed layers said apart
+(SGLang #25961: a recorder that misses V4-Flash's 3 token-id-routed layers records 40 of 43). Holds
+when nothing but the recorded load ran, prefix caching is off and no drafts are verified. ``native``: the dump against vLLM-Ascend's own
 ``moe_load`` counters over the same record (``scene-eplb record native_load --json``): never above
 them for any (layer, expert), and each layer's expert shares within ``tolerance`` (half the L1
 distance); vLLM-Ascend also counts padding and idle-DP dummy rows, so they are not equal. Where
@@ -46,6 +49,7 @@ import numpy as np
 from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..harness.results import NOT_OBSERVED, read_result
+from ..model_geometry import ModelGeometry, read_model_geometry
 from ..protocol import COMM_METHOD_RE
 from ..stats import MIN_ROUNDS, block_effects, check_positive
 
@@ -81,9 +85,24 @@ def prompt_tokens(metrics_text: str) -> int:
     return counter(metrics_text, PROMPT_TOKENS)
 
 
-def totals(counts_path: str, before: str, after: str, decode: bool = False, local_prompt: bool = False) -> Verdict:
+def _silent_layers(per_layer: np.ndarray, model: ModelGeometry) -> str:
+    """The model's MoE layers that recorded nothing (the dump's layer axis is the model's layer
+    index), said with the hash-routed ones apart; empty when every one recorded tokens."""
+    silent = [layer for layer in model.moe_layers if layer >= len(per_layer) or per_layer[layer] == 0]
+    if not silent:
+        return ""
+    hashed = [layer for layer in silent if layer in model.hash_layers]
+    return f"; {len(model.moe_layers) - len(silent)} of {len(model.moe_layers)} MoE layers recorded tokens, none in {silent}" + (
+        f" (hash-routed by token id: {hashed})" if hashed else ""
+    )
+
+
+def totals(
+    counts_path: str, before: str, after: str, decode: bool = False, local_prompt: bool = False, model: str | None = None
+) -> Verdict:
     """Every MoE layer's recorded total equals the engine's tokens x top-k (prompt tokens, with
-    ``local_prompt`` those it computed itself, and with ``decode`` one per decode pass)."""
+    ``local_prompt`` those it computed itself, and with ``decode`` one per decode pass); with
+    ``model`` every MoE layer of that model's config, each of which must have recorded tokens."""
     counts = read_counts(counts_path)
     top_k = counts.meta.get("top_k")
     if not isinstance(top_k, int) or top_k < 1:
@@ -99,11 +118,18 @@ def totals(counts_path: str, before: str, after: str, decode: bool = False, loca
         if decode
         else f"{tokens} {kind} tokens"
     )
-    layers = [int(x) for x in counts.meta.get("moe_layers") or np.flatnonzero(counts.data.sum(axis=(0, 2)))]
-    per_layer = counts.data.sum(axis=(0, 2))[layers]
-    wrong = [(layer, int(t)) for layer, t in zip(layers, per_layer) if t != tokens * top_k]
-    detail = f"{len(layers)} MoE layers x {what} x top-k {top_k} = {tokens * top_k} each" + (
-        f"; off: {wrong[:5]}{' ...' if len(wrong) > 5 else ''}" if wrong else ""
+    all_layers = counts.data.sum(axis=(0, 2))
+    geometry = read_model_geometry(model) if model is not None else None
+    if geometry is not None:
+        layers, silent = list(geometry.moe_layers), _silent_layers(all_layers, geometry)
+    else:
+        layers, silent = [int(x) for x in counts.meta.get("moe_layers") or np.flatnonzero(all_layers)], ""
+    per_layer = [int(all_layers[layer]) if layer < len(all_layers) else 0 for layer in layers]
+    wrong = [(layer, t) for layer, t in zip(layers, per_layer) if t != tokens * top_k]
+    detail = (
+        f"{len(layers)} MoE layers x {what} x top-k {top_k} = {tokens * top_k} each"
+        + (f"; off: {wrong[:5]}{' ...' if len(wrong) > 5 else ''}" if wrong else "")
+        + silent
     )
     name = "per-layer totals = (prompt + decode) tokens x top-k" if decode else "per-layer totals = prompt tokens x top-k"
     return Verdict(name, bool(layers) and tokens > 0 and not wrong, detail)
@@ -247,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count only the prompt tokens the engine computed itself (a D node that pulled the prompts' KV)",
     )
+    t.add_argument(
+        "--model",
+        metavar="DIR",
+        help="the served model's folder: check every MoE layer of its config (each must have recorded tokens)",
+    )
     n = sub.add_parser("native", help="a dump against vLLM-Ascend's own moe_load counters over the same record")
     n.add_argument("counts"), n.add_argument("native")
     n.add_argument(
@@ -276,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.check == "totals":
-            verdict = totals(args.counts, args.metrics_before, args.metrics_after, args.decode, args.local_prompt)
+            verdict = totals(args.counts, args.metrics_before, args.metrics_after, args.decode, args.local_prompt, args.model)
         elif args.check == "native":
             verdict = native(args.counts, args.native, args.tolerance, args.waive_unavailable)
         elif args.check == "graph":

@@ -11,13 +11,22 @@ differently per MoE comm method, so the rows a rank routes are not simply its to
 - ALLGATHER: every rank routes the DP-gathered batch (each DP rank's block padded to
   ``max_tokens_across_dp``), the same on all TP ranks: TP rank 0 counts its own DP block's real rows.
 
+Sequence parallelism (FlashComm1, ``VLLM_ASCEND_ENABLE_FLASHCOMM1=1`` or ``enable_flashcomm1``), DSA-CP
+(``enable_dsa_cp``, which needs FlashComm1) and shared-expert DP (``enable_shared_expert_dp``, which
+turns FlashComm1 on) keep these rules: the runner pads the batch to a multiple of the TP size (and,
+with DP, every DP rank to the largest), each TP rank holds its contiguous chunk of it (the row-parallel
+reduce-scatter, or DSA-CP's even token split), and ``prepare`` skips its own padding and split
+(``replace_allreduce``), so a rank routes exactly the rows MC2's rule names: its TP slice of the
+padded batch, real below ``num_actual_tokens`` (its TP slice of ``mc2_mask``); a hash layer's token
+ids are split the same way. Each rank counts its chunk's real rows; the export's sum is each token once.
+
 ``mc2_mask`` is a persistent device buffer that vLLM-Ascend rewrites in place every step, so the mask
 taken here is a slice of it (a view: no device op; the rows counted are a slice of the ids too),
 fixed-shape and sync-free: recorded into an ACL graph it still follows the real token count at
-every replay. Graph padding is thereby never counted, and each
-token is counted once over all ranks. Geometries these rules do not describe (sequence parallel /
-flashcomm, prefill context parallel, the multistream gate, shared-expert DP) are refused when the
-worker binds the recorder (``unsupported_settings``).
+every replay. Graph padding is thereby never counted, and each token is counted once over all
+ranks. Settings under which these rules do not hold (``unsupported_settings``: prefill context
+parallel, the multistream gate, sequence parallelism by graph pass, FlashComm2, xlite) are refused
+for a collection run when its config is built (``startup``), before any worker loads weights.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import logging
 from dataclasses import dataclass
 
 import torch
+
+from ...errors import SceneEplbError
 
 logger = logging.getLogger("vllm.scene_eplb")
 
@@ -97,21 +108,17 @@ def own_rows_from_context(own: OwnRows, ids: torch.Tensor) -> tuple[slice, torch
 
 
 def unsupported_settings(vllm_config) -> list[str]:
-    """The settings of this server under which ``prepare`` shapes the rows otherwise (a collection
-    run refuses them); read once vLLM-Ascend has set up its config."""
+    """The settings of this server under which the routed rows follow none of the rules above (a
+    collection run refuses them), each named by the flag to drop; read once vLLM-Ascend has set up
+    its config."""
     from vllm_ascend.ascend_config import get_ascend_config
-    from vllm_ascend.utils import enable_sp
 
     ascend = get_ascend_config()
     found = []
-    if enable_sp(vllm_config):
-        found.append("sequence parallelism / flashcomm1 (its EP all-gather drops padding rows)")
     if (getattr(vllm_config.parallel_config, "prefill_context_parallel_size", 1) or 1) > 1:
-        found.append("prefill context parallelism")
+        found.append("--prefill-context-parallel-size > 1 (prefill context parallelism all-gathers rows over PCP before routing)")
     if getattr(ascend, "multistream_overlap_gate", False):
         found.append("multistream_overlap_gate (routing runs before prepare)")
-    if getattr(ascend, "enable_shared_expert_dp", False):
-        found.append("enable_shared_expert_dp")
     if getattr(ascend, "enable_sp_by_pass", False):
         found.append("enable_sp_by_pass (sequence parallelism by graph pass: the rows are split before the MoE layer)")
     if (getattr(ascend, "enable_flashcomm2_parallel_size", 0) or 0) > 0:
@@ -119,3 +126,11 @@ def unsupported_settings(vllm_config) -> list[str]:
     if getattr(getattr(ascend, "xlite_graph_config", None), "enabled", False):
         found.append("xlite_graph_config.enabled (xlite routes MoE in C++ and bypasses select_experts: nothing would be counted)")
     return found
+
+
+def unrecordable(refused: list[str]) -> SceneEplbError:
+    """The refusal of a collection run under ``refused`` (``unsupported_settings``)."""
+    return SceneEplbError(
+        f"the scene_eplb recorder on vLLM-Ascend cannot count its own tokens exactly under {'; '.join(refused)}: "
+        "drop these settings for the collection run"
+    )

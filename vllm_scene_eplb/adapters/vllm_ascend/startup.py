@@ -15,7 +15,8 @@
   the routes are ``patches``; a layout run journals every expert write (``expert_loading``) and
   audits the load when the worker binds, which logs the line ``scene-eplb audit`` reads.
 
-Refused with a message: settings that would fight a layout (vLLM-Ascend's own dynamic EPLB, a
+Refused with a message when the config is built: a collection run under settings whose routed rows
+the recorder cannot count (``refuse_unrecordable``); settings that would fight a layout (vLLM-Ascend's own dynamic EPLB, a
 hand-set ``expert_map_path``, ``mix_placement``), PP > 1, ``VLLM_USE_V2_MODEL_RUNNER`` (on vLLM
 0.23.0 vLLM-Ascend's NPUWorker ignores it and runs V1, whose step the plugin wires; the V2 runner
 itself only rejects ``dynamic_eplb``: refused so the server's settings say what runs), a layout without expert parallelism, and with ``dynamic`` returning routed experts to
@@ -36,6 +37,7 @@ from ...model_geometry import from_hf_config
 from ...runtime.layout_check import layout_for_server
 from ..drafter import moe_drafter
 from . import expert_loading, moe_hooks, patches
+from .rows import unrecordable, unsupported_settings
 from .server_layout import ep_size_of, layout_of, remember
 from .tables import AscendDispatch, install_dispatch
 from .version import check_versions
@@ -137,15 +139,35 @@ def check_run(vllm_config) -> None:
     )
 
 
+def refuse_unrecordable(vllm_config) -> None:
+    """A collection run under settings whose routed rows the recorder cannot tell apart
+    (``rows.unsupported_settings``, read from vLLM-Ascend's config once its platform set it up) stops
+    here, when the config is built: before any worker starts or loads a weight. A layout run serves
+    on (its worker says the recorder is off). Where vLLM-Ascend's platform set up no config (a
+    device that is not an NPU) the worker checks when it binds."""
+    if require_config(vllm_config.additional_config).layout is not None:
+        return
+    try:
+        refused = unsupported_settings(vllm_config)
+    except RuntimeError:  # "Ascend config is not initialized": its platform skipped this config
+        return
+    if refused:
+        raise unrecordable(refused)
+
+
 def _wrap_config(vllm_config_cls) -> None:
-    """Check the run (and prepare a layout run) before vLLM-Ascend's platform reads ``eplb_config``."""
+    """Check the run (and prepare a layout run) before vLLM-Ascend's platform reads ``eplb_config``;
+    once it has set up its config, refuse a collection run it cannot count (``refuse_unrecordable``)."""
     orig = vllm_config_cls.__post_init__
 
     @functools.wraps(orig)
     def __post_init__(self, *args, **kwargs):
-        if plugin_enabled(self.additional_config):
+        enabled = plugin_enabled(self.additional_config)
+        if enabled:
             check_run(self)
         orig(self, *args, **kwargs)
+        if enabled:
+            refuse_unrecordable(self)
 
     vllm_config_cls.__post_init__ = __post_init__
 

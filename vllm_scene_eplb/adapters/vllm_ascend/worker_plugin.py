@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...config import kv_role_of, parse_config
-from ...errors import SceneEplbError
 from ...model_geometry import from_hf_config
 from ...protocol import COMM_METHOD_LINE, NativeCounts, WorkerAnswer, startup_line
 from ...runtime.export import Exporter, group_maker
@@ -32,7 +31,7 @@ from .dynamic import virtual_ids_for
 from .expert_loading import audit_layers
 from .moe_hooks import FUSED_MOE_MODULE
 from .native_load import NativeWindow
-from .rows import OwnRows, own_rows_from_context, unsupported_settings
+from .rows import OwnRows, own_rows_from_context, unrecordable, unsupported_settings
 from .server_layout import layout_of
 
 logger = logging.getLogger("vllm.scene_eplb")
@@ -97,11 +96,8 @@ class AscendWorkerPlugin(RecorderPlugin):
             self.expert_load = None  # the journal and tracer are done with: free them
         self.layers, self.native = layers, NativeWindow(self.model.num_experts)
         refused = unsupported_settings(model_runner.vllm_config)
-        if refused and self.layout is None:  # a collection run (either role) would record nothing right
-            raise SceneEplbError(
-                f"the scene_eplb recorder on vLLM-Ascend cannot tell its own tokens under {', '.join(refused)}: "
-                "turn it off for the collection run"
-            )
+        if refused and self.layout is None:  # refused when its config was built, unless vLLM-Ascend had set up none then
+            raise unrecordable(refused)
         if refused:  # a layout run: serving goes on; the recorder and live fitness have nothing to read
             logger.warning(
                 "scene-eplb: no routing counts on this server (recorder and live fitness off) under %s", ", ".join(refused)
