@@ -192,34 +192,46 @@ def _mtp_layer(sd: dict, spec: TinyDeepseekSpec) -> None:
         sd[mtp + "embed_tokens.weight"] = sd["model.embed_tokens.weight"].clone()
 
 
-def make_tiny_deepseek(out_dir: str | Path, spec: TinyDeepseekSpec = TinyDeepseekSpec()) -> Path:
-    """Write config.json, model.safetensors and a tokenizer for ``spec`` into ``out_dir``; returns the folder."""
+def write_checkpoint(out_dir: str | Path, sd: dict, config: dict, vocab_size: int) -> Path:
+    """Write ``sd`` as model.safetensors, ``config`` as config.json and a tokenizer into ``out_dir``
+    (the generated DeepSeek models' one writer); returns the folder."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sd = _random_weights(spec)
-    _mtp_layer(sd, spec)
-    _skew_bias(sd, spec)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config(spec), indent=1))
-    save_tokenizer(out, spec.vocab_size)
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    save_tokenizer(out, vocab_size)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.harness.tiny_deepseek", description=__doc__.split("\n\n")[0])
+def make_tiny_deepseek(out_dir: str | Path, spec: TinyDeepseekSpec = TinyDeepseekSpec()) -> Path:
+    """Write config.json, model.safetensors and a tokenizer for ``spec`` into ``out_dir``; returns the folder."""
+    sd = _random_weights(spec)
+    _mtp_layer(sd, spec)
+    _skew_bias(sd, spec)
+    return write_checkpoint(out_dir, sd, hf_config(spec), spec.vocab_size)
+
+
+def generator_main(argv: list[str] | None, module: str, doc: str, spec_cls, make) -> int:
+    """The generators' command line: ``python -m MODULE OUT_DIR [--skew] [--seed] [--w8a8]`` builds
+    ``spec_cls(skew, seed)``, writes it with ``make`` and, with ``--w8a8``, its ModelSlim copy."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     ap.add_argument("out_dir")
-    ap.add_argument("--skew", type=float, default=TinyDeepseekSpec.skew, help="router bias skew (0 = near-uniform routing)")
+    ap.add_argument("--skew", type=float, default=spec_cls.skew, help="routing skew (0 = near-uniform routing)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--w8a8", action="store_true", help="also write the ModelSlim W8A8_DYNAMIC checkpoint to OUT_DIR-w8a8")
     a = ap.parse_args(argv)
-    spec = TinyDeepseekSpec(skew=a.skew, seed=a.seed)
-    out = make_tiny_deepseek(a.out_dir, spec)
+    spec = spec_cls(skew=a.skew, seed=a.seed)
+    out = make(a.out_dir, spec)
     print(out)
     if a.w8a8:
         print(write_w8a8(out, out.with_name(out.name + "-w8a8"), spec.routed_expert_weight))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generator_main(argv, "vllm_scene_eplb.harness.tiny_deepseek", __doc__, TinyDeepseekSpec, make_tiny_deepseek)
 
 
 if __name__ == "__main__":

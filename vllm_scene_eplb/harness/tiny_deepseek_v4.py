@@ -28,14 +28,11 @@ experts of the main model int8 with a per-output-channel scale and offset each
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .modelslim import write_w8a8
-from .tiny_model import save_tokenizer
+from .tiny_deepseek import generator_main, write_checkpoint
 
 
 @dataclass(frozen=True)
@@ -238,29 +235,11 @@ def random_weights(spec: TinyDeepseekV4Spec) -> dict:
 
 def make_tiny_deepseek_v4(out_dir: str | Path, spec: TinyDeepseekV4Spec = TinyDeepseekV4Spec()) -> Path:
     """Write config.json, model.safetensors and a tokenizer for ``spec`` into ``out_dir``; returns the folder."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(random_weights(spec), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config(spec), indent=1))
-    save_tokenizer(out, spec.vocab_size)
-    return out
+    return write_checkpoint(out_dir, random_weights(spec), hf_config(spec), spec.vocab_size)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vllm_scene_eplb.harness.tiny_deepseek_v4", description=__doc__.split("\n\n")[0])
-    ap.add_argument("out_dir")
-    ap.add_argument("--skew", type=float, default=TinyDeepseekV4Spec.skew, help="routing skew (0 = near-uniform)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--w8a8", action="store_true", help="also write the ModelSlim W8A8_DYNAMIC checkpoint to OUT_DIR-w8a8")
-    a = ap.parse_args(argv)
-    spec = TinyDeepseekV4Spec(skew=a.skew, seed=a.seed)
-    out = make_tiny_deepseek_v4(a.out_dir, spec)
-    print(out)
-    if a.w8a8:
-        print(write_w8a8(out, out.with_name(out.name + "-w8a8"), spec.routed_expert_weight))
-    return 0
+    return generator_main(argv, "vllm_scene_eplb.harness.tiny_deepseek_v4", __doc__, TinyDeepseekV4Spec, make_tiny_deepseek_v4)
 
 
 if __name__ == "__main__":
