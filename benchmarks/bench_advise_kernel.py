@@ -33,10 +33,10 @@ from vllm._custom_ops import cpu_prepack_moe_weight
 from vllm_scene_eplb import __version__
 from vllm_scene_eplb.adapters.vllm.cpu_moe import local_apply
 from vllm_scene_eplb.advise import advise
-from vllm_scene_eplb.counts import Counts
-from vllm_scene_eplb.dispatch import static_table
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.dispatch import static_table
+from vllm_scene_eplb.layouts.layout import Geometry, Layout
 from vllm_scene_eplb.protocol import TimingWindow
 
 E, EP, L, TOP_K, REDUNDANT = 256, 2, 4, 8, 16

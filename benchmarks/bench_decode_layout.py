@@ -24,8 +24,8 @@ from sample_data import DEFAULT
 
 from vllm_scene_eplb.fit import FitOptions, fit_map
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.score import ideal_score, static_score
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.layouts.score import ideal_score, static_score
 
 SCENE = "decode_in1000out1000.json"
 GEOMETRIES = {"EP16/R0 (16 slots a rank, field D)": Geometry(256, 0, 16, 1), "EP16/R16": Geometry(256, 16, 16, 1)}

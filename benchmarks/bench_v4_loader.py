@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from tests.loader_rig import V4, load, ranks_slots  # noqa: E402
 from vllm_scene_eplb.adapters.vllm import expert_loading  # noqa: E402
 from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading  # noqa: E402
-from vllm_scene_eplb.runtime.load_audit import write_problems  # noqa: E402
+from vllm_scene_eplb.runtime.worker.load_audit import write_problems  # noqa: E402
 
 LAYERS, E, REDUNDANT = 43, 256, 16
 SEED = 20261203

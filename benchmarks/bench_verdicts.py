@@ -2,7 +2,7 @@
 its power, and (where ``benchmarks/verdicts_advise.py`` is built) the calibration of ``advise``.
 
 The factorial part draws seeded A/Bs of four arms through the code the demo and ``scene-eplb compare
---factorial`` run (``harness.factorial.effects``, the block model of ``vllm_scene_eplb.stats``):
+--factorial`` run (``ab.factorial.effects``, the block model of ``vllm_scene_eplb.ab.stats``):
 each run's throughput is lognormal with ``--noise`` (5%) run-to-run, each round has a level of its
 own (a bad hour: 5%), and the places in a round drift (the k-th run of a round ``--drift`` x k
 slower, 3% by default: a machine that heats up, a cache that fills), which the recorded order
@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from vllm_scene_eplb.harness.factorial import ARMS, effects, round_orders
+from vllm_scene_eplb.ab.factorial import ARMS, effects, round_orders
 
 ROUNDS = (2, 3, 5, 8)
 TARGET_FPR = 0.06

@@ -1,6 +1,6 @@
 """How far `advise` is from the truth it predicts, on real DeepSeek-V3 counts and on the real CPU engine.
 
-``advise_calibration()``: a simulated server (``vllm_scene_eplb.harness.simulated``) per scene of
+``advise_calibration()``: a simulated server (``vllm_scene_eplb.rig.simulated``) per scene of
 the shipped counts (data/deepseek_v3_counts: every MoE layer's expert distribution) at EP16 and
 EP32. Per-pass routing is sampled from each layer's distribution (prefill at 4096 tokens per
 pass, one pass per ring entry; decode at 256 tokens per pass, 16 passes per entry as the decode
@@ -47,21 +47,21 @@ from pathlib import Path
 import numpy as np
 from sample_data import DEFAULT
 
+from vllm_scene_eplb.ab.results import prefill_metric
+from vllm_scene_eplb.ab.stats import block_effects, check_positive
 from vllm_scene_eplb.advise import NOISE_FLOOR, Setup, advise
 from vllm_scene_eplb.advise.error_split import ErrorSplit
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fileio import atomic_write_bytes
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.harness import demo
-from vllm_scene_eplb.harness.local_server import pin_host
-from vllm_scene_eplb.harness.results import prefill_metric
-from vllm_scene_eplb.harness.simulated import Device, Scene, Server, linear_setup, rank_ms
-from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec
-from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry, Layout
 from vllm_scene_eplb.protocol import TimingWindow
-from vllm_scene_eplb.stats import block_effects, check_positive
+from vllm_scene_eplb.rig import demo
+from vllm_scene_eplb.rig.local_server import pin_host
+from vllm_scene_eplb.rig.simulated import Device, Scene, Server, linear_setup, rank_ms
+from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec
 
 DEEPSEEK_V3_GROUPS = 8
 TOP_K = 8

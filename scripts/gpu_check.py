@@ -5,7 +5,7 @@ One PASS/FAIL line per check; exit 0 only when every check passes, 2 without a C
 - ``graph_counts``: the observer's count capture and the static / dynamic replica maps inside
   ``torch.cuda.graph`` replays give the same logical and physical counts as eager passes, over
   varying batch sizes and padding rows;
-- ``moe_timer``: the graph-safe MoE timer (``runtime.device_timer``) inside graph replays agrees with
+- ``moe_timer``: the graph-safe MoE timer (``runtime.worker.device_timer``) inside graph replays agrees with
   CUDA events around the same work run eagerly, within 10%;
 - ``capture_cost``: the capture's microseconds per MoE layer and the ratio of a 58-layer
   decode-sized step with it to the same step without it (both graph replays, CUDA events).
@@ -21,12 +21,12 @@ import sys
 import numpy as np
 import torch
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.runtime.device_timer import DeviceMoeTimer
-from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.runtime.worker.device_timer import DeviceMoeTimer
+from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker.replica_map import SourceRanks, layer_maps
 
 LAYERS, EXPERTS, REDUNDANT, EP, TOP_K = 4, 64, 16, 8, 8
 GRAPH_SIZES = (8, 16, 32, 64)  # the captured batch sizes; each step pads its tokens up to one

@@ -1,5 +1,5 @@
 """A small simulated server for the advise tests: a skewed scene whose fitted layout pays, its dump
-and its timing window (``harness.simulated``), written to files for the CLI."""
+and its timing window (``rig.simulated``), written to files for the CLI."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import write_counts, write_layout
-from vllm_scene_eplb.harness.simulated import Device, Scene, Server
-from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
 from vllm_scene_eplb.protocol import LiveAnswer, LiveTime, StatusAnswer, TimingWindow
+from vllm_scene_eplb.rig.simulated import Device, Scene, Server
 
 from .conftest import worker_status
 

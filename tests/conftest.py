@@ -32,7 +32,7 @@ GROUPS = ("unit", "repository", "ascend", "engine")
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """Every run ends with the vLLM servers it started (engine starts are most of the suite's time)."""
-    from vllm_scene_eplb.harness.local_server import STARTED
+    from vllm_scene_eplb.rig.local_server import STARTED
 
     terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(STARTED) or 'none'})")
 
@@ -82,7 +82,7 @@ def tiny_moe(tmp_path_factory) -> Path:
     require_vllm()
     out = tmp_path_factory.mktemp("model") / "tiny-qwen3-moe"
     subprocess.run(
-        [sys.executable, "-m", "vllm_scene_eplb.harness.tiny_model", str(out), "--experts", "8", "--top-k", "2", "--layers", "2"],
+        [sys.executable, "-m", "vllm_scene_eplb.rig.tiny_model", str(out), "--experts", "8", "--top-k", "2", "--layers", "2"],
         check=True,
         capture_output=True,
     )
@@ -121,11 +121,11 @@ def cli(*args) -> subprocess.CompletedProcess:
 def tiny_model_and_layout(root: Path, entries: int, num_redundant: int, ep_size: int, spec=None):
     """The generated tiny Qwen3-MoE in ``root/model`` (``spec``, default ``TinyMoeSpec()``) and a layout
     fitted for it on skewed counts of ``entries`` passes: (model folder, layout, the layout's native file)."""
-    from vllm_scene_eplb.counts import Counts
     from vllm_scene_eplb.fit import FitOptions, fit
     from vllm_scene_eplb.formats import write_layout
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
-    from vllm_scene_eplb.layout import Geometry
+    from vllm_scene_eplb.layouts.counts import Counts
+    from vllm_scene_eplb.layouts.layout import Geometry
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     spec = spec or TinyMoeSpec()
     model = make_tiny_moe(root / "model", spec)
@@ -138,7 +138,7 @@ def engine_counters(srv, names) -> dict[str, int]:
     """vLLM's counters ``names`` on a test server's ``/metrics``, each summed over its series."""
     import urllib.request
 
-    from vllm_scene_eplb.client.verify import counter
+    from vllm_scene_eplb.ab.verify import counter
 
     with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as resp:
         text = resp.read().decode()
@@ -159,8 +159,8 @@ def plugin_flag(**cfg) -> list[str]:
 def layout_for_another_ep_size_stops_startup(model, workdir, name: str, engine_args, experts: int, layers: int) -> str:
     """Start a server with a layout made for EP=4 (the tests run EP=2); it must exit. Returns its log."""
     from vllm_scene_eplb.formats import write_layout
-    from vllm_scene_eplb.harness.local_server import start_server
-    from vllm_scene_eplb.layout import Geometry, Layout, linear_map
+    from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
+    from vllm_scene_eplb.rig.local_server import start_server
 
     g = Geometry(num_experts=experts, num_redundant=0, ep_size=4)
     bad = write_layout(Layout(linear_map(g, layers), g), workdir / f"{name}-ep4.json")

@@ -23,7 +23,7 @@ import torch
 
 from vllm_scene_eplb.adapters.vllm import expert_loading
 from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading
-from vllm_scene_eplb.runtime import load_journal
+from vllm_scene_eplb.runtime.worker import load_journal
 
 Current = Callable[[], "ExpertLoading | None"]  # the worker's load as the plugin's patches ask it (None: the plugin is off)
 Setattr = Callable[[object, str, object], None]  # ``setattr``, or pytest's ``monkeypatch.setattr`` (undone after a test)

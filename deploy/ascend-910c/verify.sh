@@ -178,14 +178,14 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
       skip pd-path "no P server answers at $PAIR_P_URL/health: the D record runs local prefill on D, not P -> KV pull -> decode (start the pair's P, or PAIR=1)"
     fi
     if record record "${RECORD_LOADS[@]}"; then
-      step totals python -m vllm_scene_eplb.client.verify totals "$(counts_of record)" "$OUT/record-metrics-before.txt" \
+      step totals python -m vllm_scene_eplb.ab.verify totals "$(counts_of record)" "$OUT/record-metrics-before.txt" \
         "$OUT/record-metrics-after.txt" "${TOTALS[@]}" --model "$MODEL" || true
       if [ "$SIDE" = d ]; then
-        step graph python -m vllm_scene_eplb.client.verify graph "$(log_of)" --from-byte "$(offset_of "$OUT/record-log-start.txt")" \
+        step graph python -m vllm_scene_eplb.ab.verify graph "$(log_of)" --from-byte "$(offset_of "$OUT/record-log-start.txt")" \
           --to-byte "$(offset_of "$OUT/record-log-stop.txt")" || true
       fi
       step native-load sh -c "scene-eplb record native_load --url '$P_URL' --json -q > '$OUT/native_load.json'" &&
-        step native python -m vllm_scene_eplb.client.verify native "$(counts_of record)" "$OUT/native_load.json" \
+        step native python -m vllm_scene_eplb.ab.verify native "$(counts_of record)" "$OUT/native_load.json" \
           "${NATIVE[@]}" || true
     else
       for c in totals graph native; do case "$SIDE$c" in pgraph) ;; *) skip "$c" "the record failed" ;; esac; done
@@ -197,9 +197,9 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
   # 5. mc2: short prompts with MC2 prefill (P): totals, and every real pass ran MC2
   if [ "$SIDE" = d ]; then :
   elif step start-mc2 start_p collect PREFILL_MC2=1 CHUNK="$MC2_CHUNK" && record mc2 "$SHORT_LEN:$C"; then
-    step mc2-totals python -m vllm_scene_eplb.client.verify totals "$(counts_of mc2)" "$OUT/mc2-metrics-before.txt" \
+    step mc2-totals python -m vllm_scene_eplb.ab.verify totals "$(counts_of mc2)" "$OUT/mc2-metrics-before.txt" \
       "$OUT/mc2-metrics-after.txt" --model "$MODEL" || true
-    step mc2 python -m vllm_scene_eplb.client.verify comm "$(log_of)" --want MC2 || true
+    step mc2 python -m vllm_scene_eplb.ab.verify comm "$(log_of)" --want MC2 || true
   else
     skip mc2 "P with MC2 prefill did not start or its record failed"
   fi
@@ -218,7 +218,7 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
   done
   stop_p
   if [ "$ok" = 1 ]; then
-    step throughput python -m vllm_scene_eplb.client.verify throughput --plain "${PLAIN[@]}" --idle "${IDLE[@]}" \
+    step throughput python -m vllm_scene_eplb.ab.verify throughput --plain "${PLAIN[@]}" --idle "${IDLE[@]}" \
       --metric "$METRIC" --min-ratio "$MIN_RATIO" || true
   else
     skip throughput "a round failed"

@@ -70,8 +70,8 @@ def _v4(script: str, recipe: str, mode: str, tiny_v4: Path, **env_extra: str) ->
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
     """Every recipe (and two that must fail) through the released code, in one process."""
-    from vllm_scene_eplb.harness.tiny_deepseek_v4 import make_tiny_deepseek_v4
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec
+    from vllm_scene_eplb.rig.tiny_deepseek_v4 import make_tiny_deepseek_v4
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec
 
     from ..conftest import tiny_model_and_layout
 

@@ -18,7 +18,7 @@ from vllm_scene_eplb.adapters.vllm_ascend.tables import (
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_layout
-from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.layouts.layout import Geometry
 
 from ..ascend_env import load_eplb_utils
 from ..conftest import DATA, require_vllm
@@ -211,7 +211,7 @@ def test_startup_points_vllm_ascend_at_our_layout_and_dispatches_our_way(ascend_
     its log2phy is our static table while the config carries the layout, its formula otherwise.
     A bare SGLang layout (no geometry, no fitted table in the file) works the same with the
     even-split table; the config hook logs what it prepared."""
-    from vllm_scene_eplb.layout import Layout
+    from vllm_scene_eplb.layouts.layout import Layout
 
     _, layout, _, root = ascend_model
     assert layout.static_sources is not None  # fitted for static: the native file carries its table
@@ -261,7 +261,7 @@ def test_startup_refuses_the_v2_model_runner(ascend_model):
 )
 def test_prepare_refuses_settings_that_fight_the_layout(ascend_model, extra, message):
     from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, hf_config
 
     _, _, path, root = ascend_model
     additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "dump3")}, **extra}
@@ -288,7 +288,7 @@ def test_prepare_passes_its_own_write_and_refuses_any_other_path(ascend_model):
     import shutil
 
     from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, hf_config
 
     _, _, path, root = ascend_model
     additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-again")}}
@@ -308,7 +308,7 @@ def test_a_layout_run_with_an_moe_drafter_says_its_layer_is_not_counted(ascend_m
     from types import SimpleNamespace
 
     from vllm_scene_eplb.adapters.vllm_ascend.startup import check_run
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, hf_config
 
     _, layout, path, root = ascend_model
 
@@ -337,7 +337,7 @@ def test_a_layout_run_with_an_moe_drafter_says_its_layer_is_not_counted(ascend_m
 
 def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):
     from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, hf_config
 
     _, _, path, root = ascend_model
     with pytest.raises(SceneEplbError, match="does not fit this server"):
@@ -348,7 +348,7 @@ def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):
 
 def test_prepare_needs_an_explicit_role_with_kv_both(ascend_model):
     from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, hf_config
 
     _, _, path, root = ascend_model
     additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d5")}}
@@ -377,7 +377,7 @@ def test_startup_with_dynamic_dispatch_builds_virtual_id_maps(ascend_model, star
 
 def test_dynamic_dispatch_refuses_returning_routed_experts(ascend_model):
     from vllm_scene_eplb.adapters.vllm_ascend.startup import prepare_layout_run
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, hf_config
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, hf_config
 
     _, _, path, root = ascend_model
     additional = {"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-routed"), "dispatch": "dynamic"}}

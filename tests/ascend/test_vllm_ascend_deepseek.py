@@ -31,13 +31,13 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import write_layout
-from vllm_scene_eplb.harness.modelslim import write_w8a8
-from vllm_scene_eplb.harness.tiny_deepseek import TinyDeepseekSpec, make_tiny_deepseek
-from vllm_scene_eplb.harness.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
-from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.rig.modelslim import write_w8a8
+from vllm_scene_eplb.rig.tiny_deepseek import TinyDeepseekSpec, make_tiny_deepseek
+from vllm_scene_eplb.rig.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
 
 from ..ascend_env import run_ranks
 from ..conftest import require_vllm, skewed_counts

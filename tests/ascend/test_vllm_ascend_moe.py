@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.adapters.vllm_ascend.moe_hooks import SELECT_EXPERTS_BINDERS, SELECT_EXPERTS_SOURCE
-from vllm_scene_eplb.counts import Counts
-from vllm_scene_eplb.dispatch import dynamic_tables
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import write_layout
-from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.dispatch import dynamic_tables
+from vllm_scene_eplb.layouts.layout import Geometry
 
 from ..ascend_env import fetch_sdist, run
 from ..conftest import skewed_counts
@@ -51,7 +51,7 @@ def test_every_module_that_binds_select_experts_is_rebound():
 @pytest.fixture(scope="module")
 def dynamic_run(tmp_path_factory):
     """A layout fitted for dynamic dispatch (EP=2, R=2) on the tiny Qwen3-MoE, run through vLLM-Ascend."""
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     root = tmp_path_factory.mktemp("ascend-dynamic")
     model = make_tiny_moe(root / "model", TinyMoeSpec())

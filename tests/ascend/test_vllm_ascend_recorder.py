@@ -29,7 +29,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     spec = TinyMoeSpec()
     model = make_tiny_moe(tmp_path_factory.mktemp("ascend-recorder") / "model", spec)
@@ -62,7 +62,7 @@ def test_rows_off_the_comm_methods_rule_are_skipped_and_said(tmp_path):
     """A layer whose routed rows do not follow its comm method's rule counts nothing for that pass
     and the observer's skipped counter says so (status, dump refusal, audit read it), through
     vLLM-Ascend's real forward context."""
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     spec = TinyMoeSpec()
     out = run("ascend_skipped_rows", make_tiny_moe(tmp_path / "model", spec), spec.num_experts)
@@ -122,7 +122,7 @@ def test_when_imported_patches_a_module_at_its_first_import(tmp_path, monkeypatc
 @pytest.fixture(scope="module")
 def routes(tmp_path_factory):
     """The routes on vLLM 0.23's API server over two DP engines, driven once (tests/scripts/ascend_routes.py)."""
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     return run("ascend_routes", make_tiny_moe(tmp_path_factory.mktemp("ascend-routes") / "model", TinyMoeSpec()))
 
@@ -209,7 +209,7 @@ def test_native_window_maps_vllm_ascend_slot_counters_to_logical_experts():
 def settings(tmp_path_factory):
     """What vLLM-Ascend's real ascend config and enable_sp() say per setting, and the plugin's config
     hook on a collection run under it (tests/scripts/ascend_settings.py), on a tiny DeepSeek-V4."""
-    from vllm_scene_eplb.harness.tiny_deepseek_v4 import make_tiny_deepseek_v4
+    from vllm_scene_eplb.rig.tiny_deepseek_v4 import make_tiny_deepseek_v4
 
     tmp = tmp_path_factory.mktemp("ascend-settings")
     return run("ascend_settings", make_tiny_deepseek_v4(tmp / "model"), tmp / "dumps")

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from vllm_scene_eplb.harness.tiny_deepseek_v4 import make_tiny_deepseek_v4
+    from vllm_scene_eplb.rig.tiny_deepseek_v4 import make_tiny_deepseek_v4
 
     return run("ascend_sp_record", make_tiny_deepseek_v4(tmp_path_factory.mktemp("ascend-sp") / "model"), timeout=600)
 

@@ -23,7 +23,7 @@ def test_time_moe_times_the_experts_with_npu_events_and_reaches_live_time(tmp_pa
     """Event pairs around ``_apply_mlp`` in each eager pass (none while a graph is captured), read
     one step later with no synchronize inside the forward; the seconds reach the live answer and
     ``live.time``; FUSED_MC2 is refused."""
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     spec = TinyMoeSpec()
     out = run("ascend_time_moe", make_tiny_moe(tmp_path / "model", spec), spec.num_experts)

@@ -68,7 +68,7 @@ def test_a_timed_layer_hands_its_kernel_time_to_the_observer(ops, monkeypatch):
     from types import SimpleNamespace
 
     from vllm_scene_eplb.adapters.vllm import worker_plugin
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
     _, prepack, local_moe = ops
     obs = RoutingObserver(2, E, 1, time_moe=True)

@@ -19,7 +19,7 @@ import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.formats import read_counts, read_layout
-from vllm_scene_eplb.harness.local_server import ENGINE_ARGS, http, start_server
+from vllm_scene_eplb.rig.local_server import ENGINE_ARGS, http, start_server
 
 from ..conftest import bench_cli, cli, engine_counters, plugin_flag
 

@@ -18,10 +18,10 @@ import time
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.dispatch import dynamic_tables
 from vllm_scene_eplb.formats import read_counts, read_layout
-from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
-from vllm_scene_eplb.harness.tiny_deepseek import TinyDeepseekSpec, make_tiny_deepseek
+from vllm_scene_eplb.layouts.dispatch import dynamic_tables
+from vllm_scene_eplb.rig.local_server import engine_args, http, start_server
+from vllm_scene_eplb.rig.tiny_deepseek import TinyDeepseekSpec, make_tiny_deepseek
 
 from ..conftest import cli, engine_counters, plugin_flag, require_vllm
 

@@ -15,12 +15,12 @@ import json
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts, write_layout
-from vllm_scene_eplb.harness.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
-from vllm_scene_eplb.hash_routing import predict_hash_counts
-from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.hash_layers.hash_routing import predict_hash_counts
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.rig.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
 
 from ..conftest import require_vllm, run_ranks, skewed_counts
 
@@ -160,7 +160,7 @@ def test_the_tiny_v4_serves_end_to_end_where_the_cpu_has_v4_kernels(tmp_path):
     """A real server on a host with V4's CPU kernels: record, dump, fit, reload with the layout under
     ``static``, the same greedy answers and the audit passed. Elsewhere it says why it did not run (a
     skip, never counted as a pass)."""
-    from vllm_scene_eplb.harness.local_server import engine_args, start_server
+    from vllm_scene_eplb.rig.local_server import engine_args, start_server
 
     from ..conftest import cli, plugin_flag
 

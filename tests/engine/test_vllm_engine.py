@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.formats import read_counts, read_layout
-from vllm_scene_eplb.harness.local_server import http, start_server
+from vllm_scene_eplb.rig.local_server import http, start_server
 
 from ..conftest import bench_cli, cli, plugin_flag, require_vllm
 
@@ -265,7 +265,7 @@ def static_run(tiny_model, workdir, fitted_layout):
 def fused_model(workdir):
     """The same tiny Qwen3-MoE with its experts saved as fused 3-D tensors (``experts.gate_up_proj``
     [E, 2I, H]): vLLM's third expert loader, which maps no expert ids (the plugin reorders the tensor)."""
-    from vllm_scene_eplb.harness.tiny_model import TinyMoeSpec, make_tiny_moe
+    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
     return make_tiny_moe(workdir / "fused", TinyMoeSpec(num_experts=EXPERTS, top_k=TOP_K, num_layers=LAYERS, fused_experts=True))
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.formats import read_counts, read_layout
-from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.rig.local_server import engine_args, http, start_server
 
 from ..conftest import cli, layout_for_another_ep_size_stops_startup, plugin_flag
 

@@ -18,8 +18,8 @@ import urllib.request
 import pytest
 
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.harness.local_server import engine_args, example_connector_args, http, start_server
 from vllm_scene_eplb.protocol import StatusAnswer
+from vllm_scene_eplb.rig.local_server import engine_args, example_connector_args, http, start_server
 
 from ..conftest import cli, engine_counters, plugin_flag
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_scene_eplb.harness.local_server import engine_args, http, start_server
+from vllm_scene_eplb.rig.local_server import engine_args, http, start_server
 
 from ..conftest import plugin_flag, small_tmpfs
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_scene_eplb.runtime import metrics
+from vllm_scene_eplb.runtime.server import metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "scene-eplb-dashboard.json"
 NAME = re.compile(r"\b(scene_eplb_[a-z_]+|vllm:[a-z_:]+)")

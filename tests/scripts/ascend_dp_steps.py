@@ -20,7 +20,7 @@ import vllm_ascend.patch
 
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.runtime.export import RankRecord, export_counts
+from vllm_scene_eplb.runtime.worker.export import RankRecord, export_counts
 
 
 def runner_module():
@@ -91,7 +91,7 @@ def kv_wait(path: str) -> dict:
     from vllm_ascend.worker.worker import NPUWorker
 
     from vllm_scene_eplb.adapters.vllm_ascend import patches, worker_plugin
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
     Runner = mr.NPUModelRunner
     assert Runner.execute_model.__wrapped__ and Runner._determine_batch_execution_and_padding.__wrapped__
@@ -185,7 +185,7 @@ def graph_modes(path: str) -> dict:
     from vllm.forward_context import BatchDescriptor
 
     from vllm_scene_eplb.adapters.vllm_ascend import patches, worker_plugin
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
     Runner, dp, sizes = mr.NPUModelRunner, 4, (1, 2, 4, 8, 16)
     ITERATIONS = [[3, 1, 2, 2], [3, 1, 2, 40], [1, 1, 1, 1]]  # decode tokens per DP rank

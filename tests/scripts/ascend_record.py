@@ -31,7 +31,7 @@ def main() -> None:
     from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
     from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
     from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import CAPTURE_ATTR, AscendWorkerPlugin, _capture
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
     K, H = 2, 16
     REAL = {0: [5, 3], 1: [2, 6]}  # real tokens per DP rank, for tp = 1 and 2

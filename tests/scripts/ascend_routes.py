@@ -26,7 +26,7 @@ def main() -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     from vllm_scene_eplb.adapters.vllm_ascend.routes import AscendEndpoints
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
     extra = {"scene_eplb": {"role": "prefill", "ring_entries": 4}}
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", model_dir, "--additional-config", json.dumps(extra)])

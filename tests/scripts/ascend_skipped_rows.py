@@ -22,7 +22,7 @@ def main() -> None:
 
     from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
     from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import AscendWorkerPlugin, _capture
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
     vc = VllmConfig(model_config=ModelConfig(model=model))
     afc.set_mc2_mask(vc, "cpu")

@@ -70,7 +70,7 @@ def main() -> None:
     from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks
     from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
     from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import CAPTURE_ATTR, AscendWorkerPlugin, _capture
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
     torch.ops._C_ascend.moe_gating_top_k_hash = moe_gating_top_k_hash_standin  # type: ignore[attr-defined]  # the NPU kernel
     cfg = json.loads((Path(model) / "config.json").read_text())

@@ -28,9 +28,9 @@ def main() -> None:
     from vllm_scene_eplb.adapters.vllm_ascend import moe_hooks, moe_time
     from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import CAPTURE_ATTR, _capture
     from vllm_scene_eplb.errors import SceneEplbError
-    from vllm_scene_eplb.fitness import LiveFitness
+    from vllm_scene_eplb.live.fitness import LiveFitness
     from vllm_scene_eplb.protocol import RankLive, WorkerAnswer
-    from vllm_scene_eplb.runtime.live_poller import live_sample
+    from vllm_scene_eplb.runtime.server.live_poller import live_sample
 
     H = 16
     events = torch_npu.EVENTS

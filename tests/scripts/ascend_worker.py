@@ -17,10 +17,10 @@ def prefill_plugin(extra: dict, model_dir: str, dp_rank: int = 0, dp_size: int =
 
     from vllm_scene_eplb.adapters.vllm_ascend.rows import OwnRows
     from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import AscendWorkerPlugin
-    from vllm_scene_eplb.config import parse_config
-    from vllm_scene_eplb.model_geometry import from_hf_config
-    from vllm_scene_eplb.runtime.export import Exporter
-    from vllm_scene_eplb.runtime.observer import NullObserver
+    from vllm_scene_eplb.planning.model_geometry import from_hf_config
+    from vllm_scene_eplb.runtime.config import parse_config
+    from vllm_scene_eplb.runtime.worker.export import Exporter
+    from vllm_scene_eplb.runtime.worker.observer import NullObserver
 
     config = parse_config(extra)
     assert config is not None  # the flag is set

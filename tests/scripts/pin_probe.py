@@ -16,7 +16,7 @@ def main() -> None:
     if sys.argv[1:] == ["--where"]:
         print(json.dumps(sorted(os.sched_getaffinity(0))))
         return
-    from vllm_scene_eplb.harness.local_server import pin_host
+    from vllm_scene_eplb.rig.local_server import pin_host
 
     host = pin_host(*sys.argv[1:])
     child = subprocess.run([sys.executable, __file__, "--where"], capture_output=True, text=True, check=True)

@@ -15,8 +15,8 @@ import vllm
 
 from vllm_scene_eplb.adapters.vllm import check_engine_version, patches, register, version_supported, worker_plugin
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.worker import RecorderPlugin
+from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker.worker import RecorderPlugin
 
 
 def main() -> None:

@@ -17,10 +17,10 @@ import vllm
 
 from vllm_scene_eplb.adapters.vllm import patches, register, worker_plugin
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.layout import Geometry, Layout
-from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.replica_map import layer_maps
-from vllm_scene_eplb.runtime.worker import RecorderPlugin
+from vllm_scene_eplb.layouts.layout import Geometry, Layout
+from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker.replica_map import layer_maps
+from vllm_scene_eplb.runtime.worker.worker import RecorderPlugin
 
 
 def main() -> None:

@@ -22,12 +22,12 @@ from torch import nn
 
 from vllm_scene_eplb.adapters.vllm import register, worker_plugin
 from vllm_scene_eplb.adapters.vllm.worker_plugin import VllmWorkerPlugin
-from vllm_scene_eplb.config import parse_config
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.model_geometry import ModelGeometry
-from vllm_scene_eplb.runtime.export import Exporter
-from vllm_scene_eplb.runtime.observer import NullObserver
-from vllm_scene_eplb.runtime.replica_map import SourceRanks
+from vllm_scene_eplb.planning.model_geometry import ModelGeometry
+from vllm_scene_eplb.runtime.config import parse_config
+from vllm_scene_eplb.runtime.worker.export import Exporter
+from vllm_scene_eplb.runtime.worker.observer import NullObserver
+from vllm_scene_eplb.runtime.worker.replica_map import SourceRanks
 
 TP, DP, EXPERTS, TOP_K, VOCAB, HIDDEN, LAYERS = 4, 2, 8, 2, 64, 16, 2
 # (real tokens, rows the runner pads the step to): graph padding, a one-token decode step, a chunk

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vllm_scene_eplb.protocol import PASS_GROUP_TOKENS, TimingWindow, group_tokens, pass_group
-from vllm_scene_eplb.runtime.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
 from .test_record_window import LINEAR, _control, _passes, _server
 from .test_runtime_torch import _top_level_ops

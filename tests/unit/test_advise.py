@@ -1,5 +1,5 @@
 """The count -> time model and the go/no-go advisor against a truth it does not share: a simulated
-server (``harness.simulated``) whose passes are sampled from each layer's distribution, whose ranks
+server (``rig.simulated``) whose passes are sampled from each layer's distribution, whose ranks
 take a + b x assignments, and whose true ratio is computed on fresh passes. Advise predicts it
 from a dump at one step per entry and at 16, says skip on an even scene and on a gain that does not
 hold, and says insufficient_evidence, naming the mismatch, where its evidence does not hold."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.advise import MIN_PASSES, Setup, advise, fit_time_model, passes_per_entry, split_passes
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry, Layout
 from vllm_scene_eplb.protocol import PROVENANCE_KEYS, TimingWindow
 
 from ..advise_scene import EVEN, SKEWED, L, candidate, scene, server, write_case
@@ -255,8 +255,8 @@ def test_a_window_that_does_not_pin_the_slope_gives_the_bound_not_a_ratio():
 
 
 def _bench_result(path, throughput: float):
+    from vllm_scene_eplb.ab.results import METRICS, RESULT_FORMAT
     from vllm_scene_eplb.fileio import doc_checksum
-    from vllm_scene_eplb.harness.results import METRICS, RESULT_FORMAT
 
     doc = {
         "format": RESULT_FORMAT,

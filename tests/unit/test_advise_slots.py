@@ -1,6 +1,6 @@
 """The cost per active slot (issue 37, item 1): a rank reads the weights of every slot it computes
 for, once a pass. Against a simulated device whose ranks pay a + b x assignments + c x active slots
-(``harness.simulated``), advise fits c where the timing window carries its ranks' active slots and
+(``rig.simulated``), advise fits c where the timing window carries its ranks' active slots and
 they move apart from the assignments, prices the candidate's active slots per pass through its
 dispatch, and lands on the truth; where they move together it says c is not identified and bounds
 the ratio; without them it says c is unpriced."""
@@ -13,9 +13,9 @@ import pytest
 from vllm_scene_eplb.advise import Setup, advise
 from vllm_scene_eplb.advise.gates import MAX_WAIT_SHARE, sub_window_spread
 from vllm_scene_eplb.advise.model import SLOTS_PRICED, SLOTS_UNIDENTIFIED, fit_slot_model, fit_time_model
-from vllm_scene_eplb.harness.simulated import Device, Scene, Server, linear_setup
-from vllm_scene_eplb.layout import Geometry, Layout
+from vllm_scene_eplb.layouts.layout import Geometry, Layout
 from vllm_scene_eplb.protocol import PassGroup, TimingWindow
+from vllm_scene_eplb.rig.simulated import Device, Scene, Server, linear_setup
 
 from ..advise_scene import EP, SKEWED, E, candidate
 

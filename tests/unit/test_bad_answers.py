@@ -26,8 +26,8 @@ import pytest
 
 from vllm_scene_eplb import cli
 from vllm_scene_eplb.commands.console import Console
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.formats import write_counts
+from vllm_scene_eplb.layouts.counts import Counts
 from vllm_scene_eplb.protocol import (
     ROUTE_BY_ACTION,
     DumpAnswer,

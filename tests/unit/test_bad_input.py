@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from vllm_scene_eplb import cli
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fileio import doc_checksum
 from vllm_scene_eplb.formats import write_counts
+from vllm_scene_eplb.layouts.counts import Counts
 
 from ..conftest import skewed_counts, small_tmpfs
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.formats import write_counts
+from vllm_scene_eplb.layouts.counts import Counts
 
 from ..conftest import skewed_counts
 

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
+from vllm_scene_eplb.ab.bench import resolve_cards
+from vllm_scene_eplb.ab.compare import compare
+from vllm_scene_eplb.ab.results import NOT_OBSERVED, Scene, aggregate, read_result, summarise
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fileio import doc_checksum
-from vllm_scene_eplb.harness.bench import resolve_cards
-from vllm_scene_eplb.harness.compare import compare
-from vllm_scene_eplb.harness.results import NOT_OBSERVED, Scene, aggregate, read_result, summarise
 from vllm_scene_eplb.protocol import StatusAnswer
 
 from ..conftest import worker_status
@@ -154,7 +154,7 @@ def test_throughput_per_card_divides_by_the_cards():
 
 
 def test_the_prefill_metric_is_the_steady_one_only_where_every_run_saw_it():
-    from vllm_scene_eplb.harness.results import PREFILL_METRICS, prefill_metric
+    from vllm_scene_eplb.ab.results import PREFILL_METRICS, prefill_metric
 
     steady, whole = PREFILL_METRICS
 

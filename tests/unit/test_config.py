@@ -1,7 +1,7 @@
 import pytest
 
-from vllm_scene_eplb.config import PluginConfig, parse_config
 from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.runtime.config import PluginConfig, parse_config
 
 
 def test_absent_means_off_and_defaults_are_sane():

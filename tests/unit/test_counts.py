@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.counts import Counts, validate_count_array
 from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.layouts.counts import Counts, validate_count_array
 
 from ..conftest import skewed_counts
 

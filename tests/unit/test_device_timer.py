@@ -9,8 +9,8 @@ device timer (the timer's device part runs in ``scripts/gpu_check.sh``, on a GPU
 import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.runtime.device_timer import DeviceMoeTimer
-from vllm_scene_eplb.runtime.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker.device_timer import DeviceMoeTimer
+from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
 
 class DeviceTimerStandIn(DeviceMoeTimer):

@@ -20,7 +20,7 @@ DEADLINE_S = 3.0
 def _record(rank: int, scenario: str):
     """Rank ``rank``'s part: entries of value rank + 1 at stamps 10-13 (``offset``: rank 1 at 11-14, as
     when the start request reached its engine a step later), DP signatures of its steps."""
-    from vllm_scene_eplb.runtime.export import RankRecord
+    from vllm_scene_eplb.runtime.worker.export import RankRecord
 
     stamps = np.arange(10, 14) + (1 if scenario in ("offset", "misaligned") and rank == 1 else 0)
     signature = np.stack([stamps * 7, stamps * 3], axis=1)  # tokens per DP rank: the same for a stamp on every engine
@@ -53,7 +53,7 @@ def _free_port() -> int:
 
 
 def _worker(rank, port, dump_dir, scenario, out_dir):
-    from vllm_scene_eplb.runtime.export import Exporter, export_group
+    from vllm_scene_eplb.runtime.worker.export import Exporter, export_group
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

@@ -8,10 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.cli import main
-from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.fileio import doc_checksum
-from vllm_scene_eplb.harness.factorial import (
+from vllm_scene_eplb.ab.factorial import (
     ARMS,
     FIXED,
     SCENE_FIXED,
@@ -21,7 +18,10 @@ from vllm_scene_eplb.harness.factorial import (
     markdown,
     round_orders,
 )
-from vllm_scene_eplb.harness.results import METRICS, NOT_OBSERVED, RESULT_FORMAT
+from vllm_scene_eplb.ab.results import METRICS, NOT_OBSERVED, RESULT_FORMAT
+from vllm_scene_eplb.cli import main
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.fileio import doc_checksum
 from vllm_scene_eplb.protocol import StatusAnswer
 
 from ..conftest import worker_status
@@ -313,8 +313,8 @@ def test_compare_factorial_plan_prints_the_seeded_order(capsys):
 
 
 def test_bench_manifests_carry_what_the_factorial_checks():
-    from vllm_scene_eplb.harness.bench import manifest
-    from vllm_scene_eplb.harness.results import Scene
+    from vllm_scene_eplb.ab.bench import manifest
+    from vllm_scene_eplb.ab.results import Scene
 
     status = StatusAnswer.of_ranks([worker_status(0, server_start="abc"), worker_status(1, server_start="abc")])
     m = manifest(Scene("s", 10, 2, float("inf"), 64, 4, cards=2), status, {"model": "m"})

@@ -3,13 +3,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_scene_eplb.counts import Counts
-from vllm_scene_eplb.dispatch import static_table
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, allocate_replicas, fit, fit_map, hedge_kernel
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.layout import Geometry, linear_map, map_problems, replica_counts
-from vllm_scene_eplb.score import ideal_score, static_score
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.dispatch import static_table
+from vllm_scene_eplb.layouts.layout import Geometry, linear_map, map_problems, replica_counts
+from vllm_scene_eplb.layouts.score import ideal_score, static_score
 
 from ..conftest import skewed_counts
 
@@ -127,7 +127,7 @@ def test_fitted_static_table_balances_in_sample_on_real_counts(real_counts_paths
 
 
 def test_robust_mode_lowers_expected_per_pass_peak_on_train():
-    from vllm_scene_eplb.score import per_pass_score
+    from vllm_scene_eplb.layouts.score import per_pass_score
 
     data = skewed_counts(16, 3, 32, seed=3, tokens=64)
     g = Geometry(32, 8, 8)

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.fitness import EXPECTED_KEY, SUB_WINDOWS, DriftAlarm, LiveFitness, LiveSample, layer_scores
-from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.live.fitness import EXPECTED_KEY, SUB_WINDOWS, DriftAlarm, LiveFitness, LiveSample, layer_scores
 
 from ..conftest import skewed_counts
 
@@ -81,7 +81,7 @@ def test_watch_renders_a_heat_strip_and_the_drift_state():
 
 
 def test_live_time_carries_the_servers_provenance_and_its_recent_windows_steps():
-    from vllm_scene_eplb.measured import RankTime
+    from vllm_scene_eplb.live.measured import RankTime
     from vllm_scene_eplb.protocol import PROVENANCE_KEYS, TimingWindow
 
     said = dict(zip(PROVENANCE_KEYS, ("abc", 2, 0, "decode", "static", 16, "vllm 0.32.0", "0.1")))

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch  # the test set-up installs it: .pt is SGLang's recorder format
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import OWN_FORMAT, GeometryHint, format_name, read_counts, read_layout, write_counts, write_layout
 from vllm_scene_eplb.formats.vllm_ascend import expert_map_doc
-from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
 
 from ..conftest import skewed_counts
 

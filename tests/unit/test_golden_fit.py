@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.fit import FITTER_VERSION, FitOptions, fit
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.layout import Geometry
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
 
 from ..conftest import DATA, skewed_counts
 

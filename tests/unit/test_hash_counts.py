@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.formats import read_counts, write_counts
-from vllm_scene_eplb.harness.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
-from vllm_scene_eplb.hash_counts import apportion
-from vllm_scene_eplb.hash_routing import read_hash_tables
+from vllm_scene_eplb.hash_layers.hash_counts import apportion
+from vllm_scene_eplb.hash_layers.hash_routing import read_hash_tables
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.rig.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
 
 from ..conftest import skewed_counts
 from .test_bad_input import assert_one_line_error, run

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.harness.tiny_deepseek_v4 import TinyDeepseekV4Spec, hf_config, make_tiny_deepseek_v4, random_weights
-from vllm_scene_eplb.hash_routing import (
+from vllm_scene_eplb.hash_layers.hash_routing import (
     HashTables,
     check_histogram,
     hash_layer_counts,
@@ -22,6 +21,7 @@ from vllm_scene_eplb.hash_routing import (
     read_hash_tables,
     token_histogram,
 )
+from vllm_scene_eplb.rig.tiny_deepseek_v4 import TinyDeepseekV4Spec, hf_config, make_tiny_deepseek_v4, random_weights
 
 SPEC = TinyDeepseekV4Spec()
 

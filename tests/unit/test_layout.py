@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.layout import Geometry, Layout, linear_map, map_problems, same_rank_duplicates
+from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map, map_problems, same_rank_duplicates
 
 
 def test_geometry_counts_its_slots():

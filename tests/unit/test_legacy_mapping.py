@@ -11,7 +11,7 @@ import torch
 
 from vllm_scene_eplb.adapters.vllm import expert_loading
 from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading, ScopedMapping
-from vllm_scene_eplb.runtime.load_audit import write_problems
+from vllm_scene_eplb.runtime.worker.load_audit import write_problems
 
 from .. import loader_rig
 from ..loader_rig import V4, checkpoint, ranks_slots

@@ -1,6 +1,6 @@
-"""The load audit's judgement (runtime/load_audit.py), the source tracer that tells it which
+"""The load audit's judgement (runtime/worker/load_audit.py), the source tracer that tells it which
 checkpoint expert a written tensor came from and the audit the adapters run after a load
-(runtime/load_journal.py, plain torch), and the vLLM adapter's test-only mis-load."""
+(runtime/worker/load_journal.py, plain torch), and the vLLM adapter's test-only mis-load."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.runtime.load_audit import (
+from vllm_scene_eplb.runtime.worker.load_audit import (
     UNTRACED,
     LoadAudit,
     LoadJournal,
@@ -19,7 +19,7 @@ from vllm_scene_eplb.runtime.load_audit import (
     replicated_slots,
     write_problems,
 )
-from vllm_scene_eplb.runtime.load_journal import ExpertLoad, SourceTracer, audit, slot_fingerprints, written_tensors
+from vllm_scene_eplb.runtime.worker.load_journal import ExpertLoad, SourceTracer, audit, slot_fingerprints, written_tensors
 
 ROW = np.array([0, 1, 2, 3, 1, 3])  # 4 experts, 2 redundant slots (4 -> expert 1, 5 -> expert 3)
 SHARDS = (("w13_weight", "w1"), ("w13_weight", "w3"), ("w2_weight", "w2"))

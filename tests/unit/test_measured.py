@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.fitness import LiveFitness, LiveSample
 from vllm_scene_eplb.formats import read_counts, write_counts
-from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.measured import RankTime, SourceTraffic, fidelity, measured_scores, modelled_slot_counts, time_view
-from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.live.fitness import LiveFitness, LiveSample
+from vllm_scene_eplb.live.measured import RankTime, SourceTraffic, fidelity, measured_scores, modelled_slot_counts, time_view
+from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker.replica_map import SourceRanks, layer_maps
 
 from ..conftest import skewed_counts
 
@@ -115,7 +115,7 @@ def test_observer_times_moe_per_layer_and_steps():
 def test_the_pause_between_busy_steps_is_timed_and_an_idle_one_is_not(monkeypatch):
     """The pause from a step's end to the next one's start is what a busy step's throughput pays beside
     the step; a pause of IDLE_PAUSE_S or more is the engine waiting for work, and is left out."""
-    from vllm_scene_eplb.runtime import moe_timing
+    from vllm_scene_eplb.runtime.worker import moe_timing
 
     clock = iter([0.0, 0.05, 0.07, 0.12, 0.12 + moe_timing.IDLE_PAUSE_S + 0.1, 0.8, 0.83, 0.9])
     monkeypatch.setattr(moe_timing.time, "perf_counter", lambda: next(clock))
@@ -179,7 +179,7 @@ def test_the_live_sample_takes_every_ranks_own_rows_as_its_static_source():
     """TP=2: rank 0 counts the batch, each rank its own rows; the sample's sources are the own rows
     of every rank (span 1, row = EP rank), contributing or not, never an even split of the counts."""
     from vllm_scene_eplb.protocol import RankLive
-    from vllm_scene_eplb.runtime.live_poller import live_sample
+    from vllm_scene_eplb.runtime.server.live_poller import live_sample
 
     batch, own0 = np.array([[5, 3, 0, 2]]), np.array([[4, 0, 0, 1]])
 

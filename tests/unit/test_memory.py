@@ -5,8 +5,8 @@ import json
 import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.memory import cost_sentence, geometry_cost, read_model_memory
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.planning.memory import cost_sentence, geometry_cost, read_model_memory
 
 from ..conftest import DATA
 

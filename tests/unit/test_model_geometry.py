@@ -3,7 +3,7 @@
 import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.model_geometry import from_hf_config, read_hf_config, read_model_geometry
+from vllm_scene_eplb.planning.model_geometry import from_hf_config, read_hf_config, read_model_geometry
 
 from ..conftest import REPO
 

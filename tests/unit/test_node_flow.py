@@ -1,4 +1,4 @@
-"""The node's flow (``runtime.node_flow``, ``protocol.FlowView``): rates over the window, means and
+"""The node's flow (``runtime.server.node_flow``, ``protocol.FlowView``): rates over the window, means and
 shares per engine step, the window trimmed, and the wire object read back or refused."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.protocol import FlowView, StatusAnswer
-from vllm_scene_eplb.runtime.node_flow import FlowStep, NodeFlow
+from vllm_scene_eplb.runtime.server.node_flow import FlowStep, NodeFlow
 
 from .test_bad_answers import status
 

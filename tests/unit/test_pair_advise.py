@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from vllm_scene_eplb.ab.results import closed_loop_rate, read_vllm_result
 from vllm_scene_eplb.advise.pair import (
     MAX_DRAWS,
     MIN_DRAWS,
@@ -27,7 +28,6 @@ from vllm_scene_eplb.advise.pair import (
 )
 from vllm_scene_eplb.advise.pair import Network as Net
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.harness.results import closed_loop_rate, read_vllm_result
 from vllm_scene_eplb.protocol import FlowView, StatusAnswer
 from vllm_scene_eplb.protocol.pair import PairAdvice
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from vllm_scene_eplb.harness.local_server import cores_of
+from vllm_scene_eplb.rig.local_server import cores_of
 
 from ..conftest import run_script
 

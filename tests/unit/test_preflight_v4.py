@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from vllm_scene_eplb.formats import write_layout
-from vllm_scene_eplb.layout import Geometry, Layout, linear_map
+from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
 
 from .test_bad_input import run
 

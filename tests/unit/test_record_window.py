@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from vllm_scene_eplb.protocol import RECORD_LIVE_ACTION, RecordLive, TimingWindow
-from vllm_scene_eplb.runtime.fanout import RouteError, WorkerFanout
-from vllm_scene_eplb.runtime.live_poller import LivePoller
-from vllm_scene_eplb.runtime.worker import RecorderPlugin
+from vllm_scene_eplb.runtime.server.fanout import RouteError, WorkerFanout
+from vllm_scene_eplb.runtime.server.live_poller import LivePoller
+from vllm_scene_eplb.runtime.worker.worker import RecorderPlugin
 
 from .test_worker_answers import _carried, recorder
 

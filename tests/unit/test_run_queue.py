@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.measured import RankTime, time_view
-from vllm_scene_eplb.runtime import moe_timing
-from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.run_queue import SCHEDSTAT, RunQueueWait, parse_wait_ns
+from vllm_scene_eplb.live.measured import RankTime, time_view
+from vllm_scene_eplb.runtime.worker import moe_timing
+from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker.run_queue import SCHEDSTAT, RunQueueWait, parse_wait_ns
 
 
 def test_the_reader_takes_the_second_field_of_a_schedstat_line_and_nothing_else():

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_scene_eplb.dispatch import dynamic_tables, static_table
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.layout import Geometry, Layout
-from vllm_scene_eplb.measured import SourceTraffic, fidelity, modelled_slot_counts
-from vllm_scene_eplb.runtime.observer import RoutingObserver
-from vllm_scene_eplb.runtime.replica_map import SourceRanks, layer_maps, own_source_span, row_sources
+from vllm_scene_eplb.layouts.dispatch import dynamic_tables, static_table
+from vllm_scene_eplb.layouts.layout import Geometry, Layout
+from vllm_scene_eplb.live.measured import SourceTraffic, fidelity, modelled_slot_counts
+from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
+from vllm_scene_eplb.runtime.worker.replica_map import SourceRanks, layer_maps, own_source_span, row_sources
 
 
 def test_observer_counts_passes_once_and_skips_padding_and_dummies():

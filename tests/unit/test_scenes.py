@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.counts import Counts
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit, fit_map, fit_scenes
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.layout import Geometry
-from vllm_scene_eplb.scenes import normalise_weights, normalised_totals
-from vllm_scene_eplb.score import dispatch_score
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.layouts.scenes import normalise_weights, normalised_totals
+from vllm_scene_eplb.layouts.score import dispatch_score
 
 from ..conftest import skewed_counts
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.layout import Geometry, linear_map
-from vllm_scene_eplb.score import ideal_score
-from vllm_scene_eplb.step_cost import DEFAULT_SCORE, MACHINES, Machine, Scene, read_step_model, screen
+from vllm_scene_eplb.layouts.layout import Geometry, linear_map
+from vllm_scene_eplb.layouts.score import ideal_score
+from vllm_scene_eplb.planning.step_cost import DEFAULT_SCORE, MACHINES, Machine, Scene, read_step_model, screen
 
 from .test_bad_input import assert_one_line_error, run
 

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
+from vllm_scene_eplb.ab.stats import MIN_ROUNDS, betainc, block_effects, check_positive, t_cdf, t_quantile
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.stats import MIN_ROUNDS, betainc, block_effects, check_positive, t_cdf, t_quantile
 
 # Student t two-sided 95% (0.975 quantile) and 99% (0.995), from published tables.
 T_TABLE = {

@@ -1,4 +1,4 @@
-"""The test-only step delay (``runtime.step_delay``): off without its variable, a bad file refuses
+"""The test-only step delay (``runtime.worker.step_delay``): off without its variable, a bad file refuses
 to start, a change is read at the next step, a bad change keeps the last good delay."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.runtime.step_delay import DELAY_ENV, StepDelay, write_delay
+from vllm_scene_eplb.runtime.worker.step_delay import DELAY_ENV, StepDelay, write_delay
 
 
 def _write(path, text: str, bump: int) -> None:

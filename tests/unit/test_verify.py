@@ -1,12 +1,12 @@
-"""The acceptance checks behind deploy/ascend-910c/verify.sh (``client.verify``), on files like a server's."""
+"""The acceptance checks behind deploy/ascend-910c/verify.sh (``ab.verify``), on files like a server's."""
 
 import numpy as np
 import pytest
 
-from vllm_scene_eplb.client.verify import main, prompt_tokens
-from vllm_scene_eplb.counts import Counts
+from vllm_scene_eplb.ab.verify import main, prompt_tokens
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.formats import write_counts
+from vllm_scene_eplb.layouts.counts import Counts
 
 METRICS = """# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
 # TYPE vllm:prompt_tokens_total counter
@@ -140,7 +140,7 @@ def _record(tmp_path, mask_all_real: bool):
     plugin's observer: with the forward context's real-row mask, or with every row marked real."""
     import torch
 
-    from vllm_scene_eplb.runtime.observer import RoutingObserver
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 
     observer = RoutingObserver(2, 8, 4)
     observer.start()
@@ -209,8 +209,8 @@ def test_comm_passes_on_mc2_alone_and_fails_on_the_wrong_comm_method(tmp_path, c
 def _result(tmp_path, name, prefill):
     import json
 
+    from vllm_scene_eplb.ab.results import RESULT_FORMAT
     from vllm_scene_eplb.fileio import doc_checksum
-    from vllm_scene_eplb.harness.results import RESULT_FORMAT
 
     doc = {
         "format": RESULT_FORMAT,

@@ -8,8 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from vllm_scene_eplb.config import parse_config
-from vllm_scene_eplb.model_geometry import from_hf_config
+from vllm_scene_eplb.planning.model_geometry import from_hf_config
 from vllm_scene_eplb.protocol import (
     EXPORT_STATUS_ACTION,
     LIVE_ACTION,
@@ -19,11 +18,12 @@ from vllm_scene_eplb.protocol import (
     WorkerAnswer,
     WorkerStatus,
 )
-from vllm_scene_eplb.runtime.export import Exporter
-from vllm_scene_eplb.runtime.fanout import RouteError, WorkerFanout
-from vllm_scene_eplb.runtime.live_poller import live_sample
-from vllm_scene_eplb.runtime.observer import NullObserver
-from vllm_scene_eplb.runtime.worker import RecorderPlugin
+from vllm_scene_eplb.runtime.config import parse_config
+from vllm_scene_eplb.runtime.server.fanout import RouteError, WorkerFanout
+from vllm_scene_eplb.runtime.server.live_poller import live_sample
+from vllm_scene_eplb.runtime.worker.export import Exporter
+from vllm_scene_eplb.runtime.worker.observer import NullObserver
+from vllm_scene_eplb.runtime.worker.worker import RecorderPlugin
 
 MODEL = {"num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]}
 

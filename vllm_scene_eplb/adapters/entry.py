@@ -12,8 +12,8 @@ import functools
 import logging
 from collections.abc import Callable
 
-from ..config import plugin_enabled
 from ..errors import SceneEplbError
+from ..runtime.config import plugin_enabled
 
 logger = logging.getLogger("vllm.scene_eplb")
 _registered = False

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..counts import Counts
 from ..errors import SceneEplbError
-from ..layout import Layout
-from ..measured import fidelity
+from ..layouts.counts import Counts
+from ..layouts.layout import Layout
+from ..live.measured import fidelity
 from ..protocol import PROVENANCE_KEYS, Advice, TimingWindow
 from .model import TimeModel
 from .prediction import Prediction, cycle_ms

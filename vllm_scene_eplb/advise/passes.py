@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..counts import Counts
 from ..errors import SceneEplbError
+from ..layouts.counts import Counts
 
 DEFAULT_SEED = 0
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..counts import Counts
-from ..dispatch import static_table
 from ..errors import SceneEplbError
-from ..layout import Geometry, Layout, linear_map, replica_counts
+from ..layouts.counts import Counts
+from ..layouts.dispatch import static_table
+from ..layouts.layout import Geometry, Layout, linear_map, replica_counts
 
 
 def slot_operator(p2l: np.ndarray, geometry: Geometry, dispatch: str, static_sources, shares: np.ndarray | None):

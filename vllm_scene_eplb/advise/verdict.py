@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..counts import Counts
-from ..layout import Layout
+from ..layouts.counts import Counts
+from ..layouts.layout import Layout
 from ..protocol import Advice, TimingWindow
 from .gates import (
     MAX_WAIT_SHARE,

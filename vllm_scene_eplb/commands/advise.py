@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from ..advise import advise
 from ..client.record import answer
-from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
 from ..fileio import load_json
 from ..formats import read_counts, read_layout
-from ..memory import memory_cost
-from ..model_geometry import read_model_geometry
+from ..layouts.dispatch import DISPATCH_ALGORITHMS
+from ..planning.memory import memory_cost
+from ..planning.model_geometry import read_model_geometry
 from ..protocol import TimingWindow
 from .arguments import geometry_args, hint, model_args, model_memory, server_args
 from .console import Console
@@ -73,7 +73,7 @@ def _ab_ratio(paths: list[str] | None, role: str | None) -> float | None:
     """The primary throughput ratio B / A of two bench results of identical setups."""
     if not paths:
         return None
-    from ..harness.results import read_result
+    from ..ab.results import read_result
 
     metric = "prefill_throughput_per_card" if role == "prefill" else "output_throughput_per_card"
     values = []

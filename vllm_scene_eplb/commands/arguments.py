@@ -8,7 +8,7 @@ import os
 
 from ..errors import SceneEplbError
 from ..formats import GeometryHint
-from ..memory import KV_CACHE_DTYPES, ModelMemory, read_model_memory
+from ..planning.memory import KV_CACHE_DTYPES, ModelMemory, read_model_memory
 from .options import integer
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..client.audit import audit, status_from_log
 from ..client.record import answer
-from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
+from ..layouts.dispatch import DISPATCH_ALGORITHMS
 from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING, StartupLine, StatusAnswer
 from .arguments import server_args
 from .console import Console

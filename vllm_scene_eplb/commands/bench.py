@@ -53,8 +53,8 @@ def add_arguments(p) -> None:
 
 
 def run(args, console: Console) -> None:
-    from ..harness.bench import bench
-    from ..harness.results import Scene
+    from ..ab.bench import bench
+    from ..ab.results import Scene
 
     check_output_file(args.output)
     scene = Scene(

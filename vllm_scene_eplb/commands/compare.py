@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..ab import factorial
+from ..ab.compare import chart_png, compare, markdown
+from ..ab.results import METRICS, read_result
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_files
-from ..harness import factorial
-from ..harness.compare import chart_png, compare, markdown
-from ..harness.results import METRICS, read_result
 from .console import Console, json_safe
 from .options import check_output_dir, integer
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..counts import Counts
 from ..errors import SceneEplbError
 from ..formats import (
     COUNTS_FORMATS,
@@ -15,7 +14,8 @@ from ..formats import (
     write_counts,
     write_layout,
 )
-from ..layout import Layout
+from ..layouts.counts import Counts
+from ..layouts.layout import Layout
 from .arguments import geometry_args, hint
 from .console import Console
 from .options import check_output_file

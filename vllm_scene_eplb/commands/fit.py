@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
-from ..evaluation import evaluate
 from ..fit import OBJECTIVES, FitOptions, fit
 from ..formats import LAYOUT_FORMATS, OWN_FORMAT, dropped_table, format_name, write_layout
-from ..layout import Geometry
-from ..memory import memory_cost
-from ..model_geometry import read_model_geometry
-from ..scenes import normalise_weights
+from ..layouts.dispatch import DISPATCH_ALGORITHMS
+from ..layouts.evaluation import evaluate
+from ..layouts.layout import Geometry
+from ..layouts.scenes import normalise_weights
+from ..planning.memory import memory_cost
+from ..planning.model_geometry import read_model_geometry
 from .arguments import model_args, model_memory
 from .console import Console
 from .options import check_output_file, integer

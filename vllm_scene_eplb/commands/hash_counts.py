@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..counts import Counts
 from ..errors import SceneEplbError
 from ..formats import read_counts, write_counts
 from ..formats.counts import PREDICTED_KEY
-from ..hash_counts import fill_hash_layers, predicted_counts, prediction_meta
-from ..hash_routing import HashTables, check_histogram, model_hash_geometry, read_hash_tables, token_histogram
-from ..token_input import read_histogram, read_prompts, read_token_ids, tokenize
+from ..hash_layers.hash_counts import fill_hash_layers, predicted_counts, prediction_meta
+from ..hash_layers.hash_routing import HashTables, check_histogram, model_hash_geometry, read_hash_tables, token_histogram
+from ..hash_layers.token_input import read_histogram, read_prompts, read_token_ids, tokenize
+from ..layouts.counts import Counts
 from .console import Console
 from .options import check_output_file
 

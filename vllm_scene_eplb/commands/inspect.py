@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats import read_counts
-from ..memory import memory_cost
-from ..model_geometry import read_model_geometry
+from ..planning.memory import memory_cost
+from ..planning.model_geometry import read_model_geometry
 from .arguments import model_args, model_memory
 from .console import Console
 from .scenes import layer_notes

@@ -103,7 +103,7 @@ def _effect(args, side: str, node: NodeWindow) -> NodeEffect | None:
 
 
 def run(args, console: Console) -> None:
-    from ..harness.results import read_vllm_result
+    from ..ab.results import read_vllm_result
 
     p, d = _window(args.p_node, args.api_key, "P"), _window(args.d_node, args.api_key, "D")
     load = read_vllm_result(args.bench)

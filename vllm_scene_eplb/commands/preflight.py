@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from ..errors import SceneEplbError
 from ..formats import read_layout
-from ..layout import Geometry
-from ..memory import GIB, cost_sentence, geometry_cost, read_model_files, read_model_memory
-from ..model_geometry import ConfigFields
-from ..sizing import MIB, Recipe, fit
+from ..layouts.layout import Geometry
+from ..planning.memory import GIB, cost_sentence, geometry_cost, read_model_files, read_model_memory
+from ..planning.model_geometry import ConfigFields
+from ..planning.sizing import MIB, Recipe, fit
 from .arguments import geometry_args, hint, model_args
 from .options import integer, number
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..formats import read_layout
-from ..memory import memory_cost
-from ..report import write_report
+from ..layouts.report import write_report
+from ..planning.memory import memory_cost
 from .arguments import geometry_args, hint, model_args, model_memory
 from .console import Console
 from .options import check_output_dir

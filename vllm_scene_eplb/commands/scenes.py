@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..counts import Counts
 from ..errors import SceneEplbError
-from ..evaluation import SCORES, Evaluation, check_compatible
 from ..formats import read_counts
 from ..formats.counts import PREDICTED_KEY
+from ..layouts.counts import Counts
+from ..layouts.evaluation import SCORES, Evaluation, check_compatible
 from .console import Console
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..evaluation import evaluate
 from ..formats import read_layout
+from ..layouts.evaluation import evaluate
 from .arguments import geometry_args, hint
 from .console import Console
 from .scenes import read_scenes, scenes_payload, scenes_text

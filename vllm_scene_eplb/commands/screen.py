@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..step_cost import DEFAULT_BATCH, DEFAULT_CHUNK, DEFAULT_EP, DEFAULT_SCORE, MACHINES, ROLES, Scene, read_step_model, screen
+from ..planning.step_cost import (
+    DEFAULT_BATCH,
+    DEFAULT_CHUNK,
+    DEFAULT_EP,
+    DEFAULT_SCORE,
+    MACHINES,
+    ROLES,
+    Scene,
+    read_step_model,
+    screen,
+)
 from .arguments import pricing_args
 from .console import Console
 from .options import integer, number

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import SceneEplbError
 from ..formats import read_layout
-from ..model_geometry import read_model_geometry
+from ..planning.model_geometry import read_model_geometry
 from .arguments import geometry_args, hint
 from .console import Console
 

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..counts import Counts
 from ..fileio import canonical_json, sha256_hex
-from ..fitness import EXPECTED_KEY, expected_score
-from ..layout import Layout
-from ..scenes import check_scenes, normalise_weights, normalised_totals
+from ..layouts.counts import Counts
+from ..layouts.layout import Layout
+from ..layouts.scenes import check_scenes, normalise_weights, normalised_totals
+from ..live.fitness import EXPECTED_KEY, expected_score
 from .options import FITTER_VERSION, FitOptions
 from .several_scenes import fit_scenes
 

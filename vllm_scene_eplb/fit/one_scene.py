@@ -12,8 +12,8 @@ import functools
 
 import numpy as np
 
-from ..layout import Geometry, linear_map, replica_counts, same_rank_duplicates
-from ..score import ideal_score, per_pass_score, rank_score, static_score, static_slot_loads
+from ..layouts.layout import Geometry, linear_map, replica_counts, same_rank_duplicates
+from ..layouts.score import ideal_score, per_pass_score, rank_score, static_score, static_slot_loads
 from .options import ROBUST_KAPPAS, FitOptions, Fitted
 from .placement import place
 from .refinement import refine

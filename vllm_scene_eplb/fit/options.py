@@ -12,9 +12,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import __version__
-from ..dispatch import DISPATCH_ALGORITHMS
 from ..errors import SceneEplbError
-from ..layout import Geometry
+from ..layouts.dispatch import DISPATCH_ALGORITHMS
+from ..layouts.layout import Geometry
 
 FITTER_VERSION = f"{__version__}/fit-3"
 # How a fit on several scenes weighs them: ``mean`` balances the weighted mix (each scene normalised

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SceneEplbError
-from ..layout import Geometry
+from ..layouts.layout import Geometry
 
 
 def hedge_kernel(num_experts: int, groups: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layout import Geometry
+from ..layouts.layout import Geometry
 
 
 def _best_swaps(expert, value, holds, load, lay, m, partners):

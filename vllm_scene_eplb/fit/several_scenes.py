@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..layout import replica_counts
-from ..scenes import mix_passes, normalised_totals
-from ..score import dispatch_score
+from ..layouts.layout import replica_counts
+from ..layouts.scenes import mix_passes, normalised_totals
+from ..layouts.score import dispatch_score
 from .one_scene import fit_map, pick_per_layer
 from .options import WORST_REFIT_SHARE, FitOptions, Fitted
 from .refinement import refine

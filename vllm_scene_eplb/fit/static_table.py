@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dispatch import logical_to_physical, static_table
-from ..layout import Geometry
-from ..score import static_score, static_slot_loads
+from ..layouts.dispatch import logical_to_physical, static_table
+from ..layouts.layout import Geometry
+from ..layouts.score import static_score, static_slot_loads
 from .options import FitOptions, Fitted
 from .refinement import refine
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..counts import Counts
 from ..errors import SceneEplbError
-from ..layout import Layout
+from ..layouts.counts import Counts
+from ..layouts.layout import Layout
 from . import counts as _counts
 from . import layouts as _layouts
 from . import vllm_ascend as _vllm_ascend

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..counts import Counts, counts_digest, validate_count_array, validate_physical, validate_sources
 from ..errors import SceneEplbError
 from ..fileio import atomic_write, canonical_json, sha256_hex
+from ..layouts.counts import Counts, counts_digest, validate_count_array, validate_physical, validate_sources
 from .base import (
     FORMAT_VERSION,
     MAX_ID,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SceneEplbError
-from ..layout import Layout
+from ..layouts.layout import Layout
 from .base import FileFormat, GeometryHint, Loaded, int_map, write_json
 from .layouts import bare_layout
 

@@ -125,7 +125,7 @@ class WorkerStatus(_Answer):
     top_k: int | None
     expert_groups: int | None
     server_start: str | None  # a random id drawn when the worker started: which server start a bench run measured
-    load_audit: str | None  # what the load audit checked on this worker (runtime.load_audit), None: none ran
+    load_audit: str | None  # what the load audit checked on this worker (runtime.worker.load_audit), None: none ran
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "status answer") -> WorkerStatus:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..errors import SceneEplbError
 from ..formats import GeometryHint, read_layout
-from ..layout import Layout
-from ..model_geometry import ModelGeometry
+from ..layouts.layout import Layout
+from ..planning.model_geometry import ModelGeometry
 
 
 def ep_ranks(parallel_config) -> int:

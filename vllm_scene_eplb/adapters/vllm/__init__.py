@@ -3,7 +3,7 @@
 - ``version``: the releases it was written for, and the refusal of any other;
 - ``runtime``: this worker's plugin state (settings, layout, observer, control), a null object when off;
 - ``patches``: the vLLM functions it wraps (model build, router, CPU experts, step boundary);
-- ``routes``: the ``vllm.endpoint_plugins`` entry point (``runtime.http_routes`` on vLLM 0.32's API server);
+- ``routes``: the ``vllm.endpoint_plugins`` entry point (``runtime.server.http_routes`` on vLLM 0.32's API server);
 - ``cpu_moe``: CPU experts that compute only the assignments routed to local slots.
 """
 

@@ -14,8 +14,8 @@ checkpoint expert ``row[p]``, the redundant slots included):
    as slot e <- expert e without a mapping: the tensor is reordered by the row first.
 
 Every expert write goes through ``RoutedExperts.weight_loader``, where the journal records the slot,
-the weight, the shard and the checkpoint expert the written tensor came from (``runtime.load_journal``:
-the tracer, the journal and the audit every engine shares). ``runtime.load_audit`` judges it.
+the weight, the shard and the checkpoint expert the written tensor came from (``runtime.worker.load_journal``:
+the tracer, the journal and the audit every engine shares). ``runtime.worker.load_audit`` judges it.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import SceneEplbError
-from ...runtime import load_journal
-from ...runtime.load_audit import LoadAudit
-from ...runtime.load_journal import EXPERT_INDEX, ExpertLoad
+from ...runtime.worker import load_journal
+from ...runtime.worker.load_audit import LoadAudit
+from ...runtime.worker.load_journal import EXPERT_INDEX, ExpertLoad
 
 # test-only: "LAYER:SLOT_A:SLOT_B" makes the loaders swap the experts of two slots of LAYER (a loader
 # bug on purpose, which the audit must refuse; every expert is still loaded somewhere)

@@ -1,7 +1,7 @@
 """The node's flow from vLLM 0.32's own per-step stats: a stat logger the routes append to the API
 server's ``StatLoggerManager`` (only under the plugin's flag, never as a ``vllm.stat_logger_plugins``
 entry point, which would turn vLLM's stats on for servers without the flag). Each ``record`` is one
-engine step's ``SchedulerStats`` and ``IterationStats``, read into a ``runtime.node_flow.FlowStep``."""
+engine step's ``SchedulerStats`` and ``IterationStats``, read into a ``runtime.server.node_flow.FlowStep``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Any
 
-from ...runtime.node_flow import FlowStep, NodeFlow
+from ...runtime.server.node_flow import FlowStep, NodeFlow
 
 logger = logging.getLogger("vllm.scene_eplb")
 

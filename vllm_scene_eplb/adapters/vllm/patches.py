@@ -45,12 +45,12 @@ import functools
 import inspect
 from collections.abc import Callable
 
-from ...config import parse_config, plugin_enabled
 from ...errors import SceneEplbError
-from ...model_geometry import from_hf_config
-from ...runtime import load_journal
+from ...planning.model_geometry import from_hf_config
+from ...runtime.config import parse_config, plugin_enabled
 from ...runtime.layout_check import ep_ranks
-from ...runtime.step_delay import StepDelay
+from ...runtime.worker import load_journal
+from ...runtime.worker.step_delay import StepDelay
 from . import expert_loading, worker_plugin
 
 

@@ -1,12 +1,12 @@
 """The ``vllm.endpoint_plugins`` entry point of vLLM 0.32: the recorder routes and live fitness
-(``runtime.http_routes``, ``runtime.live_poller``), reaching every worker of every DP engine through each engine core."""
+(``runtime.server.http_routes``, ``runtime.server.live_poller``), reaching every worker of every DP engine through each engine core."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...runtime.fanout import CONTROL
-from ...runtime.http_routes import SceneEplbEndpoints
+from ...runtime.server.fanout import CONTROL
+from ...runtime.server.http_routes import SceneEplbEndpoints
 from .version import check_engine_version
 
 

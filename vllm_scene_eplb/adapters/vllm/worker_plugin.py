@@ -13,17 +13,17 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from ...config import kv_role_of, parse_config
 from ...errors import SceneEplbError
-from ...layout import Layout
-from ...model_geometry import ModelGeometry, from_hf_config
+from ...layouts.layout import Layout
+from ...planning.model_geometry import ModelGeometry, from_hf_config
 from ...protocol import startup_line
-from ...runtime.export import Exporter, group_maker
-from ...runtime.interfaces import LayerCapture, WorkerPlugin
+from ...runtime.config import kv_role_of, parse_config
 from ...runtime.layout_check import layout_for_server
-from ...runtime.observer import NullObserver
-from ...runtime.replica_map import SourceRanks, own_source_span
-from ...runtime.worker import NullPlugin, RecorderPlugin
+from ...runtime.worker.export import Exporter, group_maker
+from ...runtime.worker.interfaces import LayerCapture, WorkerPlugin
+from ...runtime.worker.observer import NullObserver
+from ...runtime.worker.replica_map import SourceRanks, own_source_span
+from ...runtime.worker.worker import NullPlugin, RecorderPlugin
 from ..drafter import moe_drafter
 from .expert_loading import ExpertLoading, audit_load
 from .sequence_parallel import ShardRows, shard_rows_of
@@ -119,7 +119,7 @@ class VllmWorkerPlugin(RecorderPlugin):
         """Attach the observer, the replica maps and the checks to the loaded model."""
         from vllm import envs
 
-        from ...runtime.replica_map import layer_maps  # torch: imported once the engine runs
+        from ...runtime.worker.replica_map import layer_maps  # torch: imported once the engine runs
 
         runners = moe_runners(model_runner.model)
         self.check_moe_layers([int(r.layer_id) for r in runners])
@@ -207,7 +207,7 @@ def _capture_chunk(observer: LayerCapture, moe_idx: int, shard: ShardRows, slots
 def attach_moe_timer(observer, runners: list, device) -> None:
     """``time_moe``: time each MoE layer's local expert computation (its fused experts' ``apply``,
     between dispatch and combine). On CPU the local-only expert op times itself (host wall clock); on
-    CUDA device timestamps around ``apply`` (``runtime.device_timer``), which CUDA graphs replay."""
+    CUDA device timestamps around ``apply`` (``runtime.worker.device_timer``), which CUDA graphs replay."""
     experts = [fused_experts_of(r) for r in runners]
     for r, e in zip(runners, experts):
         if e is None:
@@ -218,7 +218,7 @@ def attach_moe_timer(observer, runners: list, device) -> None:
         return
     if len({id(e) for e in experts}) != len(experts):
         raise SceneEplbError("time_moe: MoE layers share one fused-experts object, so their times cannot be told apart")
-    from ...runtime.device_timer import DeviceMoeTimer
+    from ...runtime.worker.device_timer import DeviceMoeTimer
 
     try:
         timer = DeviceMoeTimer(len(runners), device)  # before any graph capture: replays keep its buffers

@@ -13,7 +13,7 @@ parameters): each write is journalled with its layer, global slot (``ep_rank x l
 map's local slot``), parameter, shard and the checkpoint expert its tensor came from (the tracer on
 vLLM's default model loader). ``audit_layers`` runs after the load (``worker_plugin.bind``): every
 slot of this rank written once per weight and shard from the expert the layout names, then every
-replica against its expert's first slot on every EP rank (``runtime.load_journal``). A layout that
+replica against its expert's first slot on every EP rank (``runtime.worker.load_journal``). A layout that
 puts two replicas of one expert on one rank fails it: vLLM-Ascend's expert map keeps one local slot
 per expert, and the other is never written. Layout runs only: a collection run loads by vLLM-Ascend's
 own split, which the plugin does not touch.
@@ -25,9 +25,9 @@ import importlib
 
 import numpy as np
 
-from ...runtime import load_journal
-from ...runtime.load_audit import LoadAudit
-from ...runtime.load_journal import ExpertLoad, Load
+from ...runtime.worker import load_journal
+from ...runtime.worker.load_audit import LoadAudit
+from ...runtime.worker.load_journal import ExpertLoad, Load
 from .moe_hooks import FUSED_MOE_MODULE
 
 LOADER = "AscendFusedMoE.weight_loader (the expert map of expert_map_path)"

@@ -1,4 +1,4 @@
-"""The recorder routes and live fitness (``runtime.http_routes``, ``runtime.live_poller``) on vLLM 0.23's API server.
+"""The recorder routes and live fitness (``runtime.server.http_routes``, ``runtime.server.live_poller``) on vLLM 0.23's API server.
 
 vLLM 0.23 has no endpoint plugins: ``attach_to_api_server`` wraps the server module's ``build_app``
 (the routes join the app) and ``init_app_state`` (they get the engine client). Every worker of
@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from ...runtime.fanout import CONTROL
-from ...runtime.http_routes import SceneEplbEndpoints
+from ...runtime.server.fanout import CONTROL
+from ...runtime.server.http_routes import SceneEplbEndpoints
 from .version import check_versions
 
 WRAPPED = "__scene_eplb_original__"

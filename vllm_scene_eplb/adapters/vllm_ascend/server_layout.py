@@ -7,10 +7,10 @@ this module, never back up.
 
 from __future__ import annotations
 
-from ...config import require_config
 from ...errors import SceneEplbError
-from ...layout import Layout
-from ...model_geometry import from_hf_config
+from ...layouts.layout import Layout
+from ...planning.model_geometry import from_hf_config
+from ...runtime.config import require_config
 from ...runtime.layout_check import ep_ranks, layout_for_server
 
 

@@ -29,11 +29,11 @@ import functools
 import logging
 from pathlib import Path
 
-from ...config import kv_role_of, parse_config, plugin_enabled, require_config
 from ...errors import SceneEplbError
 from ...formats import write_layout
-from ...layout import Layout
-from ...model_geometry import from_hf_config
+from ...layouts.layout import Layout
+from ...planning.model_geometry import from_hf_config
+from ...runtime.config import kv_role_of, parse_config, plugin_enabled, require_config
 from ...runtime.layout_check import layout_for_server
 from ..drafter import moe_drafter
 from . import expert_loading, moe_hooks, patches

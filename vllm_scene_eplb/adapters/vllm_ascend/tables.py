@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...dispatch import dynamic_tables, static_table
 from ...errors import SceneEplbError
-from ...layout import Geometry, Layout, replica_counts
+from ...layouts.dispatch import dynamic_tables, static_table
+from ...layouts.layout import Geometry, Layout, replica_counts
 
 
 def rank_expert_maps(layout: Layout) -> np.ndarray:

@@ -18,14 +18,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...config import kv_role_of, parse_config
-from ...model_geometry import from_hf_config
+from ...planning.model_geometry import from_hf_config
 from ...protocol import COMM_METHOD_LINE, NativeCounts, WorkerAnswer, startup_line
-from ...runtime.export import Exporter, group_maker
-from ...runtime.interfaces import LayerCapture, WorkerPlugin
-from ...runtime.load_journal import ExpertLoad
-from ...runtime.observer import NullObserver
-from ...runtime.worker import NullPlugin, RecorderPlugin
+from ...runtime.config import kv_role_of, parse_config
+from ...runtime.worker.export import Exporter, group_maker
+from ...runtime.worker.interfaces import LayerCapture, WorkerPlugin
+from ...runtime.worker.load_journal import ExpertLoad
+from ...runtime.worker.observer import NullObserver
+from ...runtime.worker.worker import NullPlugin, RecorderPlugin
 from . import moe_time
 from .dynamic import virtual_ids_for
 from .expert_loading import audit_layers

@@ -1,0 +1,4 @@
+"""The layout core and the counts it is fitted to (numpy and the standard library, no torch, no
+engine): ``counts``, ``layout`` (map, geometry, validation), ``dispatch`` (static and dynamic
+tables), ``score``, ``evaluation`` (the one score table), ``scenes`` (several counts files in one
+fit) and ``report``."""

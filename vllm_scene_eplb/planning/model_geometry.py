@@ -1,0 +1,296 @@
+"""MoE geometry of a Hugging Face model config (config.json): which layers are MoE, how many experts,
+how they are routed (top-k, routing groups); and the shapes the preflight's bytes and the screen's
+FLOPs are priced from: DeepSeek-V2/V3's MLA (``MlaShape``) and DeepSeek-V4's compressed sparse
+attention (``V4Shape``), one reader for both (``attention_shape``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from ..errors import SceneEplbError
+from ..fileio import load_json
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """The parts of a model a layout must match (layer count, MoE layers, expert count) and how
+    its router picks experts: ``top_k`` per token, from ``expert_groups`` routing groups
+    (DeepSeek-V3's ``n_group`` = 8; 1 = no groups), which the fitter's group hedge uses; and the
+    ``hash_layers``, MoE layers that route by a table on the token id instead of by scores
+    (DeepSeek-V4's first ``num_hash_layers``: their load is a function of the tokens alone).
+
+    DeepSeek-V4-Flash: ``ModelGeometry(43, (0, ..., 42), 256, top_k=6, expert_groups=1, hash_layers=(0, 1, 2))``.
+    """
+
+    num_layers: int
+    moe_layers: tuple[int, ...]
+    num_experts: int
+    top_k: int | None = None
+    expert_groups: int = 1
+    hash_layers: tuple[int, ...] = ()
+
+    def routing(self) -> dict:
+        """What a counts file records of the router: top_k and expert_groups."""
+        return {"top_k": self.top_k, "expert_groups": self.expert_groups}
+
+
+_MISSING = object()
+MAX_CONFIG_INT = 1 << 40  # any size in a model config stays far below this
+
+
+class ConfigFields:
+    """Typed reads of a model config's fields: each names the field and the file when it is missing
+    or has the wrong type or range (a JSON null counts as absent)."""
+
+    def __init__(self, cfg: dict, path: str | None):
+        self.cfg, self.path = cfg, path
+
+    def _fail(self, key: str, want: str) -> SceneEplbError:
+        return SceneEplbError(f"config {key} must be {want}, got {self.cfg.get(key)!r}", self.path)
+
+    def has(self, key: str) -> bool:
+        return self.cfg.get(key) is not None
+
+    def integer(self, key: str, low: int, default=_MISSING, high: int = MAX_CONFIG_INT):
+        """An integer in [low, high]; ``default`` when absent (required without one)."""
+        value = self.cfg.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise SceneEplbError(f"config has no {key}", self.path)
+            return default
+        if type(value) is not int or not low <= value <= high:
+            raise self._fail(key, f"an integer in [{low}, {high}]")
+        return value
+
+    def int_list(self, key: str, low: int = 0) -> list[int]:
+        """A list of integers >= low (empty when absent)."""
+        value = self.cfg.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(type(v) is int and v >= low for v in value):
+            raise self._fail(key, f"a list of integers >= {low}")
+        return value
+
+    def text(self, key: str, default: str) -> str:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._fail(key, "a string")
+        return value
+
+    def obj(self, key: str) -> dict | None:
+        """A JSON object, or None when absent."""
+        value = self.cfg.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise self._fail(key, "a JSON object")
+        return value
+
+
+def text_config(cfg: dict, path: str | None) -> dict:
+    """The language model's part of a config: ``text_config`` when there is one (multimodal models)."""
+    inner = ConfigFields(cfg, path).obj("text_config")
+    return cfg if inner is None else inner
+
+
+def _moe_layers(f: ConfigFields, num_layers: int) -> tuple[int, ...]:
+    if f.has("first_k_dense_replace"):  # DeepSeek-V2/V3 family
+        freq = f.integer("moe_layer_freq", 1, default=1)
+        k = f.integer("first_k_dense_replace", 0)
+        return tuple(i for i in range(num_layers) if i >= k and i % freq == 0)
+    step = f.integer("decoder_sparse_step", 1, default=1)  # Qwen2/3-MoE family
+    dense = set(f.int_list("mlp_only_layers"))
+    return tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+
+
+def from_hf_config(cfg: dict, path: str | None = None) -> ModelGeometry:
+    """Read the MoE geometry from a config dict (a model directory's config.json)."""
+    f = ConfigFields(text_config(cfg, path), path)
+    key = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts") if f.has(k)), None)
+    if key is None:
+        raise SceneEplbError("config has no MoE expert count (n_routed_experts / num_experts / num_local_experts)", path)
+    experts = f.integer(key, 1, high=1 << 16)
+    layers = f.integer("num_hidden_layers", 1, high=1 << 16)
+    top_k = f.integer("num_experts_per_tok", 1, default=None, high=experts)
+    groups = f.integer("n_group", 1, default=1, high=experts)
+    if experts % groups:
+        raise SceneEplbError(f"config n_group {groups} does not divide {experts} experts", path)
+    moe_layers = _moe_layers(f, layers)
+    if not moe_layers:
+        raise SceneEplbError(f"config describes no MoE layer among its {layers} layers", path)
+    return ModelGeometry(layers, moe_layers, experts, top_k, groups, _hash_layers(f, moe_layers))
+
+
+def _hash_layers(f: ConfigFields, moe_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """DeepSeek-V4's hash-routed MoE layers: the first ``num_hash_layers`` model layers (vLLM's
+    ``extract_layer_index(prefix) < config.num_hash_layers``), each of them a MoE layer."""
+    n = f.integer("num_hash_layers", 0, default=0, high=len(moe_layers))
+    hashed = tuple(range(n))
+    if not set(hashed) <= set(moe_layers):
+        raise SceneEplbError(f"config num_hash_layers {n} names layers that are not MoE layers {list(moe_layers)}", f.path)
+    return hashed
+
+
+def _config_key(key: str, low: int = 1, default: int | None = None):
+    """A dataclass field read from the config field ``key``: an integer >= ``low`` (``default``
+    when absent; required without one)."""
+    return field(metadata={"key": key, "low": low, "default": _MISSING if default is None else default})
+
+
+def _read_keys(cls, f: ConfigFields) -> dict:
+    """Every ``_config_key`` field of the dataclass ``cls`` read from ``f``."""
+    return {x.name: f.integer(x.metadata["key"], x.metadata["low"], x.metadata["default"]) for x in fields(cls) if x.metadata}
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """The shapes of a DeepSeek-style model with MLA attention (DeepSeek-V2/V3's config field names),
+    read once (``attention_shape``) so that every price of its weights and work reads the same
+    fields the same way."""
+
+    hidden: int = _config_key("hidden_size")
+    vocab: int = _config_key("vocab_size")
+    layers: int = _config_key("num_hidden_layers")
+    dense_layers: int = _config_key("first_k_dense_replace", 0, 0)  # leading layers with a dense MLP
+    heads: int = _config_key("num_attention_heads")
+    q_lora: int = _config_key("q_lora_rank")  # the query's low-rank latent
+    kv_lora: int = _config_key("kv_lora_rank")  # the compressed KV latent the cache keeps
+    qk_nope: int = _config_key("qk_nope_head_dim")  # per head, the query/key part without rotary embedding
+    qk_rope: int = _config_key("qk_rope_head_dim", 0)  # per head, the rotary part (one shared key per token)
+    v_head: int = _config_key("v_head_dim")
+    experts: int = _config_key("n_routed_experts")
+    shared: int = _config_key("n_shared_experts", 0, 0)
+    intermediate: int = _config_key("intermediate_size")  # a dense layer's MLP
+    moe_intermediate: int = _config_key("moe_intermediate_size")  # one expert's MLP
+
+
+V4_RATIOS = (0, 4, 128)  # the compress ratios vLLM's DeepSeek-V4 builds (0: sliding window only)
+
+
+@dataclass(frozen=True)
+class V4Shape:
+    """The shapes of a DeepSeek-V4 model (vLLM's V4 field names): one KV head of ``head_dim`` that is
+    both key and value, a sliding window on every layer and, per layer, ``compress_ratios``: 0 the
+    window only, 4 KV compressed 4:1 with an indexer keeping ``index_topk`` entries per query, 128
+    compressed 128:1 and attended in full; the output projection grouped (``o_groups`` x
+    ``o_lora``); the residual stream ``hc_mult`` x hidden (hyper-connections)."""
+
+    hidden: int = _config_key("hidden_size")
+    vocab: int = _config_key("vocab_size")
+    layers: int = _config_key("num_hidden_layers")
+    heads: int = _config_key("num_attention_heads")
+    head_dim: int = _config_key("head_dim")  # the one KV head's size, rope included
+    qk_rope: int = _config_key("qk_rope_head_dim", 0)
+    q_lora: int = _config_key("q_lora_rank")
+    o_groups: int = _config_key("o_groups")
+    o_lora: int = _config_key("o_lora_rank")
+    window: int = _config_key("sliding_window")
+    index_heads: int = _config_key("index_n_heads")
+    index_head_dim: int = _config_key("index_head_dim")
+    index_topk: int = _config_key("index_topk")
+    hc_mult: int = _config_key("hc_mult", 1, 1)
+    experts: int = _config_key("n_routed_experts")
+    shared: int = _config_key("n_shared_experts", 0, 0)
+    moe_intermediate: int = _config_key("moe_intermediate_size")
+    mtp_layers: int = _config_key("num_nextn_predict_layers", 0, 0)
+    compress_ratios: tuple[int, ...] = ()  # one per model layer (an entry past them, the MTP layer's, is not read)
+
+    def __post_init__(self) -> None:
+        if self.heads % self.o_groups:
+            raise SceneEplbError(f"config o_groups {self.o_groups} does not divide num_attention_heads {self.heads}")
+        if len(self.compress_ratios) != self.layers:
+            raise SceneEplbError(f"config compress_ratios names {len(self.compress_ratios)} of {self.layers} layers")
+
+    def layers_at(self, ratio: int) -> int:
+        """How many model layers have compress ratio ``ratio``."""
+        return self.compress_ratios.count(ratio)
+
+    @staticmethod
+    def overlap(ratio: int) -> int:
+        """The compressor's overlap factor (vLLM's ``coff``): 2 at ratio 4 (overlapping windows), else 1."""
+        return 2 if ratio == 4 else 1
+
+    def attention_linears(self, ratio: int) -> tuple[Linear, ...]:
+        """A layer's attention weights at compress ratio ``ratio`` as vLLM 0.32's ``DeepseekV4Attention``
+        builds them: wq_a and wkv fused and replicated, wq_b and the grouped wo_a column-parallel, wo_b
+        row-parallel; at ratio > 1 the compressor's wkv and wgate (replicated, unquantised); at ratio 4
+        the indexer's wq_b (replicated), weights_proj and compressor (replicated, unquantised)."""
+        h, hd = self.hidden, self.head_dim
+        linears = [
+            Linear("wq_a+wkv", self.q_lora + hd, h, quantized=True, sharded=False),
+            Linear("wq_b", self.heads * hd, self.q_lora, quantized=True, sharded=True),
+            Linear("wo_a", self.o_groups * self.o_lora, self.heads * hd // self.o_groups, quantized=True, sharded=True),
+            Linear("wo_b", h, self.o_groups * self.o_lora, quantized=True, sharded=True),
+        ]
+        if ratio > 1:
+            linears.append(Linear("compressor", 2 * self.overlap(ratio) * hd, h, quantized=False, sharded=False))
+        if ratio == 4:
+            ih = self.index_heads * self.index_head_dim
+            linears += [
+                Linear("indexer wq_b", ih, self.q_lora, quantized=True, sharded=False),
+                Linear("indexer weights_proj", self.index_heads, h, quantized=False, sharded=False),
+                Linear("indexer compressor", 2 * 2 * self.index_head_dim, h, quantized=False, sharded=False),
+            ]
+        return tuple(linears)
+
+    @property
+    def hc_weights(self) -> int:
+        """One layer's hyper-connection mixing weights (float32): attention's and the MLP's, each
+        (2 + hc_mult) x hc_mult rows over the hc_mult x hidden residual stream."""
+        return 2 * (2 + self.hc_mult) * self.hc_mult * self.hc_mult * self.hidden
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One weight of a layer: [rows, cols], quantised with the checkpoint's linear format or kept
+    in the model dtype, and split over TP ranks or replicated on each."""
+
+    name: str
+    rows: int
+    cols: int
+    quantized: bool
+    sharded: bool
+
+    @property
+    def weights(self) -> int:
+        return self.rows * self.cols
+
+
+def attention_shape(cfg: dict, path: str | None, what: str = "this tool") -> MlaShape | V4Shape:
+    """The shape of a config's text model: ``V4Shape`` with ``compress_ratios``, ``MlaShape`` with
+    ``kv_lora_rank``; ``what`` names the reader in the error for any other attention."""
+    f = ConfigFields(text_config(cfg, path), path)
+    if f.has("compress_ratios"):
+        layers = f.integer("num_hidden_layers", 1)
+        ratios = f.int_list("compress_ratios")
+        if len(ratios) < layers or not set(ratios[:layers]) <= set(V4_RATIOS):
+            raise f._fail("compress_ratios", f"a list of one of {V4_RATIOS} per layer ({layers})")
+        try:
+            return V4Shape(**_read_keys(V4Shape, f), compress_ratios=tuple(ratios[:layers]))
+        except SceneEplbError as exc:
+            raise SceneEplbError(exc.problem, path) from None
+    if not f.has("kv_lora_rank"):
+        raise SceneEplbError(
+            f"{what} prices MLA attention (DeepSeek's kv_lora_rank) or DeepSeek-V4's compressed attention (compress_ratios) only",
+            path,
+        )
+    return MlaShape(**_read_keys(MlaShape, f))
+
+
+def read_hf_config(path: str | os.PathLike) -> tuple[dict, Path]:
+    """A model directory's (or a config.json file's) config as a dict, and the file it came from."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    cfg = load_json(path, "model config")
+    if not isinstance(cfg, dict):
+        raise SceneEplbError("model config is not a JSON object", path)
+    return cfg, path
+
+
+def read_model_geometry(path: str | os.PathLike) -> ModelGeometry:
+    """Model geometry from a model directory or its config.json."""
+    cfg, path = read_hf_config(path)
+    return from_hf_config(cfg, str(path))

@@ -1,0 +1,147 @@
+"""Live fitness in the API server: with ``scene_eplb.live_counts`` on, a background task reads every
+rank's cumulative live counts (``protocol.RankLive``) each ``live_window_s``, sums the ranks that
+count each token once, scores the window with the loaded layout and dispatch
+(``fitness.LiveFitness``), logs the drift alarm's changes, sets the gauges on ``/metrics``
+(``metrics``) and holds the status route's ``live`` object (``protocol.LiveAnswer``). When a record
+stops it also takes that record's own window (``record``): every rank's counts as it started and
+stopped, so the timing ``advise`` prices the dump with covers exactly the dump's passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from ...errors import SceneEplbError
+from ...formats import GeometryHint, read_layout
+from ...live.fitness import LiveFitness, LiveSample
+from ...live.measured import RankGroups, RankTime, SourceTraffic
+from ...protocol import LIVE_ACTION, PROVENANCE_KEYS, RECORD_LIVE_ACTION, LiveAnswer, RankLive, RecordLive, StatusAnswer
+from ..config import PluginConfig
+from . import metrics
+from .fanout import RouteError, WorkerFanout
+from .node_flow import NodeFlow
+
+logger = logging.getLogger("vllm.scene_eplb")
+
+
+class LivePoller:
+    """The live-fitness poller of one API server: ``start`` its task; ``answer`` is the last window's
+    live object (None before the first window)."""
+
+    def __init__(self, fanout: WorkerFanout, config: PluginConfig):
+        self.fanout, self.config = fanout, config
+        self.live: LiveFitness | None = None
+        self.answer: LiveAnswer | None = None
+        self._task: asyncio.Task | None = None
+        self.flow: NodeFlow | None = None  # the node's flow, given each window's busy time (set by the routes)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="scene-eplb-live")
+
+    async def _loop(self) -> None:
+        """Every window: read, score, alarm, publish. Never raises: a missed window is logged and skipped."""
+        window = self.config.live_window_s
+        while True:
+            await asyncio.sleep(window)
+            try:
+                await self.window(window)
+            except (RouteError, SceneEplbError) as exc:
+                logger.warning("scene-eplb: live fitness window skipped: %s", exc)
+            except Exception:  # noqa: BLE001 - the poller must outlive any one bad window
+                logger.exception("scene-eplb: live fitness window failed")
+
+    async def window(self, window: float) -> None:
+        """One window: every rank's counts, scored, its alarm logged when it changes, published."""
+        sample = live_sample(await self.fanout.all_ok(LIVE_ACTION, RankLive.from_wire, timeout=window))
+        if self.live is None:
+            self.live = await self._view(sample.logical.shape[1])
+        now = time.monotonic()
+        line = self.live.observe(sample, now)
+        if self.flow is not None and self.live.step_seconds is not None and self.live.window_seconds > 0:
+            self.flow.observe_busy(now, self.live.step_seconds, self.live.window_seconds)
+        if line:
+            (logger.warning if self.live.alarm.drift else logger.info)("%s", line)
+        self.answer = self._publish(self.live)
+        metrics.publish(self.answer, self.config.live_per_layer_metrics)
+
+    async def record(self, action: str) -> None:
+        """After a record's ``start`` (its predecessor's window is dropped) or ``stop`` (its own
+        window is taken). Never raises: the record itself stands, the status says ``record_time`` null."""
+        try:
+            window = None
+            if action == "stop":
+                spans = await self.fanout.all_ok(RECORD_LIVE_ACTION, RecordLive.from_wire)
+                window = live_sample([s.stop for s in spans]).since(live_sample([s.start for s in spans]))
+                if self.live is None:
+                    self.live = await self._view(window.logical.shape[1])
+            if self.live is not None:
+                self.live.record(window)
+                self.answer = self._publish(self.live)
+        except (RouteError, SceneEplbError) as exc:
+            logger.warning("scene-eplb: the record's own timing window was not taken: %s", exc)
+            if self.live is not None:
+                self.live.record(None)
+            if self.answer is not None:
+                self.answer = replace(self.answer, record_time=None)
+
+    async def _view(self, num_experts: int) -> LiveFitness:
+        """The live view of what this server loaded (its layout, or the linear one), from rank 0's status."""
+        st = StatusAnswer.of_ranks(await self.fanout.statuses()).status
+        layout = None
+        if st.layout_path:
+            layout = read_layout(st.layout_path, GeometryHint(ep_size=st.ep_size, num_experts=num_experts))
+        return LiveFitness.for_server(
+            layout,
+            num_experts,
+            st.ep_size,
+            st.dispatch,
+            st.moe_layers,
+            self.config.drift_margin,
+            self.config.drift_windows,
+            provenance={k: getattr(st, k) for k in PROVENANCE_KEYS},
+        )
+
+    @staticmethod
+    def _publish(live: LiveFitness) -> LiveAnswer:
+        """The live object the status serves, read back through its own reader as a client will read
+        it: one that would not read back (a NaN) is refused here, and the last good one stays served."""
+        return LiveAnswer.from_wire(live.to_wire(), "the live fitness of this server")
+
+
+def live_sample(ranks: Sequence[RankLive]) -> LiveSample:
+    """One cumulative sample from every rank's live answer: counts of the ranks that count each token
+    once (logical, physical where every such rank has them), the sources (every rank's counts of the
+    rows it routes itself: the traffic of its EP rank's static table row), every rank's timing."""
+    counting = sorted((a for a in ranks if a.contributes), key=lambda a: a.ep_rank)
+    logical = np.sum([np.asarray(a.counts, dtype=np.int64) for a in counting], axis=0)
+    physical = None
+    if all(a.physical is not None for a in counting):
+        physical = np.sum([np.asarray(a.physical, dtype=np.int64) for a in counting], axis=0)
+    ranked = sorted(ranks, key=lambda a: a.ep_rank)
+    sources: tuple[SourceTraffic, ...] = ()
+    if all(a.own_counts is not None for a in ranked):
+        sources = tuple(SourceTraffic(a.ep_rank, 1, np.asarray(a.own_counts, dtype=np.int64)) for a in ranked)
+    times: tuple[RankTime, ...] = ()
+    if all(a.moe_seconds is not None for a in ranked):
+        times = tuple(
+            RankTime(
+                np.asarray(a.moe_seconds, dtype=np.float64),
+                a.moe_passes,
+                a.steps,
+                a.step_seconds,
+                a.step_moe_seconds,
+                a.gap_seconds,
+                a.gaps,
+                a.wait_seconds,
+                None if a.active_slots is None else np.asarray(a.active_slots, dtype=np.int64),
+                None if a.groups is None else RankGroups.of(a.groups),
+            )
+            for a in ranked
+        )
+    return LiveSample(logical, sum(a.passes for a in counting), physical, sources, times)
