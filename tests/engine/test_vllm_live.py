@@ -22,9 +22,9 @@ import pytest
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts, write_layout
 from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.expected import EXPECTED_KEY
 from vllm_scene_eplb.layouts.layout import Geometry
 from vllm_scene_eplb.layouts.score import rank_score
-from vllm_scene_eplb.live.fitness import EXPECTED_KEY
 from vllm_scene_eplb.live.measured import SourceTraffic, fidelity, modelled_slot_counts
 from vllm_scene_eplb.rig.local_server import engine_args, http, start_server
 from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe

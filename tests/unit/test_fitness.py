@@ -5,8 +5,9 @@ import pytest
 
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.expected import EXPECTED_KEY, layer_scores
 from vllm_scene_eplb.layouts.layout import Geometry
-from vllm_scene_eplb.live.fitness import EXPECTED_KEY, SUB_WINDOWS, DriftAlarm, LiveFitness, LiveSample, layer_scores
+from vllm_scene_eplb.live.fitness import SUB_WINDOWS, DriftAlarm, LiveFitness, LiveSample
 
 from ..conftest import skewed_counts
 

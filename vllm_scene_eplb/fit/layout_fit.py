@@ -13,9 +13,9 @@ import numpy as np
 
 from ..fileio import canonical_json, sha256_hex
 from ..layouts.counts import Counts
+from ..layouts.expected import EXPECTED_KEY, expected_score
 from ..layouts.layout import Layout
 from ..layouts.scenes import check_scenes, normalise_weights, normalised_totals
-from ..live.fitness import EXPECTED_KEY, expected_score
 from .options import FITTER_VERSION, FitOptions
 from .several_scenes import fit_scenes
 

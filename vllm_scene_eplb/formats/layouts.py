@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import SceneEplbError
 from ..fileio import doc_checksum
+from ..layouts.expected import EXPECTED_KEY
 from ..layouts.layout import Geometry, Layout
-from ..live.fitness import EXPECTED_KEY
 from .base import FORMAT_VERSION, OWN_FORMAT, FileFormat, GeometryHint, Loaded, check_moe_layers, int_map, write_json, write_pt
 
 LAYOUT_FORMAT = "scene-eplb-layout"
