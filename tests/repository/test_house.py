@@ -1,5 +1,6 @@
-"""The house rules that keep the project readable: a pure core, adapters that never import each
-other, and a repository that refers to nothing outside itself."""
+"""The house rules that keep the project readable: a pure core, folders in layers that import only
+downward, adapters that never import each other, and a repository that refers to nothing outside
+itself."""
 
 import ast
 import re
@@ -12,39 +13,37 @@ from ..conftest import run_script
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "vllm_scene_eplb"
+# The pure core: every module of these folders, and these modules, import no engine and no torch.
+PURE_FOLDERS = ("layouts", "planning", "live", "hash_layers", "protocol", "formats", "fit", "advise", "client")
 PURE = (
     "cli",
     "commands",
-    "fit",
-    "formats",
-    "report",
-    "config",
-    "protocol",
-    "evaluation",
-    "client.audit",
-    "client.record",
-    "client.http",
-    "terminal",
-    "advise",
-    "measured",
     "arrays",
-    "fitness",
+    "terminal",
+    "runtime.config",
+    "runtime.layout_check",
+    "ab.stats",
     "ab.factorial",
-    "rig.simulated",
     "ab.charts",
     "ab.results",
     "ab.compare",
-    "runtime.layout_check",
-    "sizing",
-    "step_cost",
-    "hash_routing",
-    "hash_counts",
-    "token_input",
+    "ab.verify",
+    "rig.simulated",
 )
 
 
+def _pure_modules() -> list[str]:
+    folders = [
+        ".".join(p.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+        for folder in PURE_FOLDERS
+        for p in sorted((PACKAGE / folder).rglob("*.py"))
+    ]
+    return [*folders, *PURE]
+
+
 def test_core_imports_no_engine_and_no_torch():
-    proc = run_script("core_imports", *PURE)
+    assert {"layouts.counts", "planning.memory", "live.fitness", "formats.safetensors"} <= set(_pure_modules())
+    proc = run_script("core_imports", *_pure_modules())
     assert proc.returncode == 0, proc.stderr
 
 
@@ -87,7 +86,7 @@ def test_only_adapters_import_engines():
     bad = {}
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE).parts
-        if rel[0] == "adapters" or rel[:2] == ("harness", "bench.py") or rel[:2] in (("harness", "local_server.py"),):
+        if rel[0] == "adapters" or rel[:2] in (("ab", "bench.py"), ("rig", "local_server.py")):
             continue
         hits = [m for m in _imports(path) if m.split(".")[0] in engines]
         if hits:
@@ -192,6 +191,99 @@ def test_no_import_cycle_anywhere_in_the_package():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The house from the ground up (docs/code-layout.md): a module imports its own folder or a lower row,
+# never a sibling folder of its row, never a higher row (lazy imports inside functions count).
+# The package root's shared utilities are one folder, "(root)"; cli is a row of its own, above the
+# commands it dispatches to; runtime/worker and runtime/server (the two processes) both stand on
+# runtime/ top and never import each other.
+LAYERS = (
+    ("(root)",),
+    ("protocol", "layouts"),
+    ("planning", "formats", "fit", "live"),
+    ("advise", "hash_layers"),
+    ("client",),
+    ("ab",),
+    ("runtime",),
+    ("runtime.worker", "runtime.server"),
+    ("adapters", "rig"),
+    ("commands",),
+    ("cli",),
+)
+
+
+def _folder(module: str, layers=LAYERS) -> str:
+    """The row entry a package module belongs to: its first folder (``runtime``'s two processes
+    apart), ``(root)`` for the package root's modules but cli."""
+    parts = module.split(".")[1:]
+    named = {name for row in layers for name in row}
+    if parts[:1] == ["runtime"] and len(parts) > 1 and parts[1] in ("worker", "server"):
+        return f"runtime.{parts[1]}"
+    if not parts or len(parts) == 1 and parts[0] not in named:
+        return "(root)"
+    return parts[0]
+
+
+def _layer_breaches(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """Every import of ``graph`` that goes to a sibling folder of its row or up to a higher row, and
+    every folder the table does not place."""
+    row = {name: i for i, names in enumerate(layers) for name in names}
+    bad = []
+    for module, deps in sorted(graph.items()):
+        here = _folder(module, layers)
+        for dep in sorted(deps):
+            there = _folder(dep, layers)
+            if here == there:
+                continue
+            if here not in row or there not in row:
+                bad.append(f"{module} -> {dep}: {here if here not in row else there} has no row")
+            elif row[there] == row[here]:
+                bad.append(f"{module} -> {dep}: a sibling folder of the same row")
+            elif row[there] > row[here]:
+                bad.append(f"{module} -> {dep}: up from {here} to {there}")
+    return bad
+
+
+def test_every_import_runs_down_the_layers():
+    graph = _module_graph()
+    assert {_folder(m) for m in graph} == {name for row in LAYERS for name in row}
+    assert _layer_breaches(graph) == []
+
+
+def test_only_the_rig_imports_the_rig():
+    """The engine rig (servers, generated models, the simulated server, the demo) serves tests,
+    benchmarks and the demo: no product module imports it, commands included."""
+    graph = _module_graph()
+    bad = [f"{m} -> {d}" for m, deps in graph.items() for d in deps if _folder(d) == "rig" and _folder(m) != "rig"]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize(
+    "edge, breach",
+    [
+        (("vllm_scene_eplb.layouts.counts", "vllm_scene_eplb.planning.memory"), "up from layouts to planning"),
+        (("vllm_scene_eplb.fit.layout_fit", "vllm_scene_eplb.live.fitness"), "a sibling folder of the same row"),
+        (("vllm_scene_eplb.runtime.worker.observer", "vllm_scene_eplb.runtime.server.fanout"), "a sibling folder"),
+        (("vllm_scene_eplb.errors", "vllm_scene_eplb.cli"), "up from (root) to cli"),
+        (("vllm_scene_eplb.layouts.counts", "vllm_scene_eplb.attic.old"), "attic has no row"),
+    ],
+    ids=["upward", "sibling", "worker to server", "root to cli", "unplaced folder"],
+)
+def test_the_layer_check_refuses_a_planted_breach(edge, breach):
+    module, dep = edge
+    bad = _layer_breaches({module: {dep}, dep: set()})
+    assert len(bad) == 1 and breach in bad[0], bad
+
+
+def test_the_layer_check_passes_imports_down_and_within_a_folder():
+    graph = {
+        "vllm_scene_eplb.planning.memory": {"vllm_scene_eplb.layouts.layout", "vllm_scene_eplb.errors"},
+        "vllm_scene_eplb.layouts.layout": {"vllm_scene_eplb.layouts.score"},
+        "vllm_scene_eplb.runtime.server.fanout": {"vllm_scene_eplb.runtime.config", "vllm_scene_eplb.protocol"},
+        "vllm_scene_eplb.cli": {"vllm_scene_eplb.commands"},
+    }
+    assert _layer_breaches(graph) == []
 
 
 SOURCE_LINE = re.compile(r"^\s*(?:from\s+[\w.]+\s+)?import\s+[\w.]", re.M)

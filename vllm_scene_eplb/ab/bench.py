@@ -3,7 +3,7 @@
 
 Measured: whole-run and steady-state output and prefill throughput per card, TTFT/TPOT
 percentiles, successes and failures, window length (definitions and summaries in ``results``).
-This is the only harness module that imports vLLM.
+This is the only module of ab/ that imports vLLM.
 """
 
 from __future__ import annotations
