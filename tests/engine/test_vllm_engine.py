@@ -1,9 +1,11 @@
 """The plugin in real vLLM 0.32 CPU servers: a generated Qwen3-MoE checkpoint, TP=2 with expert parallel.
 
-One server at a time (two cores): the baseline without any plugin, a P-role recording server behind
---api-key, a server with the fitted layout under ``static`` and one under ``dynamic`` (decode role, which
-records too) on the same weights saved as fused 3-D expert tensors (the loader path that maps no ids).
-A layout for another geometry must stop startup: tests/engine/test_vllm_engine_dp.py starts that server.
+One server at a time (two cores): the baseline without any plugin (eager), a P-role recording server
+behind --api-key and a server with the fitted layout under ``static``, both compiled (under TP the MoE
+layer is in the compiled graph, the plugin's capture and maps with it). ``dynamic`` at TP=2, on the
+weights saved as fused 3-D expert tensors (the loader path that maps no ids), runs in
+tests/engine/test_vllm_decode.py; a layout for another geometry must stop startup:
+tests/engine/test_vllm_engine_dp.py starts that server.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 from vllm_scene_eplb.formats import read_counts, read_layout
-from vllm_scene_eplb.rig.local_server import http, start_server
+from vllm_scene_eplb.rig.local_server import ENGINE_ARGS, http, start_server
 
 from ..conftest import bench_cli, cli, plugin_flag, require_vllm
 
@@ -49,7 +51,7 @@ def tiny_model(tiny_moe):
 @pytest.fixture(scope="module")
 def baseline(tiny_model, workdir):
     """Greedy outputs of TP=2 with no plugin loaded at all (stock vLLM CPU cannot run EP: SPEC §5)."""
-    with start_server(tiny_model, workdir, "baseline", plugins=False) as srv:
+    with start_server(tiny_model, workdir, "baseline", plugins=False, engine_args=(*ENGINE_ARGS, "--enforce-eager")) as srv:
         return srv.complete(PROMPTS, MAX_TOKENS)
 
 
@@ -123,28 +125,6 @@ def fitted_layout(recorded, workdir):
     )
     assert res.returncode == 0, res.stderr
     return out
-
-
-def _layout_server(tiny_model, workdir, layout, dispatch, role):
-    srv = start_server(
-        tiny_model,
-        workdir,
-        f"layout-{dispatch}",
-        extra=_plugin_args(role=role, layout=str(layout), dispatch=dispatch, dump_dir=str(workdir / "d2")),
-    )
-    try:
-        srv.wait_ready()
-        outputs = srv.complete(PROMPTS, MAX_TOKENS)
-        run = {"outputs": outputs, "status": http("GET", srv.url + "/scene_eplb/status")}
-        if dispatch == "static":
-            run["audit_ok"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "static", "--log", srv.log)
-            run["audit_bad"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "dynamic", "--json")
-            run["bench"] = bench_cli(srv, "smoke", workdir / "bench.json", 8, 4, 64, 4, "--cards", 2)
-        run["start"] = http("POST", srv.url + "/start_expert_distribution_record")
-        run["log"] = srv.log_text()
-        return run
-    finally:
-        srv.stop()
 
 
 # ---------------------------------------------------------------- recording
@@ -258,22 +238,16 @@ def test_status_and_startup_log_say_what_runs(recorded):
 
 @pytest.fixture(scope="module")
 def static_run(tiny_model, workdir, fitted_layout):
-    return _layout_server(tiny_model, workdir, fitted_layout, "static", "prefill")
-
-
-@pytest.fixture(scope="module")
-def fused_model(workdir):
-    """The same tiny Qwen3-MoE with its experts saved as fused 3-D tensors (``experts.gate_up_proj``
-    [E, 2I, H]): vLLM's third expert loader, which maps no expert ids (the plugin reorders the tensor)."""
-    from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
-
-    return make_tiny_moe(workdir / "fused", TinyMoeSpec(num_experts=EXPERTS, top_k=TOP_K, num_layers=LAYERS, fused_experts=True))
-
-
-@pytest.fixture(scope="module")
-def dynamic_run(fused_model, workdir, fitted_layout):
-    """``dynamic`` on the fused checkpoint: the same weights, so the baseline's tokens."""
-    return _layout_server(fused_model, workdir, fitted_layout, "dynamic", "decode")
+    """The fitted layout under ``static``, compiled: its outputs, status, the audit both ways and a bench."""
+    layout = fitted_layout
+    flag = _plugin_args(role="prefill", layout=str(layout), dispatch="static", dump_dir=str(workdir / "d2"))
+    with start_server(tiny_model, workdir, "layout-static", extra=flag) as srv:
+        run = {"outputs": srv.complete(PROMPTS, MAX_TOKENS), "status": http("GET", srv.url + "/scene_eplb/status")}
+        run["audit_ok"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "static", "--log", srv.log)
+        run["audit_bad"] = cli("audit", "--url", srv.url, "--layout", layout, "--dispatch", "dynamic", "--json")
+        run["bench"] = bench_cli(srv, "smoke", workdir / "bench.json", 8, 4, 64, 4, "--cards", 2)
+        run["log"] = srv.log_text()
+        return run
 
 
 def test_fitted_layout_has_replicas(fitted_layout):
@@ -281,10 +255,9 @@ def test_fitted_layout_has_replicas(fitted_layout):
     assert layout.geometry.num_redundant == 2 and (layout.replica_counts() > 1).any()
 
 
-@pytest.mark.parametrize("run", ["static_run", "dynamic_run"])
-def test_layout_changes_where_work_runs_not_what_is_computed(run, request, baseline, fitted_layout):
-    result = request.getfixturevalue(run)
-    dispatch = run.split("_")[0]
+def test_layout_changes_where_work_runs_not_what_is_computed(static_run, baseline, fitted_layout):
+    """Under ``static`` (``dynamic`` at TP=2, on the fused expert loader, runs in test_vllm_decode.py)."""
+    result, dispatch = static_run, "static"
     assert result["outputs"] == baseline
     code, st = result["status"]
     assert code == 200
@@ -311,9 +284,3 @@ def test_bench_drives_vllm_bench_serve_and_saves_the_manifest(static_run, fitted
     assert doc["manifest"]["layout_hash"] == read_layout(fitted_layout).digest() and doc["manifest"]["dispatch"] == "static"
     assert doc["manifest"]["scene"]["num_prompts"] == 8 and doc["aggregate"]["steady_state"] is False  # seconds, not 60
     assert doc["aggregate"]["prefill_throughput_per_card"]["mean"] > 0
-
-
-def test_decode_role_records_too(dynamic_run):
-    code, body = dynamic_run["start"]
-    assert code == 200 and body["observer"] == "recording" and body["role"] == "decode"
-    assert dynamic_run["status"][1]["steps_per_entry"] == 16  # the decode default: a ring of minutes

@@ -22,7 +22,7 @@ import pytest
 from vllm_scene_eplb.formats import read_counts, read_layout
 from vllm_scene_eplb.rig.local_server import engine_args, http, start_server
 
-from ..conftest import cli, layout_for_another_ep_size_stops_startup, plugin_flag
+from ..conftest import cli, dp2_recorder, layout_for_another_ep_size_stops_startup, plugin_flag
 
 pytestmark = pytest.mark.engine
 
@@ -32,7 +32,7 @@ PROMPTS = [RNG.integers(3, 500, n).tolist() for n in (6, 19, 31, 60)]
 MAX_TOKENS = 8
 RECORDED_TOKENS = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
 LONG_TOKENS = 400  # long enough that the dump below runs while these are being generated
-EXPORT_TIMEOUT_S = 5
+EXPORT_TIMEOUT_S = 10  # the shared recorder's (conftest.dp2_recorder)
 DP2 = engine_args("dp2") + ("--enable-expert-parallel",)
 
 
@@ -44,82 +44,74 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tiny_moe, workdir):
     """Greedy outputs of one worker without the plugin (TP=1): what every DP run must reproduce."""
-    with start_server(tiny_moe, workdir, "reference", plugins=False, engine_args=engine_args("tp1")) as srv:
+    with start_server(tiny_moe, workdir, "reference", plugins=False, engine_args=(*engine_args("tp1"), "--enforce-eager")) as srv:
         return {"short": srv.complete(PROMPTS, MAX_TOKENS), "long": srv.complete(PROMPTS, LONG_TOKENS)}
 
 
 @pytest.fixture(scope="module")
-def recorded(tiny_moe, workdir):
-    """One DP=2 recording server through the workflow, with a dump under load and a stuck peer."""
-    dump_dir = workdir / "dumps"
-    srv = start_server(
-        tiny_moe,
-        workdir,
-        "dp-recording",
-        engine_args=DP2,
-        extra=plugin_flag(role="prefill", ring_entries=64, dump_dir=str(dump_dir), export_timeout_s=EXPORT_TIMEOUT_S),
-    )
-    post = lambda path: http("POST", srv.url + path)  # noqa: E731
-    obs: dict = {"dump_dir": dump_dir}
+def recorded(tiny_moe, server_pool):
+    """One DP=2 recording server through the workflow, with a dump under load and a stuck peer (the
+    pool's, which test_vllm_engine_dp_storm.py goes on using)."""
+    srv = dp2_recorder(server_pool, tiny_moe, "dp-recording")
+    dump_dir = server_pool.root / "dumps"
+    post = lambda path: http("POST", srv.url + path, headers=srv.headers())  # noqa: E731
+    status = lambda: http("GET", srv.url + "/scene_eplb/status", headers=srv.headers())[1]  # noqa: E731
+    obs: dict = {"dump_dir": dump_dir, "files_before": set(dump_dir.iterdir()) if dump_dir.exists() else set()}
+    obs["idle_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
+    obs["status_idle"] = status()
+    obs["start"] = post("/start_expert_distribution_record")
+    obs["recording_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)  # four requests at once: both engines get some
+    obs["stop"] = post("/stop_expert_distribution_record")
+    obs["dump"] = post("/dump_expert_distribution_record")
+    obs["status_after"] = status()
+
+    # A dump while requests are being generated on both engines: the load goes on, round after
+    # round, until the dump has answered, so it cannot run out before the dump does (it once did).
+    post("/start_expert_distribution_record")
+    long_rounds: list = []
+    dumped = threading.Event()
+
+    def generate() -> None:
+        while True:
+            long_rounds.append(srv.complete(PROMPTS, LONG_TOKENS))
+            if dumped.is_set():
+                return
+
+    gen = threading.Thread(target=generate)
+    gen.start()
+    for _ in range(100):  # until both engines are generating
+        obs["in_flight_status"] = status()
+        if all(r["passes_recorded"] > 0 for r in obs["in_flight_status"]["ranks"]):
+            break
+        time.sleep(0.1)
+    post("/stop_expert_distribution_record")
+    t0 = time.monotonic()
+    obs["dump_under_load"] = post("/dump_expert_distribution_record")
+    obs["dump_under_load_s"] = time.monotonic() - t0
+    obs["generation_alive_during_dump"] = gen.is_alive()
+    dumped.set()
+    gen.join(timeout=300)
+    obs["long_rounds"] = long_rounds
+
+    # A stuck peer: DP rank 1's worker stops (SIGSTOP) while the dump runs.
+    worker = srv.worker_pid("Worker_DP1_EP1")
+    os.kill(worker, signal.SIGSTOP)
     try:
-        srv.wait_ready()
-        obs["idle_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
-        obs["status_idle"] = http("GET", srv.url + "/scene_eplb/status")[1]
-        obs["start"] = post("/start_expert_distribution_record")
-        obs["recording_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)  # four requests at once: both engines get some
-        obs["stop"] = post("/stop_expert_distribution_record")
-        obs["dump"] = post("/dump_expert_distribution_record")
-        obs["status_after"] = http("GET", srv.url + "/scene_eplb/status")[1]
-
-        # A dump while requests are being generated on both engines: the load goes on, round after
-        # round, until the dump has answered, so it cannot run out before the dump does (it once did).
-        post("/start_expert_distribution_record")
-        long_rounds: list = []
-        dumped = threading.Event()
-
-        def generate() -> None:
-            while True:
-                long_rounds.append(srv.complete(PROMPTS, LONG_TOKENS))
-                if dumped.is_set():
-                    return
-
-        gen = threading.Thread(target=generate)
-        gen.start()
-        for _ in range(100):  # until both engines are generating
-            obs["in_flight_status"] = http("GET", srv.url + "/scene_eplb/status")[1]
-            if all(r["passes_recorded"] > 0 for r in obs["in_flight_status"]["ranks"]):
-                break
-            time.sleep(0.1)
-        post("/stop_expert_distribution_record")
         t0 = time.monotonic()
-        obs["dump_under_load"] = post("/dump_expert_distribution_record")
-        obs["dump_under_load_s"] = time.monotonic() - t0
-        obs["generation_alive_during_dump"] = gen.is_alive()
-        dumped.set()
-        gen.join(timeout=300)
-        obs["long_rounds"] = long_rounds
-
-        # A stuck peer: DP rank 1's worker stops (SIGSTOP) while the dump runs.
-        worker = srv.worker_pid("Worker_DP1_EP1")
-        os.kill(worker, signal.SIGSTOP)
-        try:
-            t0 = time.monotonic()
-            obs["dump_stuck"] = post("/dump_expert_distribution_record")
-            obs["dump_stuck_s"] = time.monotonic() - t0
-        finally:
-            os.kill(worker, signal.SIGCONT)
-        obs["after_stuck_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
-        # The resumed rank now runs its late part of that export, which fails at its own deadline;
-        # until then a new dump is refused as "still running", as an operator would see it.
-        for _ in range(10):
-            time.sleep(EXPORT_TIMEOUT_S + 1)
-            obs["dump_after_stuck"] = post("/dump_expert_distribution_record")
-            if obs["dump_after_stuck"][0] != 409:
-                break
-        obs["log"] = srv.log_text()
-        return obs
+        obs["dump_stuck"] = post("/dump_expert_distribution_record")
+        obs["dump_stuck_s"] = time.monotonic() - t0
     finally:
-        srv.stop()
+        os.kill(worker, signal.SIGCONT)
+    obs["after_stuck_outputs"] = srv.complete(PROMPTS, MAX_TOKENS)
+    # The resumed rank now runs its late part of that export, which fails at its own deadline;
+    # until then a new dump is refused as "still running", as an operator would see it.
+    for _ in range(10):
+        time.sleep(EXPORT_TIMEOUT_S + 1)
+        obs["dump_after_stuck"] = post("/dump_expert_distribution_record")
+        if obs["dump_after_stuck"][0] != 409:
+            break
+    obs["log"] = srv.log_text()
+    return obs
 
 
 def test_dp_outputs_match_a_single_worker_idle_and_recording(reference, recorded):
@@ -164,10 +156,8 @@ def test_entries_under_load_line_up_across_engines(recorded):
     assert steps == list(range(steps[0], steps[0] + len(steps)))
     per_entry = counts.data.sum(axis=(1, 2))[: len(steps)]
     total = counts.meta["scheduled_tokens"] * TOP_K * LAYERS  # over the whole record
-    if counts.meta["ring_wrapped"]:  # a long record: the file keeps its last ring_entries steps, every one of them served
-        assert len(steps) == counts.data.shape[0] and per_entry.sum() < total and (per_entry > 0).all()
-    else:
-        assert per_entry.sum() == total  # per-entry counts add up to the exact total
+    assert not counts.meta["ring_wrapped"]  # the shared recorder's 4096 entries hold the whole record
+    assert per_entry.sum() == total  # per-entry counts add up to the exact total
 
 
 def test_a_dump_under_load_returns_quickly_and_the_requests_are_unchanged(reference, recorded):
@@ -187,7 +177,7 @@ def test_a_stuck_peer_is_an_error_not_a_hang_and_the_server_keeps_serving(refere
     assert recorded["after_stuck_outputs"] == reference["short"]
     code, body = recorded["dump_after_stuck"]
     assert code == 200, body
-    written = sorted(p.name for p in recorded["dump_dir"].iterdir())
+    written = sorted(p.name for p in set(recorded["dump_dir"].iterdir()) - recorded["files_before"])
     assert len(written) == 3 and all(n.endswith(".npz") for n in written)  # the stuck dump left nothing behind
 
 

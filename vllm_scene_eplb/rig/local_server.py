@@ -14,8 +14,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # fp32, no prefix caching (recorded totals stay exact), small CPU memory share.
 COMMON_ARGS = (
@@ -199,6 +200,7 @@ def _forced(position: dict, token: int) -> tuple[float, float]:
 
 
 STARTED: list[str] = []  # the names of the servers this process started, in order (the test suite prints them)
+SHARED: list[str] = []  # the names under which a pool answered a server already running (the test suite prints them)
 
 
 def start_server(
@@ -242,3 +244,31 @@ def start_server(
     with open(log, "wb") as fh:
         proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return Server(proc, f"http://127.0.0.1:{port}", log, str(model), api_key)
+
+
+@dataclass
+class ServerPool:
+    """Started servers shared by whoever needs the same one (the test modules): ``serve`` answers the
+    running server started with exactly these arguments, or stops the one it holds and starts these.
+    It holds one at a time: two cores run one server well, and an idle one still takes about a tenth
+    of each (its workers poll). Servers start in ``root``, so paths in their flags live there too."""
+
+    root: Path
+    held: tuple[str, Server] | None = field(default=None, repr=False)
+
+    def serve(self, model: Path, name: str, **start: Any) -> Server:
+        """The ready server of ``start_server(model, self.root, name, **start)``, shared under ``name``."""
+        key = json.dumps([str(model), start], sort_keys=True, default=str)
+        if self.held is not None and self.held[0] == key and self.held[1].proc.poll() is None:
+            SHARED.append(name)
+            return self.held[1]
+        self.close()
+        srv = start_server(model, self.root, name, **start)
+        self.held = (key, srv.__enter__())
+        return srv
+
+    def close(self) -> None:
+        """Stop the held server, if any."""
+        if self.held is not None:
+            self.held[1].stop()
+            self.held = None

