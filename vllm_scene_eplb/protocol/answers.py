@@ -277,7 +277,7 @@ class DumpAnswer(DumpStarted):
 
 
 @dataclass(frozen=True)
-class RankLive(_Answer):
+class RankLiveAnswer(_Answer):
     """A worker's answer to ``LIVE_ACTION``: its cumulative live counts [L_moe, E] (``counts``) and
     physical [L_moe, P] (MoE layers in order), the logical counts of the rows it routes itself
     (``own_counts`` [L_moe, E]: its static source rows), whether its counts count (``contributes``),
@@ -308,7 +308,7 @@ class RankLive(_Answer):
     wait_seconds: float | None = None
 
     @classmethod
-    def from_wire(cls, doc: Any, source: str | None = None) -> RankLive:
+    def from_wire(cls, doc: Any, source: str | None = None) -> RankLiveAnswer:
         f = _Fields(doc, "live answer of a rank", source)
         layers = f.integers("moe_layers")
         groups = f.obj("groups", "groups", default=None)
@@ -340,14 +340,14 @@ class RecordLive(_Answer):
     started and as it stopped, each read at that boundary, so their difference is exactly the
     passes the record counted (the poller's windows fall where they fall)."""
 
-    start: RankLive
-    stop: RankLive
+    start: RankLiveAnswer
+    stop: RankLiveAnswer
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> RecordLive:
         f = _Fields(doc, "record live answer", source)
         start, stop = (f.get(k, lambda v: isinstance(v, dict), "an object") for k in ("start", "stop"))
-        return cls(RankLive.from_wire(start, source), RankLive.from_wire(stop, source))
+        return cls(RankLiveAnswer.from_wire(start, source), RankLiveAnswer.from_wire(stop, source))
 
 
 @dataclass(frozen=True)
