@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import SceneEplbError
-from .answers import LiveTime, StatusAnswer, _active_slots, _wait_share
 from .fields import _Fields, _floats, _non_negative
+from .live import LiveTime, _active_slots, _wait_share
 from .pass_groups import PassGroup, check_groups, read_groups
 from .routes import LIVE_KEY
 from .status import _STATUS_FIELDS
+from .status_answer import StatusAnswer
 
 # The status answer's ``live.time`` object as ``advise`` reads it, checked where it is read: a
 # timing window with NaN, a negative time or a step shorter than the MoE time in it is refused
