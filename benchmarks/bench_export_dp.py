@@ -84,9 +84,9 @@ def export_cost(size: int) -> dict:
 
 def _p99_ttft(url: str, model: str, work: Path, tag: str, seed: int) -> float:
     from vllm_scene_eplb.ab.bench import run_vllm_bench, serve_args
-    from vllm_scene_eplb.ab.results import Scene
+    from vllm_scene_eplb.ab.results import BenchLoad
 
-    scene = Scene(tag, 32, 16, float("inf"), 128, 24, cards=2, seed=seed)
+    scene = BenchLoad(tag, 32, 16, float("inf"), 128, 24, cards=2, seed=seed)
     result = run_vllm_bench(serve_args(scene, url, model, work, tag), work / f"{tag}.log")
     return float(result["p99_ttft_ms"])
 

@@ -46,7 +46,7 @@ from vllm_scene_eplb.ab.stats import block_effects
 from vllm_scene_eplb.protocol import StatusAnswer
 from vllm_scene_eplb.rig.local_server import engine_args, example_connector_args, http, pin_host, start_server
 from vllm_scene_eplb.rig.pair_load import run_closed_loop
-from vllm_scene_eplb.runtime.worker.step_delay import DELAY_ENV, write_delay
+from vllm_scene_eplb.rig.step_delay import DELAY_ENV, write_delay
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from vllm_scene_eplb.layouts.layout import Geometry, Layout
 from vllm_scene_eplb.protocol import TimingWindow
 from vllm_scene_eplb.rig import demo
 from vllm_scene_eplb.rig.local_server import pin_host
-from vllm_scene_eplb.rig.simulated import Device, Scene, Server, linear_setup, rank_ms
+from vllm_scene_eplb.rig.simulated import Device, Server, SimulatedTraffic, linear_setup, rank_ms
 from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec
 
 DEEPSEEK_V3_GROUPS = 8
@@ -115,7 +115,7 @@ def advise_calibration(
     rows = []
     scenes = SCENES[::2] if quick else SCENES
     for file, role, tokens, k in scenes:
-        scene = Scene(distributions(Path(data) / file), tokens, TOP_K, role)
+        scene = SimulatedTraffic(distributions(Path(data) / file), tokens, TOP_K, role)
         for ep in eps:
             rec = scene.passes(RECORDED, np.random.default_rng(ep))
             linear = Server(scene, DEVICES[role], ep, noise=noise, seed=ep)

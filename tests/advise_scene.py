@@ -13,7 +13,7 @@ from vllm_scene_eplb.formats import write_counts, write_layout
 from vllm_scene_eplb.layouts.counts import Counts
 from vllm_scene_eplb.layouts.layout import Geometry
 from vllm_scene_eplb.protocol import LiveAnswer, LiveTime, StatusAnswer, TimingWindow
-from vllm_scene_eplb.rig.simulated import Device, Scene, Server
+from vllm_scene_eplb.rig.simulated import Device, Server, SimulatedTraffic
 
 from .conftest import worker_status
 
@@ -25,11 +25,11 @@ SKEWED /= SKEWED.sum(axis=1, keepdims=True)
 EVEN = np.full((L, E), 1 / E)
 
 
-def scene(p: np.ndarray = SKEWED, tokens: int = 64) -> Scene:
-    return Scene(p, tokens, 4, "decode")
+def scene(p: np.ndarray = SKEWED, tokens: int = 64) -> SimulatedTraffic:
+    return SimulatedTraffic(p, tokens, 4, "decode")
 
 
-def server(s: Scene | None = None, running=None, dispatch: str = "dynamic") -> Server:
+def server(s: SimulatedTraffic | None = None, running=None, dispatch: str = "dynamic") -> Server:
     return Server(s or scene(), DEVICE, EP, running, dispatch)
 
 

@@ -29,7 +29,7 @@ def main() -> None:
     from vllm_scene_eplb.adapters.vllm_ascend.worker_plugin import CAPTURE_ATTR, _capture
     from vllm_scene_eplb.errors import SceneEplbError
     from vllm_scene_eplb.live.fitness import LiveFitness
-    from vllm_scene_eplb.protocol import RankLive, WorkerAnswer
+    from vllm_scene_eplb.protocol import RankLiveAnswer, WorkerAnswer
     from vllm_scene_eplb.runtime.server.live_poller import live_sample
 
     H = 16
@@ -113,7 +113,7 @@ def main() -> None:
     answer = rt.control("live")
     out["live"] = {k: answer[k] for k in ("moe_seconds", "moe_passes", "steps", "step_seconds", "step_moe_seconds")}
     live = LiveFitness.for_server(None, E, 1, None, tuple(model.moe_layers), margin=0.05, windows=3)
-    rank = WorkerAnswer.from_wire(answer, RankLive.from_wire).payload
+    rank = WorkerAnswer.from_wire(answer, RankLiveAnswer.from_wire).payload
     assert rank is not None, answer
     live.observe(live_sample([rank]), 1.0)
     out["time"] = live.to_wire()["time"]

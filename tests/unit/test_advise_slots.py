@@ -15,7 +15,7 @@ from vllm_scene_eplb.advise.gates import MAX_WAIT_SHARE, sub_window_spread
 from vllm_scene_eplb.advise.model import SLOTS_PRICED, SLOTS_UNIDENTIFIED, fit_slot_model, fit_time_model
 from vllm_scene_eplb.layouts.layout import Geometry, Layout
 from vllm_scene_eplb.protocol import PassGroup, TimingWindow
-from vllm_scene_eplb.rig.simulated import Device, Scene, Server, linear_setup
+from vllm_scene_eplb.rig.simulated import Device, Server, SimulatedTraffic, linear_setup
 
 from ..advise_scene import EP, SKEWED, E, candidate
 
@@ -26,7 +26,7 @@ VARIED /= VARIED.sum(axis=1, keepdims=True)
 
 
 def _case(p: np.ndarray, tokens: int, capture: bool):
-    s = Scene(p, tokens, 4, "decode")
+    s = SimulatedTraffic(p, tokens, 4, "decode")
     rec = s.passes(256, np.random.default_rng(1))
     srv = Server(s, DEVICE, EP, capture_active=capture)
     counts = srv.dump(rec, 1)
@@ -126,9 +126,9 @@ def test_advise_prices_c_from_the_pass_size_groups_of_a_window_whose_ranks_canno
     """A simulated server serving passes of 16 and of 256 tokens of one distribution in every layer:
     its window (read back through the protocol's checks) prices c at the device's with its groups,
     and bounds it without them."""
-    srv = Server(Scene(SKEWED, 16, 4, "decode"), DEVICE, EP, capture_active=True)
+    srv = Server(SimulatedTraffic(SKEWED, 16, 4, "decode"), DEVICE, EP, capture_active=True)
     rng = np.random.default_rng(3)
-    parts = [(Scene(SKEWED, tokens, 4, "decode"), count) for tokens, count in ((16, 192), (256, 64))]
+    parts = [(SimulatedTraffic(SKEWED, tokens, 4, "decode"), count) for tokens, count in ((16, 192), (256, 64))]
     recs = [s.passes(count, rng) for s, count in parts]
     windows = [replace(srv, scene=s).timing_window(rec, 1) for (s, _), rec in zip(parts, recs)]
     weights = np.array([192.0, 64.0]) / 256
@@ -150,7 +150,7 @@ def test_advise_prices_c_from_the_pass_size_groups_of_a_window_whose_ranks_canno
         pass_groups=groups,
     )
     window = TimingWindow.from_wire(window.to_wire())  # the groups as the protocol checks them
-    counts = replace(srv, scene=Scene(SKEWED, 64, 4, "decode")).dump(rec, 1)  # 64 tokens a pass on average
+    counts = replace(srv, scene=SimulatedTraffic(SKEWED, 64, 4, "decode")).dump(rec, 1)  # 64 tokens a pass on average
     cand = candidate(counts)
     priced = advise(counts, cand, "static", window).details["model"]
     assert priced["slots"] == SLOTS_PRICED and priced["c"] == pytest.approx(DEVICE.c_ms, rel=0.05), priced
@@ -160,7 +160,7 @@ def test_advise_prices_c_from_the_pass_size_groups_of_a_window_whose_ranks_canno
 
 
 def test_a_window_whose_ranks_waited_on_a_run_queue_abstains_naming_it():
-    s = Scene(VARIED, 64, 4, "decode")
+    s = SimulatedTraffic(VARIED, 64, 4, "decode")
     rec = s.passes(256, np.random.default_rng(1))
     srv = Server(s, DEVICE, EP, capture_active=True)
     counts = srv.dump(rec, 1)
@@ -184,7 +184,7 @@ def test_a_cold_first_sub_window_does_not_set_the_noise_floor():
     assert 2 * spread == pytest.approx(0.0352, abs=5e-4) and "the oldest dropped" in source and "median absolute" in source
     assert 2 * np.std(cold, ddof=1) / np.mean(cold) > 0.9  # what the floor was
     assert sub_window_spread(cold[:2]) is None and sub_window_spread(cold[2:])[1].endswith("step time")  # 3: none dropped
-    s = Scene(VARIED, 64, 4, "decode")
+    s = SimulatedTraffic(VARIED, 64, 4, "decode")
     rec = s.passes(256, np.random.default_rng(1))
     srv = Server(s, DEVICE, EP, capture_active=True)
     counts = srv.dump(rec, 1)

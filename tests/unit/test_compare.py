@@ -8,14 +8,14 @@ import pytest
 
 from vllm_scene_eplb.ab.bench import resolve_cards
 from vllm_scene_eplb.ab.compare import compare
-from vllm_scene_eplb.ab.results import NOT_OBSERVED, Scene, aggregate, read_result, summarise
+from vllm_scene_eplb.ab.results import NOT_OBSERVED, BenchLoad, aggregate, read_result, summarise
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fileio import doc_checksum
 from vllm_scene_eplb.protocol import StatusAnswer
 
 from ..conftest import worker_status
 
-SCENE = Scene("s", num_prompts=4, concurrency=2, request_rate=float("inf"), input_len=100, output_len=3, cards=2)
+SCENE = BenchLoad("s", num_prompts=4, concurrency=2, request_rate=float("inf"), input_len=100, output_len=3, cards=2)
 
 
 def _raw(duration=100.0, starts=(0.0, 0.0, 50.0, 50.0), latency=50.0):
@@ -72,7 +72,7 @@ def _doc(scene=SCENE, runs=None, **manifest):
 
 
 def test_compare_refuses_different_load():
-    b = _doc(scene=Scene("s", 8, 2, float("inf"), 100, 3, cards=2))
+    b = _doc(scene=BenchLoad("s", 8, 2, float("inf"), 100, 3, cards=2))
     with pytest.raises(SceneEplbError, match="different load.*num_prompts 4 vs 8"):
         compare(_doc(), b)
 
@@ -127,29 +127,29 @@ def _dp_status(dp: int, tp: int) -> StatusAnswer:
 
 
 def test_cards_default_to_the_servers_ranks_in_dp_unless_given():
-    open_scene = Scene("s", 4, 2, float("inf"), 100, 3)
+    open_scene = BenchLoad("s", 4, 2, float("inf"), 100, 3)
     scene, source = resolve_cards(open_scene, _dp_status(16, 1))
     assert scene.cards == 16 and "DP16-TP1-EP16" in source  # the field P node: 16 cards, not 1
-    assert resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3, cards=32), _dp_status(16, 1)) == (
-        Scene("s", 4, 2, float("inf"), 100, 3, cards=32),
+    assert resolve_cards(BenchLoad("s", 4, 2, float("inf"), 100, 3, cards=32), _dp_status(16, 1)) == (
+        BenchLoad("s", 4, 2, float("inf"), 100, 3, cards=32),
         "--cards",
     )  # P + D cards given
 
 
 def test_fewer_cards_than_the_servers_ranks_are_refused():
     with pytest.raises(SceneEplbError, match="fewer than the 4 ranks"):
-        resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3, cards=2), _dp_status(2, 2))
+        resolve_cards(BenchLoad("s", 4, 2, float("inf"), 100, 3, cards=2), _dp_status(2, 2))
 
 
 def test_cards_are_needed_where_the_server_does_not_say_its_ranks():
     with pytest.raises(SceneEplbError, match="--cards is needed"):
-        resolve_cards(Scene("s", 4, 2, float("inf"), 100, 3), None)
+        resolve_cards(BenchLoad("s", 4, 2, float("inf"), 100, 3), None)
 
 
 def test_throughput_per_card_divides_by_the_cards():
     raw = _raw()
-    assert summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=16))["output_throughput_per_card"] == pytest.approx(
-        summarise(raw, Scene("s", 4, 2, float("inf"), 100, 3, cards=1))["output_throughput_per_card"] / 16
+    assert summarise(raw, BenchLoad("s", 4, 2, float("inf"), 100, 3, cards=16))["output_throughput_per_card"] == pytest.approx(
+        summarise(raw, BenchLoad("s", 4, 2, float("inf"), 100, 3, cards=1))["output_throughput_per_card"] / 16
     )
 
 

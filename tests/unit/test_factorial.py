@@ -314,11 +314,11 @@ def test_compare_factorial_plan_prints_the_seeded_order(capsys):
 
 def test_bench_manifests_carry_what_the_factorial_checks():
     from vllm_scene_eplb.ab.bench import manifest
-    from vllm_scene_eplb.ab.results import Scene
+    from vllm_scene_eplb.ab.results import BenchLoad
 
     status = StatusAnswer.of_ranks([worker_status(0, server_start="abc"), worker_status(1, server_start="abc")])
-    m = manifest(Scene("s", 10, 2, float("inf"), 64, 4, cards=2), status, {"model": "m"})
+    m = manifest(BenchLoad("s", 10, 2, float("inf"), 64, 4, cards=2), status, {"model": "m"})
     assert (m["plugin_version"], m["engine"], m["server_start"], m["recorder"]) == ("0.1.0", "vllm 0.32.0", "abc", "idle")
     assert isinstance(m["recorded_unix"], float)
     assert all(k in m or k in m["scene"] for k in FIXED)
-    assert manifest(Scene("s", 10, 2, float("inf"), 64, 4, cards=2), None, {})["server_start"] == NOT_OBSERVED
+    assert manifest(BenchLoad("s", 10, 2, float("inf"), 64, 4, cards=2), None, {})["server_start"] == NOT_OBSERVED

@@ -178,13 +178,13 @@ def test_physical_counts_that_do_not_add_up_are_refused(cut, message):
 def test_the_live_sample_takes_every_ranks_own_rows_as_its_static_source():
     """TP=2: rank 0 counts the batch, each rank its own rows; the sample's sources are the own rows
     of every rank (span 1, row = EP rank), contributing or not, never an even split of the counts."""
-    from vllm_scene_eplb.protocol import RankLive
+    from vllm_scene_eplb.protocol import RankLiveAnswer
     from vllm_scene_eplb.runtime.server.live_poller import live_sample
 
     batch, own0 = np.array([[5, 3, 0, 2]]), np.array([[4, 0, 0, 1]])
 
-    def answer(rank: int, own) -> RankLive:
-        return RankLive.from_wire(
+    def answer(rank: int, own) -> RankLiveAnswer:
+        return RankLiveAnswer.from_wire(
             {
                 "counts": batch.tolist(),
                 "physical": None,

@@ -18,7 +18,7 @@ from vllm_scene_eplb.protocol import (
     DumpStarted,
     ExportJobAnswer,
     NativeCounts,
-    RankLive,
+    RankLiveAnswer,
     RankNativeLoad,
     RecordLive,
     StatusAnswer,
@@ -107,7 +107,7 @@ PAYLOADS = {
     "status": (WorkerStatus.from_wire, worker_status(0).to_wire()),
     "export_status": (ExportJobAnswer.from_wire, JOB),
     "dump": (DumpStarted.from_wire, STARTED),
-    "live": (RankLive.from_wire, LIVE),
+    "live": (RankLiveAnswer.from_wire, LIVE),
     "record_live": (RecordLive.from_wire, {"start": LIVE, "stop": {**LIVE, "passes": 5}}),
     "native_load available": (
         RankNativeLoad.from_wire,
@@ -136,13 +136,13 @@ def test_a_refusal_crosses_with_its_http_status():
 
 
 BROKEN = {
-    "not an object": (RankLive.from_wire, [1, 2], "must be a JSON object"),
-    "live counts ragged": (RankLive.from_wire, {**LIVE, "counts": [[1, 2], [3]]}, "counts row 1"),
-    "live counts negative": (RankLive.from_wire, {**LIVE, "counts": [[1, -2], [3, 4]]}, "counts[0][1]"),
-    "live counts one row for two layers": (RankLive.from_wire, {**LIVE, "counts": [[1, 2]]}, "counts must be"),
-    "live moe_seconds nan": (RankLive.from_wire, {**LIVE, "moe_seconds": [float("nan"), 1.0]}, "moe_seconds[0]"),
-    "live source of three": (RankLive.from_wire, {**LIVE, "source": [0, 1, 2]}, "source must be a list of 2"),
-    "live contributes a string": (RankLive.from_wire, {**LIVE, "contributes": "yes"}, "contributes must be true or false"),
+    "not an object": (RankLiveAnswer.from_wire, [1, 2], "must be a JSON object"),
+    "live counts ragged": (RankLiveAnswer.from_wire, {**LIVE, "counts": [[1, 2], [3]]}, "counts row 1"),
+    "live counts negative": (RankLiveAnswer.from_wire, {**LIVE, "counts": [[1, -2], [3, 4]]}, "counts[0][1]"),
+    "live counts one row for two layers": (RankLiveAnswer.from_wire, {**LIVE, "counts": [[1, 2]]}, "counts must be"),
+    "live moe_seconds nan": (RankLiveAnswer.from_wire, {**LIVE, "moe_seconds": [float("nan"), 1.0]}, "moe_seconds[0]"),
+    "live source of three": (RankLiveAnswer.from_wire, {**LIVE, "source": [0, 1, 2]}, "source must be a list of 2"),
+    "live contributes a string": (RankLiveAnswer.from_wire, {**LIVE, "contributes": "yes"}, "contributes must be true or false"),
     "record live without its stop": (RecordLive.from_wire, {"start": LIVE}, "no 'stop'"),
     "record live stop not an object": (RecordLive.from_wire, {"start": LIVE, "stop": [1]}, "stop must be an object"),
     "record live stop broken": (RecordLive.from_wire, {"start": LIVE, "stop": {**LIVE, "passes": -1}}, "passes must be"),

@@ -12,7 +12,7 @@ import pytest
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.layouts.layout import Geometry, linear_map
 from vllm_scene_eplb.layouts.score import ideal_score
-from vllm_scene_eplb.planning.step_cost import DEFAULT_SCORE, MACHINES, Machine, Scene, read_step_model, screen
+from vllm_scene_eplb.planning.step_cost import DEFAULT_SCORE, MACHINES, Machine, PricedScene, read_step_model, screen
 
 from .test_bad_input import assert_one_line_error, run
 
@@ -36,8 +36,8 @@ TINY = {
     "torch_dtype": "bfloat16",
 }
 # The field report's two P scenes: 16K without cache hits, 128K (131,076 tokens) with 90.62% hits.
-FIELD_16K = (Scene("prefill", 16384, 1024, 0.0), 1.6132, 1.0068)
-FIELD_128K = (Scene("prefill", 131076, 1024, 0.9062), 1.3868, 1.0134)
+FIELD_16K = (PricedScene("prefill", 16384, 1024, 0.0), 1.6132, 1.0068)
+FIELD_128K = (PricedScene("prefill", 131076, 1024, 0.9062), 1.3868, 1.0134)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def _parts(answer) -> dict:
 
 def test_prefill_work_matches_a_hand_count(tiny):
     """10 new tokens in one chunk: each attends to p + 1 tokens, 5.5 on average."""
-    parts = _parts(screen(tiny, Scene("prefill", 10, 1, 0.0, chunk=100, ep_size=2), MACHINES["910c"]))
+    parts = _parts(screen(tiny, PricedScene("prefill", 10, 1, 0.0, chunk=100, ep_size=2), MACHINES["910c"]))
     assert parts["routed_experts"].flops == 2 * 2 * 2 * 3 * 64 * 16  # MoE layers x 2 x top-k x expert weights
     assert parts["shared_experts"].flops == 2 * 2 * 1 * 3 * 64 * 16
     assert parts["dense_mlp"].flops == 1 * 2 * 3 * 64 * 32
@@ -74,15 +74,15 @@ def test_prefill_work_matches_a_hand_count(tiny):
 
 
 def test_a_second_chunk_up_projects_its_prefix(tiny):
-    one = _parts(screen(tiny, Scene("prefill", 10, 1, 0.0, chunk=10, ep_size=2), MACHINES["910c"]))
-    two = _parts(screen(tiny, Scene("prefill", 10, 1, 0.0, chunk=5, ep_size=2), MACHINES["910c"]))
+    one = _parts(screen(tiny, PricedScene("prefill", 10, 1, 0.0, chunk=10, ep_size=2), MACHINES["910c"]))
+    two = _parts(screen(tiny, PricedScene("prefill", 10, 1, 0.0, chunk=5, ep_size=2), MACHINES["910c"]))
     upproject = 3 * 2 * 8 * 2 * (4 + 4) * 5  # layers x kv_b over the second chunk's 5-token prefix
     assert two["attention_context"].flops - one["attention_context"].flops == pytest.approx(upproject / 10)
     assert two["routed_experts"].flops == one["routed_experts"].flops
 
 
 def test_decode_attends_over_the_latents_at_the_mean_context(tiny):
-    scene = Scene("decode", 10, 4, 0.0, batch=4, ep_size=2)
+    scene = PricedScene("decode", 10, 4, 0.0, batch=4, ep_size=2)
     assert scene.mean_context == 12.5
     parts = _parts(screen(tiny, scene, MACHINES["910c"]))
     assert parts["attention_context"].flops == pytest.approx(3 * 2 * 2 * (2 * 8 + 2) * 12.5)
@@ -91,37 +91,39 @@ def test_decode_attends_over_the_latents_at_the_mean_context(tiny):
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_the_routed_share_falls_as_the_context_grows(v3, role):
-    shares = [screen(v3, Scene(role, n, 1024, 0.0), MACHINES["910c"]).routed_share for n in (1024, 4096, 16384, 65536, 131072)]
+    shares = [
+        screen(v3, PricedScene(role, n, 1024, 0.0), MACHINES["910c"]).routed_share for n in (1024, 4096, 16384, 65536, 131072)
+    ]
     assert all(a > b for a, b in zip(shares, shares[1:])), shares
 
 
 def test_cache_hits_leave_fewer_new_tokens_to_share_the_attention(v3):
     """At one prompt length, a token computed after a cached prefix attends to more context."""
-    shares = [screen(v3, Scene("prefill", 32768, 1, f), MACHINES["910c"]).routed_share for f in (0.0, 0.5, 0.9)]
+    shares = [screen(v3, PricedScene("prefill", 32768, 1, f), MACHINES["910c"]).routed_share for f in (0.0, 0.5, 0.9)]
     assert shares[0] > shares[1] > shares[2], shares
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 @pytest.mark.parametrize("score", [1.0, 1.4, 3.0])
 def test_equal_scores_give_a_ceiling_of_one(v3, role, score):
-    answer = screen(v3, Scene(role, 16384, 1024, 0.0), MACHINES["910c"], score, score)
+    answer = screen(v3, PricedScene(role, 16384, 1024, 0.0), MACHINES["910c"], score, score)
     assert answer.ceiling_ratio == 1.0
 
 
 def test_the_ceiling_grows_with_the_running_layouts_imbalance(v3):
-    scene = Scene("prefill", 16384, 1, 0.0)
+    scene = PricedScene("prefill", 16384, 1, 0.0)
     ceilings = [screen(v3, scene, MACHINES["910c"], b).ceiling_ratio for b in (1.0, 1.2, 1.6, 2.5)]
     assert ceilings[0] == 1.0 and all(a < b for a, b in zip(ceilings, ceilings[1:])), ceilings
 
 
 def test_a_worse_candidate_is_a_ratio_below_one(v3):
-    assert screen(v3, Scene("prefill", 4096, 1, 0.0), MACHINES["910c"], 1.1, 1.5).ceiling_ratio < 1
+    assert screen(v3, PricedScene("prefill", 4096, 1, 0.0), MACHINES["910c"], 1.1, 1.5).ceiling_ratio < 1
 
 
 def test_memory_bound_experts_gain_nothing_from_a_better_score_until_the_flops_bind(v3):
     """A small decode batch reads its experts' weights whatever their tokens; with unlimited
     bandwidth the same step is FLOPs-bound and a better score pays."""
-    scene = Scene("decode", 4096, 1024, 0.0, batch=8)
+    scene = PricedScene("decode", 4096, 1024, 0.0, batch=8)
     slow = screen(v3, scene, MACHINES["910c"], 2.0)
     fast = screen(v3, scene, Machine("no memory wall", 390e12, 1e18, "a test"), 2.0)
     assert _parts(slow)["routed_experts"].bound == "bytes" and slow.ceiling_ratio == 1.0
@@ -258,7 +260,7 @@ def test_the_library_refuses_a_scene_that_is_not_one():
         ({"chunk": True}, "chunk"),
     ):
         with pytest.raises(Exception, match=expected):
-            Scene(**{"role": "prefill", "input_len": 8, "output_len": 1, "cached_share": 0.0, **bad})
+            PricedScene(**{"role": "prefill", "input_len": 8, "output_len": 1, "cached_share": 0.0, **bad})
     with pytest.raises(Exception, match="bytes_per_s"):
         Machine("broken", 1e12, float("nan"), "a test")
 
@@ -276,18 +278,18 @@ def test_v4_attention_per_compress_ratio_matches_a_hand_count(v4):
     """Decode at context 1,001: every layer attends to the window (128); the 21 ratio-4 layers to the
     top 512 of 250 compressed entries (all 250) and their indexer scores the 250; the 20 ratio-128
     layers to 7 compressed entries; the 2 window-only layers to the window alone."""
-    parts = _parts(screen(v4, Scene("decode", 1000, 1, 0.0, batch=4), MACHINES["910c"]))
+    parts = _parts(screen(v4, PricedScene("decode", 1000, 1, 0.0, batch=4), MACHINES["910c"]))
     keys = 2 * 128 + 21 * (128 + 250) + 20 * (128 + 7)
     assert parts["attention_context"].flops == pytest.approx(2 * 64 * 2 * 512 * keys + 21 * 2 * 64 * 128 * 250)
     entry, index_key = 512 * 2, 128 + 4  # bf16 entry; fp8 indexer key with one float32 scale
     assert parts["attention_context"].bytes == pytest.approx(keys * entry + 21 * 250 * index_key)
-    top = _parts(screen(v4, Scene("decode", 100_000, 1, 0.0, batch=4), MACHINES["910c"]))
+    top = _parts(screen(v4, PricedScene("decode", 100_000, 1, 0.0, batch=4), MACHINES["910c"]))
     keys = 2 * 128 + 21 * (128 + 512) + 20 * (128 + 781)  # the indexer keeps 512 of 25,000
     assert top["attention_context"].flops == pytest.approx(2 * 64 * 2 * 512 * keys + 21 * 2 * 64 * 128 * 25000)
 
 
 def test_v4_projections_hyper_connections_and_mxfp4_experts(v4):
-    parts = _parts(screen(v4, Scene("prefill", 10, 1, 0.0, chunk=100), MACHINES["910c"]))
+    parts = _parts(screen(v4, PricedScene("prefill", 10, 1, 0.0, chunk=100), MACHINES["910c"]))
     h, common = 4096, 4096 * (1024 + 512) + 1024 * 64 * 512 + 64 * 512 * 1024 + 8 * 1024 * 4096
     compressor = {0: 0, 4: h * 2 * 2 * 512 + 1024 * 64 * 128 + h * 64 + h * 4 * 128, 128: h * 2 * 512}
     weights = 43 * common + 21 * compressor[4] + 20 * compressor[128]

@@ -1,4 +1,4 @@
-"""The test-only step delay (``runtime.worker.step_delay``): off without its variable, a bad file refuses
+"""The test-only step delay (``rig.step_delay``): off without its variable, a bad file refuses
 to start, a change is read at the next step, a bad change keeps the last good delay."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
-from vllm_scene_eplb.runtime.worker.step_delay import DELAY_ENV, StepDelay, write_delay
+from vllm_scene_eplb.rig.step_delay import DELAY_ENV, StepDelay, write_delay
 
 
 def _write(path, text: str, bump: int) -> None:
@@ -69,3 +69,29 @@ def test_the_delay_is_spent_on_the_steps_core_not_given_away(tmp_path):
     cpu, wall = time.thread_time(), time.perf_counter()
     delay.spend()
     assert time.perf_counter() - wall >= 0.030 and time.thread_time() - cpu >= 0.5 * 0.030
+
+
+def test_the_step_hook_point_is_a_no_op_until_the_rig_installs_the_delay(tmp_path, monkeypatch):
+    """The seam: the product calls ``step_hook.run`` in every real step and imports no delay; the
+    module vLLM imports as the worker extension (what ``local_server`` names where the variable is
+    set) installs the delay's ``spend`` there."""
+    import importlib
+    import sys
+
+    from vllm_scene_eplb.rig.step_delay import WORKER_EXTENSION
+    from vllm_scene_eplb.runtime.worker import step_hook
+
+    step_hook.run()  # nothing installed: nothing happens
+    path = tmp_path / "delay"
+    write_delay(path, 20.0)
+    monkeypatch.setenv(DELAY_ENV, str(path))
+    module, name = WORKER_EXTENSION.rsplit(".", 1)
+    sys.modules.pop(module, None)
+    try:
+        assert isinstance(getattr(importlib.import_module(module), name), type)
+        wall = time.perf_counter()
+        step_hook.run()
+        assert time.perf_counter() - wall >= 0.020
+    finally:
+        step_hook.install(None)
+        sys.modules.pop(module, None)

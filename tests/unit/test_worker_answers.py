@@ -13,7 +13,7 @@ from vllm_scene_eplb.protocol import (
     EXPORT_STATUS_ACTION,
     LIVE_ACTION,
     NATIVE_ACTION,
-    RankLive,
+    RankLiveAnswer,
     RankNativeLoad,
     WorkerAnswer,
     WorkerStatus,
@@ -75,7 +75,7 @@ def workers() -> list[RecorderPlugin]:
 
 @pytest.mark.parametrize(
     "action, read",
-    [("status", WorkerStatus.from_wire), (LIVE_ACTION, RankLive.from_wire), (NATIVE_ACTION, RankNativeLoad.from_wire)],
+    [("status", WorkerStatus.from_wire), (LIVE_ACTION, RankLiveAnswer.from_wire), (NATIVE_ACTION, RankNativeLoad.from_wire)],
     ids=["status", "live", "native_load"],
 )
 def test_each_answer_crosses_vllms_encoding_and_reads_back_the_same(workers, action, read):
@@ -98,7 +98,7 @@ def test_the_fanout_reads_every_rank_typed(workers):
         fanout = WorkerFanout(call_every_worker)
         status = await fanout.status("status", None)
         assert [r.ep_rank for r in status.ranks] == [0, 1] and status.ranks_agree and status.status.ep_rank == 0
-        sample = live_sample(await fanout.all_ok(LIVE_ACTION, RankLive.from_wire))
+        sample = live_sample(await fanout.all_ok(LIVE_ACTION, RankLiveAnswer.from_wire))
         assert sample.passes == 2 and sample.logical.sum() == 16 and sample.logical[:, 7].tolist() == [2, 2]
         native = await fanout.native()
         assert not native.available and native.ranks == 2 and "vLLM-Ascend" in str(native.reason)

@@ -24,10 +24,10 @@ from ..errors import SceneEplbError
 from ..fileio import atomic_write_bytes, doc_checksum
 from ..protocol import STATUS_KEYS, StatusAnswer
 from ..terminal import printable, shorten
-from .results import NOT_OBSERVED, RESULT_FORMAT, Scene, aggregate, server_geometry, summarise
+from .results import NOT_OBSERVED, RESULT_FORMAT, BenchLoad, aggregate, server_geometry, summarise
 
 
-def serve_args(scene: Scene, url: str, model: str, result_dir: Path, tag: str) -> list[str]:
+def serve_args(scene: BenchLoad, url: str, model: str, result_dir: Path, tag: str) -> list[str]:
     """Arguments for vllm.benchmarks.serve: random dataset, fixed lengths, ignore EOS, detailed results."""
     return [
         "--backend",
@@ -124,7 +124,7 @@ def server_status(url: str, api_key: str | None = None) -> StatusAnswer | None:
         return None
 
 
-def resolve_cards(scene: Scene, status: StatusAnswer | None) -> tuple[Scene, str]:
+def resolve_cards(scene: BenchLoad, status: StatusAnswer | None) -> tuple[BenchLoad, str]:
     """The scene with its card count settled, and where that count came from. Without ``--cards``
     it is the server's own ranks (DP x TP workers, from the status route); a count below them
     would inflate per-card throughput and is refused."""
@@ -144,7 +144,7 @@ def resolve_cards(scene: Scene, status: StatusAnswer | None) -> tuple[Scene, str
     return scene, "--cards"
 
 
-def manifest(scene: Scene, status: StatusAnswer | None, extra: dict) -> dict:
+def manifest(scene: BenchLoad, status: StatusAnswer | None, extra: dict) -> dict:
     """Everything that defines a run; `compare` refuses or warns from these fields. Without a status
     route (``status`` None) the server's fields are NOT_OBSERVED."""
     geo = server_geometry(status)
@@ -175,7 +175,7 @@ def manifest(scene: Scene, status: StatusAnswer | None, extra: dict) -> dict:
 def bench(
     url: str,
     model: str,
-    scene: Scene,
+    scene: BenchLoad,
     out: Path,
     repeats: int = 1,
     api_key: str | None = None,

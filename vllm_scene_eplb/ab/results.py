@@ -47,7 +47,7 @@ HIGHER_IS_BETTER = {m: "throughput" in m for m in METRICS}
 
 
 @dataclass(frozen=True)
-class Scene:
+class BenchLoad:
     """A named load: request count N, concurrency C, rate r (req/s, inf = all at once), lengths, cache share."""
 
     name: str
@@ -140,7 +140,7 @@ def closed_loop_rate(starts: np.ndarray, latencies: np.ndarray, clients: int) ->
     return float(in_flight / latencies[inside].mean())
 
 
-def summarise(result: dict, scene: Scene) -> dict:
+def summarise(result: dict, scene: BenchLoad) -> dict:
     """Per-card metrics of one vllm bench serve result; NOT_OBSERVED where it gave nothing."""
     if scene.cards is None:
         raise SceneEplbError("scene: the number of cards is not known (pass --cards)")

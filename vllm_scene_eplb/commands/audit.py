@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..client.audit import audit, status_from_log
 from ..client.record import answer
+from ..client.server_audit import audit_server, status_from_log
 from ..errors import SceneEplbError
 from ..layouts.dispatch import DISPATCH_ALGORITHMS
 from ..protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING, StartupLine, StatusAnswer
@@ -47,7 +47,7 @@ def run(args, console: Console) -> None:
         status = status_from_log(args.log)
     else:
         raise SceneEplbError("audit needs --url (the status route) or --log (the server log's startup lines)")
-    checks = audit(status, args.layout, args.dispatch, args.recorder, args.log)
+    checks = audit_server(status, args.layout, args.dispatch, args.recorder, args.log)
     ok = all(c.ok for c in checks)
     text = "\n".join(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in checks)
     console.emit(

@@ -54,10 +54,10 @@ def add_arguments(p) -> None:
 
 def run(args, console: Console) -> None:
     from ..ab.bench import bench
-    from ..ab.results import Scene
+    from ..ab.results import BenchLoad
 
     check_output_file(args.output)
-    scene = Scene(
+    scene = BenchLoad(
         args.scene,
         args.num_prompts,
         args.concurrency,

@@ -9,7 +9,7 @@ from ..formats import read_layout
 from ..layouts.layout import Geometry
 from ..planning.memory import GIB, cost_sentence, geometry_cost, read_model_files, read_model_memory
 from ..planning.model_geometry import ConfigFields
-from ..planning.sizing import MIB, Recipe, fit
+from ..planning.sizing import MIB, Recipe, size_rank
 from .arguments import geometry_args, hint, model_args
 from .options import integer, number
 
@@ -88,7 +88,7 @@ def run(args, console) -> None:
         native_eplb=args.native_eplb,
         speculative_tokens=args.speculative_tokens,
     )
-    result = fit(recipe, memory, cfg, modelslim, path, args.kv_cache_dtype)
+    result = size_rank(recipe, memory, cfg, modelslim, path, args.kv_cache_dtype)
     redundant = {**geometry_cost(memory, slots), "summary": cost_sentence(geometry_cost(memory, slots), slots)}
     name = f"DP{args.dp} x TP{args.tp}, {recipe.slots_per_rank} slots per rank, max_model_len {max_len:,}"
     text = (

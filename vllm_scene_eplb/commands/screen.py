@@ -13,7 +13,7 @@ from ..planning.step_cost import (
     DEFAULT_SCORE,
     MACHINES,
     ROLES,
-    Scene,
+    PricedScene,
     read_step_model,
     screen,
 )
@@ -88,7 +88,7 @@ def add_arguments(p) -> None:
 
 def run(args, console: Console) -> None:
     model = read_step_model(args.model_config, args.kv_cache_dtype, args.expert_bytes)
-    scene = Scene(args.role, args.input_len, args.output_len, args.cached_share, args.chunk, args.batch, args.ep_size)
+    scene = PricedScene(args.role, args.input_len, args.output_len, args.cached_share, args.chunk, args.batch, args.ep_size)
     machine = MACHINES[args.machine]
     if args.peak_tflops is not None or args.hbm_tbps is not None:
         machine = replace(

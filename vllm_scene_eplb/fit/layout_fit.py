@@ -27,7 +27,19 @@ def fingerprint(counts_digest: str, options: FitOptions) -> str:
 
 def fit(counts: Counts | Sequence[Counts], options: FitOptions, scene_weights: Sequence[float] | None = None) -> Layout:
     """Fit a layout to the train half of ``counts`` (all written ring entries if fewer than two),
-    or to several scenes' train halves with ``scene_weights`` (default equal; see ``fit_scenes``)."""
+    or to several scenes' train halves with ``scene_weights`` (default equal; see ``fit_scenes``).
+
+    ``counts``: one ``Counts`` [T, L, E] or several of the same L and E; ``options.geometry``'s E
+    must be theirs. Returns a ``Layout``: ``physical_to_logical_map`` [L, P] (P = E + R),
+    ``static_sources`` [L, P] for ``static`` dispatch (else None), ``moe_layers`` from the counts'
+    meta (else the rows with any routing), and ``meta``: ``fingerprint`` (fitter version, counts
+    and options), ``fitter``, ``source_counts_sha256`` (one per scene), ``scene_weights`` [n],
+    ``objective``, ``dispatch``, ``robust``, ``expert_groups``, ``model``, ``role`` (``mixed``
+    where the scenes' differ) and ``EXPECTED_KEY``: the expected score on the scenes' mix (its
+    dispatch, median and worst over the MoE layers).
+
+    Example: counts [T, 61, 256] of DeepSeek-V3 (3 dense layers all zero, 58 MoE layers) fitted with
+    ``FitOptions(Geometry(256, 16, 16))`` give a map [61, 272] whose ``moe_layers`` are rows 3..60."""
     g = options.geometry
     scenes = [counts] if isinstance(counts, Counts) else list(counts)
     check_scenes(scenes, g.num_experts)

@@ -28,7 +28,25 @@ ROBUST_KAPPAS = (0.0, 0.5, 1.0, 2.0)
 
 @dataclass(frozen=True)
 class FitOptions:
-    """What the fitter optimises for: the geometry, the dispatch it will run under, robust mode."""
+    """What the fitter optimises for: the geometry, the dispatch it will run under, robust mode.
+
+    - ``geometry``: ``Geometry``: E experts, R redundant slots, ep_size ranks, num_nodes; the fitted
+      map is [L, P] with P = E + R.
+    - ``dispatch``: ``"static"`` or ``"dynamic"`` (``DISPATCH_ALGORITHMS``): the dispatch the layout
+      will run under; ``static`` also fits the static table (``Layout.static_sources`` [L, P]) and
+      spreads an expert's replicas over nodes.
+    - ``robust``: fit the [T, L, E] series' risk weights ``mean + kappa * std`` per layer rather than
+      the mean (see docs/fitter.md).
+    - ``expert_groups``: the model's routing groups (DeepSeek-V3/R1: ``n_group`` = 8), dividing E;
+      1: none. ``group_hedge`` (>= 0): the placement weight of a rank's load from an expert's own
+      groups.
+    - ``max_rounds`` (>= 0), ``tolerance``: the swap refinement's rounds and its stop: a layer within
+      ``tolerance`` of perfect balance is done.
+    - ``objective``: ``"mean"`` or ``"worst"`` (``OBJECTIVES``): with several scenes, balance their
+      weighted mix, or also each layer's worst scene.
+
+    Example: ``FitOptions(Geometry(256, 16, 16), dispatch="static", expert_groups=8)``: DeepSeek-V3
+    on EP16 with one redundant slot per rank (P = 272, S = 17 slots per rank)."""
 
     geometry: Geometry
     dispatch: str = "static"
@@ -60,7 +78,9 @@ class FitOptions:
 
 
 class Fitted(NamedTuple):
-    """A fitted map [L, P] and, for ``static`` dispatch, its fitted source ranks per slot [L, P]."""
+    """What a fit stage returns before ``fit`` wraps it in a ``Layout``: ``map`` int64 [L, P] (the
+    ``physical_to_logical_map``) and, for ``static`` dispatch, ``static_sources`` int64 [L, P] (source
+    ranks per slot; None for ``dynamic``)."""
 
     map: np.ndarray
     static_sources: np.ndarray | None

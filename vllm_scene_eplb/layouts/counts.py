@@ -102,11 +102,31 @@ def validate_sources(raw: Any, logical: np.ndarray, path: str | None = None) -> 
 @dataclass(frozen=True)
 class Counts:
     """Validated routing counts plus free-form metadata (model, role, geometry, layer ids...), and
-    where the recorder saw them, the measured replica traffic ``physical`` [T, L, P]: assignments
-    per physical slot, the same entries and layers, the same totals; and ``sources`` [S, L, E]: the
-    window's assignments by the EP rank s that routed them itself (its DP rank's tokens, or its even
-    share of the rows of a batch several TP ranks see: the static table's source rank s), summed over
-    the entries: ``sources.sum(0) == data.sum(0)``."""
+    where the recorder saw them, the measured replica traffic and the counts by source rank.
+
+    Shapes: T recorder ring entries (each the counts of ``steps_per_entry`` engine steps; unwritten
+    entries are all zero), L layers of the model's layer axis (dense layers all zero), E logical
+    experts, P physical slots of the layout that ran, S source ranks (the EP ranks). A value is a
+    number of (token, top-k) assignments, summed over ranks exactly once.
+
+    - ``data``: int64 [T, L, E] (a [L, E] input is read as T = 1); each value and the total at
+      most 2**53, so every sum of them is exact.
+    - ``meta``: dict: model, role, geometry, ``moe_layers``, dump figures, ...
+    - ``physical``: int64 [T, L, P] or None: the same assignments by the physical slot that computed
+      them; the same entries and layers, ``physical.sum(2) == data.sum(2)``.
+    - ``sources``: int64 [S, L, E] or None: the window's assignments by the EP rank s that routed
+      them itself (its DP rank's tokens, or its even share of the rows of a batch several TP ranks
+      see: the static table's source rank s), summed over the entries: ``sources.sum(0) ==
+      data.sum(0)``.
+
+    Example: T = 2 entries, one MoE layer, E = 3, top-k 2, one token per entry, on ep_size 2 with
+    R = 1 (the map ``[[0, 1, 2, 0]]``); entry 0's token (routed by rank 0) picks experts 0 and 2,
+    entry 1's (routed by rank 1) experts 0 and 1, each served by its own rank's replica of 0::
+
+        data     = [[[1, 0, 1]], [[1, 1, 0]]]          # [T, L, E]; total() = [[2, 1, 1]]
+        physical = [[[1, 0, 1, 0]], [[0, 1, 0, 1]]]    # [T, L, P]: entry 1's expert 0 ran on slot 3
+        sources  = [[[1, 0, 1]], [[1, 1, 0]]]          # [S, L, E]: by source rank, entries summed
+    """
 
     data: np.ndarray
     meta: dict = field(default_factory=dict)

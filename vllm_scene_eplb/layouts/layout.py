@@ -151,11 +151,32 @@ def linear_map(geometry: Geometry, num_layers: int) -> np.ndarray:
 class Layout:
     """A validated `physical_to_logical_map` [L, P] with its geometry and provenance.
 
-    ``moe_layers`` lists the rows that are MoE layers (the rest are dense, kept only so the layer
-    axis matches the counts and the model); ``meta`` carries fingerprint, source counts digest, etc.
-    ``static_sources`` [L, P], when the fitter chose it, is how many source ranks each slot serves
-    under ``static`` dispatch (``dispatch.static_table`` derives the table from it); without it the
-    static table is the even split.
+    Shapes: L rows, the model's layer axis (dense layers included); E = ``geometry.num_experts``
+    logical experts; R = ``geometry.num_redundant`` redundant slots; P = E + R physical slots per
+    layer; S = P / ep_size slots per EP rank.
+
+    - ``physical_to_logical_map``: int64 [L, P]. Slot ``p`` of row ``l`` holds logical expert
+      ``physical_to_logical_map[l, p]`` in [0, E); EP rank ``r`` owns slots [r*S, (r+1)*S)
+      (``geometry.rank_of_slot()``). Checked: every expert has a slot in every row, and no rank
+      holds one expert twice.
+    - ``geometry``: ``Geometry`` (E, R, ep_size, num_nodes).
+    - ``moe_layers``: tuple of row indices, sorted: the rows that are MoE layers (the rest are
+      dense, kept only so the layer axis matches the counts and the model); every row when not given.
+    - ``meta``: dict, the provenance ``fit`` writes (fingerprint, fitter version, source counts
+      digests, scene weights, options, model, role, and the expected score under ``EXPECTED_KEY``).
+    - ``static_sources``: int64 [L, P] or None. Under ``static`` dispatch, how many source ranks
+      each slot serves (at least 1, its own rank; an expert's slots sum to ep_size), as the fitter
+      chose it; ``dispatch.static_table`` derives the table [L, ep, E] from it. None: the table is
+      the even split.
+
+    Example: E = 4 experts, R = 2, ep_size = 2 (P = 6, S = 3), one layer where experts 0 and 1 are
+    hot and get a second replica each::
+
+        physical_to_logical_map = [[0, 1, 2,  0, 3, 1]]   # rank 0: slots 0-2; rank 1: slots 3-5
+        replica_counts()        = [[2, 2, 1, 1]]          # int [L, E]: replicas per expert
+        static_sources          = [[1, 1, 2,  1, 2, 1]]   # expert 2's one slot serves both ranks
+        static_table(...)       = [[[0, 1, 2, 4],         # rank 0's tokens of expert e go to slot ...
+                                    [3, 5, 2, 4]]]        # rank 1's: its own replicas of 0 and 1
     """
 
     physical_to_logical_map: np.ndarray

@@ -81,7 +81,7 @@ class Recipe:
 
 
 @dataclass(frozen=True)
-class RankFit:
+class RankSizing:
     """One rank's memory under a recipe (bytes) and whether it fits (``problems`` empty)."""
 
     non_routed_bytes: int
@@ -338,9 +338,9 @@ def mc2_hccl_bytes(cfg: dict, slots_per_rank: int, ep: int, max_bs: int, path: s
     return 2 * (slots_per_rank * max_bs * ep * token + (top_k + shared) * max_bs * _align(2 * hidden, 512))
 
 
-def fit(
+def size_rank(
     recipe: Recipe, memory: ModelMemory, cfg: dict, modelslim: dict | None, path: str | None = None, kv_cache_dtype: str = "auto"
-) -> RankFit:
+) -> RankSizing:
     """One rank's memory under ``recipe`` and what does not fit (one sentence each, with the numbers);
     ``kv_cache_dtype`` as ``memory`` was priced with."""
     ep = recipe.dp * recipe.tp
@@ -384,7 +384,7 @@ def fit(
             f"HCCL_BUFFSIZE {recipe.hccl_buffsize_mb} MB is below the {need_mb} MB MC2 needs for "
             f"{max_bs} tokens per rank x {recipe.slots_per_rank} local experts x EP {ep}"
         )
-    return RankFit(
+    return RankSizing(
         non_routed,
         routed,
         hccl,

@@ -109,7 +109,7 @@ MACHINES = {
 
 
 @dataclass(frozen=True)
-class Scene:
+class PricedScene:
     """A serving scene as the screen prices it (see the module docstring)."""
 
     role: str
@@ -212,7 +212,7 @@ class Screen:
     """What ``scene-eplb screen`` answers: the parts of a step, the routed experts' share of it and
     the step ratio a layout at ``candidate_score`` gives over one at ``score``, with its assumptions."""
 
-    scene: Scene
+    scene: PricedScene
     machine: Machine
     parts: tuple[Part, ...]  # work is the mean rank's; the routed experts' time and share at ``score``
     score: float
@@ -244,7 +244,7 @@ class _Work:
         return float(np.maximum(score * self.flops / machine.peak_flops, self.bytes / machine.bytes_per_s).sum())
 
 
-def _steps(scene: Scene) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _steps(scene: PricedScene) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per step of one rank: new tokens, the context they attend to summed over them, the prefix the
     step up-projects (prefill) and the tokens it samples."""
     if scene.role == "decode":
@@ -260,7 +260,7 @@ def _steps(scene: Scene) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     return tokens, context, prefix, sampled
 
 
-def _mla_parts(model: StepModel, m: MlaShape, scene: Scene) -> dict[str, _Work]:
+def _mla_parts(model: StepModel, m: MlaShape, scene: PricedScene) -> dict[str, _Work]:
     """MLA attention and the dense layers' MLP per step (module docstring)."""
     wb = model.linear_bytes
     tokens, context, prefix, _ = _steps(scene)
@@ -289,7 +289,7 @@ def _mla_parts(model: StepModel, m: MlaShape, scene: Scene) -> dict[str, _Work]:
     }
 
 
-def _context_sums(scene: Scene, f) -> np.ndarray:
+def _context_sums(scene: PricedScene, f) -> np.ndarray:
     """Per step, ``f(c)`` summed over its new tokens, c the context each attends to (itself included):
     every position of each prefill chunk, or decode's batch at the mean context."""
     if scene.role == "decode":
@@ -298,7 +298,7 @@ def _context_sums(scene: Scene, f) -> np.ndarray:
     return np.add.reduceat(f(c), np.arange(0, len(c), scene.chunk))
 
 
-def _v4_parts(model: StepModel, m: V4Shape, cache: V4Cache, scene: Scene) -> dict[str, _Work]:
+def _v4_parts(model: StepModel, m: V4Shape, cache: V4Cache, scene: PricedScene) -> dict[str, _Work]:
     """DeepSeek-V4's attention per layer kind and its hyper-connections per step (module docstring)."""
     tokens, _, prefix, _ = _steps(scene)
     steps = np.ones_like(tokens)
@@ -335,7 +335,7 @@ def _v4_parts(model: StepModel, m: V4Shape, cache: V4Cache, scene: Scene) -> dic
     }
 
 
-def _work(model: StepModel, scene: Scene) -> dict[str, _Work]:
+def _work(model: StepModel, scene: PricedScene) -> dict[str, _Work]:
     """Every part's work per step (module docstring)."""
     m, wb = model.shape, model.linear_bytes
     tokens, _, _, sampled = _steps(scene)
@@ -398,7 +398,7 @@ def _model_said(model: StepModel) -> list[str]:
     ]
 
 
-def _assumptions(model: StepModel, scene: Scene, machine: Machine, score_given: bool) -> tuple[str, ...]:
+def _assumptions(model: StepModel, scene: PricedScene, machine: Machine, score_given: bool) -> tuple[str, ...]:
     m = model.shape
     said = [
         f"time: each part on the roofline of {machine.name}, max(FLOPs / {machine.peak_flops / 1e12:g} TFLOP/s, "
@@ -435,7 +435,7 @@ def _assumptions(model: StepModel, scene: Scene, machine: Machine, score_given: 
 
 def screen(
     model: StepModel,
-    scene: Scene,
+    scene: PricedScene,
     machine: Machine,
     score: float | None = None,
     candidate_score: float = 1.0,

@@ -5,8 +5,12 @@ every answer that crosses (worker -> API server -> client) as a typed object wit
 - ``routes``: the control routes, the worker actions behind them and the keys of their answers;
 - ``fields``: the field readers every wire object is read with (one line naming the field at fault);
 - ``status``: a worker's status, every rank's view and the startup line;
-- ``answers``: the live object and the status answer around it, the export, dump, live-count and
-  native-load answers, and the worker answer that carries them;
+- ``status_answer``: the status route's answer (EP rank 0's status, every rank's view, their
+  agreement, the live object, the node's flow);
+- ``live``: the status answer's live object, and the workers' live and record-live answers;
+- ``export``: a worker's export job, its dump start and the dump route's answer;
+- ``native_load``: a rank's engine counters and the native_load route's sum;
+- ``worker_answer``: the worker answer that carries any payload over collective_rpc;
 - ``timing``: the timing window ``advise`` prices, with the server it came from;
 - ``pass_groups``: a timing window's passes by size (a rank's sums, the window's means);
 - ``advice``: what ``advise`` answers;
@@ -19,25 +23,11 @@ renamed everywhere. Stdlib only.
 """
 
 from .advice import VERDICTS, Advice
-from .answers import (
-    EXPORT_STATES,
-    DumpAnswer,
-    DumpStarted,
-    ExportJobAnswer,
-    LiveAnswer,
-    LiveTime,
-    MeasuredView,
-    NativeCounts,
-    NativeLoadAnswer,
-    RankLive,
-    RankNativeLoad,
-    RecordLive,
-    StatusAnswer,
-    WireObject,
-    WorkerAnswer,
-)
+from .export import EXPORT_STATES, DumpAnswer, DumpStarted, ExportJobAnswer
 from .fields import MAX_WIRE_INT
 from .flow import FLOW_KEY, FLOW_SOURCES, FlowView
+from .live import LiveAnswer, LiveTime, MeasuredView, RankLiveAnswer, RecordLive
+from .native_load import NativeCounts, NativeLoadAnswer, RankNativeLoad
 from .pass_groups import GROUPS, PASS_GROUP_TOKENS, PassGroup, RankPassGroups, group_tokens, pass_group
 from .routes import (
     ACTIONS,
@@ -70,7 +60,9 @@ from .status import (
     parse_startup_lines,
     startup_line,
 )
+from .status_answer import StatusAnswer
 from .timing import PROVENANCE_KEYS, TimingWindow
+from .worker_answer import WireObject, WorkerAnswer
 
 __all__ = [
     "ACTIONS",
@@ -111,7 +103,7 @@ __all__ = [
     "RECORD_LIVE_ACTION",
     "ROUTES",
     "ROUTE_BY_ACTION",
-    "RankLive",
+    "RankLiveAnswer",
     "RankNativeLoad",
     "RankPassGroups",
     "RankView",

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import SceneEplbError
-from .answers import LiveTime, StatusAnswer, _active_slots, _wait_share
 from .fields import _Fields, _floats, _non_negative
+from .live import LiveTime, _active_slots, _wait_share
 from .pass_groups import PassGroup, check_groups, read_groups
 from .routes import LIVE_KEY
 from .status import _STATUS_FIELDS
+from .status_answer import StatusAnswer
 
 # The status answer's ``live.time`` object as ``advise`` reads it, checked where it is read: a
 # timing window with NaN, a negative time or a step shorter than the MoE time in it is refused
@@ -37,21 +38,41 @@ def _provenance(said: dict, window: _Fields) -> dict:
 
 @dataclass(frozen=True)
 class TimingWindow:
-    """One live window's MoE timing over every rank: ``rank_ms`` [ranks][layers] local expert ms
-    per pass and ``rank_assignments`` [ranks][layers] the assignments each rank computed per pass
-    (the x of advise's count -> time model), ``step_ms`` the mean wall ms of a step, ``provenance``
-    the server it came from (every one of ``PROVENANCE_KEYS``: a window that leaves one out is
-    refused, never read as the linear layout; ``layout_hash`` None *is* the linear layout),
-    ``moe_share`` its MoE part, ``sub_windows`` the step ms of the server's recent windows (their
-    spread is a measured noise floor), ``record`` whether it is a record's own window
-    (``live.record_time``: the passes of that record's dump) rather than a live window that falls
-    where it falls, ``gap_ms`` the mean busy pause between steps (what a step's throughput pays
-    beside the step; 0 where not timed), ``rank_active_slots`` [ranks][layers] the mean slots per
-    pass each rank computed at least one assignment for (whose weights it read; None where the
-    server does not capture them: the model then prices no cost per active slot), ``wait_share`` the
-    largest share of a rank's step time its stepping thread waited on a run queue (other work on its
-    core; None where not read) and ``pass_groups`` the window's passes by size (``PassGroup``: where
-    they differ in size, the cost per assignment and per active slot are fitted across them)."""
+    """One window's MoE timing over every rank, what ``advise`` prices a layout with.
+
+    Shapes: R EP ranks (in EP rank order), L_moe MoE layers (in order); every [R][L_moe] is a
+    tuple of R tuples of L_moe floats, means per pass over the window's passes.
+
+    - ``rank_ms``: [R][L_moe] local expert ms per pass.
+    - ``rank_assignments``: [R][L_moe] the assignments each rank computed per pass (the x of
+      advise's count -> time model).
+    - ``step_ms``: the mean wall ms of a step (at least the MoE ms a rank spends in it).
+    - ``provenance``: dict, every one of ``PROVENANCE_KEYS``: the server it came from (a window that
+      leaves one out is refused, never read as the linear layout; ``layout_hash`` None *is* the
+      linear layout).
+    - ``moe_share``: the MoE part of the step time, in [0, 1], or None.
+    - ``sub_windows``: the step ms of the server's recent windows (their spread is a measured noise
+      floor).
+    - ``record``: whether it is a record's own window (``live.record_time``: the passes of that
+      record's dump) rather than a live window that falls where it falls.
+    - ``gap_ms``: the mean busy pause between steps (what a step's throughput pays beside the step;
+      0 where not timed).
+    - ``rank_active_slots``: [R][L_moe] the mean slots per pass each rank computed at least one
+      assignment for (whose weights it read), or None where the server does not capture them (the
+      model then prices no cost per active slot).
+    - ``wait_share``: the largest share of a rank's step time its stepping thread waited on a run
+      queue (other work on its core), or None where not read.
+    - ``pass_groups``: the window's passes by size (``PassGroup``, each with its own [R][L_moe]
+      means: where they differ in size, the cost per assignment and per active slot are fitted
+      across them).
+
+    Example: EP 2, two MoE layers, rank 0 hot in layer 0::
+
+        rank_ms          = ((1.8, 1.1), (1.0, 1.1))        # [R][L_moe] ms per pass
+        rank_assignments = ((90.0, 52.0), (38.0, 52.0))    # [R][L_moe] assignments per pass
+        step_ms = 12.5; moe_share = 0.25                   # a quarter of a step in MoE
+        ranks == 2; layers == 2                            # the properties
+    """
 
     rank_ms: tuple[tuple[float, ...], ...]
     rank_assignments: tuple[tuple[float, ...], ...]

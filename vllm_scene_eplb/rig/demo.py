@@ -33,7 +33,7 @@ from ..ab.compare import chart_png, compare, markdown
 from ..ab.factorial import ARMS, analyse, effect_line, round_orders
 from ..ab.factorial import chart_png as factorial_png
 from ..ab.factorial import markdown as markdown_effects
-from ..ab.results import Scene, prefill_metric
+from ..ab.results import BenchLoad, prefill_metric
 from ..advise import advise
 from ..client.record import answer
 from ..fileio import atomic_write_bytes, atomic_write_files
@@ -64,16 +64,16 @@ class Loads:
     """The demo's three loads on one input length: the measured ``target``, a small ``warmup`` before
     each measurement, and the ``record`` load the recording server counts (each its own seed)."""
 
-    target: Scene
-    warmup: Scene
-    record: Scene
+    target: BenchLoad
+    warmup: BenchLoad
+    record: BenchLoad
 
     @classmethod
     def of(cls, num_prompts: int, concurrency: int, input_len: int, output_len: int = 4) -> Loads:
         """Prefill loads (4 output tokens) by default; a longer ``output_len`` makes them decode loads."""
 
-        def scene(name: str, n: int, seed: int) -> Scene:
-            return Scene(
+        def scene(name: str, n: int, seed: int) -> BenchLoad:
+            return BenchLoad(
                 name=name,
                 num_prompts=n,
                 concurrency=concurrency,
@@ -151,7 +151,7 @@ def warm_up(srv, rig: Rig, name: str) -> None:
     bench(srv.url, str(rig.model), rig.loads.warmup, rig.out / f"warmup-{name}.json", progress=say)
 
 
-def measure(srv, rig: Rig, scene: Scene, name: str, repeats: int = 1) -> dict:
+def measure(srv, rig: Rig, scene: BenchLoad, name: str, repeats: int = 1) -> dict:
     """``scene`` on ``srv`` with the recorder off (refused otherwise), ``repeats`` times, saved as ``name``."""
     if answer(srv.url, "status").status.recording:
         raise SystemExit("demo: the recorder must be off for a measurement run")

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .step_delay import DELAY_ENV, WORKER_EXTENSION
+
 # fp32, no prefix caching (recorded totals stay exact), small CPU memory share.
 COMMON_ARGS = (
     "--dtype",
@@ -238,6 +240,8 @@ def start_server(
         *engine_args,
         *extra,
     ]
+    if DELAY_ENV in env:  # the test-only step delay: vLLM imports it in each worker (rig/step_delay_worker)
+        args += ["--worker-extension-cls", WORKER_EXTENSION]
     if api_key:
         args += ["--api-key", api_key]
     log = workdir / f"{name}.log"

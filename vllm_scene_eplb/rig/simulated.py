@@ -40,7 +40,7 @@ class Device:
 
 
 @dataclass(frozen=True)
-class Scene:
+class SimulatedTraffic:
     """What is served: each MoE layer's expert distribution ``p`` [L, E], tokens per pass, top-k, role."""
 
     p: np.ndarray
@@ -97,7 +97,7 @@ class Server:
     ``noise`` (seeded): every rank's ms per layer and every sub-window's step times 1 + N(0, noise);
     with ``capture_active`` the window also carries every rank's mean active slots per pass."""
 
-    scene: Scene
+    scene: SimulatedTraffic
     device: Device
     ep_size: int
     running: Layout | None = None

@@ -49,8 +49,7 @@ from ...errors import SceneEplbError
 from ...planning.model_geometry import from_hf_config
 from ...runtime.config import parse_config, plugin_enabled
 from ...runtime.layout_check import ep_ranks
-from ...runtime.worker import load_journal
-from ...runtime.worker.step_delay import StepDelay
+from ...runtime.worker import load_journal, step_hook
 from . import expert_loading, worker_plugin
 
 
@@ -289,15 +288,13 @@ def _patch_step(GPUModelRunner) -> None:
         orig(self, is_dummy, is_profile)
         worker_plugin.current().end_step(is_dummy)
 
-    delay = StepDelay.from_env()  # test-only, off unless its variable is set
-
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
         rt = worker_plugin.current()
         rt.discard_pass()  # whatever ran since the last step boundary (a warm-up) is not this step's
         rt.begin_step(scheduler_output.total_num_scheduled_tokens)
-        if delay is not None and rt is not worker_plugin.NULL_PLUGIN and scheduler_output.total_num_scheduled_tokens:
-            delay.spend()  # inside the step's clock: the step is that much longer, as a slower MoE would make it
+        if rt is not worker_plugin.NULL_PLUGIN and scheduler_output.total_num_scheduled_tokens:
+            step_hook.run()  # a no-op unless a test installed one (the rig's step delay), inside the step's clock
         return execute(self, scheduler_output, *args, **kwargs)
 
     GPUModelRunner.eplb_step = eplb_step

@@ -1,5 +1,5 @@
 """Live fitness in the API server: with ``scene_eplb.live_counts`` on, a background task reads every
-rank's cumulative live counts (``protocol.RankLive``) each ``live_window_s``, sums the ranks that
+rank's cumulative live counts (``protocol.RankLiveAnswer``) each ``live_window_s``, sums the ranks that
 count each token once, scores the window with the loaded layout and dispatch
 (``fitness.LiveFitness``), logs the drift alarm's changes, sets the gauges on ``/metrics``
 (``metrics``) and holds the status route's ``live`` object (``protocol.LiveAnswer``). When a record
@@ -21,7 +21,7 @@ from ...errors import SceneEplbError
 from ...formats import GeometryHint, read_layout
 from ...live.fitness import LiveFitness, LiveSample
 from ...live.measured import RankGroups, RankTime, SourceTraffic
-from ...protocol import LIVE_ACTION, PROVENANCE_KEYS, RECORD_LIVE_ACTION, LiveAnswer, RankLive, RecordLive, StatusAnswer
+from ...protocol import LIVE_ACTION, PROVENANCE_KEYS, RECORD_LIVE_ACTION, LiveAnswer, RankLiveAnswer, RecordLive, StatusAnswer
 from ..config import PluginConfig
 from . import metrics
 from .fanout import RouteError, WorkerFanout
@@ -58,7 +58,7 @@ class LivePoller:
 
     async def window(self, window: float) -> None:
         """One window: every rank's counts, scored, its alarm logged when it changes, published."""
-        sample = live_sample(await self.fanout.all_ok(LIVE_ACTION, RankLive.from_wire, timeout=window))
+        sample = live_sample(await self.fanout.all_ok(LIVE_ACTION, RankLiveAnswer.from_wire, timeout=window))
         if self.live is None:
             self.live = await self._view(sample.logical.shape[1])
         now = time.monotonic()
@@ -114,7 +114,7 @@ class LivePoller:
         return LiveAnswer.from_wire(live.to_wire(), "the live fitness of this server")
 
 
-def live_sample(ranks: Sequence[RankLive]) -> LiveSample:
+def live_sample(ranks: Sequence[RankLiveAnswer]) -> LiveSample:
     """One cumulative sample from every rank's live answer: counts of the ranks that count each token
     once (logical, physical where every such rank has them), the sources (every rank's counts of the
     rows it routes itself: the traffic of its EP rank's static table row), every rank's timing."""

@@ -9,5 +9,5 @@
 - ``export``: the integer SUM of the counts over a Gloo group, rank 0 writes one file (torch);
 - ``load_audit``, ``load_journal``: the audit of the expert weights a worker loaded;
 - ``worker``: one worker's recorder state and control actions (start, stop, dump, status, live);
-- ``step_delay``: test-only, a known extra time in every engine step.
+- ``step_hook``: a hook point inside every real engine step, a no-op unless a test installs one.
 """

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from .count_ring import Record
-    from .live_totals import LiveCounts
+    from .live_totals import LiveTotalsSnapshot
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Observer(StepHooks, Protocol):
 
     def snapshot(self) -> Record: ...
 
-    def live_counts(self) -> LiveCounts | None: ...
+    def live_counts(self) -> LiveTotalsSnapshot | None: ...
 
     def status(self) -> ObserverStatus: ...
 

@@ -17,7 +17,7 @@ from .pass_counts import PassCounts
 
 
 @dataclass(frozen=True)
-class LiveCounts:
+class LiveTotalsSnapshot:
     """A rank's cumulative live counts, read between steps: logical [L, E], physical [L, P] (None
     where the adapter does not see physical ids) and passes. With ``time_moe``: the seconds of each
     layer's local expert computation [L] over the ``moe_passes`` passes that ran it (dummy passes
@@ -61,10 +61,10 @@ class LiveTotals:
         if self.sources is not None and passes.sources is not None:
             self.sources.add_(passes.sources)
 
-    def read(self, space: IdSpace, times: MoeTimes) -> LiveCounts | None:
+    def read(self, space: IdSpace, times: MoeTimes) -> LiveTotalsSnapshot | None:
         """The totals on CPU with ``times`` beside them (between steps only); None when off."""
         if not self.on:
             return None
         logical, physical = space.views(self.counts)
         own = space.views(self.sources)[0] if self.sources is not None else logical
-        return LiveCounts(logical, physical, self.passes, *times, own)
+        return LiveTotalsSnapshot(logical, physical, self.passes, *times, own)

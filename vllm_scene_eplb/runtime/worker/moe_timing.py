@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .device_timer import DeviceMoeTimer
     from .run_queue import RunQueueWait
 
-MoeTimes = tuple[list[float] | None, int, int, float, float, float, int]  # LiveCounts' timing fields, moe_seconds .. gaps
+MoeTimes = tuple[list[float] | None, int, int, float, float, float, int]  # LiveTotalsSnapshot' timing fields, moe_seconds .. gaps
 IDLE_PAUSE_S = 0.5  # a pause between steps this long is the engine idle, waiting for work, not part of a busy loop
 
 

@@ -32,7 +32,7 @@ from ...protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING, RankPas
 from .count_ring import CountRing, Record
 from .id_space import IdSpace
 from .interfaces import NullSteps, ObserverStatus
-from .live_totals import LiveCounts, LiveTotals
+from .live_totals import LiveTotals, LiveTotalsSnapshot
 from .moe_timing import MoeTiming
 from .pass_counts import PassCounts
 from .run_queue import RunQueueWait
@@ -150,7 +150,7 @@ class RoutingObserver:
 
     # ------------------------------------------------------------ reads and control (host, between steps)
 
-    def live_counts(self) -> LiveCounts | None:
+    def live_counts(self) -> LiveTotalsSnapshot | None:
         """The cumulative counts (and times) of every real pass so far, on CPU (between steps only);
         None when live counting is off."""
         live = self.totals.read(self.space, self.timing.read())

@@ -25,7 +25,7 @@ from ...protocol import (
     RECORD_LIVE_ACTION,
     DumpStarted,
     NativeCounts,
-    RankLive,
+    RankLiveAnswer,
     RankNativeLoad,
     RecordLive,
     WorkerAnswer,
@@ -76,7 +76,7 @@ class RecorderPlugin:
     server_start: str = field(default_factory=lambda: uuid.uuid4().hex)
     load_audit: LoadAudit | None = None  # what the adapter's load audit checked (set when it binds)
     # The live counts as the last record started and stopped (None: live counts off, or not yet).
-    record_live: tuple[RankLive | None, RankLive | None] = (None, None)
+    record_live: tuple[RankLiveAnswer | None, RankLiveAnswer | None] = (None, None)
 
     def status(self) -> WorkerStatus:
         """What the status route and the startup log line report (``protocol.STATUS_KEYS``)."""
@@ -210,13 +210,13 @@ class RecorderPlugin:
             reason=f"{self.engine}: the plugin reads the engine's own load counters on vLLM-Ascend with dynamic EPLB only",
         )
 
-    def _live(self) -> RankLive:
-        """This rank's cumulative live counts (``protocol.RankLive``)."""
+    def _live(self) -> RankLiveAnswer:
+        """This rank's cumulative live counts (``protocol.RankLiveAnswer``)."""
         live = self.observer.live_counts()
         if live is None:
             raise SceneEplbError("no live counts on this server (live_counts is off, or the model is not bound yet)")
         source = self.source_ranks()
-        return RankLive(
+        return RankLiveAnswer(
             counts=_rows(live.logical),
             physical=None if live.physical is None else _rows(live.physical),
             own_counts=None if live.own is None else _rows(live.own),
@@ -237,7 +237,7 @@ class RecorderPlugin:
             wait_seconds=None if live.wait_seconds is None else float(live.wait_seconds),
         )
 
-    def _live_now(self) -> RankLive | None:
+    def _live_now(self) -> RankLiveAnswer | None:
         """``_live`` where live counts are on; None where they are off."""
         return self._live() if self.config.live_counts else None
 

@@ -26,14 +26,14 @@ from ..protocol import (
 
 
 @dataclass(frozen=True)
-class Check:
+class ServerCheck:
     name: str
     ok: bool
     detail: str
 
 
-def _check(name: str, expected, actual) -> Check:
-    return Check(name, expected == actual, f"expected {expected}, server reports {actual}")
+def _check(name: str, expected, actual) -> ServerCheck:
+    return ServerCheck(name, expected == actual, f"expected {expected}, server reports {actual}")
 
 
 def log_records(path: str | Path) -> list[StartupLine]:
@@ -47,27 +47,27 @@ def log_records(path: str | Path) -> list[StartupLine]:
 
 def status_from_log(path: str | Path) -> StartupLine:
     """The first worker's startup line, for engines where the plugin has no status route
-    (vLLM-Ascend); ``audit`` then checks every other worker's line against it."""
+    (vLLM-Ascend); ``audit_server`` then checks every other worker's line against it."""
     records = log_records(path)
     if not records:
         raise SceneEplbError("no scene-eplb startup line in the server log", path)
     return records[0]
 
 
-def _rank_checks(status: StatusAnswer) -> list[Check]:
-    """Every rank against EP rank 0 (the checks of ``audit`` read EP rank 0), and their skipped passes."""
+def _rank_checks(status: StatusAnswer) -> list[ServerCheck]:
+    """Every rank against EP rank 0 (the checks of ``audit_server`` read EP rank 0), and their skipped passes."""
     own, ranks = status.status, status.ranks
     differ = sorted({k for r in ranks for k in AGREEMENT_KEYS if hasattr(r, k) and getattr(r, k) != getattr(own, k)})
     skipped = sum(r.skipped_passes for r in ranks)
     return [
-        Check(
+        ServerCheck(
             "every rank agrees",
             status.ranks_agree,
             f"{len(ranks)} rank(s) (EP ranks {[r.ep_rank for r in ranks]}) report the same {', '.join(AGREEMENT_KEYS)}"
             if status.ranks_agree
             else f"ranks differ in {', '.join(differ) or 'a key'}",
         ),
-        Check(
+        ServerCheck(
             "no skipped passes",
             skipped == 0,
             "every rank attributed the rows of every MoE layer pass it ran"
@@ -79,13 +79,13 @@ def _rank_checks(status: StatusAnswer) -> list[Check]:
     ]
 
 
-def audit(
+def audit_server(
     status: StatusAnswer | StartupLine,
     layout_path: str | None,
     dispatch: str | None,
     recorder: str | None,
     log_path: str | None = None,
-) -> list[Check]:
+) -> list[ServerCheck]:
     """Checks of ``status`` (the status route's answer, or where there is none the first worker's
     startup line) and the log's startup lines against the intended layout and settings."""
     layout = read_layout(layout_path) if layout_path else None
@@ -108,8 +108,8 @@ def audit(
     if log_path:
         records = log_records(log_path)
         if not records:
-            checks.append(Check("startup log", False, f"no scene-eplb startup line in {log_path}"))
+            checks.append(ServerCheck("startup log", False, f"no scene-eplb startup line in {log_path}"))
         for i, rec in enumerate(records):
             same = all(getattr(rec, k) == getattr(own, k) for k in AUDITED_KEYS)
-            checks.append(Check(f"startup log line {i + 1}", same, f"worker logged {rec.to_wire()}"))
+            checks.append(ServerCheck(f"startup log line {i + 1}", same, f"worker logged {rec.to_wire()}"))
     return checks

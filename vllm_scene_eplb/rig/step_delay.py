@@ -3,6 +3,10 @@ amount (the P/D pair calibration: how a P step that is d ms longer moves the who
 ``SCENE_EPLB_TEST_STEP_DELAY_FILE`` names a file; that file holds the delay in milliseconds and is
 re-read when it changes, so one server serves both arms of an interleaved A/B. Never set in production.
 
+No product module imports it: ``local_server`` starts a server whose environment sets the variable
+with ``--worker-extension-cls`` naming ``step_delay_worker``, which vLLM imports in each worker and
+which installs ``StepDelay.spend`` on the product's step hook point (``runtime/worker/step_hook``).
+
 The delay is spent spinning on the step's thread, as compute would spend it: a sleep frees the core
 for whatever shares it (on the CPU pair, the API servers and the clients), and that work then leaves
 the rest of the step, so the step grows by less than the delay (seen: a 60 ms sleep a step left P's
@@ -19,9 +23,11 @@ import math
 import os
 import time
 
-from ...errors import SceneEplbError
+from ..errors import SceneEplbError
 
 DELAY_ENV = "SCENE_EPLB_TEST_STEP_DELAY_FILE"
+# what ``local_server`` names as vLLM's --worker-extension-cls where a server's environment sets DELAY_ENV
+WORKER_EXTENSION = "vllm_scene_eplb.rig.step_delay_worker.StepDelayWorker"
 MAX_DELAY_MS = 10_000.0
 logger = logging.getLogger("vllm.scene_eplb")
 

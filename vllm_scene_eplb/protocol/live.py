@@ -1,0 +1,210 @@
+"""The live answers: the status route's ``live`` object (``LiveAnswer``, its ``LiveTime`` and
+``MeasuredView``), a worker's answer to ``LIVE_ACTION`` (``RankLiveAnswer``: its cumulative live
+counts) and to ``RECORD_LIVE_ACTION`` (``RecordLive``: them at the last record's start and stop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .fields import _Fields, _is_int, _non_negative
+from .pass_groups import PassGroup, RankPassGroups, read_groups
+from .status import _Answer
+
+
+@dataclass(frozen=True)
+class MeasuredView(_Answer):
+    """The live object's ``measured``: the score of the measured replica traffic."""
+
+    median: float
+    worst: float
+    per_layer: tuple[float, ...]
+
+    @classmethod
+    def from_wire(cls, f: _Fields) -> MeasuredView:
+        return cls(f.number("median", 0), f.number("worst", 0), f.numbers("per_layer"))
+
+
+def _active_slots(f: _Fields) -> tuple[tuple[float, ...], ...] | None:
+    """A timing window's optional ``rank_active_slots`` [ranks][layers] (None where not captured)."""
+    if "rank_active_slots" not in f.doc:
+        return None
+    return f.matrix("rank_active_slots", _non_negative, "a finite non-negative number", nullable=True)
+
+
+def _wait_share(f: _Fields) -> float | None:
+    """A timing window's optional ``wait_share`` in [0, 1] (None where the ranks did not read their run-queue wait)."""
+    return f.number("wait_share", 0, 1, nullable=True) if "wait_share" in f.doc else None
+
+
+@dataclass(frozen=True)
+class LiveTime(_Answer):
+    """The live object's ``time`` (``measured.time_view``, stamped by ``fitness.LiveFitness``): ``rank_ms``
+    [ranks][layers] mean local expert ms per pass, ``median`` / ``worst`` over layers of its max/mean
+    over ranks (``per_layer``), ``moe_share`` of step time, ``step_ms`` the mean wall ms of a real step,
+    ``rank_assignments`` [ranks][layers] (None: the window had no measured rank loads), the recent
+    windows' ``sub_windows`` step ms, the server's ``provenance`` and ``gap_ms``, the mean busy pause
+    between steps (None: none was timed), ``rank_active_slots`` [ranks][layers] (None: not
+    captured), ``wait_share`` the largest share of a rank's step time its stepping thread waited on a
+    run queue (None: not read) and ``pass_groups`` the window's passes by size (``PassGroup``; empty:
+    not captured). ``advise`` reads it as a ``TimingWindow``."""
+
+    median: float
+    worst: float
+    moe_share: float | None
+    step_ms: float | None
+    rank_ms: tuple[tuple[float, ...], ...]
+    per_layer: tuple[float, ...]
+    rank_assignments: tuple[tuple[float, ...], ...] | None
+    sub_windows: tuple[float, ...]
+    provenance: dict
+    gap_ms: float | None = None
+    rank_active_slots: tuple[tuple[float, ...], ...] | None = None
+    wait_share: float | None = None
+    pass_groups: tuple[PassGroup, ...] = ()
+
+    @classmethod
+    def from_wire(cls, f: _Fields) -> LiveTime:
+        median, worst, share = f.number("median", 0), f.number("worst", 0), f.number("moe_share", 0, 1, nullable=True)
+        provenance = f.obj("provenance", "provenance")
+        return cls(
+            median,
+            worst,
+            share,
+            f.number("step_ms", 0, nullable=True),
+            f.matrix("rank_ms", _non_negative, "a finite non-negative number") or (),
+            f.numbers("per_layer", 0),
+            f.matrix("rank_assignments", _non_negative, "a finite non-negative number", nullable=True),
+            f.numbers("sub_windows", 0),
+            {} if provenance is None else dict(provenance.doc),
+            f.number("gap_ms", 0, nullable=True) if "gap_ms" in f.doc else None,  # a status saved before it has none
+            _active_slots(f),
+            _wait_share(f),
+            read_groups(f),
+        )
+
+
+@dataclass(frozen=True)
+class LiveAnswer(_Answer):
+    """The status answer's ``LIVE_KEY`` object (``fitness.LiveFitness.answer``): the last window's
+    score per MoE layer, the layout's expectation, the drift alarm, the measured replica
+    traffic and the window's timing (``time``: None without ``time_moe``), and the timing of the
+    last record's own passes (``record_time``: what ``advise`` prices that record's dump with)."""
+
+    median: float | None
+    worst: float | None
+    expected_median: float | None
+    expected_worst: float | None
+    drift: bool
+    passes: int
+    window_seconds: float
+    windows: int
+    threshold: float | None
+    dispatch: str | None
+    layers: tuple[int, ...]
+    per_layer: tuple[float, ...] | None
+    measured: MeasuredView | None
+    fidelity: float | None
+    time: LiveTime | None
+    record_time: LiveTime | None = None  # the last record's own window, start to stop (None while one runs)
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> LiveAnswer:
+        f = _Fields(doc, "live answer", source)
+        measured, time = f.obj("measured", "measured"), f.obj("time", "time")
+        record_time = f.obj("record_time", "record_time", default=None)  # a status saved before it was added has none
+        live = cls(
+            f.number("median", 0, nullable=True),
+            f.number("worst", 0, nullable=True),
+            f.number("expected_median", 0, nullable=True),
+            f.number("expected_worst", 0, nullable=True),
+            f.flag("drift"),
+            f.integer("passes"),
+            f.number("window_seconds", 0),
+            f.integer("windows"),
+            f.number("threshold", 0, nullable=True),
+            f.text("dispatch", nullable=True),
+            f.integers("layers"),
+            f.numbers_or_null("per_layer"),
+            None if measured is None else MeasuredView.from_wire(measured),
+            f.number("fidelity", nullable=True),
+            None if time is None else LiveTime.from_wire(time),
+            None if record_time is None else LiveTime.from_wire(record_time),
+        )
+        if live.median is not None and (live.worst is None or live.per_layer is None):
+            f.fail("has a median but no worst or per_layer")
+        return live
+
+
+@dataclass(frozen=True)
+class RankLiveAnswer(_Answer):
+    """A worker's answer to ``LIVE_ACTION``: its cumulative live counts [L_moe, E] (``counts``) and
+    physical [L_moe, P] (MoE layers in order), the logical counts of the rows it routes itself
+    (``own_counts`` [L_moe, E]: its static source rows), whether its counts count (``contributes``),
+    ``source`` [base, span] of the static-table rows behind its batch, and with ``time_moe`` its MoE
+    seconds per layer [L_moe] over ``moe_passes`` passes, its real ``steps``' seconds and the
+    ``gap_seconds`` of its ``gaps`` busy pauses between steps; where the rank counts them, its
+    ``active_slots`` [L_moe] (local slots with at least one real row, summed over its real passes),
+    its passes by size (``groups``: ``RankPassGroups``) and its stepping thread's ``wait_seconds`` on
+    a run queue inside its real steps (each None where not captured)."""
+
+    counts: tuple[tuple[int, ...], ...]
+    physical: tuple[tuple[int, ...], ...] | None
+    own_counts: tuple[tuple[int, ...], ...] | None
+    passes: int
+    moe_seconds: tuple[float, ...] | None
+    moe_passes: int
+    steps: int
+    step_seconds: float
+    step_moe_seconds: float
+    gap_seconds: float
+    gaps: int
+    contributes: bool
+    ep_rank: int
+    source: tuple[int, ...] | None
+    moe_layers: tuple[int, ...]
+    active_slots: tuple[int, ...] | None = None
+    groups: RankPassGroups | None = None
+    wait_seconds: float | None = None
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> RankLiveAnswer:
+        f = _Fields(doc, "live answer of a rank", source)
+        layers = f.integers("moe_layers")
+        groups = f.obj("groups", "groups", default=None)
+        return cls(
+            f.count_matrix("counts", len(layers)) or (),
+            f.count_matrix("physical", len(layers), nullable=True),
+            f.count_matrix("own_counts", len(layers), nullable=True),
+            f.integer("passes"),
+            f._list("moe_seconds", _non_negative, "finite numbers >= 0", True, len(layers)),
+            f.integer("moe_passes"),
+            f.integer("steps"),
+            f.number("step_seconds", 0),
+            f.number("step_moe_seconds", 0),
+            f.number("gap_seconds", 0),
+            f.integer("gaps"),
+            f.flag("contributes"),
+            f.integer("ep_rank"),
+            f.integers_or_null("source", length=2),
+            layers,
+            f._list("active_slots", _is_int, "integers >= 0", True, len(layers)) if "active_slots" in doc else None,
+            None if groups is None else RankPassGroups.from_wire(groups, len(layers)),
+            f.number("wait_seconds", 0, nullable=True) if "wait_seconds" in doc else None,
+        )
+
+
+@dataclass(frozen=True)
+class RecordLive(_Answer):
+    """A worker's answer to ``RECORD_LIVE_ACTION``: its cumulative live counts as the last record
+    started and as it stopped, each read at that boundary, so their difference is exactly the
+    passes the record counted (the poller's windows fall where they fall)."""
+
+    start: RankLiveAnswer
+    stop: RankLiveAnswer
+
+    @classmethod
+    def from_wire(cls, doc: Any, source: str | None = None) -> RecordLive:
+        f = _Fields(doc, "record live answer", source)
+        start, stop = (f.get(k, lambda v: isinstance(v, dict), "an object") for k in ("start", "stop"))
+        return cls(RankLiveAnswer.from_wire(start, source), RankLiveAnswer.from_wire(stop, source))
