@@ -3,9 +3,9 @@
 an MTP layer), loaded by DeepSeek's own ``load_weights`` and its legacy expert mapping.
 
 TP=2 x EP=2: record, fit with the model's routing groups, reload with 2 redundant slots under
-``static``; a decode server with MTP drafts records. DP=2 x EP=2: reload under ``dynamic`` and record
-there (and one-row batches whose split is known by arithmetic). Each layout run must answer the tokens
-of the TP=2 server without a layout, and its load audit must have passed on every rank; a server whose loader puts two experts in each other's
+``static``; a decode server with MTP drafts records. DP=2 x EP=2: record and reload under
+``dynamic`` (and one-row batches whose split is known by arithmetic). Each layout run must answer the tokens of the same server without a layout, and its
+load audit must have passed on every rank; a server whose loader puts two experts in each other's
 slot (the test-only ``SCENE_EPLB_TEST_MISLOAD``) must refuse to start, naming the slots. All eager
 (what is tested is the loading and the counting, not the compiled path: a faster start).
 """
@@ -119,6 +119,14 @@ def stock_mtp(model, workdir):
         return [srv.complete([p], MAX_TOKENS)[0] for p in PROMPTS]
 
 
+@pytest.fixture(scope="module")
+def dp_recorded(model, workdir):
+    """The DP=2 record, and the answers DP=2 layouts are held against: the TP=2 record's are not theirs
+    (one prompt's teacher-forced log-probabilities moved by 0.096 between TP=2 and DP=2, seen here: a
+    routing near tie that the other summation order tips to another expert)."""
+    return _serve(model, workdir, "dp-record", DP2, role="prefill", dump_dir=str(workdir / "d-dp"))
+
+
 LIVE_WINDOW_S = 1.0
 
 
@@ -140,11 +148,9 @@ def _single_rows(srv, run: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def dp_dynamic(model, workdir, layout_path, tp_recorded):
-    """DP=2 under ``dynamic``, recording too: its record is the DP one (every routed token once over the
-    DP engines), its answers those of the TP=2 record (other summation orders: near ties may flip)."""
+def dp_dynamic(model, workdir, layout_path, dp_recorded):
     flag = {"layout": str(layout_path), "dispatch": "dynamic", "live_window_s": LIVE_WINDOW_S}
-    return _serve(model, workdir, "dp-dynamic", DP2, reference=tp_recorded, then=_single_rows, role="prefill", **flag)
+    return _serve(model, workdir, "dp-dynamic", DP2, reference=dp_recorded, then=_single_rows, role="prefill", **flag)
 
 
 NEAR_TIE = 1e-4  # a top-1 - top-2 log-probability gap this small can flip on fp32 summation order
@@ -172,7 +178,7 @@ def _moe_totals(counts) -> list[int]:
     return [int(per_layer[i]) for i in SPEC.moe_layers]
 
 
-@pytest.mark.parametrize("run", ["tp_recorded", "dp_dynamic"])
+@pytest.mark.parametrize("run", ["tp_recorded", "dp_recorded"])
 def test_the_record_counts_every_routed_token_of_the_moe_layers_only(run, request):
     counts = request.getfixturevalue(run)["counts"]
     moe = SPEC.moe_layers
@@ -191,7 +197,7 @@ def test_the_layout_has_replicas_and_respects_the_fit(layout_path):
     assert list(layout.moe_layers) == SPEC.moe_layers
 
 
-@pytest.mark.parametrize(("run", "reference"), [("tp_static", "tp_recorded"), ("dp_dynamic", "tp_recorded")])
+@pytest.mark.parametrize(("run", "reference"), [("tp_static", "tp_recorded"), ("dp_dynamic", "dp_recorded")])
 def test_a_layout_changes_where_experts_run_not_what_the_model_answers(run, reference, request, layout_path):
     got, want = request.getfixturevalue(run), request.getfixturevalue(reference)
     assert_same_answers(got, want)
