@@ -12,7 +12,9 @@ verdict, one module per stage:
 
 with ``verdict`` running them (``advise``): trial | skip | insufficient_evidence, each reason in
 words; and, once a candidate has run, ``error_split``: its own window against the prediction, the
-error as three causes. Pure numpy, no engine.
+error as three causes. ``pair``, a package of the same stages (``inputs``, ``solver``, ``model``,
+``prediction``, ``gates``, ``verdict``), is ``pair-advise``'s: what a node's ratio does to a P/D
+pair's throughput (``pair_advise``). Pure numpy, no engine.
 """
 
 from .gates import MIN_PASSES, NOISE_FLOOR
