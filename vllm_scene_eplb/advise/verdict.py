@@ -3,6 +3,12 @@
 ``trial`` when the predicted gain is above the noise floor on the whole recording and on each half
 of its entries; ``skip`` when it is within the floor or the halves disagree; ``insufficient_evidence``
 where a gate (``gates``) fails, each reason in words. Pure numpy, no engine.
+
+``advise()`` runs the stages in the order their inputs allow, not the package docstring's: each
+gate checks what the stage before it gave, so that a refused input never reaches a later stage
+(the input's shapes and evidence; the setups and the passes, then enough passes; the base model,
+then identified; the slot model and the prediction, then the model against measurement and the
+step), and an input that more than one stage refuses gets the first refusal of this order.
 """
 
 from __future__ import annotations
@@ -51,12 +57,14 @@ def advise(
     must then say); ``ab_ratio``: the throughput ratio of two identical setups, for the noise floor;
     ``memory``: what the candidate's redundant slots cost."""
     reasons: list[str] = [memory] if memory else []
+    # gates: the input's shapes and the evidence
     check_shapes(counts, candidate, timing if isinstance(timing, TimingWindow) else None)
     if not isinstance(timing, TimingWindow):
         return insufficient(reasons, NO_WINDOW)
     gap = evidence_gap(counts, timing)
     if gap:
         return insufficient(reasons, gap)
+    # setups and passes, then the gate on enough passes
     rows = list(candidate.moe_layers)
     shares = source_shares(counts, rows, candidate.geometry.ep_size)
     now = running_setup(counts, running, candidate, rows, shares)
@@ -66,6 +74,7 @@ def advise(
     few = too_few_passes(passes.shape[0], n_entries)
     if few:
         return insufficient(reasons, few)
+    # model: the base fit on the window (and both setups' rank loads), then the gates: contention, identification
     base = fit_time_model(np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments))
     loads_now, loads_cand = now.rank_loads(passes), cand.rank_loads(passes)
     busy = contended(timing)  # an abstention, after the prediction where there is one: what it would have said
@@ -73,6 +82,7 @@ def advise(
         if busy:
             return insufficient(reasons, busy, wait_share=timing.wait_share, max_wait_share=MAX_WAIT_SHARE)
         return unidentified(reasons, base, timing, loads_now, loads_cand, ab_ratio)
+    # model (the slot cost), prediction, then the gates on the model and the noise floor
     slots = fit_slot_model(
         base, np.asarray(timing.rank_ms), np.asarray(timing.rank_assignments), _active(timing), timing.pass_groups
     )
@@ -81,6 +91,7 @@ def advise(
     prediction = Prediction.of(model, loads_now, loads_cand, origin, cycle_ms(timing), active)
     floor, floor_source = noise_floor(timing, model, prediction.critical_now, ab_ratio)
     check = ModelCheck.of(counts, rows, now, model, passes.shape[0], timing, None if active is None else active[0].mean(axis=0))
+    # verdict: the numbers and the reasons, the last refusals, then trial or skip
     numbers = {
         "critical_ms_now": prediction.critical_now,
         "critical_ms_candidate": prediction.critical_candidate,
