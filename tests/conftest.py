@@ -15,6 +15,7 @@ import pytest
 from hypothesis import settings
 
 from vllm_scene_eplb.protocol import WorkerStatus
+from vllm_scene_eplb.rig.local_server import ServerPool
 
 # Property tests draw the same examples in every run, so a failure reproduces (fixed seeds everywhere).
 settings.register_profile("reproducible", derandomize=True)
@@ -39,12 +40,12 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"shared from the pool, not started again: {', '.join(SHARED)}")
 
 
-POOL_MODULES: set[Path] = set()  # the test files whose tests take a server from the pool
-_POOL: list = []  # the session's ServerPool, once a test asked for it
+POOL = pytest.StashKey["ServerPool"]()  # the session's pool, once a test asked for it
+POOL_FILES = pytest.StashKey[set[Path]]()  # the test files whose tests take a server from it
 
 
-def pytest_collection_modifyitems(items) -> None:
-    POOL_MODULES.update(item.path for item in items if "server_pool" in getattr(item, "fixturenames", ()))
+def pytest_collection_modifyitems(config, items) -> None:
+    config.stash[POOL_FILES] = {item.path for item in items if "server_pool" in getattr(item, "fixturenames", ())}
     for item in items:
         group = item.path.parent.name
         if group not in GROUPS:
@@ -56,21 +57,22 @@ def pytest_collection_modifyitems(items) -> None:
 def pytest_runtest_teardown(item, nextitem) -> None:
     """The pool's server stops when the next test file takes nothing from the pool (an idle server
     still takes CPU); files that share a server run one after the other (their names sort together)."""
-    if _POOL and (nextitem is None or (nextitem.path != item.path and nextitem.path not in POOL_MODULES)):
-        _POOL[0].close()
+    pool = item.config.stash.get(POOL, None)
+    if pool is not None and (
+        nextitem is None or (nextitem.path != item.path and nextitem.path not in item.config.stash[POOL_FILES])
+    ):
+        pool.close()
 
 
 @pytest.fixture(scope="session")
-def server_pool(tmp_path_factory):
+def server_pool(request, tmp_path_factory):
     """Started vLLM servers shared across test files, keyed by what they were started with (``ServerPool``)."""
-    from vllm_scene_eplb.rig.local_server import ServerPool
-
     require_vllm()
-    _POOL.append(ServerPool(tmp_path_factory.mktemp("pool")))
+    pool = request.config.stash[POOL] = ServerPool(tmp_path_factory.mktemp("pool"))
     try:
-        yield _POOL[0]
+        yield pool
     finally:
-        _POOL.pop().close()
+        pool.close()
 
 
 DP2_KEY = "scene-secret"
