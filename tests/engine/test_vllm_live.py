@@ -194,6 +194,12 @@ def test_the_stop_answers_the_records_own_window_which_times_exactly_the_dumps_p
     assert record is not None and live["record_time"] == record, (stopped, live)
     assert np.allclose(record["rank_assignments"], dumped, atol=0.006), (record["rank_assignments"], dumped.tolist())
     assert record["gap_ms"] is not None and record["gap_ms"] > 0, record  # the pauses between its busy steps
+    # issue 47: every rank logged the record's passes, lined up into the critical path pass by pass,
+    # which is never below the slowest rank means of the same passes (each layer's mean of maxima)
+    passes = max(counts.meta["passes_per_rank"])
+    assert record["critical_passes"] == passes and passes < 512, (record["critical_passes"], passes)
+    means = float(np.asarray(record["rank_ms"]).max(axis=0).sum())
+    assert means - 1e-3 <= record["critical_ms"] <= 1.5 * means + 1.0, (record["critical_ms"], means)
 
 
 def test_the_records_window_carries_each_ranks_active_slots_its_passes_by_size_and_its_run_queue_wait(recorded_counts):

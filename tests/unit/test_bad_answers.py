@@ -353,6 +353,8 @@ def test_the_answer_readers_take_what_the_server_sends_key_for_key():
                         "rank_active_slots": [[3.0, 2.0], [4.0, 1.0]],
                     }
                 ],
+                "critical_ms": 0.8,  # a record window's critical path measured pass by pass, over its 3 passes
+                "critical_passes": 3,
             },
         }
     )

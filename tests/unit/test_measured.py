@@ -14,7 +14,17 @@ from vllm_scene_eplb.formats import read_counts, write_counts
 from vllm_scene_eplb.layouts.counts import Counts
 from vllm_scene_eplb.layouts.layout import Geometry
 from vllm_scene_eplb.live.fitness import LiveFitness, LiveSample
-from vllm_scene_eplb.live.measured import RankTime, SourceTraffic, fidelity, measured_scores, modelled_slot_counts, time_view
+from vllm_scene_eplb.live.measured import (
+    RankTime,
+    SourceTraffic,
+    fidelity,
+    measured_scores,
+    modelled_slot_counts,
+    per_pass_critical,
+    time_view,
+)
+from vllm_scene_eplb.protocol import PassTimes
+from vllm_scene_eplb.runtime.worker.moe_timing import PASS_LOG, MoeTiming
 from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 from vllm_scene_eplb.runtime.worker.replica_map import SourceRanks, layer_maps
 
@@ -210,3 +220,29 @@ def test_the_live_sample_takes_every_ranks_own_rows_as_its_static_source():
         (0, 1, own0.tolist()),
         (1, 1, (batch - own0).tolist()),
     ]
+
+
+def test_the_per_pass_critical_path_lines_the_ranks_passes_up_by_number():
+    # rank 0 logged passes 4-7, rank 1 passes 5-8: passes 5-7 are common; one layer, the slow rank alternates
+    rank0 = PassTimes(4, ((9.0,), (3.0,), (1.0,), (3.0,)))
+    rank1 = PassTimes(5, ((1.0,), (3.0,), (1.0,), (9.0,)))
+    got = per_pass_critical([rank0, rank1])
+    assert got is not None and got.passes == 3
+    assert got.ms == pytest.approx(3.0) and got.of_means == pytest.approx(7 / 3)  # per pass 3, 3, 3; means 7/3 and 5/3
+    assert per_pass_critical([rank0, None]) is None
+    assert per_pass_critical([rank0, PassTimes(8, ((1.0,),))]) is None  # no pass in common
+
+
+def test_the_moe_timer_logs_its_last_passes_numbered_as_it_counts_them():
+    timing = MoeTiming(2, on=True, cpu=True)
+    for i in range(PASS_LOG + 8):
+        timing.begin_step()
+        timing.add_moe_seconds(0, (i + 1) / 1000)
+        timing.add_moe_seconds(1, 0.0005)
+        timing.end_step(is_dummy=i == PASS_LOG + 6)  # a dummy pass holds its peers' barrier: logged too
+    got = timing.passes_since(PASS_LOG + 5)
+    assert got is not None and got.first == PASS_LOG + 5
+    assert np.allclose(got.ms, [[PASS_LOG + 6.0, 0.5], [PASS_LOG + 7.0, 0.5], [PASS_LOG + 8.0, 0.5]])
+    assert timing.passes_since(0).first == 8 and len(timing.passes_since(0).ms) == PASS_LOG  # the last PASS_LOG
+    assert timing.passes_since(PASS_LOG + 8) is None  # none since
+    assert MoeTiming(2, on=False, cpu=True).passes_since(0) is None

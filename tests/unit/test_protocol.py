@@ -102,13 +102,16 @@ LIVE = {
     },
     "wait_seconds": 0.01,
 }
+PASSES = {"first": 3, "ms": [[0.5, 0.25], [0.25, 0.5]]}
 # every worker answer: (its payload reader, what a worker sends)
 PAYLOADS = {
     "status": (WorkerStatus.from_wire, worker_status(0).to_wire()),
     "export_status": (ExportJobAnswer.from_wire, JOB),
     "dump": (DumpStarted.from_wire, STARTED),
     "live": (RankLiveAnswer.from_wire, LIVE),
-    "record_live": (RecordLive.from_wire, {"start": LIVE, "stop": {**LIVE, "passes": 5}}),
+    "record_live": (RecordLive.from_wire, {"start": LIVE, "stop": {**LIVE, "passes": 5}, "passes": None}),
+    # with the record's passes logged: passes 3 and 4, ms per MoE layer
+    "record_live logged": (RecordLive.from_wire, {"start": LIVE, "stop": {**LIVE, "passes": 5}, "passes": PASSES}),
     "native_load available": (
         RankNativeLoad.from_wire,
         {"ep_rank": 0, "moe_layers": [1, 2], "available": True, "counts": [[1, 2], [3, 4]]},
@@ -146,6 +149,21 @@ BROKEN = {
     "record live without its stop": (RecordLive.from_wire, {"start": LIVE}, "no 'stop'"),
     "record live stop not an object": (RecordLive.from_wire, {"start": LIVE, "stop": [1]}, "stop must be an object"),
     "record live stop broken": (RecordLive.from_wire, {"start": LIVE, "stop": {**LIVE, "passes": -1}}, "passes must be"),
+    "record passes for one layer": (
+        RecordLive.from_wire,
+        {"start": LIVE, "stop": LIVE, "passes": {**PASSES, "ms": [[0.5], [0.25]]}},
+        "ms has 1 values a pass, for 2 MoE layers",
+    ),
+    "record passes negative": (
+        RecordLive.from_wire,
+        {"start": LIVE, "stop": LIVE, "passes": {**PASSES, "ms": [[0.5, -1.0], [0.25, 0.5]]}},
+        "ms[0][1]",
+    ),
+    "record passes without first": (
+        RecordLive.from_wire,
+        {"start": LIVE, "stop": LIVE, "passes": {"ms": [[0.5, 0.2]]}},
+        "no 'first'",
+    ),
     "dump shape of two": (DumpStarted.from_wire, {**STARTED, "shape": [4, 8]}, "shape must be a list of 3"),
     "job state bogus": (ExportJobAnswer.from_wire, {**JOB, "state": "bogus"}, "state must be one of running, done, failed"),
     "native without counts": (

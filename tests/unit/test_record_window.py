@@ -113,3 +113,36 @@ def test_without_live_counts_a_stop_stands_and_the_log_says_why_there_is_no_wind
         answer = asyncio.run(main())
     assert answer is None and all(not rt.observer.status().state == "recording" for rt in ranks)
     assert "record's own timing window was not taken" in caplog.text and "live_counts is off" in caplog.text
+
+
+def test_the_record_window_measures_the_critical_path_pass_by_pass():
+    """Rank 0 slow on even passes, rank 1 on odd ones: both ranks' means are 2 ms a layer (4 ms over
+    the two layers), but every pass waits 3 ms a layer for its slow rank: 6 ms, on the record's passes only."""
+    ranks = [_worker(0), _worker(1)]
+    fanout, poller = _server(ranks)
+
+    def alternating(n: int) -> None:
+        for i in range(n):
+            for r, rt in enumerate(ranks):
+                rt.begin_step(len(HOT))
+                for layer in range(2):
+                    rt.observer.capture(layer, HOT)
+                    rt.add_moe_seconds(layer, (3.0 if r == i % 2 else 1.0) / 1000)
+                time.sleep(0.007)
+                rt.end_step(False)
+
+    async def main():
+        _passes(ranks, COLD, 9.0, 3)  # before the record: 18 ms a pass, left out
+        await _control(fanout, poller, "start")
+        alternating(6)
+        stopped = await _control(fanout, poller, "stop")
+        _passes(ranks, COLD, 9.0, 2)
+        return stopped, await fanout.status("status", poller.answer)
+
+    stopped, status = asyncio.run(main())
+    t = stopped.record_time
+    assert t is not None and t.rank_ms == ((2.0, 2.0), (2.0, 2.0)), t
+    assert t.critical_ms == pytest.approx(6.0) and t.critical_passes == 6
+    window = TimingWindow.of_status(status, "the status", layers=2)
+    assert window is not None and window.critical_ms == pytest.approx(6.0)
+    assert TimingWindow.from_wire(window.to_wire(), "saved", record=True).critical_ms == pytest.approx(6.0)

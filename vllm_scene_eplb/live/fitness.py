@@ -18,7 +18,7 @@ from ..layouts.expected import EXPECTED_KEY, layer_scores
 from ..layouts.layout import Geometry, Layout, linear_map
 from ..layouts.score import rank_score
 from ..protocol import LiveAnswer, LiveTime, MeasuredView
-from .measured import RankTime, SourceTraffic, fidelity, modelled_slot_counts, rank_loads, time_view
+from .measured import PerPassCritical, RankTime, SourceTraffic, fidelity, modelled_slot_counts, rank_loads, time_view
 
 SUB_WINDOWS = 8  # how many recent windows' step ms live.time keeps for advise's noise floor
 
@@ -186,10 +186,14 @@ class LiveFitness:
         self.time = self._stamped(time)
         return self.alarm.update(float(np.median(self.per_layer)))
 
-    def record(self, window: LiveSample | None) -> None:
+    def record(self, window: LiveSample | None, critical: PerPassCritical | None = None) -> None:
         """Take ``window``, the passes of a record from its start to its stop, as ``record_time``
-        (None: a record started, the last one's window no longer describes what is recorded)."""
-        self.record_time = None if window is None else self._stamped(self._measure(window)[2])
+        with its ``critical`` path measured pass by pass where the ranks logged its passes (None: a
+        record started, the last one's window no longer describes what is recorded)."""
+        time = None if window is None else self._stamped(self._measure(window)[2])
+        if time is not None and critical is not None:
+            time = replace(time, critical_ms=round(critical.ms, 4), critical_passes=critical.passes)
+        self.record_time = time
 
     def _measure(self, window: LiveSample) -> tuple[np.ndarray | None, float | None, LiveTime | None]:
         """Measured score [L], fidelity and time of ``window``, where the ranks reported them."""

@@ -15,13 +15,18 @@ modelled share. These say what happened, per window of live traffic:
   make this exact, the split follows the rows' parity).
   Near 0: the dispatch does what the layout expects; large: it does not;
 - time score: per MoE layer, max/mean over EP ranks of the rank's local expert milliseconds
-  per pass; ``moe_share``: the MoE part of the ranks' step wall time.
+  per pass; ``moe_share``: the MoE part of the ranks' step wall time;
+- the per-pass critical path of a record (``per_pass_critical``): the ranks' logged passes lined up,
+  per pass and layer the slowest rank, summed over layers: what a step waits for in MoE, which the
+  slowest rank *means* understate where the slowest rank changes from pass to pass (small passes on
+  a balanced layout).
 
 Pure numpy, no engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -30,7 +35,7 @@ from ..errors import SceneEplbError
 from ..layouts.dispatch import static_table
 from ..layouts.layout import Geometry, replica_counts
 from ..layouts.score import rank_score
-from ..protocol import LiveTime, PassGroup, RankPassGroups, group_tokens
+from ..protocol import LiveTime, PassGroup, PassTimes, RankPassGroups, group_tokens
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,32 @@ def time_view(ranks: list[RankTime], loads: np.ndarray | None = None) -> LiveTim
         wait_share=wait_share(ranks),
         pass_groups=pass_groups(ranks),
     )
+
+
+@dataclass(frozen=True)
+class PerPassCritical:
+    """The MoE critical path measured pass by pass: ``ms``, the mean over ``passes`` passes of the
+    sum over layers of that pass's slowest rank (every layer waits for it), and ``of_means``, the
+    same window's slowest rank means summed (what rank means show: never more than ``ms``)."""
+
+    ms: float
+    passes: int
+    of_means: float
+
+
+def per_pass_critical(logs: Sequence[PassTimes | None]) -> PerPassCritical | None:
+    """From every rank's logged passes (``protocol.PassTimes``, numbered alike on every EP rank):
+    the critical path over the passes every rank logged; None where a rank logged none or no pass
+    is common to all. A rank's ``ms`` [passes][L] lined up by number: [ranks, passes, L]."""
+    if not logs or any(log is None for log in logs):
+        return None
+    kept = [log for log in logs if log is not None]
+    first = max(log.first for log in kept)
+    end = min(log.first + len(log.ms) for log in kept)
+    if end <= first:
+        return None
+    ms = np.stack([np.asarray(log.ms[first - log.first : end - log.first], dtype=np.float64) for log in kept])
+    return PerPassCritical(float(ms.max(axis=0).sum(axis=1).mean()), end - first, float(ms.mean(axis=1).max(axis=0).sum()))
 
 
 def _per_pass(sums: list, passes: list[int], shape: tuple) -> tuple[tuple[float, ...], ...] | None:

@@ -26,7 +26,7 @@ from .advice import VERDICTS, Advice
 from .export import EXPORT_STATES, DumpAnswer, DumpStarted, ExportJobAnswer
 from .fields import MAX_WIRE_INT
 from .flow import FLOW_KEY, FLOW_SOURCES, FlowView
-from .live import LiveAnswer, LiveTime, MeasuredView, RankLiveAnswer, RecordLive
+from .live import LiveAnswer, LiveTime, MeasuredView, PassTimes, RankLiveAnswer, RecordLive
 from .native_load import NativeCounts, NativeLoadAnswer, RankNativeLoad
 from .pass_groups import GROUPS, PASS_GROUP_TOKENS, PassGroup, RankPassGroups, group_tokens, pass_group
 from .routes import (
@@ -98,6 +98,7 @@ __all__ = [
     "PASS_GROUP_TOKENS",
     "PROVENANCE_KEYS",
     "PassGroup",
+    "PassTimes",
     "RANKS_KEY",
     "RANK_KEYS",
     "RECORD_LIVE_ACTION",

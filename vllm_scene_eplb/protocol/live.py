@@ -1,6 +1,7 @@
 """The live answers: the status route's ``live`` object (``LiveAnswer``, its ``LiveTime`` and
 ``MeasuredView``), a worker's answer to ``LIVE_ACTION`` (``RankLiveAnswer``: its cumulative live
-counts) and to ``RECORD_LIVE_ACTION`` (``RecordLive``: them at the last record's start and stop)."""
+counts) and to ``RECORD_LIVE_ACTION`` (``RecordLive``: them at the last record's start and stop, and
+its passes' MoE ms, ``PassTimes``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def _active_slots(f: _Fields) -> tuple[tuple[float, ...], ...] | None:
     return f.matrix("rank_active_slots", _non_negative, "a finite non-negative number", nullable=True)
 
 
+def _critical(f: _Fields) -> tuple[float | None, int]:
+    """A record window's optional ``critical_ms`` (None where not measured) and ``critical_passes``."""
+    ms = f.number("critical_ms", 0, nullable=True) if "critical_ms" in f.doc else None
+    return ms, (f.integer("critical_passes") if ms is not None and "critical_passes" in f.doc else 0)
+
+
 def _wait_share(f: _Fields) -> float | None:
     """A timing window's optional ``wait_share`` in [0, 1] (None where the ranks did not read their run-queue wait)."""
     return f.number("wait_share", 0, 1, nullable=True) if "wait_share" in f.doc else None
@@ -47,7 +54,9 @@ class LiveTime(_Answer):
     between steps (None: none was timed), ``rank_active_slots`` [ranks][layers] (None: not
     captured), ``wait_share`` the largest share of a rank's step time its stepping thread waited on a
     run queue (None: not read) and ``pass_groups`` the window's passes by size (``PassGroup``; empty:
-    not captured). ``advise`` reads it as a ``TimingWindow``."""
+    not captured); for a record's own window, ``critical_ms`` the MoE critical path measured pass by
+    pass over ``critical_passes`` of its passes (``measured.per_pass_critical``; None: not logged).
+    ``advise`` reads it as a ``TimingWindow``."""
 
     median: float
     worst: float
@@ -62,6 +71,8 @@ class LiveTime(_Answer):
     rank_active_slots: tuple[tuple[float, ...], ...] | None = None
     wait_share: float | None = None
     pass_groups: tuple[PassGroup, ...] = ()
+    critical_ms: float | None = None
+    critical_passes: int = 0
 
     @classmethod
     def from_wire(cls, f: _Fields) -> LiveTime:
@@ -81,6 +92,7 @@ class LiveTime(_Answer):
             _active_slots(f),
             _wait_share(f),
             read_groups(f),
+            *_critical(f),
         )
 
 
@@ -195,16 +207,43 @@ class RankLiveAnswer(_Answer):
 
 
 @dataclass(frozen=True)
+class PassTimes(_Answer):
+    """One rank's MoE ms per layer of consecutive passes: ``ms`` [passes][L_moe], the first numbered
+    ``first`` (the rank's count of passes that ran MoE, which every EP rank numbers alike).
+
+    Example: passes 7 and 8 of two MoE layers, ``first = 7; ms = ((0.41, 0.38), (0.52, 0.37))``."""
+
+    first: int
+    ms: tuple[tuple[float, ...], ...]
+
+    @classmethod
+    def from_wire(cls, f: _Fields, layers: int) -> PassTimes:
+        times = cls(f.integer("first"), f.matrix("ms", _non_negative, "a finite non-negative number") or ())
+        if len(times.ms[0]) != layers:
+            f.fail(f"ms has {len(times.ms[0])} values a pass, for {layers} MoE layers")
+        return times
+
+
+@dataclass(frozen=True)
 class RecordLive(_Answer):
     """A worker's answer to ``RECORD_LIVE_ACTION``: its cumulative live counts as the last record
     started and as it stopped, each read at that boundary, so their difference is exactly the
-    passes the record counted (the poller's windows fall where they fall)."""
+    passes the record counted (the poller's windows fall where they fall); with host MoE timing,
+    the record's passes' MoE ms (``passes``: its last ``moe_timing.PASS_LOG`` at most; None where
+    not logged)."""
 
     start: RankLiveAnswer
     stop: RankLiveAnswer
+    passes: PassTimes | None = None
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> RecordLive:
         f = _Fields(doc, "record live answer", source)
         start, stop = (f.get(k, lambda v: isinstance(v, dict), "an object") for k in ("start", "stop"))
-        return cls(RankLiveAnswer.from_wire(start, source), RankLiveAnswer.from_wire(stop, source))
+        stop_answer = RankLiveAnswer.from_wire(stop, source)
+        passes = f.obj("passes", "passes", default=None)
+        return cls(
+            RankLiveAnswer.from_wire(start, source),
+            stop_answer,
+            None if passes is None else PassTimes.from_wire(passes, len(stop_answer.moe_layers)),
+        )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import SceneEplbError
 from .fields import _Fields, _floats, _non_negative
-from .live import LiveTime, _active_slots, _wait_share
+from .live import LiveTime, _active_slots, _critical, _wait_share
 from .pass_groups import PassGroup, check_groups, read_groups
 from .routes import LIVE_KEY
 from .status import _STATUS_FIELDS
@@ -65,6 +65,9 @@ class TimingWindow:
     - ``pass_groups``: the window's passes by size (``PassGroup``, each with its own [R][L_moe]
       means: where they differ in size, the cost per assignment and per active slot are fitted
       across them).
+    - ``critical_ms``: a record's own window's MoE critical path measured pass by pass (per pass
+      and layer the slowest rank, summed over layers, the mean over its logged passes: what ``advise``
+      prices as ``critical_ms_now``), or None where the server did not log its passes.
 
     Example: EP 2, two MoE layers, rank 0 hot in layer 0::
 
@@ -85,6 +88,7 @@ class TimingWindow:
     rank_active_slots: tuple[tuple[float, ...], ...] | None = None
     wait_share: float | None = None
     pass_groups: tuple[PassGroup, ...] = ()
+    critical_ms: float | None = None
 
     @property
     def ranks(self) -> int:
@@ -130,6 +134,7 @@ class TimingWindow:
             active and _floats(active),
             _wait_share(f),
             read_groups(f),
+            _critical(f)[0],
         )
 
     @classmethod
@@ -148,6 +153,7 @@ class TimingWindow:
         active: tuple[tuple[float, ...], ...] | None = None,
         wait_share: float | None = None,
         groups: tuple[PassGroup, ...] = (),
+        critical_ms: float | None = None,
     ) -> TimingWindow:
         """The window of fields each read (``from_wire``, ``of_live_time``), checked as a whole:
         ``rank_ms`` and ``rank_assignments`` of one shape (``layers`` MoE layers when given), a
@@ -190,6 +196,7 @@ class TimingWindow:
             active,
             None if wait_share is None else float(wait_share),
             groups,
+            None if critical_ms is None else float(critical_ms),
         )
 
     @classmethod
@@ -214,6 +221,7 @@ class TimingWindow:
             None if time.rank_active_slots is None else _floats(time.rank_active_slots),
             time.wait_share,
             time.pass_groups,
+            time.critical_ms,
         )
 
     @classmethod
@@ -257,4 +265,5 @@ class TimingWindow:
             "rank_active_slots": None if self.rank_active_slots is None else [list(r) for r in self.rank_active_slots],
             "wait_share": self.wait_share,
             "pass_groups": [g.to_wire() for g in self.pass_groups],
+            "critical_ms": self.critical_ms,
         }

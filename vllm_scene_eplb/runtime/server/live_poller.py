@@ -4,7 +4,8 @@ count each token once, scores the window with the loaded layout and dispatch
 (``fitness.LiveFitness``), logs the drift alarm's changes, sets the gauges on ``/metrics``
 (``metrics``) and holds the status route's ``live`` object (``protocol.LiveAnswer``). When a record
 stops it also takes that record's own window (``record``): every rank's counts as it started and
-stopped, so the timing ``advise`` prices the dump with covers exactly the dump's passes.
+stopped, so the timing ``advise`` prices the dump with covers exactly the dump's passes, and the
+ranks' logged passes, lined up into the MoE critical path pass by pass (``per_pass_critical``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from ...errors import SceneEplbError
 from ...formats import GeometryHint, read_layout
 from ...live.fitness import LiveFitness, LiveSample
-from ...live.measured import RankGroups, RankTime, SourceTraffic
+from ...live.measured import RankGroups, RankTime, SourceTraffic, per_pass_critical
 from ...protocol import LIVE_ACTION, PROVENANCE_KEYS, RECORD_LIVE_ACTION, LiveAnswer, RankLiveAnswer, RecordLive, StatusAnswer
 from ..config import PluginConfig
 from . import metrics
@@ -74,14 +75,15 @@ class LivePoller:
         """After a record's ``start`` (its predecessor's window is dropped) or ``stop`` (its own
         window is taken). Never raises: the record itself stands, the status says ``record_time`` null."""
         try:
-            window = None
+            window, critical = None, None
             if action == "stop":
                 spans = await self.fanout.all_ok(RECORD_LIVE_ACTION, RecordLive.from_wire)
                 window = live_sample([s.stop for s in spans]).since(live_sample([s.start for s in spans]))
+                critical = per_pass_critical([s.passes for s in spans])
                 if self.live is None:
                     self.live = await self._view(window.logical.shape[1])
             if self.live is not None:
-                self.live.record(window)
+                self.live.record(window, critical)
                 self.answer = self._publish(self.live)
         except (RouteError, SceneEplbError) as exc:
             logger.warning("scene-eplb: the record's own timing window was not taken: %s", exc)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ...protocol import OBSERVER_RECORDING
+from ...protocol import OBSERVER_RECORDING, PassTimes
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -73,6 +73,8 @@ class Observer(StepHooks, Protocol):
     def snapshot(self) -> Record: ...
 
     def live_counts(self) -> LiveTotalsSnapshot | None: ...
+
+    def passes_since(self, first: int) -> PassTimes | None: ...
 
     def status(self) -> ObserverStatus: ...
 

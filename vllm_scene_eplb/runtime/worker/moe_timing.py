@@ -13,14 +13,21 @@ work and is left out. Beside the wall clock, on CPU, the stepping thread's run-q
 real steps (``run_queue.RunQueueWait``: other work on the rank's core), and the MoE seconds of each
 pass-size group's real passes (``slot_activity``). Cumulative, read with the live counts. Off,
 nothing is timed.
+
+**The pass log**: with host timing, each of the last ``PASS_LOG`` passes that ran MoE (dummy ones
+too: an idle DP rank's experts still hold its peers' barrier), numbered as ``moe_passes`` counts
+them, with its MoE ms per layer. Every EP rank runs the same passes in the same order, so the API
+server lines the ranks' logs up by number and reads the MoE critical path pass by pass: per layer
+the slowest rank *of that pass*, which no rank's mean shows (``live.measured.per_pass_critical``).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
-from ...protocol import GROUPS
+from ...protocol import GROUPS, PassTimes
 
 if TYPE_CHECKING:
     from .device_timer import DeviceMoeTimer
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
 
 MoeTimes = tuple[list[float] | None, int, int, float, float, float, int]  # LiveTotalsSnapshot' timing fields, moe_seconds .. gaps
 IDLE_PAUSE_S = 0.5  # a pause between steps this long is the engine idle, waiting for work, not part of a busy loop
+PASS_LOG = 512  # the passes whose per-layer MoE ms a rank keeps (a record's last ones, for its per-pass critical path)
 
 
 class MoeTiming:
@@ -49,6 +57,7 @@ class MoeTiming:
         self._wait_started: float | None = None
         self._step_started: float | None = None
         self._step_ended: float | None = None  # the last step's end: the next start's pause runs from here
+        self.pass_log: deque[tuple[int, tuple[float, ...]]] = deque(maxlen=PASS_LOG)  # (pass number, ms per layer)
         self.device_timer: DeviceMoeTimer | None = None  # attach_device_timer: MoE time from device timestamps
 
     def begin_step(self) -> None:
@@ -99,6 +108,7 @@ class MoeTiming:
             if not is_dummy:
                 self.group_seconds[group] = [a + b for a, b in zip(self.group_seconds[group], self._pass_seconds)]
             self.moe_seconds = [a + b for a, b in zip(self.moe_seconds, self._pass_seconds)]
+            self.pass_log.append((self.moe_passes, tuple(1000.0 * x for x in self._pass_seconds)))
             self.moe_passes += 1
         self._pass_seconds = [0.0] * self.num_layers
         self._step_started = None
@@ -120,6 +130,14 @@ class MoeTiming:
             self._add_step(now - started)
         timer.mark_step(real, group)
         self._step_started = None
+
+    def passes_since(self, first: int) -> PassTimes | None:
+        """The logged passes numbered ``first`` on (the last ``PASS_LOG`` at most), with their number
+        and MoE ms per layer; None where none is logged (off, a device timer, no pass since)."""
+        rows = [(n, ms) for n, ms in self.pass_log if n >= first]
+        if not self.on or self.device_timer is not None or not rows:
+            return None
+        return PassTimes(rows[0][0], tuple(ms for _, ms in rows))
 
     def run_queue_wait(self) -> float | None:
         """Seconds the stepping thread waited on a run queue inside the real steps; None where not read

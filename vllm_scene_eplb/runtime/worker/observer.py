@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...errors import SceneEplbError
-from ...protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING, RankPassGroups, pass_group
+from ...protocol import OBSERVER_IDLE, OBSERVER_OFF, OBSERVER_RECORDING, PassTimes, RankPassGroups, pass_group
 from .count_ring import CountRing, Record
 from .id_space import IdSpace
 from .interfaces import NullSteps, ObserverStatus
@@ -164,6 +164,10 @@ class RoutingObserver:
         groups = RankPassGroups(tuple(passes), seconds, tuple(map(tuple, assignments)), tuple(map(tuple, slots)))
         return replace(live, active_slots=active, groups=groups)
 
+    def passes_since(self, first: int) -> PassTimes | None:
+        """``MoeTiming.passes_since``: the logged passes' MoE ms from pass number ``first`` on."""
+        return self.timing.passes_since(first)
+
     def start(self) -> None:
         """Start a new record: clear the ring and count every following pass."""
         self.ring.start()
@@ -202,6 +206,9 @@ class NullObserver(NullSteps):
         raise self._refuse()
 
     def live_counts(self) -> None:
+        return None
+
+    def passes_since(self, first: int) -> None:
         return None
 
     def status(self) -> ObserverStatus:

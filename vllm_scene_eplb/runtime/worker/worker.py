@@ -25,6 +25,7 @@ from ...protocol import (
     RECORD_LIVE_ACTION,
     DumpStarted,
     NativeCounts,
+    PassTimes,
     RankLiveAnswer,
     RankNativeLoad,
     RecordLive,
@@ -77,6 +78,7 @@ class RecorderPlugin:
     load_audit: LoadAudit | None = None  # what the adapter's load audit checked (set when it binds)
     # The live counts as the last record started and stopped (None: live counts off, or not yet).
     record_live: tuple[RankLiveAnswer | None, RankLiveAnswer | None] = (None, None)
+    record_passes: PassTimes | None = None  # the last record's passes' MoE ms (``MoeTiming.passes_since``)
 
     def status(self) -> WorkerStatus:
         """What the status route and the startup log line report (``protocol.STATUS_KEYS``)."""
@@ -185,7 +187,9 @@ class RecorderPlugin:
                 self.record_live = (self._live_now(), None)
             elif action == "stop":
                 self.observer.stop()
-                self.record_live = (self.record_live[0], self._live_now())
+                start = self.record_live[0]
+                self.record_live = (start, self._live_now())
+                self.record_passes = None if start is None else self.observer.passes_since(start.moe_passes)
             elif action == "dump":
                 return WorkerAnswer(self._begin_dump(*args))
             elif action == EXPORT_STATUS_ACTION:
@@ -247,7 +251,7 @@ class RecorderPlugin:
         if start is None or stop is None:
             why = "live_counts is off" if not self.config.live_counts else "no record has started and stopped yet"
             raise SceneEplbError(f"no record window on this rank: {why}")
-        return RecordLive(start, stop)
+        return RecordLive(start, stop, self.record_passes)
 
     def source_ranks(self) -> list[int] | None:
         """[base, span]: the EP ranks whose static-table rows route this rank's batch, split evenly
