@@ -280,3 +280,21 @@ def test_the_cli_takes_the_noise_floor_from_an_ab_of_identical_setups(tmp_path):
     )
     assert code == 1 and answer["verdict"] == "skip"  # +13.6% predicted: a trial without the A/B, under its 14.9%
     assert run("advise", paths["dump"], "--layout", paths["cand"], "--timing", paths["status"])[0] == 0
+
+
+def test_a_record_window_measured_pass_by_pass_holds_the_per_pass_price_of_the_running_layout():
+    """Where the record window carries its critical path measured pass by pass, advise holds its
+    per-pass price of the running layout to it: agreeing, the verdict stands; 30% apart (the per-pass
+    model does not describe this server), insufficient_evidence with both numbers."""
+    s, rec = _recording(tokens=16)
+    counts = server(s).dump(rec, 1)
+    window = server(s).timing_window(rec, 1)
+    plain = advise(counts, candidate(counts), "static", window)
+    priced = plain.details["critical_ms_now"]
+    agreeing = advise(counts, candidate(counts), "static", replace(window, critical_ms=priced * 1.001))
+    assert agreeing.verdict == plain.verdict == "trial", agreeing.reasons
+    assert agreeing.details["per_pass_critical_ms_measured"] == pytest.approx(priced * 1.001)
+    apart = advise(counts, candidate(counts), "static", replace(window, critical_ms=priced * 1.3))
+    assert apart.verdict == "insufficient_evidence"
+    assert any("the critical path measured pass by pass" in r and f"{priced:.3f}" in r for r in apart.reasons), apart.reasons
+    assert plain.details["per_pass_critical_ms_measured"] is None  # a window without it is not held to it

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from vllm_scene_eplb.advise.error_split import ErrorSplit
+from vllm_scene_eplb.advise import advise
+from vllm_scene_eplb.advise.error_split import ErrorSplit, priced_passes_ms
 from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
 from vllm_scene_eplb.protocol import TimingWindow
+
+from ..advise_scene import SKEWED, candidate, scene, server
 
 # ranks x layers: slowest ranks 3 + 2 = 5 ms per pass, a 20 + 5 ms cycle, 40 and 20 assignments per pass
 NOW = TimingWindow(((1.0, 2.0), (3.0, 1.0)), ((10.0, 10.0), (30.0, 10.0)), 20.0, {}, gap_ms=5.0)
@@ -56,3 +61,34 @@ def test_an_advice_without_a_model_or_windows_of_another_model_are_refused():
         ErrorSplit.of({"wait_share": 0.08}, NOW, AS_PREDICTED)
     with pytest.raises(SceneEplbError, match="MoE layers"):
         ErrorSplit.of(DETAILS, NOW, replace(AS_PREDICTED, rank_ms=((2.5,), (2.0,)), rank_assignments=((1.0,), (1.0,))))
+
+
+def test_advises_prices_are_held_to_the_critical_paths_measured_pass_by_pass():
+    plain = ErrorSplit.of(DETAILS, NOW, AS_PREDICTED)
+    assert plain.price_errors() == {"now": None, "candidate": None}
+    assert not any("pass by pass" in line for line in plain.lines())
+    # the candidate's passes wait 5 ms for their slowest ranks, though its rank means sum to 4
+    s = ErrorSplit.of(DETAILS, replace(NOW, critical_ms=5.0), replace(AS_PREDICTED, critical_ms=5.0))
+    assert s.price_errors() == pytest.approx({"now": 0.0, "candidate": -0.2})
+    assert "candidate 4.000 priced, 5.000 measured (-20.0%)" in s.lines()[-1]
+    assert s.to_dict()["price_errors"] == pytest.approx({"now": 0.0, "candidate": -0.2})
+
+
+def test_the_price_on_a_servers_own_passes_is_advises_price_on_that_dump():
+    """One model, one yardstick: priced on the running dump under the running (linear) layout, the
+    per-pass price is advise's own critical_ms_now; on a candidate's own dump it is what advise would
+    say of the candidate at that server's load, which the split then holds to the candidate's window."""
+    s = scene(SKEWED, 16)
+    rec = s.passes(64, np.random.default_rng(0))
+    counts = server(s).dump(rec, 1)
+    window = server(s).timing_window(rec, 1)
+    answer = advise(counts, candidate(counts), "static", window)
+    g = candidate(counts).geometry
+    linear = Layout(linear_map(Geometry(g.num_experts, 0, g.ep_size), counts.num_layers), Geometry(g.num_experts, 0, g.ep_size))
+    d = answer.details
+    assert priced_passes_ms(d["model"], counts, linear, "dynamic") == pytest.approx(d["critical_ms_now"])
+    own = priced_passes_ms(d["model"], counts, candidate(counts), "static")
+    assert own == pytest.approx(d["critical_ms_candidate"])  # the candidate on these very passes
+    split = ErrorSplit.of(d, replace(window, critical_ms=5.0), replace(window, critical_ms=own * 1.1), candidate_own=own)
+    assert split.price_errors()["candidate"] == pytest.approx(1 / 1.1 - 1)
+    assert "priced on its own passes" in split.lines()[-1]

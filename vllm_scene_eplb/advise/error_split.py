@@ -23,7 +23,11 @@ slots (``timing_window_slowest_ms_modelled`` for the running server, which ``adv
 the candidate the same from ``candidate_rank_shares`` and the model's a, b and c).
 ``model_errors`` are the model's errors on each server, like for like (the per-pass critical path,
 the expected slowest rank of each pass, is larger where passes are small; its change is what the
-ratio prices). Pure numpy.
+ratio prices). Where the record windows carry the critical path measured pass by pass
+(``TimingWindow.critical_ms``: per pass the slowest rank of each layer), ``price_errors`` hold
+``advise``'s per-pass prices to them: the running server's on the passes it priced (the dump's), the
+candidate's on the candidate's own dump's passes where given (``priced_passes_ms``: the same model
+at the candidate server's own load; else the running dump's passes, whose batch may differ). Pure numpy.
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import SceneEplbError
+from ..layouts.counts import Counts
+from ..layouts.layout import Layout
 from ..protocol import TimingWindow
+from .passes import DEFAULT_SEED, recorded_passes
 from .prediction import cycle_ms
+from .setups import Setup, source_shares
 
 
 def window_critical_ms(window: TimingWindow) -> float:
@@ -42,14 +50,29 @@ def window_critical_ms(window: TimingWindow) -> float:
     return float(np.asarray(window.rank_ms).max(axis=0).sum())
 
 
+def _model_ms(model: dict, loads: np.ndarray, active: np.ndarray | None) -> np.ndarray:
+    """The model's (advise's ``details["model"]``: a [L], b [L], c) ms per rank for loads and active slots [..., L, ranks]."""
+    ms = np.asarray(model["a"])[:, None] + np.asarray(model["b"])[:, None] * loads
+    return ms if active is None else ms + float(model["c"]) * active
+
+
 def modelled_window_ms(model: dict, shares: np.ndarray, window: TimingWindow) -> float:
-    """The model's (advise's ``details["model"]``: a [L], b [L], c) slowest ranks per layer, summed,
-    at the window's own load per layer split by ``shares`` [L, ranks], with the window's active slots."""
+    """The model's slowest ranks per layer, summed, at the window's own load per layer split by
+    ``shares`` [L, ranks], with the window's active slots."""
     load = np.asarray(window.rank_assignments, dtype=np.float64).sum(axis=0)[:, None] * shares
-    ms = np.asarray(model["a"])[:, None] + np.asarray(model["b"])[:, None] * load
-    if window.rank_active_slots is not None:
-        ms = ms + float(model["c"]) * np.asarray(window.rank_active_slots, dtype=np.float64).T
-    return float(ms.max(axis=1).sum())
+    active = None if window.rank_active_slots is None else np.asarray(window.rank_active_slots, dtype=np.float64).T
+    return float(_model_ms(model, load, active).max(axis=1).sum())
+
+
+def priced_passes_ms(model: dict, counts: Counts, layout: Layout, dispatch: str, seed: int = DEFAULT_SEED) -> float:
+    """The model's per-pass price of the MoE critical path on a dump's own passes (``recorded_passes``)
+    under the layout and dispatch that dump ran: the mean over passes of each layer's slowest rank,
+    summed, as ``advise`` prices (active slots priced where the model has a cost per slot)."""
+    rows = list(layout.moe_layers)
+    setup = Setup.of(layout, layout.geometry, dispatch, rows, source_shares(counts, rows, layout.geometry.ep_size))
+    passes, _ = recorded_passes(counts, rows, seed)
+    active = setup.rank_active(passes) if float(model["c"]) > 0 else None
+    return float(_model_ms(model, setup.rank_loads(passes), active).max(axis=-1).sum(axis=-1).mean())
 
 
 def tokens_per_pass(window: TimingWindow) -> float:
@@ -80,12 +103,23 @@ class ErrorSplit:
     with_outside: float
     windows: float
     measured: float | None
+    per_pass_now: float | None = None
+    per_pass_candidate: float | None = None
+    priced_candidate_own: float | None = None
 
     @classmethod
-    def of(cls, details: dict, now: TimingWindow, candidate: TimingWindow, measured: float | None = None) -> ErrorSplit:
+    def of(
+        cls,
+        details: dict,
+        now: TimingWindow,
+        candidate: TimingWindow,
+        measured: float | None = None,
+        candidate_own: float | None = None,
+    ) -> ErrorSplit:
         """From ``advise``'s details (which carry its critical paths wherever it fitted a model, an
         abstention on contention included), the running server's window ``now`` (the one ``advise``
-        read) and the candidate server's own; ``measured``: the A/B's throughput ratio."""
+        read) and the candidate server's own; ``measured``: the A/B's throughput ratio;
+        ``candidate_own``: the model's per-pass price on the candidate's own dump (``priced_passes_ms``)."""
         try:
             pred_now, pred_cand = float(details["critical_ms_now"]), float(details["critical_ms_candidate"])
             mean_now = float(details["timing_window_slowest_ms_modelled"])
@@ -112,6 +146,9 @@ class ErrorSplit:
             with_outside=with_outside,
             windows=with_outside * tok_cand / tok_now,
             measured=measured,
+            per_pass_now=now.critical_ms,
+            per_pass_candidate=candidate.critical_ms,
+            priced_candidate_own=candidate_own,
         )
 
     @property
@@ -137,18 +174,42 @@ class ErrorSplit:
             "candidate": self.modelled_candidate / self.critical_measured_candidate - 1,
         }
 
+    def price_errors(self) -> dict[str, float | None]:
+        """``advise``'s per-pass prices over each server's critical path measured pass by pass, less 1
+        (None where that window did not log its passes): the candidate's price on its own passes
+        where given, else on the running dump's."""
+        pairs = {
+            "now": (self.critical_predicted_now, self.per_pass_now),
+            "candidate": (self.candidate_price, self.per_pass_candidate),
+        }
+        return {
+            side: None if measured is None or measured <= 0 else price / measured - 1 for side, (price, measured) in pairs.items()
+        }
+
+    @property
+    def candidate_price(self) -> float:
+        """The candidate's per-pass price held to its own window: on its own passes where given."""
+        return self.critical_predicted_candidate if self.priced_candidate_own is None else self.priced_candidate_own
+
     def to_dict(self) -> dict:
         extra = {
             "outside_now": self.outside_now,
             "outside_candidate": self.outside_candidate,
             "model_errors": self.model_errors(),
+            "price_errors": self.price_errors(),
         }
         return {**asdict(self), **extra, **self.factors()}
 
     def lines(self) -> list[str]:
         """The split in words, a line per cause."""
-        f, e = self.factors(), self.model_errors()
+        f, e, p = self.factors(), self.model_errors(), self.price_errors()
         tail = "" if self.measured is None else f"; the A/B measured {self.measured:.3f}"
+        per_pass = [
+            f"advise's price of the MoE critical path against each server's, measured pass by pass: running "
+            f"{self.critical_predicted_now:.3f} priced, {_ms(self.per_pass_now)} measured ({_pct(p['now'])}); candidate "
+            f"{self.candidate_price:.3f} priced{'' if self.priced_candidate_own is None else ' on its own passes'}, "
+            f"{_ms(self.per_pass_candidate)} measured ({_pct(p['candidate'])})"
+        ]
         return [
             f"predicted {self.predicted:.3f}: the MoE critical path {self.critical_predicted_now:.3f} -> "
             f"{self.critical_predicted_candidate:.3f} ms per pass in a {self.step_now:.2f} + {self.gap_now:.2f} ms cycle",
@@ -161,4 +222,13 @@ class ErrorSplit:
             f"{self.step_candidate:.2f}, gap {self.gap_now:.2f} -> {self.gap_candidate:.2f}): x{f['outside']:.3f} -> {self.with_outside:.3f}",
             f"batch: {self.tokens_now:.1f} -> {self.tokens_candidate:.1f} assignments per pass: x{f['batch']:.3f} -> "
             f"{self.windows:.3f} (the windows' ratio){tail}",
+            *(per_pass if self.per_pass_now is not None or self.per_pass_candidate is not None else []),
         ]
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"

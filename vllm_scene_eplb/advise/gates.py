@@ -193,13 +193,17 @@ class ModelCheck:
     ``physical_count`` (``fidelity``), its slowest ranks' ms on the dump's mean pass modelled and from
     the measured traffic, and, at the timing window's own load per layer (its passes may be of
     another size than the dump's), its modelled rank shares against the window's measured slowest ranks
-    (with a cost per active slot, the running layout's mean active slots per pass and the window's own)."""
+    (with a cost per active slot, the running layout's mean active slots per pass and the window's own);
+    and where the record window measured its critical path pass by pass (``TimingWindow.critical_ms``),
+    the per-pass price of the running layout against it (``per_pass_*``; None where not measured)."""
 
     fidelity: float | None
     mean_pass_modelled: float
     mean_pass_measured: float
     window_measured: float
     window_modelled: float
+    per_pass_modelled: float | None = None
+    per_pass_measured: float | None = None
 
     @classmethod
     def of(
@@ -211,9 +215,11 @@ class ModelCheck:
         passes: int,
         timing: TimingWindow,
         mean_active: np.ndarray | None = None,
+        critical_now: float | None = None,
     ) -> ModelCheck:
         """The check of the running setup ``now`` on the dump's MoE ``rows`` over its ``passes`` passes;
-        ``mean_active`` [L, ranks]: its mean active slots per pass (None: not priced)."""
+        ``mean_active`` [L, ranks]: its mean active slots per pass (None: not priced); ``critical_now``:
+        the prediction's per-pass price of it, held to the window's ``critical_ms`` where it has one."""
         written = counts.written_entries()
         assert counts.physical is not None  # evidence_gap refused a dump without it
         logical_total = counts.data[written][:, rows].sum(axis=0)
@@ -231,6 +237,8 @@ class ModelCheck:
             float(model.critical(measured_ranks / passes, mean_active)),
             float(np.asarray(timing.rank_ms).max(axis=0).sum()),
             float(model.critical(rank_share * window_load[:, None], window_active)),
+            None if timing.critical_ms is None else critical_now,
+            timing.critical_ms,
         )
 
     def details(self) -> dict:
@@ -240,11 +248,23 @@ class ModelCheck:
             "mean_pass_ms_measured": self.mean_pass_measured,
             "timing_window_slowest_ms": self.window_measured,
             "timing_window_slowest_ms_modelled": self.window_modelled,
+            "per_pass_critical_ms_modelled": self.per_pass_modelled,
+            "per_pass_critical_ms_measured": self.per_pass_measured,
         }
 
     def disagreement(self, step_ms: float, floor: float) -> str | None:
         """Where the model and the measurement differ by more than ``floor`` of the step, in words (None: they agree)."""
         fid = "n/a" if self.fidelity is None else f"{self.fidelity:.3f}"
+        per_pass = []
+        if self.per_pass_modelled is not None and self.per_pass_measured is not None:
+            per_pass = [
+                (
+                    "the record's passes, each pass's slowest rank per layer (the per-pass price)",
+                    "the critical path measured pass by pass",
+                    self.per_pass_modelled,
+                    self.per_pass_measured,
+                )
+            ]
         for where, what, modelled, measured in (
             ("the dump's mean pass", "its measured replica traffic", self.mean_pass_modelled, self.mean_pass_measured),
             (
@@ -253,6 +273,7 @@ class ModelCheck:
                 self.window_modelled,
                 self.window_measured,
             ),
+            *per_pass,
         ):
             if abs(modelled - measured) / step_ms > floor:
                 return (

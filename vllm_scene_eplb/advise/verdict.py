@@ -90,7 +90,16 @@ def advise(
     active = None if timing.rank_active_slots is None else (now.rank_active(passes), cand.rank_active(passes))
     prediction = Prediction.of(model, loads_now, loads_cand, origin, cycle_ms(timing), active)
     floor, floor_source = noise_floor(timing, model, prediction.critical_now, ab_ratio)
-    check = ModelCheck.of(counts, rows, now, model, passes.shape[0], timing, None if active is None else active[0].mean(axis=0))
+    check = ModelCheck.of(
+        counts,
+        rows,
+        now,
+        model,
+        passes.shape[0],
+        timing,
+        None if active is None else active[0].mean(axis=0),
+        prediction.critical_now,
+    )
     # verdict: the numbers and the reasons, the last refusals, then trial or skip
     numbers = {
         "critical_ms_now": prediction.critical_now,
