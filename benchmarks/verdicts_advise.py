@@ -29,11 +29,18 @@ fitted server records the same load, and its own record window splits the error
 
 ``engine_decode()`` (``--engine decode``): the same on a model whose passes are decode-sized (64
 experts, top-4, 8 requests decoding at a time, so a pass reads the weights of about half the
-experts): both servers alive and rounds of a record window on each, back to back; per round the
-model's slowest ranks (advise on that round's linear window) against both windows, the mean error
-over rounds within 5% on each; no A/B.
+experts): both servers alive and rounds of a record window on each, back to back; per round
+``advise`` on that round's linear window, its model's slowest ranks against both windows' slowest
+rank means (like for like), and its per-pass price of the MoE critical path against each server's
+critical path measured pass by pass (``TimingWindow.critical_ms``: the running server on the passes
+it priced, the candidate on its own); the mean error over rounds within 5% on each; no A/B.
+``--regime`` picks the model and load (``DECODE_REGIMES``): ``decode`` (issue 37's check) or
+``short`` (issue 47's: 1024-wide experts, router skew 1, 6-token prompts and 6 output tokens).
+``--second linear`` is the control: the second server loads the linear placement itself as its
+layout, so the model's error on it is the one between two server instances of one layout (what
+no count -> time model can price), not a layout's.
 
-    python benchmarks/verdicts_advise.py [--data DIR] [--json OUT] [--quick] [--engine no|also|only|decode]
+    python benchmarks/verdicts_advise.py [--data DIR] [--json OUT] [--quick] [--engine no|also|only|decode] [--regime decode|short]
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,13 +58,13 @@ from sample_data import DEFAULT
 from vllm_scene_eplb.ab.results import prefill_metric
 from vllm_scene_eplb.ab.stats import block_effects, check_positive
 from vllm_scene_eplb.advise import NOISE_FLOOR, Setup, advise
-from vllm_scene_eplb.advise.error_split import ErrorSplit
+from vllm_scene_eplb.advise.error_split import ErrorSplit, priced_passes_ms
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fileio import atomic_write_bytes
 from vllm_scene_eplb.fit import FitOptions, fit
-from vllm_scene_eplb.formats import read_counts
+from vllm_scene_eplb.formats import read_counts, write_layout
 from vllm_scene_eplb.layouts.counts import Counts
-from vllm_scene_eplb.layouts.layout import Geometry, Layout
+from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
 from vllm_scene_eplb.protocol import TimingWindow
 from vllm_scene_eplb.rig import demo
 from vllm_scene_eplb.rig.local_server import pin_host
@@ -80,7 +88,25 @@ SKEWS = (0.0, 0.5, 1.0)  # router skews of the engine calibration (the demo mode
 # The decode-sized check: many experts and a few tokens a pass (8 requests decoding at a time)
 DECODE_SPEC = TinyMoeSpec(num_experts=64, top_k=4, num_layers=4, hidden_size=256, moe_intermediate_size=512)
 DECODE_LOADS = demo.Loads.of(64, concurrency=8, input_len=32, output_len=48)
-DECODE_TARGET = 0.05  # |modelled / measured - 1| of the mean pass's slowest ranks on each server (issue 37)
+DECODE_TARGET = 0.05  # |modelled / measured - 1| on each server, the mean over rounds (issues 37 and 47)
+
+
+@dataclass(frozen=True)
+class DecodeRegime:
+    """A decode-sized check's generated model, its router skew and the loads."""
+
+    spec: TinyMoeSpec
+    skew: float
+    loads: demo.Loads
+
+
+DECODE_REGIMES = {
+    "decode": DecodeRegime(DECODE_SPEC, 0.5, DECODE_LOADS),
+    # issue 47's: 1024-wide experts, skew 1, short prompts and 6 output tokens from 8 clients (256 recorded)
+    "short": DecodeRegime(
+        replace(DECODE_SPEC, moe_intermediate_size=1024), 1.0, demo.Loads.of(64, 8, input_len=6, output_len=6, record_prompts=256)
+    ),
+}
 
 
 def distributions(path: Path) -> np.ndarray:
@@ -274,15 +300,20 @@ def engine_skew(out: Path, skew: float, repeats: int, loads: demo.Loads, redunda
     return row
 
 
-def _split(cand: demo.Candidate, linear: demo.Recording, own: demo.Recording, measured: float) -> ErrorSplit | str:
-    """advise's prediction against the candidate server's own record window (``ErrorSplit``), or why there is none."""
+def _split(
+    cand: demo.Candidate, linear: demo.Recording, own: demo.Recording, measured: float | None, own_passes: bool = False
+) -> ErrorSplit | str:
+    """advise's prediction against the candidate server's own record window (``ErrorSplit``), or why
+    there is none; ``own_passes``: the candidate's per-pass price also on its own dump's passes."""
     layers = len(cand.layout.moe_layers)
     now = TimingWindow.of_status(linear.status, "the linear server's status", layers)
     mine = TimingWindow.of_status(own.status, "the fitted server's status", layers)
     if now is None or mine is None:
         return "a server has no timed window"
     try:
-        return ErrorSplit.of(cand.advice.details, now, mine, measured)
+        d = cand.advice.details
+        priced = priced_passes_ms(d["model"], own.counts, cand.layout, "static") if own_passes and "model" in d else None
+        return ErrorSplit.of(d, now, mine, measured, priced)
     except SceneEplbError as exc:
         return str(exc)
 
@@ -310,61 +341,104 @@ def engine_calibration(
     return {"rows": rows, "summary": summary}
 
 
-def engine_decode(out: str | Path = "out/verdicts-decode", skew: float = 0.5, redundant: int = 2, rounds: int = 3) -> dict:
+def engine_decode(
+    out: str | Path = "out/verdicts-decode", regime: str = "decode", redundant: int = 2, rounds: int = 3, second: str = "fitted"
+) -> dict:
     """advise's model against each server's own record window where passes are decode-sized (many
     experts, a few tokens a pass: weight reads per active slot count): a recording on the linear
     server, a fitted layout, then both servers alive and ``rounds`` rounds of a record window on
     each, back to back, the side that records first alternating (this machine's speed drifts between
     minutes: servers timed one after the other read it as a layout's effect). Per round, ``advise``
-    on that round's linear window, and its model's slowest ranks held to both windows'
-    (``ErrorSplit.model_errors``); the target is on their mean over the rounds."""
+    on that round's linear window, its model's slowest ranks held to both windows' slowest rank
+    means (``ErrorSplit.model_errors``) and its per-pass prices to both windows' critical paths
+    measured pass by pass (``ErrorSplit.price_errors``); the targets are on their means over the rounds.
+    ``second``: ``fitted`` (the candidate) or ``linear`` (the control: the linear placement as a layout)."""
     if rounds < 2:
         raise SystemExit("decode-sized check: at least 2 rounds")
-    out = Path(out)
+    out, g = Path(out), DECODE_REGIMES[regime]
     _pin()
-    rig = demo.prepare(out, skew, DECODE_LOADS, "tp2", DECODE_SPEC)
+    rig = demo.prepare(out, g.skew, g.loads, "tp2", g.spec)
     rows = []
     linear = demo.serve(rig, "linear", demo.plugin_config(out / "dumps"))
     try:
         cand = demo.fit_and_advise(demo.record(linear, rig), redundant, out)
+        if second == "linear":
+            cand = _linear_candidate(cand, out)
         fitted = demo.serve(rig, "fitted", demo.plugin_config(out / "dumps", cand.path))
         servers = {"linear": linear, "fitted": fitted}
         try:
             for r in range(rounds):
                 order = ("linear", "fitted") if r % 2 else ("fitted", "linear")
                 got = {side: demo.record(servers[side], rig, f"{side}-{r + 1}") for side in order}
-                rows.append(_decode_round(r + 1, cand, got["linear"], got["fitted"]))
+                rows.append(_decode_round(r + 1, cand, got["linear"], got["fitted"], g.spec))
         finally:
             fitted.stop()
     finally:
         linear.stop()
     splits = [row["split"] for row in rows if isinstance(row["split"], dict)]
-    mean = {side: float(np.mean([s["model_errors"][side] for s in splits])) for side in ("now", "candidate")} if splits else {}
-    within = len(splits) == rounds and all(abs(e) <= DECODE_TARGET for e in mean.values())
-    print(
-        f"decode-sized passes, {len(splits)} of {rounds} rounds: the model's mean error on the running server's windows "
-        f"{_pct(mean.get('now'))}, on the candidate's {_pct(mean.get('candidate'))}; within {DECODE_TARGET:.0%} of both: "
-        f"{'met' if within else 'MISSED'}",
-        flush=True,
-    )
-    return {"rounds": rows, "mean_model_errors": mean, "verdict": cand.advice.verdict, "within": within}
+    means = {
+        "like for like (the model's slowest ranks at each window's load / its slowest rank means)": _means(
+            splits, "model_errors"
+        ),
+        "per pass (advise's price / the critical path measured pass by pass)": _means(splits, "price_errors"),
+        "the slowest rank means (advise's price / each window's slowest rank means, summed)": _means(splits, "mean_errors"),
+    }
+    # the slowest rank means are printed for comparison (what the issue measured), not held to the target:
+    # a balanced layout's per-pass slowest rank is above its slowest rank mean by design
+    within = {what: len(m) == 2 and all(abs(e) <= DECODE_TARGET for e in m.values()) for what, m in list(means.items())[:2]}
+    print(f"decode-sized passes ({regime}), {len(splits)} of {rounds} rounds, the mean error over rounds:", flush=True)
+    for what, m in means.items():
+        target = "" if what not in within else f"; within {DECODE_TARGET:.0%} of both: {'met' if within[what] else 'MISSED'}"
+        print(f"  {what}: running {_pct(m.get('now'))}, candidate {_pct(m.get('candidate'))}{target}", flush=True)
+    return {"regime": regime, "rounds": rows, "mean_errors": means, "verdict": cand.advice.verdict, "within": within}
 
 
-def _decode_round(r: int, cand: demo.Candidate, linear: demo.Recording, own: demo.Recording) -> dict:
+def _linear_candidate(fitted: demo.Candidate, out: Path) -> demo.Candidate:
+    """The control's candidate: the linear placement (no redundant slot) of the fitted layout's model, written as a layout."""
+    g = Geometry(fitted.layout.geometry.num_experts, 0, fitted.layout.geometry.ep_size)
+    layout = Layout(linear_map(g, fitted.layout.num_layers), g, fitted.layout.moe_layers)
+    return demo.Candidate(layout, write_layout(layout, out / "linear-layout.json"), fitted.advice)
+
+
+def _means(splits: list[dict], key: str) -> dict[str, float]:
+    """The mean over rounds of each side's error ``key`` (a side left out where a round lacks it)."""
+    out = {}
+    for side in ("now", "candidate"):
+        values = [s[key][side] for s in splits if s[key][side] is not None]
+        if values and len(values) == len(splits):
+            out[side] = float(np.mean(values))
+    return out
+
+
+def _decode_round(r: int, cand: demo.Candidate, linear: demo.Recording, own: demo.Recording, spec: TinyMoeSpec) -> dict:
     """One round of the decode-sized check: advise on this round's linear window for the candidate,
     split against the candidate's window of the same round."""
     layers = len(cand.layout.moe_layers)
     window = TimingWindow.of_status(linear.status, "the linear server's status", layers)
     advice = advise(linear.counts, cand.layout, "static", window)
-    split = _split(demo.Candidate(cand.layout, cand.path, advice), linear, own, None)
+    split = _split(demo.Candidate(cand.layout, cand.path, advice), linear, own, None, own_passes=True)
     if not isinstance(split, ErrorSplit):
         print(f"round {r}: no split: {split}", flush=True)
         return {"round": r, "split": split, "verdict": advice.verdict}
-    per_pass = split.tokens_now / DECODE_SPEC.top_k
-    print(f"round {r} ({DECODE_SPEC.num_experts} experts, top-{DECODE_SPEC.top_k}, {per_pass:.1f} tokens a pass):")
+    per_pass = split.tokens_now / spec.top_k
+    print(f"round {r} ({spec.num_experts} experts, top-{spec.top_k}, {per_pass:.1f} tokens a pass):")
     for line in split.lines():
         print(f"  {line}", flush=True)
-    return {"round": r, "split": split.to_dict(), "verdict": advice.verdict, "reasons": list(advice.reasons)}
+    means = {
+        "now": split.critical_predicted_now / split.critical_measured_now - 1,
+        "candidate": split.critical_predicted_candidate / split.critical_measured_candidate - 1,
+    }
+    print(
+        f"  advise's price against the slowest rank means (the issue's yardstick): running {_pct(means['now'])}, "
+        f"candidate {_pct(means['candidate'])}",
+        flush=True,
+    )
+    return {
+        "round": r,
+        "split": {**split.to_dict(), "mean_errors": means},
+        "verdict": advice.verdict,
+        "reasons": list(advice.reasons),
+    }
 
 
 def _pin() -> None:
@@ -436,6 +510,19 @@ def main() -> int:
     )
     ap.add_argument("--out", default="out/verdicts-engine", help="the engine calibration's working folder")
     ap.add_argument(
+        "--second",
+        choices=("fitted", "linear"),
+        default="fitted",
+        help="decode: the second server runs the fitted layout (default) or, as the control, the linear placement as a layout",
+    )
+    ap.add_argument(
+        "--regime",
+        choices=sorted(DECODE_REGIMES),
+        default="decode",
+        help="decode: the decode-sized check's model and load: decode (issue 37's, skew 0.5, 32-token prompts, "
+        "48 output tokens) or short (issue 47's: 1024-wide experts, skew 1, 6-token prompts, 6 output tokens)",
+    )
+    ap.add_argument(
         "--repeats", type=int, default=3, help="engine calibration: alternating rounds per skew (>= 3); decode: rounds (>= 2)"
     )
     ap.add_argument("--num-prompts", type=int, default=600, help="engine calibration: requests per measured run")
@@ -451,8 +538,8 @@ def main() -> int:
         doc["engine"] = engine_calibration(a.out, tuple(a.skews), a.repeats, a.num_prompts)
         _print_engine(doc["engine"]["rows"])
     if a.engine == "decode":
-        doc["decode"] = engine_decode(a.out, rounds=a.repeats)
-        ok = ok and doc["decode"]["within"]
+        doc["decode"] = engine_decode(a.out, a.regime, rounds=a.repeats, second=a.second)
+        ok = ok and all(doc["decode"]["within"].values())
     if a.json:
         atomic_write_bytes(Path(a.json), json.dumps(doc, indent=2).encode())
     return 0 if ok else 1

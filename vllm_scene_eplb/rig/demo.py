@@ -69,8 +69,9 @@ class Loads:
     record: BenchLoad
 
     @classmethod
-    def of(cls, num_prompts: int, concurrency: int, input_len: int, output_len: int = 4) -> Loads:
-        """Prefill loads (4 output tokens) by default; a longer ``output_len`` makes them decode loads."""
+    def of(cls, num_prompts: int, concurrency: int, input_len: int, output_len: int = 4, record_prompts: int = 0) -> Loads:
+        """Prefill loads (4 output tokens) by default; a longer ``output_len`` makes them decode loads.
+        The record load has ``record_prompts`` requests (0: eight per concurrent client)."""
 
         def scene(name: str, n: int, seed: int) -> BenchLoad:
             return BenchLoad(
@@ -87,7 +88,7 @@ class Loads:
         return cls(
             target=scene(f"prefill-{input_len}" if output_len == 4 else f"decode-{input_len}x{output_len}", num_prompts, 0),
             warmup=scene("warm-up", 4 * concurrency, 1),
-            record=scene("record", 8 * concurrency, 2),
+            record=scene("record", record_prompts or 8 * concurrency, 2),
         )
 
 
