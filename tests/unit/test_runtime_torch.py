@@ -1,5 +1,7 @@
 """Observer ring buffer and in-forward replica maps (torch only, no engine)."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,8 @@ from vllm_scene_eplb.layouts.layout import Geometry, Layout
 from vllm_scene_eplb.live.measured import SourceTraffic, fidelity, modelled_slot_counts
 from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 from vllm_scene_eplb.runtime.worker.replica_map import SourceRanks, layer_maps, own_source_span, row_sources
+
+from ..conftest import run_script
 
 
 def test_observer_counts_passes_once_and_skips_padding_and_dummies():
@@ -507,3 +511,13 @@ def test_the_tp_capture_with_own_rows_is_traceable_with_dynamic_batch_size():
     assert torch.equal(traced.passes.sources, eager.passes.sources) and torch.equal(traced.passes.counts, eager.passes.counts)
     # rank 1 routes rows [ceil(n/2), n) of each batch, two ids a row, less the padded row 5 (in its rows when n is 7)
     assert int(eager.passes.sources[0, : eager.passes.width].sum()) == 2 * sum(n // 2 for n in (3, 7, 16, 61)) - 2
+
+
+def test_the_fused_capture_kernel_counts_what_the_four_torch_ops_count():
+    """The CUDA capture's one Triton kernel (``fused_capture``), run by Triton's interpreter on CPU,
+    against the torch ops on the same ids: every mask mode, int32 and int64 ids, ids out of range
+    (the GPU itself runs it in ``scripts/gpu_check.sh``'s capture_fused)."""
+    res = run_script("fused_capture_check", env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    same, counted, left_out = res.stdout.split()
+    assert same == "True" and int(counted) > 0 and int(left_out) > 0, res.stdout

@@ -10,12 +10,16 @@ table row makes. Where the counted rows are not all its own (TP ranks that all r
 split evenly over them: ``source_rows=True``), the adapter also hands them (a slice of the pass's
 rows) to ``capture_sources``, which counts them into a pass buffer of their own, at most four more
 device ops; elsewhere the counted rows are the own rows and nothing more runs.
+
+On CUDA with Triton the four ops are one kernel (``fused_capture``: the same counts, one graph node),
+except where torch.compile traces the capture (it then traces the torch ops, with no graph break).
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import fused_capture
 from .id_space import IdSpace
 
 
@@ -31,6 +35,7 @@ class PassCounts:
         self._ones = torch.ones(0, dtype=torch.int32, device=device)  # index_add_'s source, sliced (``reserve``)
         self.reserve(4096)
         self.sources = torch.zeros(self.counts.shape, dtype=torch.int32, device=device) if source_rows else None
+        self.fused = fused_capture.available(device)  # one Triton kernel for the four ops (CUDA)
 
     def capture(
         self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None, own_rows: torch.Tensor | None = None
@@ -56,8 +61,12 @@ class PassCounts:
     def _count(
         self, row: torch.Tensor, ids: torch.Tensor, padding_rows: torch.Tensor | None, own_rows: torch.Tensor | None = None
     ) -> None:
-        """The four ops of a capture into one pass buffer row [W + 2] (``capture`` says which rows count)."""
+        """The four ops of a capture into one pass buffer row [W + 2] (``capture`` says which rows count),
+        or the one fused kernel that does what they do."""
         W = self.width
+        if self.fused and not torch.compiler.is_compiling():  # traced, the torch ops (Inductor fuses them)
+            mask, mode = (padding_rows, fused_capture.PADDING) if padding_rows is not None else (own_rows, fused_capture.OWN)
+            return fused_capture.count_into(row, ids, W, mask, mode)
         if padding_rows is not None:
             ids = torch.where(padding_rows[: ids.shape[0]].unsqueeze(1), self._fill, ids)
         elif own_rows is not None:
