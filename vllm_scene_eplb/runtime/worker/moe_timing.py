@@ -108,7 +108,7 @@ class MoeTiming:
             if not is_dummy:
                 self.group_seconds[group] = [a + b for a, b in zip(self.group_seconds[group], self._pass_seconds)]
             self.moe_seconds = [a + b for a, b in zip(self.moe_seconds, self._pass_seconds)]
-            self.pass_log.append((self.moe_passes, tuple(1000.0 * x for x in self._pass_seconds)))
+            self.pass_log.append((self.moe_passes, tuple(round(1000.0 * x, 4) for x in self._pass_seconds)))
             self.moe_passes += 1
         self._pass_seconds = [0.0] * self.num_layers
         self._step_started = None
