@@ -8,7 +8,8 @@ One PASS/FAIL line per check; exit 0 only when every check passes, 2 without a C
 - ``moe_timer``: the graph-safe MoE timer (``runtime.worker.device_timer``) inside graph replays agrees with
   CUDA events around the same work run eagerly, within 10%;
 - ``capture_fused``: the capture as one Triton kernel (``runtime.worker.fused_capture``) counts what
-  its four torch ops count, ids out of range, padding rows and rows not its own included;
+  its four torch ops count, ids out of range, padding rows and rows not its own included, its
+  first launches of each shape inside a CUDA graph capture (no compile there: ``warm`` did it);
 - ``capture_cost``: the capture's microseconds per MoE layer and the ratio of a 58-layer
   decode-sized step with it to the same step without it (both graph replays, CUDA events): fused
   (the default on CUDA), as four torch ops, and fused under ``torch.compile`` (vLLM on a GPU runs
@@ -96,7 +97,9 @@ def check_graph_counts(dispatch: str) -> bool:
 
 
 def check_capture_fused() -> bool:
-    """The fused kernel against the four torch ops on the same ids: every mask mode, ids out of range."""
+    """The fused kernel against the four torch ops on the same ids: every mask mode, int32 and int64
+    ids, ids out of range; its first launches of each shape inside a CUDA graph capture (what ``warm``
+    compiled at construction must serve them: no compile during capture), counted on one replay."""
     from vllm_scene_eplb.runtime.worker.id_space import IdSpace
     from vllm_scene_eplb.runtime.worker.pass_counts import PassCounts
 
@@ -106,17 +109,27 @@ def check_capture_fused() -> bool:
     fused, plain = (PassCounts(LAYERS, space, dev) for _ in range(2))
     plain.fused = False
     W = space.width
-    cases = 0
+    calls = []
     for m in (1, 7, 64, 300):
         ids = torch.randint(-3, W + 4, (m, TOP_K), generator=gen).to(dev)
         mask = torch.rand(m + 5, generator=gen).lt(0.3).to(dev)
         for layer, (pad, own) in enumerate(((None, None), (mask, None), (None, mask), (None, None))):
-            for counts in (fused, plain):
-                counts.capture(layer, ids if layer < 3 else ids.to(torch.int32), pad, own)
-            cases += 1
+            calls.append((layer, ids if layer < 3 else ids.to(torch.int32), pad, own))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for call in calls:
+            fused.capture(*call)
+    g.replay()
+    for call in calls:
+        plain.capture(*call)
     torch.cuda.synchronize()
     same = bool(torch.equal(fused.counts, plain.counts)) and fused.fused and int(plain.counts.sum()) > 0
-    return report("capture_fused", same, f"{cases} captures, counts equal to the four torch ops: {same}")
+    return report(
+        "capture_fused",
+        same,
+        f"{len(calls)} captures, first launched inside a graph capture, counts on replay equal to the four torch ops: {same}",
+    )
 
 
 def check_moe_timer(layers: int = 8, passes: int = 20, rounds: int = 5) -> bool:

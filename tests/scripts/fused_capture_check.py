@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_scene_eplb.runtime.worker import fused_capture
 from vllm_scene_eplb.runtime.worker.id_space import IdSpace
 from vllm_scene_eplb.runtime.worker.pass_counts import PassCounts
 
@@ -16,6 +17,8 @@ def main() -> None:
     space = IdSpace(4, 16, "cpu", None)
     fused, ops = PassCounts(4, space, "cpu"), PassCounts(4, space, "cpu")
     assert not fused.fused  # on CPU the torch ops count; the kernel is forced here
+    fused_capture.warm("cpu", space.width)  # every variant, on a scratch row: the pass buffers stay clear
+    assert int(fused.counts.abs().sum()) == 0
     fused.fused = True
     g = torch.Generator().manual_seed(0)
     for m in (1, 7, 64, 300):

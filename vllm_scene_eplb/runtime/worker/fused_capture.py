@@ -6,6 +6,11 @@ Why: on a GPU vLLM runs the MoE layer through its opaque ``moe_forward`` op, so 
 eagerly inside the CUDA graph, one graph node per op; on an H200 the four ops and the replica map
 cost 13.6 us per MoE layer in ``scripts/gpu_check.sh``'s decode-sized step. Where Triton cannot
 compile for the device (no Triton, not CUDA) ``available`` says no and the torch ops stay.
+
+Compiled before any graph: the kernel specializes on no count and no pointer's alignment (a layer's
+row sits anywhere in the pass buffer), and ``warm`` launches
+every variant a forward can ask for (each mask mode, int32 and int64 ids) on a scratch row when the
+pass buffers are made, so no Triton compile or module load happens inside a CUDA graph capture.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n", "k", "W"], do_not_specialize_on_alignment=["ids_ptr", "mask_ptr", "row_ptr"])
     def count(ids_ptr, n, k, mask_ptr, row_ptr, W, MODE: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = offs < n
@@ -45,9 +50,20 @@ def available(device: torch.device | str) -> bool:
         return False
     try:
         _kernel()
-    except ImportError:
+    except (ImportError, TypeError):  # no Triton, or one without these specialization switches
         return False
     return True
+
+
+def warm(device: torch.device | str, width: int) -> None:
+    """Compile and load every variant a forward can launch (mask modes x ids dtypes) on a scratch row
+    (host, at bind, before any graph is captured)."""
+    row = torch.zeros(width + 2, dtype=torch.int32, device=device)
+    mask = torch.zeros(1, dtype=torch.bool, device=device)
+    for dtype in (torch.int32, torch.int64):
+        ids = torch.zeros((1, 1), dtype=dtype, device=device)
+        for m, mode in ((None, NO_MASK), (mask, PADDING), (mask, OWN)):
+            count_into(row, ids, width, m, mode)
 
 
 def count_into(row: torch.Tensor, ids: torch.Tensor, width: int, mask: torch.Tensor | None, mode: int) -> None:

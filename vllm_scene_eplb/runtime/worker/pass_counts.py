@@ -36,6 +36,8 @@ class PassCounts:
         self.reserve(4096)
         self.sources = torch.zeros(self.counts.shape, dtype=torch.int32, device=device) if source_rows else None
         self.fused = fused_capture.available(device)  # one Triton kernel for the four ops (CUDA)
+        if self.fused:
+            fused_capture.warm(device, self.width)  # every variant compiled now, before any graph
 
     def capture(
         self, moe_idx: int, ids: torch.Tensor, padding_rows: torch.Tensor | None = None, own_rows: torch.Tensor | None = None
