@@ -146,3 +146,19 @@ def test_the_record_window_measures_the_critical_path_pass_by_pass():
     window = TimingWindow.of_status(status, "the status", layers=2)
     assert window is not None and window.critical_ms == pytest.approx(6.0)
     assert TimingWindow.from_wire(window.to_wire(), "saved", record=True).critical_ms == pytest.approx(6.0)
+
+
+def test_ranks_that_ran_different_numbers_of_passes_give_no_per_pass_critical_path():
+    """Lined up by number, a rank that counted one pass more than the other would pair every later
+    pass with the wrong one: the record window stands, its per-pass critical path is left out."""
+    ranks = [_worker(0), _worker(1)]
+    fanout, poller = _server(ranks)
+
+    async def main():
+        await _control(fanout, poller, "start")
+        _passes(ranks, HOT, 2.0, 3)
+        _passes(ranks[:1], HOT, 2.0, 1)  # rank 0 alone: one pass more
+        return await _control(fanout, poller, "stop")
+
+    t = asyncio.run(main()).record_time
+    assert t is not None and t.rank_ms and t.critical_ms is None and t.critical_passes == 0, t

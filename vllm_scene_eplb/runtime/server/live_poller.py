@@ -79,7 +79,9 @@ class LivePoller:
             if action == "stop":
                 spans = await self.fanout.all_ok(RECORD_LIVE_ACTION, RecordLive.from_wire)
                 window = live_sample([s.stop for s in spans]).since(live_sample([s.start for s in spans]))
-                critical = per_pass_critical([s.passes for s in spans])
+                # ranks that ran different numbers of MoE passes in the record cannot be lined up by number
+                if len({s.stop.moe_passes - s.start.moe_passes for s in spans}) == 1:
+                    critical = per_pass_critical([s.passes for s in spans])
                 if self.live is None:
                     self.live = await self._view(window.logical.shape[1])
             if self.live is not None:
