@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +40,17 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(STARTED) or 'none'})")
     if SHARED:
         terminalreporter.write_line(f"shared from the pool, not started again: {', '.join(SHARED)}")
+
+
+def pytest_sessionstart(session) -> None:
+    """Every vLLM server of the session shares one cache folder (``SHARED_CACHE_ENV``): a cold one
+    costs each start a model-class inspection in a subprocess. Compiled graphs are keyed by vLLM's
+    config hash, the plugin's flag included, and the plugin's code is the same all session."""
+    from vllm_scene_eplb.rig.local_server import SHARED_CACHE_ENV
+
+    cache = Path(tempfile.mkdtemp(prefix="scene-eplb-vllm-cache-"))
+    os.environ[SHARED_CACHE_ENV] = str(cache)
+    session.config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
 
 
 POOL = pytest.StashKey["ServerPool"]()  # the session's pool, once a test asked for it

@@ -201,6 +201,10 @@ def _forced(position: dict, token: int) -> tuple[float, float]:
     return position[str(token)]["logprob"], top[0] - top[1] if len(top) > 1 else float("inf")
 
 
+# One vLLM cache folder for every server this process starts (model-class inspections, compiled
+# graphs) where this names one: a test session, whose plugin code cannot change under it, sets it
+# (each cold start inspects the model class in a subprocess, about 8 s); elsewhere each workdir has its own.
+SHARED_CACHE_ENV = "SCENE_EPLB_TEST_VLLM_CACHE"
 STARTED: list[str] = []  # the names of the servers this process started, in order (the test suite prints them)
 SHARED: list[str] = []  # the names under which a pool answered a server already running (the test suite prints them)
 
@@ -225,7 +229,7 @@ def start_server(
         **os.environ,
         "VLLM_CPU_OMP_THREADS_BIND": cores,
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
+        "VLLM_CACHE_ROOT": os.environ.get(SHARED_CACHE_ENV) or str(workdir / "vllm-cache"),
         "VLLM_PLUGINS": "scene_eplb" if plugins else "",
         **(env or {}),
     }
