@@ -109,14 +109,14 @@ def main() -> int:
             f"{row['together']['gbps'][1]:.1f} (x{row['read_ratio']:.3f})",
             flush=True,
         )
-    per_slot = statistics.mean(r["pass_ratio"] for r in rounds)
+    pass_ratio = statistics.mean(r["pass_ratio"] for r in rounds)
     print(
-        f"{a.active} slots x {a.tokens} rows a layer, 4 layers: an expert pass takes x{per_slot:.3f} as long with the other "
+        f"{a.active} slots x {a.tokens} rows a layer, 4 layers: an expert pass takes x{pass_ratio:.3f} as long with the other "
         f"rank running (mean of {a.rounds} rounds); a core reads x{statistics.mean(r['read_ratio'] for r in rounds):.3f} as fast"
     )
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"args": vars(a), "rounds": rounds, "pass_ratio_mean": per_slot}, fh, indent=2)
+            json.dump({"args": vars(a), "rounds": rounds, "pass_ratio_mean": pass_ratio}, fh, indent=2)
     return 0
 
 

