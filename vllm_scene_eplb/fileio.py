@@ -33,7 +33,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
     """Write a file through ``write(fh)`` into a temporary sibling, fsync, then rename over ``path``.
 
     Readers never see a half-written file, and a failure leaves no file behind (an existing ``path``
-    is untouched). A failure of the file system (full disk, read-only, a path under a file) is a
+    is untouched). The file's mode is what ``open`` would give under the umask (0644 under 022). A failure of the file system (full disk, read-only, a path under a file) is a
     SceneEplbError naming ``path`` and the reason.
     """
     path = Path(path)
@@ -74,6 +74,7 @@ def _temp_file(folder: Path, name: str, write: Callable[[IO[bytes]], object]) ->
     failure it is removed and the error raised."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; a server of another user must read it
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
@@ -82,6 +83,21 @@ def _temp_file(folder: Path, name: str, write: Callable[[IO[bytes]], object]) ->
         _discard(tmp)
         raise
     return tmp
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (``/proc/self/status``):
+    setting and restoring it would race with files other threads create meanwhile."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _discard(tmp: str) -> None:
