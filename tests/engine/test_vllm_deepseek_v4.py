@@ -116,13 +116,16 @@ def test_every_moe_layer_counts_what_an_independent_router_chose(run, case):
 
 @pytest.mark.parametrize("case", ["static", "dynamic"])
 def test_replica_traffic_sums_to_each_expert_and_uses_both_replicas(run, case):
+    """The slot counts, folded through the layout's map, are what an independent router chose (the dump's
+    logical counts are themselves that fold, so they cannot be the yardstick), and a replicated expert's
+    tokens reach more than one of its slots."""
     ranks, layout, _, _ = run
     counts = dumped(ranks[0], case)
     assert counts.physical is not None
-    physical, logical = counts.physical.sum(axis=0), counts.data.sum(axis=0)
+    physical, chosen = counts.physical.sum(axis=0), np.asarray(ranks[0][case]["expected_counts"])
     p2l = layout.physical_to_logical_map
     for layer in range(SPEC.num_layers):
-        assert np.array_equal(np.bincount(p2l[layer], weights=physical[layer], minlength=SPEC.num_experts), logical[layer])
+        assert np.array_equal(np.bincount(p2l[layer], weights=physical[layer], minlength=SPEC.num_experts), chosen[layer])
     hot = [(layer, e) for layer in range(SPEC.num_layers) for e in np.unique(p2l[layer]) if (p2l[layer] == e).sum() > 1]
     used = [(layer, e) for layer, e in hot if (physical[layer][p2l[layer] == e] > 0).sum() > 1]
     assert used  # some replicated expert's tokens went to more than one of its slots
