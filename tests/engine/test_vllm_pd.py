@@ -63,14 +63,24 @@ def pair(tiny_moe, tmp_path_factory):
             http("POST", s.url + "/stop_expert_distribution_record")
         out["counters"] = [engine_counters(s, COUNTERS) for s in (p, d)]
         out["dumps"] = [http("POST", s.url + "/dump_expert_distribution_record") for s in (p, d)]
-        time.sleep(2.5)  # two live windows: the busy share and the flow gauges
-        out["flows"] = [StatusAnswer.from_wire(http("GET", s.url + "/scene_eplb/status")[1]).flow for s in (p, d)]
+        out["flows"] = [flow_once_timed(s) for s in (p, d)]
         out["metrics"] = [urllib.request.urlopen(s.url + "/metrics", timeout=30).read().decode() for s in (p, d)]
         out["watch"] = cli("watch", "--once", "--url", p.url)
         return out
     finally:
         p.stop()
         d.stop()
+
+
+def flow_once_timed(srv, deadline_s: float = 60.0):
+    """The server's flow once a live window that holds its steps has ended (the busy share is None
+    until then: on a slow host that window can close seconds after the traffic), within a deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        flow = StatusAnswer.from_wire(http("GET", srv.url + "/scene_eplb/status")[1]).flow
+        if (flow is not None and flow.busy_share is not None) or time.monotonic() > end:
+            return flow
+        time.sleep(0.5)
 
 
 def test_each_side_takes_its_role_from_kv_role(pair):

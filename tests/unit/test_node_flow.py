@@ -45,9 +45,24 @@ def test_old_steps_leave_the_window():
     flow.observe_busy(2.0, 0.5, 2.0)
     flow.observe_busy(12.0, 0.0, 2.0)
     view = flow.view(now=12.5)
-    assert view.busy_share == 0.0  # the busy window at 2 s left with its steps
     assert view.steps == 2 and view.window_s == 10.0
     assert view.prefill_completions_per_s == pytest.approx(2 / 10)
+    flow.observe_busy(14.0, 0.0, 2.0)
+    assert flow.view(now=14.5).busy_share == 0.0  # its steps gone too, the node was idle in every window left
+
+
+def test_a_window_still_open_is_not_an_idle_one():
+    """Steps that no ended live window holds (their window still open, or its calls failing on a slow
+    host) leave the busy share unknown; idle windows that ended before them do not make it 0."""
+    flow = NodeFlow(max_num_seqs=4, window_s=60.0, started=0.0)
+    flow.observe_busy(1.0, 0.0, 1.0)
+    flow.observe_busy(2.0, 0.0, 1.0)  # idle windows
+    flow.observe(FlowStep(2.5, running=1, waiting=0, kv_fetching=0, prompt_computed=40, first_token_s=(0.2,)))
+    assert flow.view(now=2.8).busy_share is None  # the window holding the step has not ended
+    assert flow.view(now=2.8).prefill_completions_per_s > 0  # the steps themselves count at once
+    flow.observe_busy(5.0, 0.6, 3.0)  # the window [2, 5] that held it, after calls that took long
+    assert flow.view(now=5.5).busy_share == pytest.approx(0.6 / 5.0)
+    assert NodeFlow(max_num_seqs=4, started=0.0).view(now=1.0).busy_share is None  # no window ended yet
 
 
 def test_an_empty_window_has_nothing_to_average():

@@ -29,6 +29,9 @@ from .fanout import RouteError, WorkerFanout
 from .node_flow import NodeFlow
 
 logger = logging.getLogger("vllm.scene_eplb")
+# The live call's deadline is its window, but never under this: on a loaded 2-core host a worker's answer
+# between two steps can take over a second, and every window it missed would merge into the next.
+LIVE_CALL_FLOOR_S = 10.0
 
 
 class LivePoller:
@@ -59,7 +62,8 @@ class LivePoller:
 
     async def window(self, window: float) -> None:
         """One window: every rank's counts, scored, its alarm logged when it changes, published."""
-        sample = live_sample(await self.fanout.all_ok(LIVE_ACTION, RankLiveAnswer.from_wire, timeout=window))
+        answers = await self.fanout.all_ok(LIVE_ACTION, RankLiveAnswer.from_wire, timeout=max(window, LIVE_CALL_FLOOR_S))
+        sample = live_sample(answers)
         if self.live is None:
             self.live = await self._view(sample.logical.shape[1])
         now = time.monotonic()

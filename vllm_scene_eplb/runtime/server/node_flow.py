@@ -56,15 +56,26 @@ class NodeFlow:
         while self.busy and self.busy[0][0] < now - self.window_s:
             self.busy.popleft()
 
+    def _busy_share(self, steps: list[FlowStep]) -> float | None:
+        """Step seconds over wall seconds of the live windows that ended in the flow's window; None
+        where none ended, or where the flow has steps and no ended window holds any of them: the
+        window that timed them is still open (or its calls failed and it has not closed), and the
+        ended ones, idle, would read 0 for a node that was busy."""
+        wall = sum(w for _, _, w in self.busy)
+        if wall <= 0:
+            return None
+        if steps and not any(end - seconds <= s.at <= end for s in steps for end, _, seconds in self.busy):
+            return None
+        return sum(b for _, b, _ in self.busy) / wall
+
     def view(self, now: float | None = None) -> FlowView:
         """The flow over the window ending ``now``: rates over the window's wall time (from the server's
         start while it is younger than ``window_s``); the busy share over the live windows that ended in
-        it (None: no live window timed the steps)."""
+        it (``_busy_share``: None until one that holds the flow's steps has ended)."""
         now = time.monotonic() if now is None else now
         self._trim(now)
-        wall = sum(w for _, _, w in self.busy)
-        busy_share = sum(b for _, b, _ in self.busy) / wall if wall > 0 else None
         steps = list(self.steps)
+        busy_share = self._busy_share(steps)
         span = max(1e-9, min(self.window_s, now - self.started))
         n = len(steps)
         ttfts = [t for s in steps for t in s.first_token_s]
