@@ -13,7 +13,10 @@ def network(p: NodeWindow, d: NodeWindow, load: PairLoad, elasticity: float = 0.
     """The network the two windows and the bench give (no client time yet: ``calibrate``)."""
     fp, fd = p.flow, d.flow
     if fp.busy_share is None:
-        raise SceneEplbError("the P node's flow has no busy_share: start it with scene_eplb.time_moe true")
+        raise SceneEplbError(
+            "the P node's flow has no busy_share: start it with scene_eplb.time_moe true, and take its status "
+            "once a live window that holds the bench's steps has ended"
+        )
     if fp.prefill_completions_per_s <= 0 or fp.busy_share <= 0:
         raise SceneEplbError("the P node's window prefilled nothing: take its status while the bench runs")
     if fd.running_mean <= 0 or fd.first_token_ms is None:
