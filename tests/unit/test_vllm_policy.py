@@ -6,12 +6,19 @@ import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from vllm.distributed.eplb.eplb_state import EplbState
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
 from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts
-from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.layout import Geometry, linear_map
+from vllm_scene_eplb.layouts.peer import fit_peer
+from vllm_scene_eplb.layouts.scenes import normalised_totals
 from vllm_scene_eplb.layouts.vllm_policy import vllm_policy_map
+
+from ..conftest import skewed_counts
 
 
 def vllm_map(weights: np.ndarray, g: Geometry, groups: int, old: np.ndarray | None = None) -> np.ndarray:
@@ -20,6 +27,11 @@ def vllm_map(weights: np.ndarray, g: Geometry, groups: int, old: np.ndarray | No
         torch.from_numpy(weights), g.num_physical, groups, g.num_nodes, g.ep_size, None if old is None else torch.from_numpy(old)
     )
     return out.numpy()
+
+
+def per_rank(p2l: np.ndarray, g: Geometry) -> np.ndarray:
+    """Each rank's experts, sorted: what a rank holds whatever the order of its slots."""
+    return np.sort(p2l.reshape(len(p2l), g.ep_size, g.slots_per_rank), axis=2)
 
 
 @st.composite
@@ -62,6 +74,36 @@ def test_the_port_gives_vllms_map_on_the_shipped_counts(real_counts_paths, g, gr
         assert np.array_equal(vllm_policy_map(weights, g, groups), vllm_map(weights, g, groups)), path.name
         mix = weights / weights.sum(axis=1, keepdims=True)  # a scene mix: floats, as several scenes give
         assert np.array_equal(vllm_policy_map(mix, g, groups), vllm_map(mix, g, groups)), path.name
+
+
+def test_the_peer_is_what_vllm_would_load_from_the_layouts_own_counts(real_counts_paths):
+    """vLLM rebalances from its initial map (the linear one) with its load window over the MoE layers,
+    the model's groups, nodes and ranks; it then keeps experts in their old slots within a rank,
+    which moves no load: every rank holds what the port gives it."""
+    g = Geometry(256, 16, 16)
+    c = read_counts(real_counts_paths[2])
+    layout = fit(c, FitOptions(g, expert_groups=8))
+    peer = fit_peer(layout, [read_counts(p) for p in real_counts_paths])
+    moe = list(layout.moe_layers)
+    assert peer.fitted_on == "the counts the layout was fitted on"
+    assert (peer.expert_groups, peer.groups_from) == (8, "the layout's fit")
+    initial = np.tile(np.asarray(EplbState.build_initial_global_physical_to_logical_map(256, 16)), (len(moe), 1))
+    assert np.array_equal(initial, linear_map(g, len(moe)))
+    loaded = vllm_map(c.total()[moe], g, 8, old=initial)
+    assert not np.array_equal(loaded, peer.map)  # vLLM reordered slots within ranks...
+    assert np.array_equal(per_rank(loaded, g), per_rank(peer.map, g))  # ...and no rank holds other experts
+
+
+def test_the_peer_of_several_scenes_gets_their_normalised_mix_with_the_layouts_weights():
+    g = Geometry(32, 8, 4)
+    a, b = (Counts(skewed_counts(4, 3, 32, seed=s)) for s in (1, 2))
+    layout = fit([a, b], FitOptions(g, dispatch="dynamic"), [0.75, 0.25])
+    peer = fit_peer(layout, [b, a])  # found by digest, whatever the order given
+    normalised = normalised_totals([c.split()[0] for c in (a, b)])  # each layer of each scene sums to 1
+    assert np.array_equal(peer.map, vllm_map(0.75 * normalised[0] + 0.25 * normalised[1], g, 1))
+    assert peer.fitted_on == "the counts the layout was fitted on"
+    other = fit_peer(layout, [a])  # b is missing: fitted on what was given, and saying so
+    assert other.fitted_on.startswith("every scene given") and np.array_equal(other.map, vllm_map(a.split()[0].sum(axis=0), g, 1))
 
 
 def test_groups_that_do_not_divide_the_experts_are_refused():
