@@ -11,6 +11,7 @@ from ..formats import LAYOUT_FORMATS, OWN_FORMAT, dropped_table, format_name, wr
 from ..layouts.dispatch import DISPATCH_ALGORITHMS
 from ..layouts.evaluation import evaluate
 from ..layouts.layout import Geometry
+from ..layouts.peer import fit_peer
 from ..layouts.scenes import normalise_weights
 from ..planning.memory import memory_cost
 from ..planning.model_geometry import read_model_geometry
@@ -144,7 +145,8 @@ def run(args, console: Console) -> None:
         layout = fit(scenes, options, weights)
     layout.meta["top_k"] = routing.top_k
     names = scene_names(args.counts)
-    evals = [evaluate(layout, c) for c in scenes]
+    peer = fit_peer(layout, scenes)
+    evals = [evaluate(layout, c, peer) for c in scenes]
     out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
     notes = [note for c, path in zip(scenes, args.counts) for note in layer_notes(c, path, hash_layers)]
     unrouted = unrouted_layers(scenes, layout.moe_layers)

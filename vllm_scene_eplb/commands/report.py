@@ -5,12 +5,13 @@ from __future__ import annotations
 from ..formats import read_layout
 from ..layouts.report import write_report
 from ..planning.memory import memory_cost
+from ..planning.model_geometry import read_model_geometry
 from .arguments import geometry_args, hint, model_args, model_memory
 from .console import Console
 from .options import check_output_dir
 from .scenes import read_scenes, scene_names, scenes_payload, scenes_text
 
-HELP = "Markdown report plus PNG heat maps of per-rank load before/after, one or several scenes"
+HELP = "Markdown report plus PNG heat maps of per-rank load: old (linear), vLLM's policy and the layout, one or several scenes"
 
 
 def add_arguments(p) -> None:
@@ -31,8 +32,11 @@ def run(args, console: Console) -> None:
     layout = read_layout(args.layout, hint(args))
     scenes = list(zip(scene_names(args.counts), read_scenes(args.counts, console, layout)))
     memory = memory_cost(model_memory(args), layout.geometry)
-    with console.progress("scoring and drawing heat maps"):
-        evals, md, pngs = write_report(layout, scenes, args.output, memory["summary"] if memory else None)
+    groups = read_model_geometry(args.model).expert_groups if args.model else None  # vLLM reads n_group from the model
+    with console.progress("fitting vLLM's policy, scoring and drawing heat maps"):
+        evals, md, pngs = write_report(
+            layout, scenes, args.output, memory["summary"] if memory else None, groups, "--model" if groups else ""
+        )
     text = scenes_text(args.counts, evals) + (f"\n{memory['summary']}" if memory else "")
     console.emit(
         {"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, **scenes_payload(args.counts, evals)},

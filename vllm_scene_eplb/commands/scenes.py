@@ -12,7 +12,7 @@ from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..formats.counts import PREDICTED_KEY
 from ..layouts.counts import Counts
-from ..layouts.evaluation import SCORES, Evaluation, check_compatible
+from ..layouts.evaluation import Evaluation, check_compatible
 from .console import Console
 
 
@@ -35,15 +35,17 @@ def read_scenes(paths: list[str], console: Console, layout=None) -> list[Counts]
 
 
 def summary_text(ev: Evaluation) -> str:
-    """The score summary every scoring command prints: median and worst layer of each score."""
+    """The score summary every scoring command prints: whether the layout was fitted on the scene,
+    median and worst layer of each observed score, and one line for those not observed."""
     s = ev.summary()
-    out = [f"layout {s['layout_hash']}  fingerprint {s['fingerprint'] or '-'}  MoE layers {s['layers']}"]
-    for score in SCORES:
-        st = s[score.key]
-        out.append(
-            f"  {score.key:22s} " + ("NOT_OBSERVED" if st is None else f"median {st['median']:.4f}  worst {st['worst']:.4f}")
-        )
-    return "\n".join(out)
+    out = [
+        f"layout {s['layout_hash']}  fingerprint {s['fingerprint'] or '-'}  MoE layers {s['layers']}  scene: {ev.scene_mark()}"
+    ]
+    out += [
+        f"  {score.key:22s} median {s[score.key]['median']:.4f}  worst {s[score.key]['worst']:.4f}" for score in ev.observed()
+    ]
+    note = ev.not_observed()
+    return "\n".join(out + ([f"  {note}"] if note else []))
 
 
 def scene_names(paths: list[str]) -> list[str]:
@@ -67,10 +69,10 @@ def scenes_payload(paths: list[str], evals: list[Evaluation], weights: list[floa
 
 
 def scenes_text(paths: list[str], evals: list[Evaluation]) -> str:
-    """The score summary of each scene, named when there are several."""
+    """What vLLM's policy was fitted on, then the score summary of each scene, named when there are several."""
     if len(evals) == 1:
-        return summary_text(evals[0])
-    return "\n".join(f"scene {n}:\n{summary_text(ev)}" for n, ev in zip(scene_names(paths), evals))
+        return f"{evals[0].peer_line()}\n{summary_text(evals[0])}"
+    return "\n".join([evals[0].peer_line()] + [f"scene {n}:\n{summary_text(ev)}" for n, ev in zip(scene_names(paths), evals)])
 
 
 def layer_notes(counts: Counts, name: str, hash_layers: Sequence[int] = ()) -> list[str]:

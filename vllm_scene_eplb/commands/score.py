@@ -1,9 +1,10 @@
-"""`scene-eplb score LAYOUT COUNTS [COUNTS ...]`: old vs new, train vs holdout, ideal and static, per scene."""
+"""`scene-eplb score LAYOUT COUNTS [COUNTS ...]`: old vs vLLM's policy vs new, train vs holdout, ideal and static, per scene."""
 
 from __future__ import annotations
 
 from ..formats import read_layout
 from ..layouts.evaluation import evaluate
+from ..layouts.peer import fit_peer
 from .arguments import geometry_args, hint
 from .console import Console
 from .scenes import read_scenes, scenes_payload, scenes_text
@@ -19,5 +20,7 @@ def add_arguments(p) -> None:
 
 def run(args, console: Console) -> None:
     layout = read_layout(args.layout, hint(args))
-    evals = [evaluate(layout, counts) for counts in read_scenes(args.counts, console, layout)]
+    scenes = read_scenes(args.counts, console, layout)
+    peer = fit_peer(layout, scenes)
+    evals = [evaluate(layout, counts, peer) for counts in scenes]
     console.emit(scenes_payload(args.counts, evals), scenes_text(args.counts, evals))

@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import SceneEplbError
 from .counts import Counts
 from .layout import Layout, linear_map, same_rank_duplicates
+from .peer import Peer, fitted_on
 from .score import ideal_score, per_pass_score, static_score
 
 
@@ -25,12 +26,15 @@ class ScoreName:
     column: str
 
 
-# ``old`` is the linear layout (slot p holds p mod E) engines start from; ``train``/``holdout``
+# ``old`` is the linear layout (slot p holds p mod E) engines start from; ``vllm`` is vLLM's own
+# policy fitted on the same counts (``peer.Peer``), scored under its even split; ``train``/``holdout``
 # are the first and second half of the written ring entries.
 SCORES = (
-    ScoreName("old_train", "old layout, train (ideal)", "old train"),
+    ScoreName("old_train", "old (linear) layout, train (ideal)", "old train"),
+    ScoreName("vllm_train", "vLLM's policy, train (ideal)", "vLLM train"),
     ScoreName("new_train", "new layout, train (ideal)", "new train"),
-    ScoreName("old_holdout", "old layout, holdout (ideal)", "old holdout"),
+    ScoreName("old_holdout", "old (linear) layout, holdout (ideal)", "old holdout"),
+    ScoreName("vllm_holdout", "vLLM's policy, holdout (ideal)", "vLLM holdout"),
     ScoreName("new_holdout", "new layout, holdout (ideal)", "new holdout"),
     ScoreName("new_static_train", "new layout, train, static dispatch", "new static"),
     ScoreName("new_per_pass_holdout", "new layout, holdout, expected per-pass peak", "per-pass holdout"),
@@ -40,7 +44,9 @@ SCORES = (
 @dataclass(frozen=True)
 class Evaluation:
     """Scores per MoE layer, keyed by ``SCORES`` keys (arrays aligned with ``layers``; None where
-    not observable), plus replica statistics and provenance."""
+    not observable: see ``not_observed``), plus replica statistics and provenance: the peer it was
+    scored beside, whether the layout was fitted on these counts (None: the layout does not say)
+    and how many ring entries the counts wrote."""
 
     layers: np.ndarray
     scores: dict[str, np.ndarray | None]
@@ -49,6 +55,10 @@ class Evaluation:
     old_duplicates: int
     fingerprint: str | None
     layout_hash: str
+    peer: Peer
+    peer_duplicates: int
+    fitted_scene: bool | None
+    written_entries: int
 
     def summary(self) -> dict:
         """Median and worst layer of each score (None when not observed)."""
@@ -60,6 +70,13 @@ class Evaluation:
             "layers": int(self.layers.size),
             **{s.key: stats(self.scores[s.key]) for s in SCORES},
             "old_same_rank_duplicates": self.old_duplicates,
+            "vllm_policy": {
+                "expert_groups": self.peer.expert_groups,
+                "groups_from": self.peer.groups_from,
+                "fitted_on": self.peer.fitted_on,
+                "same_rank_duplicates": self.peer_duplicates,
+            },
+            "fitted_scene": self.fitted_scene,
             "fingerprint": self.fingerprint,
             "layout_hash": self.layout_hash,
         }
@@ -80,6 +97,34 @@ class Evaluation:
             for i, layer in enumerate(self.layers)
         ]
 
+    def scene_mark(self) -> str:
+        """Whether the layout was fitted on these counts, in words."""
+        return {True: "fitted on", False: "out of scene", None: "fit counts unknown"}[self.fitted_scene]
+
+    def peer_line(self) -> str:
+        """What vLLM's policy was fitted on and how, in one line."""
+        p = self.peer
+        return (
+            f"vLLM's policy: fitted on {p.fitted_on}, {p.expert_groups} routing group(s) (from {p.groups_from}), "
+            f"{self.peer_duplicates} same-rank duplicate(s)"
+        )
+
+    def observed(self) -> tuple[ScoreName, ...]:
+        """The scores these counts observe: every one but the holdout scores of counts with fewer
+        than two written ring entries (no second half to hold out)."""
+        return tuple(s for s in SCORES if self.scores[s.key] is not None)
+
+    def not_observed(self) -> str | None:
+        """One line for the scores with no observation (``NOT_OBSERVED``, null in JSON), or None."""
+        missing = [s.key for s in SCORES if self.scores[s.key] is None]
+        if not missing:
+            return None
+        n = self.written_entries
+        return (
+            f"NOT_OBSERVED: {', '.join(missing)}: the counts hold {n} written ring entr{'y' if n == 1 else 'ies'}; "
+            "a holdout is the second half of two or more (an SGLang [L, E] file is one)"
+        )
+
 
 def check_compatible(layout: Layout, counts: Counts) -> None:
     """Refuse to score a layout on counts of another model shape."""
@@ -89,9 +134,12 @@ def check_compatible(layout: Layout, counts: Counts) -> None:
         raise SceneEplbError(f"layout has {layout.num_layers} layers, counts have {counts.num_layers}")
 
 
-def evaluate(layout: Layout, counts: Counts) -> Evaluation:
-    """Score ``layout`` and the linear layout on the train and holdout halves of ``counts``."""
+def evaluate(layout: Layout, counts: Counts, peer: Peer) -> Evaluation:
+    """Score ``layout``, the linear layout and ``peer`` (vLLM's policy, ``peer.fit_peer``) on the
+    train and holdout halves of ``counts``."""
     check_compatible(layout, counts)
+    if peer.map.shape != (len(layout.moe_layers), layout.geometry.num_physical):
+        raise SceneEplbError(f"the peer's map is {list(peer.map.shape)}, not the layout's MoE rows by slots")
     g = layout.geometry
     layers = np.asarray(layout.moe_layers, dtype=np.int64)
     new = layout.physical_to_logical_map[layers]
@@ -102,8 +150,10 @@ def evaluate(layout: Layout, counts: Counts) -> Evaluation:
     reps = layout.replica_counts()[layers]
     scores = {
         "old_train": ideal_score(old, w_train, g),
+        "vllm_train": ideal_score(peer.map, w_train, g),
         "new_train": ideal_score(new, w_train, g),
         "old_holdout": None if w_hold is None else ideal_score(old, w_hold, g),
+        "vllm_holdout": None if w_hold is None else ideal_score(peer.map, w_hold, g),
         "new_holdout": None if w_hold is None else ideal_score(new, w_hold, g),
         "new_static_train": static_score(new, w_train, g, layout.static_sources_at(layers)),
         "new_per_pass_holdout": None if holdout is None else per_pass_score(new, holdout[:, layers], g),
@@ -117,4 +167,8 @@ def evaluate(layout: Layout, counts: Counts) -> Evaluation:
         old_duplicates=same_rank_duplicates(old, g),
         fingerprint=layout.meta.get("fingerprint"),
         layout_hash=layout.digest(),
+        peer=peer,
+        peer_duplicates=same_rank_duplicates(peer.map, g),
+        fitted_scene=fitted_on(layout, counts),
+        written_entries=int(counts.written_entries().size),
     )
