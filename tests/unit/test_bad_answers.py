@@ -169,7 +169,7 @@ STRING_DP_RANK["ranks"][1]["dp_rank"] = "1"
 
 STATUS_NO_LAYOUT_HASH = {k: v for k, v in status().items() if k != "layout_hash"}
 WATCH, RECORD = ("watch", "--once"), ("record", "status")
-BENCH = ("bench", "--model", MODEL, "--scene", "s", "-n", "1", "-c", "1", "--input-len", "8", "--output-len", "1")
+BENCH = ("bench", "--served-model-name", MODEL, "--scene", "s", "-n", "1", "-c", "1", "--input-len", "8", "--output-len", "1")
 
 # (id, what the server answers at each path, the command, what its one error line must say)
 CASES = [
