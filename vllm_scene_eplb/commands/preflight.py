@@ -10,7 +10,7 @@ from ..layouts.layout import Geometry
 from ..planning.memory import GIB, cost_sentence, geometry_cost, read_model_memory
 from ..planning.model_files import read_model
 from ..planning.sizing import MIB, Recipe, size_rank
-from .arguments import check_layout_model, geometry_args, hint, model_args
+from .arguments import geometry_args, hint, model_args
 from .options import integer, number
 
 HELP = "check that a server recipe's weights, MC2 buffer and KV cache fit each device"
@@ -60,10 +60,7 @@ def run(args, console) -> None:
     cfg, modelslim, path = model.cfg, model.modelslim, model.where
     experts = model.geometry.num_experts
     ep = args.dp * args.tp
-    layout = read_layout(args.layout, hint(args)) if args.layout else None
-    if layout is not None:
-        check_layout_model(layout, model, args.layout, layout.geometry.ep_size)
-    geometry = layout.geometry if layout is not None else None
+    geometry = read_layout(args.layout, hint(args)).geometry if args.layout else None
     if geometry is not None and geometry.ep_size != ep:
         raise SceneEplbError(f"the layout is for EP {geometry.ep_size}, the recipe has DP {args.dp} x TP {args.tp} = {ep}")
     physical = geometry.num_physical if geometry is not None else experts + args.redundant

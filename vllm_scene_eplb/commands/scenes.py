@@ -127,12 +127,15 @@ def moe_rows(scenes: Sequence[Counts], model: ModelFiles | None) -> MoeRows | No
 
 
 def empty_layers(counts: Counts, rows: MoeRows | None) -> list[int]:
-    """The MoE rows ``counts`` left all zero (none in a ``hash-counts`` prediction: its unpredicted
-    layers are zero by design)."""
-    if rows is None or counts.meta.get(PREDICTED_KEY):
+    """The MoE rows ``counts`` left all zero; none in a ``hash-counts`` prediction alone (its
+    unpredicted layers are zero by design), but a record it filled is a record."""
+    if rows is None:
         return []
-    total = counts.total()
-    return [layer for layer in rows.layers if not total[layer].any()]
+    routed = np.asarray(counts.total().any(axis=1))
+    predicted = counts.meta.get(PREDICTED_KEY) or []
+    if predicted and not any(routed[layer] for layer in rows.layers if layer not in predicted):
+        return []
+    return [layer for layer in rows.layers if not routed[layer]]
 
 
 def empty_layers_line(counts: Counts, name: str, rows: MoeRows | None, model: str | None) -> str | None:
