@@ -206,7 +206,7 @@ def engine_counters(srv, names) -> dict[str, int]:
 
 def bench_cli(srv, scene: str, out, n: int, c: int, input_len: int, output_len: int, *extra) -> subprocess.CompletedProcess:
     """`scene-eplb bench` against a test server (``srv``), JSON on stdout, no progress lines."""
-    args = ["--url", srv.url, "--model", srv.model, "--scene", scene, "-n", n, "-c", c, "--input-len", input_len]
+    args = ["--url", srv.url, "--served-model-name", srv.model, "--scene", scene, "-n", n, "-c", c, "--input-len", input_len]
     return cli("bench", *args, "--output-len", output_len, "-o", out, "--json", "-q", *extra)
 
 

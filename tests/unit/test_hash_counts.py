@@ -50,7 +50,7 @@ def test_token_ids_json_jsonl_and_histogram_give_the_exact_counts(tmp_path, mode
     outs, texts = [], []
     for option, source in (("--token-ids", "ids.json"), ("--token-ids", "ids.jsonl"), ("--histogram", "hist.json")):
         out = tmp_path / f"{source}.npz"
-        code, stdout, err = run("hash-counts", model, option, tmp_path / source, "-o", out, "--role", "prefill", "-q")
+        code, stdout, err = run("hash-counts", "--model", model, option, tmp_path / source, "-o", out, "--role", "prefill", "-q")
         assert code == 0, err
         outs.append(read_counts(out))
         texts.append(stdout)
@@ -67,7 +67,7 @@ def test_token_ids_json_jsonl_and_histogram_give_the_exact_counts(tmp_path, mode
 def test_fit_and_inspect_take_a_prediction_and_say_what_it_is(tmp_path, model, requests):
     (tmp_path / "ids.json").write_text(json.dumps(requests))
     counts = tmp_path / "hash.npz"
-    assert run("hash-counts", model, "--token-ids", tmp_path / "ids.json", "-o", counts, "-q")[0] == 0
+    assert run("hash-counts", "--model", model, "--token-ids", tmp_path / "ids.json", "-o", counts, "-q")[0] == 0
     code, out, err = run(
         "fit", counts, "--ep-size", "4", "--redundant", "4", "-o", tmp_path / "layout.json", "--model", model, "-q"
     )
@@ -94,8 +94,11 @@ def test_fill_puts_the_exact_prediction_into_a_record_that_missed_the_hash_layer
     (tmp_path / "ids.json").write_text(json.dumps(requests))
     out = tmp_path / "filled.npz"
     code, stdout, err = run("inspect", record, "--model", model, "-q")
-    assert code == 0 and "the model's hash layers [0, 1, 2] are all zero" in stdout, err
-    code, stdout, err = run("hash-counts", model, "--token-ids", tmp_path / "ids.json", "--fill", record, "-o", out, "-q")
+    assert_one_line_error(code, err, "MoE layers [0, 1, 2] (per --model) are all zero", "inspect")
+    assert f"`scene-eplb hash-counts --model {model} --fill {record} --token-ids TOKENS -o FILLED`" in err and stdout
+    code, stdout, err = run(
+        "hash-counts", "--model", model, "--token-ids", tmp_path / "ids.json", "--fill", record, "-o", out, "-q"
+    )
     assert code == 0, err
     before, after = read_counts(record), read_counts(out)
     flat = np.concatenate([np.asarray(r, dtype=np.int64) for r in requests])
@@ -131,7 +134,7 @@ def test_prompts_are_tokenized_by_the_models_tokenizer(tmp_path, model):
     prompts = ["the quick brown fox", "jumps over the lazy dog again and again"]
     (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": p}) for p in prompts))
     out = tmp_path / "p.npz"
-    code, _, err = run("hash-counts", model, "--prompts", tmp_path / "prompts.jsonl", "-o", out, "-q")
+    code, _, err = run("hash-counts", "--model", model, "--prompts", tmp_path / "prompts.jsonl", "-o", out, "-q")
     assert code == 0, err
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     ids = np.concatenate([tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts])
@@ -141,7 +144,7 @@ def test_prompts_are_tokenized_by_the_models_tokenizer(tmp_path, model):
 def test_prompts_without_transformers_are_one_line(tmp_path, model, monkeypatch):
     (tmp_path / "prompts.json").write_text(json.dumps(["hello"]))
     monkeypatch.setitem(sys.modules, "transformers", None)
-    code, _, err = run("hash-counts", model, "--prompts", tmp_path / "prompts.json", "-o", tmp_path / "p.npz", "-q")
+    code, _, err = run("hash-counts", "--model", model, "--prompts", tmp_path / "prompts.json", "-o", tmp_path / "p.npz", "-q")
     assert_one_line_error(code, err, "needs the transformers package", "no transformers")
     assert not (tmp_path / "p.npz").exists()
 
@@ -170,7 +173,7 @@ def test_bad_tokens_are_one_line_and_write_nothing(tmp_path, model, name):
     option, file, content, expected = BAD[name]
     (tmp_path / file).write_text(content if isinstance(content, str) else json.dumps(content))
     out = tmp_path / "out.npz"
-    code, _, err = run("hash-counts", model, option, tmp_path / file, "-o", out, "-q")
+    code, _, err = run("hash-counts", "--model", model, option, tmp_path / file, "-o", out, "-q")
     assert_one_line_error(code, err, expected, name)
     assert not out.exists()
 
@@ -190,11 +193,11 @@ def test_a_bad_model_or_record_is_one_line_and_writes_nothing(tmp_path, model):
     write_counts(Counts(full.data + 1, full.meta), tmp_path / "full.npz")
     other = write_counts(Counts(np.ones((2, 3, SPEC.num_experts), dtype=np.int64)), tmp_path / "other.npz")
     cases = [
-        ((broken,), "outside the file's"),
-        ((no_hash,), "config has no num_hash_layers"),
-        ((model, "--fill", tmp_path / "full.npz"), "hash layers [0, 1, 2] hold"),
-        ((model, "--fill", other), "the record is [L=3, E=64], the model [L=5, E=64]"),
-        ((model, "--fill", tmp_path / "ids.json"), "not a counts file"),
+        (("--model", broken), "outside the file's"),
+        (("--model", no_hash), "config has no num_hash_layers"),
+        (("--model", model, "--fill", tmp_path / "full.npz"), "hash layers [0, 1, 2] hold"),
+        (("--model", model, "--fill", other), "[L=3, E=64], the model [L=5, E=64]"),
+        (("--model", model, "--fill", tmp_path / "ids.json"), "not a counts file"),
     ]
     for args, expected in cases:
         code, _, err = run("hash-counts", *args, "--token-ids", tmp_path / "ids.json", "-o", out, "-q")

@@ -1,9 +1,7 @@
-"""`scene-eplb hash-counts MODEL (--token-ids F | --histogram F | --prompts F) -o OUT [--fill RECORD]`:
+"""`scene-eplb hash-counts --model DIR (--token-ids F | --histogram F | --prompts F) -o OUT [--fill RECORD]`:
 the hash-routed layers' counts predicted exactly from the tokens, before (or beside) any record."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 
@@ -14,8 +12,11 @@ from ..hash_layers.hash_counts import fill_hash_layers, predicted_counts, predic
 from ..hash_layers.hash_routing import HashTables, check_histogram, model_hash_geometry, read_hash_tables, token_histogram
 from ..hash_layers.token_input import read_histogram, read_prompts, read_token_ids, tokenize
 from ..layouts.counts import Counts
+from ..planning.model_files import ModelFiles, read_model
+from .arguments import model_arg
 from .console import Console
 from .options import check_output_file
+from .scenes import check_model_counts
 
 HELP = "predict the hash-routed layers' counts (DeepSeek-V4) exactly from tokens"
 DESCRIPTION = (
@@ -31,7 +32,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", help="the model's folder: config.json (num_hash_layers, vocab_size) and its safetensors")
+    model_arg(p, required=True, help="the model's folder: config.json (its hash layers, vocab_size) and its safetensors")
     tokens = p.add_mutually_exclusive_group(required=True)
     tokens.add_argument(
         "--token-ids",
@@ -57,7 +58,7 @@ def add_arguments(p) -> None:
     p.add_argument("-o", "--output", required=True, help="counts file to write (scene-eplb .npz; replaced atomically)")
 
 
-def _histogram(args, tables: HashTables) -> tuple[np.ndarray, str]:
+def _histogram(args, tables: HashTables, model: ModelFiles) -> tuple[np.ndarray, str]:
     """The tokens the options give, as a histogram over the vocabulary, and where they came from in words."""
     if args.histogram:
         return check_histogram(read_histogram(args.histogram), tables.vocab, args.histogram), f"histogram {args.histogram}"
@@ -66,24 +67,27 @@ def _histogram(args, tables: HashTables) -> tuple[np.ndarray, str]:
         source = f"token ids of {len(requests)} requests in {path}"
     else:
         prompts, path = read_prompts(args.prompts), args.prompts
-        requests, source = tokenize(prompts, args.model), f"{len(prompts)} prompts in {path}"
+        requests, source = tokenize(prompts, model.folder), f"{len(prompts)} prompts in {path}"
     return token_histogram(requests, tables.vocab, path), source
 
 
 def run(args, console: Console) -> None:
     tokens_file = args.token_ids or args.histogram or args.prompts
-    check_output_file(args.output, [f for f in (args.fill, tokens_file) if f])
-    geometry, _ = model_hash_geometry(args.model)
+    check_output_file(args.output, [f for f in (args.fill, tokens_file) if f], args.model)
+    model = read_model(args.model)
+    geometry, _ = model_hash_geometry(model)
     record = read_counts(args.fill) if args.fill else None
+    if record is not None:
+        check_model_counts(model, record, args.fill)
     with console.progress(f"reading the hash tables of {args.model}"):
-        tables = read_hash_tables(args.model)
+        tables = read_hash_tables(model)
     with console.progress("reading the tokens"):
-        histogram, source = _histogram(args, tables)
+        histogram, source = _histogram(args, tables, model)
     if not histogram.any():
         raise SceneEplbError("the tokens given hold no token: nothing to predict", tokens_file)
     meta = prediction_meta(geometry, tables, histogram, source) | ({"role": args.role} if args.role else {})
     if record is None:
-        counts = predicted_counts(geometry, tables, histogram, {"model": Path(args.model).resolve().name, **meta})
+        counts = predicted_counts(geometry, tables, histogram, {"model": model.folder.resolve().name, **meta})
     else:
         try:
             counts = fill_hash_layers(record, geometry, tables, histogram, meta)

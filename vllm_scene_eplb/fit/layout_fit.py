@@ -20,19 +20,28 @@ from .options import FITTER_VERSION, FitOptions
 from .several_scenes import fit_scenes
 
 
-def fingerprint(counts_digest: str, options: FitOptions) -> str:
-    """Hash of fitter version, input counts and options: equal fingerprints mean equal layouts."""
-    return sha256_hex(canonical_json({"fitter": FITTER_VERSION, "counts": counts_digest, "options": options.to_dict()}))[:16]
+def fingerprint(counts_digest: str, options: FitOptions, moe_layers: Sequence[int] | None = None) -> str:
+    """Hash of fitter version, input counts and options (and the MoE rows, where a model gave others
+    than the counts say): equal fingerprints mean equal layouts."""
+    given = {} if moe_layers is None else {"moe_layers": list(moe_layers)}
+    return sha256_hex(canonical_json({"fitter": FITTER_VERSION, "counts": counts_digest, "options": options.to_dict(), **given}))[
+        :16
+    ]
 
 
-def fit(counts: Counts | Sequence[Counts], options: FitOptions, scene_weights: Sequence[float] | None = None) -> Layout:
+def fit(
+    counts: Counts | Sequence[Counts],
+    options: FitOptions,
+    scene_weights: Sequence[float] | None = None,
+    moe_layers: Sequence[int] | None = None,
+) -> Layout:
     """Fit a layout to the train half of ``counts`` (all written ring entries if fewer than two),
     or to several scenes' train halves with ``scene_weights`` (default equal; see ``fit_scenes``).
 
     ``counts``: one ``Counts`` [T, L, E] or several of the same L and E; ``options.geometry``'s E
     must be theirs. Returns a ``Layout``: ``physical_to_logical_map`` [L, P] (P = E + R),
-    ``static_sources`` [L, P] for ``static`` dispatch (else None), ``moe_layers`` from the counts'
-    meta (else the rows with any routing), and ``meta``: ``fingerprint`` (fitter version, counts
+    ``static_sources`` [L, P] for ``static`` dispatch (else None), ``moe_layers`` as given (the
+    model's), else from the counts' meta, else the rows with any routing, and ``meta``: ``fingerprint`` (fitter version, counts
     and options), ``fitter``, ``source_counts_sha256`` (one per scene), ``scene_weights`` [n],
     ``objective``, ``dispatch``, ``robust``, ``expert_groups``, ``model``, ``role`` (``mixed``
     where the scenes' differ) and ``EXPECTED_KEY``: the expected score on the scenes' mix (its
@@ -46,19 +55,22 @@ def fit(counts: Counts | Sequence[Counts], options: FitOptions, scene_weights: S
     weights = normalise_weights(scene_weights, len(scenes))
     fitted = fit_scenes([c.split()[0] for c in scenes], weights, options)
     first = scenes[0]
-    moe = first.meta.get("moe_layers")
+    named = first.meta.get("moe_layers")
     routed = np.sum([c.total() for c in scenes], axis=0)
-    moe_layers = tuple(moe) if moe is not None else tuple(int(i) for i in np.flatnonzero(routed.any(axis=1)))
+    counted = tuple(named) if named is not None else tuple(int(i) for i in np.flatnonzero(routed.any(axis=1)))
+    rows = counted if moe_layers is None else tuple(int(i) for i in moe_layers)
     digests = [c.digest() for c in scenes]
     roles = {c.meta.get("role") for c in scenes}
     layout = Layout(
         fitted.map,
         g,
         static_sources=fitted.static_sources,
-        moe_layers=moe_layers,
+        moe_layers=rows,
         meta={
             "fingerprint": fingerprint(
-                digests[0] if len(scenes) == 1 else sha256_hex(canonical_json([digests, weights.tolist()])), options
+                digests[0] if len(scenes) == 1 else sha256_hex(canonical_json([digests, weights.tolist()])),
+                options,
+                None if rows == counted else rows,
             ),
             "fitter": FITTER_VERSION,
             "source_counts_sha256": digests,
