@@ -14,7 +14,7 @@ from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..formats.counts import PREDICTED_KEY
 from ..layouts.counts import Counts
-from ..layouts.evaluation import SCORES, Evaluation, check_compatible
+from ..layouts.evaluation import Evaluation, check_compatible
 from ..planning.model_files import ModelFiles
 from ..planning.model_geometry import known_model
 from .console import Console
