@@ -21,4 +21,6 @@ cp "$(ls "$WORK"/demo/dumps/counts-*.npz | head -1)" "$EX/record.npz"
 cp "$WORK/pair/p-bound-round0-p.json" "$EX/pair-p-status.json"
 cp "$WORK/pair/p-bound-round0-d.json" "$EX/pair-d-status.json"
 cp "$WORK/pair/p-bound-round0-bench.json" "$EX/pair-bench.json"
+# token ids for hash-counts on the tiny DeepSeek-V4 (vocabulary 512): four requests, a seeded draw
+"$PY" -c 'import json, numpy as np; g = np.random.default_rng(0); print("\n".join(json.dumps(g.integers(0, 512, n).tolist()) for n in (24, 40, 17, 33)))' > "$EX/tokens.jsonl"
 echo "examples: $(ls "$EX" | tr '\n' ' ') in $EX (from $(git rev-parse --short HEAD))"
