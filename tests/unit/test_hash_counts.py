@@ -183,7 +183,7 @@ def test_fill_refuses_tokens_outside_the_band_and_writes_nothing_unless_accepted
     given = np.resize(flat, max(1, round(ratio * flat.size)))
     (tmp_path / "ids.json").write_text(json.dumps([given.tolist()]))
     out = tmp_path / "filled.npz"
-    args = ("hash-counts", model, "--token-ids", tmp_path / "ids.json", "--fill", record, "-o", out, "-q")
+    args = ("hash-counts", "--model", model, "--token-ids", tmp_path / "ids.json", "--fill", record, "-o", out, "-q")
     done = cli(*args)
     if not refused:
         assert done.returncode == 0 and f"(ratio {given.size / flat.size:.3g}: within [0.9, 1.1]" in done.stdout, done.stderr
@@ -201,7 +201,7 @@ def test_fill_refuses_tokens_outside_the_band_and_writes_nothing_unless_accepted
 def test_accept_token_ratio_without_a_record_is_refused(tmp_path, model, requests):
     (tmp_path / "ids.json").write_text(json.dumps(requests))
     out = tmp_path / "hash.npz"
-    done = cli("hash-counts", model, "--token-ids", tmp_path / "ids.json", "-o", out, "--accept-token-ratio", "-q")
+    done = cli("hash-counts", "--model", model, "--token-ids", tmp_path / "ids.json", "-o", out, "--accept-token-ratio", "-q")
     assert_one_line_error(done.returncode, done.stderr, "--accept-token-ratio applies to --fill only", "no --fill")
     assert not out.exists()
 
