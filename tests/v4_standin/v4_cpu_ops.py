@@ -227,52 +227,30 @@ def _compressed_tokens(
 
 
 def compress_norm_rope_store(
-    state_cache,
-    gather_slots,
-    positions,
-    kv_slot_mapping,
-    weight,
-    eps: float,
-    cos_sin_cache,
-    kv_cache_2d,
-    block_size: int,
-    ratio: int,
+    state, gather, positions, kv_slots, weight, eps: float, table, cache, block: int, ratio: int
 ) -> None:
     """``_C::compress_norm_rope_store_cpu``: the main compressor's entry (512 dims) into the
     ``fp8_ds_mla`` cache, its NoPE quantised from bf16 before RoPE, its turned RoPE in bf16."""
-    close, normed, rope = _compressed_tokens(
-        state_cache, gather_slots, positions, kv_slot_mapping, weight, eps, cos_sin_cache, ratio, HEAD
-    )
+    close, normed, rope = _compressed_tokens(state, gather, positions, kv_slots, weight, eps, table, ratio, HEAD)
     nope = normed[:, :NOPE].to(torch.bfloat16).float()
-    write_fp8_ds_mla(kv_cache_2d, kv_slot_mapping[close], block_size, nope, rope.to(torch.bfloat16), False)
+    write_fp8_ds_mla(cache, kv_slots[close], block, nope, rope.to(torch.bfloat16), False)
 
 
 def compress_norm_rope_store_indexer(
-    state_cache,
-    gather_slots,
-    positions,
-    kv_slot_mapping,
-    weight,
-    eps: float,
-    cos_sin_cache,
-    kv_cache_2d,
-    block_size: int,
-    ratio: int,
+    state, gather, positions, kv_slots, weight, eps: float, table, cache, block: int, ratio: int
 ) -> None:
     """``_C::compress_norm_rope_store_indexer_cpu``: the indexer's compressed key (128 dims, RoPE turned,
     rounded to bf16) as one fp8 block under a float32 power-of-two scale: per block all tokens'
     128 bytes, then their 4-byte scales."""
-    close, normed, rope = _compressed_tokens(
-        state_cache, gather_slots, positions, kv_slot_mapping, weight, eps, cos_sin_cache, ratio, INDEXER_HEAD
-    )
+    close, normed, rope = _compressed_tokens(state, gather, positions, kv_slots, weight, eps, table, ratio, INDEXER_HEAD)
     full = torch.cat((normed[:, : INDEXER_HEAD - ROPE], rope), dim=-1).to(torch.bfloat16).float()
     scale = torch.exp2(_block_scale(full.abs().amax(dim=-1)))
     data = fp8_bytes(full / scale[:, None], False)
-    slots = kv_slot_mapping[close]
-    block, pos = slots // block_size, slots % block_size
-    kv_cache_2d[block[:, None], pos[:, None] * INDEXER_HEAD + torch.arange(INDEXER_HEAD)] = data
-    scale_at = block_size * INDEXER_HEAD + pos * 4
-    kv_cache_2d[block[:, None], scale_at[:, None] + torch.arange(4)] = scale.contiguous().view(torch.uint8).view(-1, 4)
+    slots = kv_slots[close]
+    row, pos = slots // block, slots % block
+    cache[row[:, None], pos[:, None] * INDEXER_HEAD + torch.arange(INDEXER_HEAD)] = data
+    scale_at = block * INDEXER_HEAD + pos * 4
+    cache[row[:, None], scale_at[:, None] + torch.arange(4)] = scale.contiguous().view(torch.uint8).view(-1, 4)
 
 
 def flash_mla_with_kvcache(
