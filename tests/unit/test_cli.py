@@ -207,6 +207,7 @@ def test_audit_from_the_log_alone_where_the_plugin_has_no_routes(tmp_path, count
             "redundant_slots": 8,
             "dispatch": "static",
             "ep_size": 4,
+            "load_audit": "passed:40-slots,120-writes",
         },
         "vLLM-Ascend, expert_map_path /d/expert_map.json",
     )
@@ -225,7 +226,13 @@ def test_audit_from_the_log_alone_where_the_plugin_has_no_routes(tmp_path, count
             "--json",
         ).stdout
     )
-    assert ok["ok"] and len(ok["checks"]) == 6
+    assert ok["ok"] and len(ok["checks"]) == 7
+    assert {"name": "load audit", "ok": True, "detail": "passed on 1 rank(s)"} in ok["checks"]
+    (tmp_path / "refused.log").write_text(
+        f"INFO x {line.replace('load_audit=passed:40-slots,120-writes', 'load_audit=refused')}\n"
+    )
+    refused = run("audit", "--log", tmp_path / "refused.log", "--layout", tmp_path / "l.json", check=False)
+    assert refused.returncode == 1 and "FAIL  load audit" in refused.stdout and "EP rank 0: refused" in refused.stdout
     (tmp_path / "bad.log").write_text(f"INFO x {line}\nINFO y {line.replace('redundant_slots=8', 'redundant_slots=4')}\n")
     bad = run("audit", "--log", tmp_path / "bad.log", "--layout", tmp_path / "l.json", "--recorder", "off", check=False)
     assert bad.returncode == 1 and "FAIL  startup log line 2" in bad.stdout

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading
+from vllm_scene_eplb.adapters.vllm.expert_loading import ExpertLoading, misload
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.runtime.worker.load_audit import (
     UNTRACED,
@@ -119,7 +119,20 @@ def test_the_test_only_misload_swaps_two_slots(monkeypatch):
     assert loading.loading_row(1).tolist() == [3, 1, 2, 3, 1, 0] and ROW[0] == 0  # the layout's row is untouched
 
 
-@pytest.mark.parametrize("spec", ["1:0", "1:a:2", "1:0:6", "-1:0:1"])
+def test_the_misload_that_serves_swaps_the_same_slots_and_says_so(monkeypatch):
+    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "1:0:5:serve")
+    assert misload() == (1, 0, 5, True)
+    assert ExpertLoading({1: ROW}, 4).loading_row(1).tolist() == [3, 1, 2, 3, 1, 0]
+    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "1:0:5")
+    assert misload() == (1, 0, 5, False)
+
+
+def test_a_served_refusal_reads_as_refused():
+    assert LoadAudit(18, 54, 2).summary() == "passed:18-slots,54-writes,2-replicas-identical"
+    assert LoadAudit(0, 0, None, refused=True).summary() == "refused"
+
+
+@pytest.mark.parametrize("spec", ["1:0", "1:a:2", "1:0:6", "-1:0:1", "1:0:1:now", "1:0:1:serve:x"])
 def test_a_malformed_misload_is_one_clear_error(monkeypatch, spec):
     monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", spec)
     with pytest.raises(SceneEplbError, match="LAYER:SLOT_A:SLOT_B"):

@@ -4,8 +4,8 @@ it loaded (layout hash, redundant slots, dispatch, recorder state), so a measure
 Reads the plugin's status route and, optionally, the server log's startup lines (one per worker;
 where the plugin has no routes, as on vLLM-Ascend, the log alone),
 and checks: the loaded layout hash equals the intended file's, the redundant slots and dispatch
-algorithm are as intended, the recorder is off for a measurement run, and every rank (all DP
-engines' workers) agrees with EP rank 0 on them.
+algorithm are as intended, every rank's load audit passed (with a layout), the recorder is off for a
+measurement run, and every rank (all DP engines' workers) agrees with EP rank 0 on them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..formats import read_layout
 from ..protocol import (
     AGREEMENT_KEYS,
     AUDITED_KEYS,
+    LOAD_AUDIT_PASSED,
     OBSERVER_RECORDING,
     StartupLine,
     StatusAnswer,
@@ -80,6 +81,16 @@ def _rank_checks(status: StatusAnswer) -> list[ServerCheck]:
     ]
 
 
+def _load_audit_check(status: StatusAnswer | StartupLine) -> ServerCheck:
+    """Every rank's own load audit passed: each slot holds the expert the layout places."""
+    audits = [(r.ep_rank, r.load_audit) for r in status.ranks] if isinstance(status, StatusAnswer) else [(0, status.load_audit)]
+    failed = [(rank, audit) for rank, audit in audits if not (audit or "").startswith(LOAD_AUDIT_PASSED)]
+    if not failed:
+        return ServerCheck("load audit", True, f"passed on {len(audits)} rank(s)")
+    named = ", ".join(f"EP rank {rank}: {audit or 'none'}" for rank, audit in failed)
+    return ServerCheck("load audit", False, f"{named} (the experts in memory are not the ones the layout places: see the log)")
+
+
 def audit_server(
     status: StatusAnswer | StartupLine,
     layout_path: str | None,
@@ -104,6 +115,8 @@ def audit_server(
     if recorder:
         recording = isinstance(own, WorkerStatus) and own.recording
         checks.append(_check("recorder", recorder, OBSERVER_RECORDING if recording else own.observer))
+    if layout is not None:
+        checks.append(_load_audit_check(status))
     if isinstance(status, StatusAnswer):
         checks += _rank_checks(status)
     if log_path:

@@ -63,3 +63,6 @@ AUDITED_KEYS = ("layout_hash", "redundant_slots", "dispatch")
 
 # Observer states, as status and the startup line report them.
 OBSERVER_OFF, OBSERVER_IDLE, OBSERVER_RECORDING = "off", "idle", "recording"
+# How a worker's ``load_audit`` starts: its audit passed ("passed:18-slots,..."), or a test served a
+# load its audit refused (the vLLM adapter's test-only planted mis-load).
+LOAD_AUDIT_PASSED, LOAD_AUDIT_REFUSED = "passed:", "refused"

@@ -61,6 +61,11 @@ class TinyDeepseekV4Spec:
     vocab_size: int = 512
     skew: float = 0.3
     seed: int = 0
+    # the hash layers' routed experts' output weights (w2) at 0.1 of the other weights' scale, as every
+    # block output: small outputs keep the residual's scale and the score layers' routing steady; at 1.0
+    # a hash layer's expert moves the answers enough that a wrong one shows in them (the routing of a
+    # hash layer is the token's, whatever the residual; tests/engine/test_vllm_deepseek_v4.py's served model)
+    hash_expert_output_scale: float = 0.1
 
     @property
     def moe_layers(self) -> list[int]:
@@ -210,6 +215,12 @@ def _zipf(spec: TinyDeepseekV4Spec, generator):
     return ranks ** (-spec.skew)
 
 
+def _hash_expert_output(spec: TinyDeepseekV4Spec, name: str) -> bool:
+    """A routed expert's output weight in one of the main model's hash layers."""
+    m = re.fullmatch(r"layers\.(\d+)\.ffn\.experts\.\d+\.w2\.weight", name)
+    return m is not None and int(m.group(1)) in spec.hash_layers
+
+
 def random_weights(spec: TinyDeepseekV4Spec) -> dict:
     """The checkpoint's state dict: random weights at steady scales, norms and scales at one, the
     hash tables drawn per token from a skewed profile (top_k distinct experts a row)."""
@@ -225,7 +236,7 @@ def random_weights(spec: TinyDeepseekV4Spec) -> dict:
         else:
             t = 0.05 * torch.randn(shape, generator=gen)
             if name.endswith(("w2.weight", "wo_b.weight")):
-                t *= 0.1  # small block outputs keep the residual's scale (and the routing) steady
+                t *= spec.hash_expert_output_scale if _hash_expert_output(spec, name) else 0.1
         sd[name] = t.contiguous()
     for layer in spec.hash_layers:
         p = _zipf(spec, gen).expand(spec.vocab_size, -1)

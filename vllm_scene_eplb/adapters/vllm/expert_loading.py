@@ -35,8 +35,24 @@ from ...runtime.worker.load_audit import LoadAudit
 from ...runtime.worker.load_journal import EXPERT_INDEX, ExpertLoad
 
 # test-only: "LAYER:SLOT_A:SLOT_B" makes the loaders swap the experts of two slots of LAYER (a loader
-# bug on purpose, which the audit must refuse; every expert is still loaded somewhere)
+# bug on purpose, which the audit must refuse; every expert is still loaded somewhere); with ":serve"
+# after it the worker serves the bug anyway, its audit's refusal logged and reported as ``refused``
+# (what an end-to-end check must catch in the answers and in ``scene-eplb audit``)
 MISLOAD_ENV = "SCENE_EPLB_TEST_MISLOAD"
+MISLOAD_SERVES = "serve"
+
+
+def misload() -> tuple[int, int, int, bool] | None:
+    """The test-only mis-load ``MISLOAD_ENV`` names: (layer, slot a, slot b, whether the worker serves it), or None."""
+    spec = os.environ.get(MISLOAD_ENV)
+    if not spec:
+        return None
+    parts = spec.split(":")
+    serves = len(parts) == 4 and parts[3] == MISLOAD_SERVES
+    if len(parts) != 3 + serves or not all(p.isdigit() for p in parts[:3]):
+        raise SceneEplbError(f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B[:{MISLOAD_SERVES}], got {spec!r}")
+    layer, a, b = (int(p) for p in parts[:3])
+    return layer, a, b, serves
 
 
 @dataclass
@@ -47,13 +63,14 @@ class ExpertLoading(ExpertLoad):
     def loading_row(self, layer: int) -> np.ndarray | None:
         """The row a loader follows for ``layer``: the layout's, or the test-only mis-load of ``MISLOAD_ENV``."""
         row = self.rows.get(layer)
-        spec = os.environ.get(MISLOAD_ENV)
-        if row is None or not spec:
+        bug = misload()
+        if row is None or bug is None:
             return row
-        parts = spec.split(":")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts) or max(int(parts[1]), int(parts[2])) >= len(row):
-            raise SceneEplbError(f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B with slots below {len(row)}, got {spec!r}")
-        bad_layer, a, b = (int(x) for x in parts)
+        bad_layer, a, b, _ = bug
+        if max(a, b) >= len(row):
+            raise SceneEplbError(
+                f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B with slots below {len(row)}, got {os.environ[MISLOAD_ENV]!r}"
+            )
         if bad_layer != layer:
             return row
         row = row.copy()

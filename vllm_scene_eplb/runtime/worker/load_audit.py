@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import SceneEplbError
+from ...protocol import LOAD_AUDIT_PASSED, LOAD_AUDIT_REFUSED
 
 UNTRACED = -1  # a write whose source tensor could not be traced to a checkpoint expert
 MAX_LISTED = 6  # problems named in the refusal before "and N more"
@@ -47,16 +48,20 @@ class LoadJournal:
 @dataclass(frozen=True)
 class LoadAudit:
     """What the audit checked on this worker: slots, writes, and the replicas compared across ranks
-    (None where there was nothing to compare: no layout, or no expert with two replicas)."""
+    (None where there was nothing to compare: no layout, or no expert with two replicas); ``refused``
+    where a test served a load the audit refused (the adapters' test-only planted mis-load)."""
 
     slots: int
     writes: int
     replicas: int | None
+    refused: bool = False
 
     def summary(self) -> str:
         """The audit's word in the startup line and the status (one token, no spaces)."""
+        if self.refused:
+            return LOAD_AUDIT_REFUSED
         replicas = "" if self.replicas is None else f",{self.replicas}-replicas-identical"
-        return f"passed:{self.slots}-slots,{self.writes}-writes{replicas}"
+        return f"{LOAD_AUDIT_PASSED}{self.slots}-slots,{self.writes}-writes{replicas}"
 
 
 def write_problems(journal: LoadJournal, rows: dict[int, np.ndarray], local_slots: list[int]) -> list[str]:
