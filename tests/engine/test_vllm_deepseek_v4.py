@@ -207,7 +207,7 @@ def standin_env(**extra: str) -> dict[str, str]:
 
 def hash_counts(model, token_ids, out) -> subprocess.CompletedProcess:
     """`scene-eplb hash-counts` of the model's hash layers from token ids per request (the spelling in one place)."""
-    return cli("hash-counts", model, "--token-ids", token_ids, "-o", out, "-q")
+    return cli("hash-counts", "--model", model, "--token-ids", token_ids, "-o", out, "-q")
 
 
 def installed_stand_ins(log: str) -> list[set[str]]:
