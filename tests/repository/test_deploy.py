@@ -28,9 +28,11 @@ W8A8 = {
 
 
 def _w8a8(model: str, description: dict) -> str:
-    """The config.json of ``data/models/MODEL`` beside a W8A8 ModelSlim description, in a folder of its own."""
+    """The config.json of ``data/models/MODEL`` beside a W8A8 ModelSlim description, in a folder of its own
+    (without the config's fp8 quantization_config, which vLLM would read instead: a ModelSlim copy has none)."""
     folder = Path(tempfile.mkdtemp(prefix=f"scene-eplb-{model}-w8a8-"))
-    shutil.copy(ROOT / "data" / "models" / model / "config.json", folder / "config.json")
+    config = json.loads((ROOT / "data" / "models" / model / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
     (folder / "quant_model_description.json").write_text(json.dumps(description))
     return str(folder)
 
@@ -284,9 +286,9 @@ def test_preflight_refuses_the_old_p_recipe_with_the_numbers():
 
 def test_preflight_refuses_the_old_d_recipe_with_the_numbers():
     """D at TP1 with 16 slots per rank, vLLM's default max_model_len 163,840 and max_num_seqs 256, and
-    HCCL_BUFFSIZE 200: MC2's buffer does not fit."""
+    HCCL_BUFFSIZE 200: MC2's buffer (vLLM-Ascend's largest graph: 256 tokens) does not fit."""
     d = _preflight("--dp", "16", "--tp", "1", "--max-model-len", "163840", "--max-num-seqs", "256", "--hccl-buffsize", "200")
-    assert d.returncode == 2 and "HCCL_BUFFSIZE 200 MB is below the 3838 MB MC2 needs for 512 tokens per rank" in d.stderr
+    assert d.returncode == 2 and "HCCL_BUFFSIZE 200 MB is below the 1919 MB MC2 needs for 256 tokens per rank" in d.stderr
 
 
 def test_preflight_refuses_a_max_model_len_the_kv_cache_cannot_hold():
@@ -457,7 +459,7 @@ def test_preflight_names_what_vllm_ascend_keeps_beside_the_weights_on_d():
     for args in (("--kv-consumer", "--max-num-batched-tokens", "1024"), ("--max-num-batched-tokens", "8192")):
         assert "MLAPO" not in _preflight(*base, *args).stdout
     mtp = _preflight(*base, "--speculative-tokens", "1").stdout
-    assert "kept by vLLM-Ascend: MTP layer 0.92 GiB" in mtp and "MC2 8 tokens per rank" in mtp  # 8 seqs x 2 x 2 / TP4
+    assert "kept by vLLM-Ascend: MTP layer 0.92 GiB" in mtp and "MC2 4 tokens per rank" in mtp  # 8 seqs x 2 / TP4
 
 
 def test_the_two_node_d_recipe_runs_dp32_tp1_with_mtp1_and_full_decode_only_graphs():
@@ -509,7 +511,7 @@ def test_the_v4_flash_recipes_pass_the_preflight_and_refuse_what_the_tutorial_co
     model = v4_w8a8_model()
     for recipe in ("v4-flash-field", "v4-flash-tutorial"):
         assert _dry("p_server.sh", "collect", RECIPE=recipe, MODEL=model).startswith("HCCL_BUFFSIZE=200 ")
-    assert _dry("d_server.sh", "collect", RECIPE="v4-flash-tutorial", MODEL=model).startswith("HCCL_BUFFSIZE=1047 ")
+    assert _dry("d_server.sh", "collect", RECIPE="v4-flash-tutorial", MODEL=model).startswith("HCCL_BUFFSIZE=524 ")
     for script, env, said in (
         ("d_server.sh", {"D_MAX_MODEL_LEN": "1048576"}, "does not hold max_num_seqs 60 x max_model_len 1,048,576"),
         ("p_server.sh", {"P_KV_PORT": "30000"}, "KV handshake ports 30000-30015 must lie in 36000-65535"),
