@@ -152,10 +152,9 @@ def test_the_tutorial_p_replicates_wq_b_under_dsa_cp_and_the_shared_experts_unde
     tp4 = ("--dp", "4", "--tp", "4", "--redundant", "16", "--max-model-len", "16385", "--max-num-seqs", "16", "--enforce-eager")
     plain, sp = _preflight(model, *tp4), _preflight(model, *tp4, "--flashcomm1", "--dsa-cp", "--shared-expert-dp")
     wq_b, shared = _int8(64 * 512, 1024), 2 * _int8(INTER, H) + _int8(H, INTER)
-    assert sp["non_routed_bytes"] - plain["non_routed_bytes"] == 43 * (wq_b - -(-wq_b // 4)) + 43 * (shared - -(-shared // 4))
-    assert _preflight(model, *tp4, "--shared-expert-dp")["non_routed_bytes"] - plain["non_routed_bytes"] == 43 * (
-        shared - -(-shared // 4)
-    )
+    at_tp4 = 2 * _int8(INTER // 4, H) + _int8(H, INTER // 4)  # gate/up column-parallel, down row-parallel: every row's scales
+    assert sp["non_routed_bytes"] - plain["non_routed_bytes"] == 43 * (wq_b - _int8(64 * 512 // 4, 1024)) + 43 * (shared - at_tp4)
+    assert _preflight(model, *tp4, "--shared-expert-dp")["non_routed_bytes"] - plain["non_routed_bytes"] == 43 * (shared - at_tp4)
     assert round(sp["non_routed_bytes"] / 2**30, 2) == 4.74 and round(plain["non_routed_bytes"] / 2**30, 2) == 2.97
     code, _, err = run("preflight", "--model", model, *tp4, "--dsa-cp")
     assert code == 2 and "DSA-CP needs FlashComm1 or shared-expert DP" in err
@@ -216,12 +215,12 @@ def test_the_fp8_checkpoint_prices_its_linear_layers_in_fp8_with_ue8m0_block_sca
     def fp8(rows, cols):
         return rows * cols + -(-rows // 128) * -(-cols // 128)
 
-    shared = 2 * fp8(INTER, H) + fp8(H, INTER)
+    shared, at_tp4 = 2 * fp8(INTER, H) + fp8(H, INTER), 2 * fp8(INTER // 4, H) + fp8(H, INTER // 4)
     flat = _preflight(V4, "--dp", "4", "--tp", "4", "--max-model-len", "8192", "--max-num-seqs", "8", "--enforce-eager")
     sp = _preflight(
         V4, "--dp", "4", "--tp", "4", "--max-model-len", "8192", "--max-num-seqs", "8", "--enforce-eager", "--flashcomm1"
     )
-    assert sp["non_routed_bytes"] - flat["non_routed_bytes"] == 43 * (shared - -(-shared // 4))
+    assert sp["non_routed_bytes"] - flat["non_routed_bytes"] == 43 * (shared - at_tp4)
 
 
 def test_a_shared_prefix_is_held_once(model):

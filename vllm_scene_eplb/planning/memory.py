@@ -255,9 +255,9 @@ class AscendV4Cache:
     def describe(self) -> str:
         sizes, tuples, groups = self._layout()
         return (
-            f"DeepSeek-V4 as vLLM-Ascend lays it out, block size {self.block_size}: blocks of {tuples} layer tuples x "
-            f"{' + '.join(f'{x:,}' for x in sizes)} B, {float(self.tokens_per_block):.0f} tokens of context a block; "
-            + ", ".join(f"{w.groups} {w.name} group{'s' if w.groups > 1 else ''} of {w.block}-token pages" for w in groups)
+            f"DeepSeek-V4 in vLLM-Ascend's pages, block size {self.block_size}: {tuples} layer tuples x "
+            f"({' + '.join(f'{x:,}' for x in sizes)}) B a block of {float(self.tokens_per_block):.0f} tokens, "
+            f"{sum(w.groups for w in groups)} windowed groups"
         )
 
 

@@ -180,6 +180,12 @@ def _align(x: int, to: int) -> int:
     return -(-x // to) * to
 
 
+def _split(fmt: LinearFormat, rows: int, cols: int, tp: int, row_parallel: bool = False) -> int:
+    """A [rows, cols] weight's bytes on one of ``tp`` ranks: a column-parallel layer keeps 1 / TP of its
+    output rows (and their scales), a row-parallel one 1 / TP of its input columns and every row's scales."""
+    return fmt.bytes(rows, -(-cols // tp)) if row_parallel else fmt.bytes(-(-rows // tp), cols)
+
+
 @dataclass(frozen=True)
 class MlaModel:
     """The config's numbers the preflight prices (DeepSeek's MLA model), its dtype's bytes and the
@@ -208,7 +214,7 @@ class MlaModel:
         f, hidden, tp = ConfigFields(cfg, path), self.hidden, recipe.tp
         dense, inter = f.integer("first_k_dense_replace", 0, default=0), f.integer("intermediate_size", 1)
         mlp = linear_format(cfg, modelslim, path, "mlp.gate_proj")
-        dense_mlp = dense * math.ceil((2 * mlp.bytes(inter, hidden) + mlp.bytes(hidden, inter)) / tp) if dense else 0
+        dense_mlp = dense * (2 * _split(mlp, inter, hidden, tp) + _split(mlp, hidden, inter, tp, row_parallel=True))
         moe_rest = (self.layers - dense) * _moe_layer_rest(cfg, modelslim, self, recipe.shared_tp, path)
         embed_and_head = 2 * math.ceil(self.vocab / tp) * hidden * self.dtype_bytes
         return self.layers * self.attention(tp) + dense_mlp + moe_rest + embed_and_head
@@ -219,7 +225,7 @@ class MlaModel:
         copies = [("absorbed MLA W_UV/W_UK_T", self.layers * self.absorbed(recipe.tp))]
         mlapo = recipe.kv_consumer and self.attn.kind in MODELSLIM_INT8 and recipe.max_num_batched_tokens > MLAPO_MAX_TOKENS
         if recipe.ascend and mlapo:
-            kept = self.q_kv_a() + math.ceil(self.q_b() / recipe.tp)
+            kept = self.q_kv_a() + self.q_b(recipe.tp)
             copies.append((f"MLAPO's q_a/kv_a/q_b kept (max_num_batched_tokens > {MLAPO_MAX_TOKENS})", self.layers * kept))
         return copies
 
@@ -238,14 +244,16 @@ class MlaModel:
         """``q_a_proj`` and ``kv_a_proj_with_mqa``: replicated on every TP rank."""
         return self.attn.bytes(self.q_lora, self.hidden) + self.attn.bytes(self.kv_lora + self.rope, self.hidden)
 
-    def q_b(self) -> int:
-        """``q_b_proj`` at TP 1."""
-        return self.attn.bytes(self.heads * (self.nope + self.rope), self.q_lora)
+    def q_b(self, tp: int) -> int:
+        """``q_b_proj`` on a rank (column-parallel)."""
+        return _split(self.attn, self.heads * (self.nope + self.rope), self.q_lora, tp)
 
     def attention(self, tp: int) -> int:
-        """One layer's MLA attention on a rank: q_a and kv_a replicated, q_b, kv_b and o_proj 1 / TP."""
-        sharded = self.q_b() + self.attn.bytes(self.heads * (self.nope + self.v_dim), self.kv_lora)
-        return self.q_kv_a() + math.ceil((sharded + self.attn.bytes(self.hidden, self.heads * self.v_dim)) / tp)
+        """One layer's MLA attention on a rank: q_a and kv_a replicated, q_b and kv_b column-parallel,
+        o_proj row-parallel."""
+        kv_b = _split(self.attn, self.heads * (self.nope + self.v_dim), self.kv_lora, tp)
+        o_proj = _split(self.attn, self.hidden, self.heads * self.v_dim, tp, row_parallel=True)
+        return self.q_kv_a() + self.q_b(tp) + kv_b + o_proj
 
     def absorbed(self, tp: int) -> int:
         """One layer's ``W_UV`` and ``W_UK_T`` (``kv_b_proj`` dequantised to the model dtype), 1 / TP."""
@@ -286,9 +294,9 @@ class V4Model:
 
     def _bytes(self, linear: Linear, recipe: Recipe) -> int:
         fmt = self.attn if linear.quantized else LinearFormat("FLOAT", self.dtype_bytes)
-        size = fmt.bytes(linear.rows, linear.cols)
         replicated = linear.name == "wq_b" and recipe.ascend and recipe.dsa_cp  # ReplicatedLinear under DSA-CP
-        return math.ceil(size / recipe.tp) if linear.sharded and not replicated else size
+        tp = recipe.tp if linear.sharded and not replicated else 1
+        return _split(fmt, linear.rows, linear.cols, tp, linear.row_parallel)
 
     def attention(self, ratio: int, recipe: Recipe) -> int:
         """One layer's attention at compress ratio ``ratio`` on a rank (``V4Shape.attention_linears``)."""
@@ -355,8 +363,9 @@ def _moe_layer_rest(cfg: dict, modelslim: dict | None, model: MlaModel | V4Model
     f, b = ConfigFields(cfg, path), model.dtype_bytes
     experts, shared = f.integer("n_routed_experts", 1), f.integer("n_shared_experts", 0, default=0)
     moe_inter, fmt = f.integer("moe_intermediate_size", 1), linear_format(cfg, modelslim, path, "shared_experts.")
-    h = model.hidden
-    return math.ceil(shared * (2 * fmt.bytes(moe_inter, h) + fmt.bytes(h, moe_inter)) / shared_tp) + experts * h * b
+    h, inter = model.hidden, shared * moe_inter  # the shared experts as one MLP (vLLM's DeepseekV2MLP)
+    mlp = 2 * _split(fmt, inter, h, shared_tp) + _split(fmt, h, inter, shared_tp, row_parallel=True) if shared else 0
+    return mlp + experts * h * b
 
 
 def kept_copies(
