@@ -17,7 +17,7 @@ from ..planning.model_geometry import read_model_geometry
 from .arguments import model_args, model_memory
 from .console import Console
 from .options import check_output_file, integer
-from .scenes import layer_notes, read_scenes, scene_names, scenes_payload, scenes_text, unrouted_layers
+from .scenes import layer_notes, read_scenes, scene_names, scenes_payload, scenes_text, unrouted_layers, warm_note
 
 HELP = "fit a layout to counts (one scene or several)"
 DESCRIPTION = (
@@ -147,6 +147,7 @@ def run(args, console: Console) -> None:
     evals = [evaluate(layout, c) for c in scenes]
     out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
     notes = [note for c, path in zip(scenes, args.counts) for note in layer_notes(c, path, hash_layers)]
+    notes += [note for c, path in zip(scenes, args.counts) if (note := warm_note(c, path))]
     unrouted = unrouted_layers(scenes, layout.moe_layers)
     if unrouted:
         notes.append(f"MoE layers {unrouted} have no counts in any scene: fitted to an even load, their scores say nothing")

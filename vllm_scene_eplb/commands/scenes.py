@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..ab.warm import warm_line
 from ..errors import SceneEplbError
 from ..formats import read_counts
-from ..formats.counts import PREDICTED_KEY
+from ..formats.counts import PREDICTED_KEY, PREFIX_CACHE_KEY
 from ..layouts.counts import Counts
 from ..layouts.evaluation import SCORES, Evaluation, check_compatible
 from .console import Console
@@ -90,6 +91,17 @@ def layer_notes(counts: Counts, name: str, hash_layers: Sequence[int] = ()) -> l
             f"with `scene-eplb hash-counts MODEL --fill {name} --token-ids TOKENS -o FILLED`"
         )
     return notes
+
+
+def warm_note(counts: Counts, name: str) -> str | None:
+    """A warm record's measured prefix-cache hit share (``warm-check --stamp``), or None for any other."""
+    meta = counts.meta.get(PREFIX_CACHE_KEY)
+    if meta is None:
+        return None
+    try:
+        return f"{name}: recorded warm, {warm_line(meta)}"
+    except SceneEplbError as exc:
+        raise SceneEplbError(exc.problem, name) from None
 
 
 def unrouted_layers(scenes: Sequence[Counts], layers: Sequence[int]) -> list[int]:
