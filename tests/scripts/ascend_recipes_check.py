@@ -43,7 +43,7 @@ def _full(r: dict) -> dict:
             request = CompletionRequest(model="scene", prompt=tokens, max_tokens=scene["max_tokens"])
             request.build_tok_params(vc.model_config).apply_post_tokenization(None, {"prompt_token_ids": tokens})
             engine = SimpleNamespace(skip_prompt_length_check=False, model_config=vc.model_config, supports_mm_inputs=False)
-            InputProcessor._validate_prompt_len(engine, scene["prompt"], "decoder")  # type: ignore[arg-type]
+            InputProcessor._validate_prompt_len(engine, scene["prompt"], "decoder")
             full["scene_refused"] = None
         except ValueError as exc:  # vLLM's VLLMValidationError is one
             full["scene_refused"] = f"{type(exc).__name__}: {exc}"[:400]

@@ -134,7 +134,7 @@ def weights(model: str, tp: int, settings: dict) -> dict:
         parallel_config=ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=True),
         additional_config={k: v for k, v in settings.items() if k != "flashcomm1"},
     )
-    ps._TP = SimpleNamespace(world_size=tp, rank_in_group=0, rank=0, local_rank=0)  # type: ignore[assignment]
+    ps._TP = SimpleNamespace(world_size=tp, rank_in_group=0, rank=0, local_rank=0)
     cfg = vc.model_config.hf_config
     out: dict = {"attention": {}, "shapes": {}}
     with set_current_vllm_config(vc), set_default_torch_dtype(vc.model_config.dtype):  # as vLLM's model loader builds

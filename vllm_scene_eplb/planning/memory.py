@@ -360,11 +360,11 @@ def expert_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = No
     ``linear_format``), and how they were priced."""
     f = ConfigFields(cfg, path)
     hidden, inter = _expert_shape(f)
-    experts = f.text("expert_dtype", "")
-    if experts == "fp4" and f.obj("quantization_config"):  # vLLM reads V4's expert_dtype only through its quantization config
-        params = 3 * hidden * inter  # DeepSeek-V4's MXFP4 experts: two weights per byte, one ue8m0 scale per 32
+    experts = f.text("expert_dtype", "") if f.obj("quantization_config") else ""  # vLLM reads it only through its quant config
+    if experts == "fp4":  # DeepSeek-V4's MXFP4 experts: two weights per byte, one ue8m0 scale per 32
+        params = 3 * hidden * inter
         return params // 2 + params // 32, "MXFP4 (expert_dtype fp4: 4-bit weights, a ue8m0 scale per 32)"
-    if experts not in ("", "fp8", "fp4"):
+    if experts not in ("", "fp8"):
         raise SceneEplbError(f"config expert_dtype {experts!r} is not priced here: pass --expert-bytes", path)
     fmt = linear_format(cfg, modelslim, path)
     return 2 * fmt.bytes(inter, hidden) + fmt.bytes(hidden, inter), fmt.describe
