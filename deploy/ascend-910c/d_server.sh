@@ -21,7 +21,7 @@ CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${D_P
   --max-model-len "$D_MAX_MODEL_LEN" --max-num-seqs "$D_MAX_NUM_SEQS"
   --max-num-batched-tokens "$D_MAX_NUM_BATCHED_TOKENS"
   --cudagraph-metrics  # logs which passes replayed a graph, padded how (verify.sh's graph check reads it)
-  --no-enable-prefix-caching --quantization ascend "${MODEL_ARGS[@]}"
+  "$PREFIX_CACHING" --quantization "$QUANTIZATION" "${MODEL_ARGS[@]}"
   --kv-transfer-config "$(kv_transfer_config kv_consumer "$D_KV_PORT" d0)"
   --additional-config "$ADDITIONAL")
 if [ "$MTP" -gt 0 ]; then CMD+=(--speculative-config "{\"method\": \"mtp\", \"num_speculative_tokens\": $MTP}"); fi

@@ -47,10 +47,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
 #   v3                 DeepSeek-V3 W8A8 (the default): the sizes below
 #   v4-flash-field     DeepSeek-V4-Flash W8A8 (ModelSlim's copy, `--quantization ascend`). P after the field's
 #                      nodes: EP16 over 16 dies as DP16 x TP1 (no context parallelism), chunk 8192, one prefill
-#                      request at a time, 256 experts + 16 redundant slots (17 a rank), max_model_len 131072.
+#                      request at a time, 256 experts + 16 redundant slots (17 a rank).
 #                      D after vLLM-Ascend 0.23.0.post1's V4-Flash tutorial (A3 1P1D): DP16 x TP1,
-#                      FULL_DECODE_ONLY graphs, MTP 1, 120 batched tokens; 60 sequences of 65536 tokens (the
-#                      tutorial's 1048576 x 60 is 63M tokens: the preflight finds room for 4.4M a rank).
+#                      FULL_DECODE_ONLY graphs, MTP 1, 120 batched tokens, 60 sequences (the tutorial's
+#                      max_model_len 1048576 x 60 is 63M tokens: the preflight refuses it).
 #   v4-flash-tutorial  the same D; P after the tutorial: DP4 x TP4 eager, chunk 8192, 16 sequences, MTP 1,
 #                      FlashComm1 (VLLM_ASCEND_ENABLE_FLASHCOMM1=1), enable_shared_expert_dp and enable_dsa_cp
 #                      (P_SEQUENCE_PARALLEL=1; the recorder counts each rank's own sequence-parallel chunk).
@@ -65,11 +65,11 @@ case "$RECIPE" in
   v3) export MODEL=${MODEL:-/models/DeepSeek-V3-w8a8} KV_CONNECTOR=${KV_CONNECTOR:-MooncakeConnectorV1} EXPERT_GROUPS=${EXPERT_GROUPS:-8} ;;
   v4-flash-field | v4-flash-tutorial)
     export MODEL=${MODEL:-/models/DeepSeek-V4-Flash-w8a8-mtp} KV_CONNECTOR=${KV_CONNECTOR:-MooncakeHybridConnector} EXPERT_GROUPS=${EXPERT_GROUPS:-1}
+    BLOCK_SIZE=${BLOCK_SIZE:-128}
     # shellcheck disable=SC2034
-    MODEL_ARGS=(--block-size 128 --no-disable-hybrid-kv-cache-manager --tokenizer-mode deepseek_v4)
+    MODEL_ARGS=(--block-size "$BLOCK_SIZE" --no-disable-hybrid-kv-cache-manager --tokenizer-mode deepseek_v4)
     export D_DP=${D_DP:-16} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY}
-    export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-65536} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-60} D_MAX_NUM_BATCHED_TOKENS=${D_MAX_NUM_BATCHED_TOKENS:-120}
-    export P_MAX_MODEL_LEN=${P_MAX_MODEL_LEN:-131072}
+    export D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-60} D_MAX_NUM_BATCHED_TOKENS=${D_MAX_NUM_BATCHED_TOKENS:-120}
     if [ "$RECIPE" = v4-flash-field ]; then
       export P_DP=${P_DP:-16} P_TP=${P_TP:-1} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
     else
@@ -82,24 +82,39 @@ esac
 export P_MTP=${P_MTP:-0} P_SEQUENCE_PARALLEL=${P_SEQUENCE_PARALLEL:-0}
 export D_NODES=${D_NODES:-1}
 if [ "$D_NODES" = 2 ]; then
-  export D_DP=${D_DP:-32} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY}
-  export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16}
+  export D_DP=${D_DP:-32} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-11}
 fi
 export P_DP=${P_DP:-2} P_TP=${P_TP:-8} D_DP=${D_DP:-4} D_TP=${D_TP:-4} MTP=${MTP:-0} D_GRAPH_MODE=${D_GRAPH_MODE:-}
+# The scene both servers take (collect.sh's IN_LEN, OUT_LEN and PREFIX_SHARE, the same defaults): P a prompt
+# and the one token it generates (--max-model-len IN_LEN + 1), D the prompt and its output (IN_LEN + OUT_LEN).
+# A share above 0 turns prefix caching on for both (off otherwise); PREFIX_LEN, the prompt's shared prefix
+# (IN_LEN x PREFIX_SHARE, rounded as `scene-eplb bench` rounds it), is held once by the preflight.
+SCENE_IN_LEN=${IN_LEN:-16384} SCENE_OUT_LEN=${OUT_LEN:-1024} SCENE_PREFIX_SHARE=${PREFIX_SHARE:-0}
+if ! PREFIX_LEN=$(awk -v n="$SCENE_IN_LEN" -v s="$SCENE_PREFIX_SHARE" 'BEGIN {
+    if (n !~ /^[0-9]+$/ || n < 1 || s !~ /^[0-9]*\.?[0-9]+$/ || s >= 1) exit 1; x = n * s; r = int(x + 0.5)
+    if (r - x == 0.5 && r % 2) r -= 1; print r }'); then  # Python's round: a tie to the even neighbour
+  echo "env.sh: IN_LEN ($SCENE_IN_LEN) is a token count >= 1 and PREFIX_SHARE ($SCENE_PREFIX_SHARE) a share in [0, 1)" >&2; return 2
+fi
+if [ "$PREFIX_LEN" -gt 0 ]; then PREFIX_CACHING=--enable-prefix-caching; else PREFIX_CACHING=--no-enable-prefix-caching; fi
+export SCENE_IN_LEN SCENE_OUT_LEN SCENE_PREFIX_SHARE PREFIX_LEN PREFIX_CACHING
 # Sequence lengths and batch sizes the preflight checks the KV cache against (max_num_seqs sequences
-# of max_model_len tokens each), and the redundant slots of each side's layouts (collect.sh fits them).
-# D batches at most 1024 tokens: above that MLAPO keeps the original q_a/kv_a/q_b weights beside its
-# fused copy (about 1.4 GiB a rank at TP4, counted by the preflight).
-export P_MAX_MODEL_LEN=${P_MAX_MODEL_LEN:-32768} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
-# (MTP on one D node: 14 sequences, as its layer and its KV latent leave no room for 16.)
-if [ "$MTP" -gt 0 ]; then export D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-14}; fi
-export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-8192} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-16} D_MAX_NUM_BATCHED_TOKENS=${D_MAX_NUM_BATCHED_TOKENS:-1024}
+# of max_model_len tokens each, the shared prefix once), and the redundant slots of each side's layouts
+# (collect.sh fits them). DeepSeek-V3's D at the default scene (17,408 tokens): 8 sequences a rank at
+# DP4 x TP4 (7 with MTP), 11 on two nodes. D batches at most 1024 tokens: above that MLAPO keeps the
+# original q_a/kv_a/q_b weights beside its fused copy (about 1.4 GiB a rank at TP4, counted by the preflight).
+export P_MAX_MODEL_LEN=${P_MAX_MODEL_LEN:-$((SCENE_IN_LEN + 1))} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
+if [ "$MTP" -gt 0 ]; then export D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-7}; fi
+export D_MAX_MODEL_LEN=${D_MAX_MODEL_LEN:-$((SCENE_IN_LEN + SCENE_OUT_LEN))} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-8}
+export D_MAX_NUM_BATCHED_TOKENS=${D_MAX_NUM_BATCHED_TOKENS:-1024}
+# The checkpoint's quantisation as the servers pass it (--quantization), and what their preflight checks it against
+export QUANTIZATION=${QUANTIZATION:-ascend}
 export REDUNDANT=${REDUNDANT:-16} D_REDUNDANT=${D_REDUNDANT:-0}
 # The command that runs this package's CLI (the image's console script; tests point it elsewhere).
 SCENE_EPLB_CLI=${SCENE_EPLB_CLI:-scene-eplb}
 # preflight ROLE MODE LAYOUT ARGS...: `scene-eplb preflight` for one side's recipe (ARGS: its --dp,
-# --tp, --max-model-len, ... as the server gets them); a recipe that does not fit stops here with the
-# numbers, one that fits exports the HCCL_BUFFSIZE its MC2 capacity needs.
+# --tp, --max-model-len, ... as the server gets them; the quantisation, the scene's shared prefix and the
+# block size added here); a recipe that does not fit, or whose --quantization is not the checkpoint's,
+# stops here with the numbers, one that fits exports the HCCL_BUFFSIZE its MC2 capacity needs.
 preflight() {
   local role=$1 mode=$2 layout=$3 slots=(); shift 3
   if [ "$mode" = layout ] && [ -f "$layout" ]; then slots=(--layout "$layout")
@@ -109,11 +124,23 @@ preflight() {
   local hccl=()
   if [ -n "${HCCL_BUFFSIZE:-}" ]; then hccl=(--hccl-buffsize "$HCCL_BUFFSIZE"); fi
   if [ "${NATIVE_EPLB:-0}" = 1 ]; then hccl+=(--native-eplb); fi  # its swap buffer
-  local line
+  local line scene=(--quantization "$QUANTIZATION" --shared-prefix "$PREFIX_LEN" --block-size "${BLOCK_SIZE:-128}")
   if ! command -v "$SCENE_EPLB_CLI" > /dev/null; then echo "env.sh: $SCENE_EPLB_CLI not found: install vllm_scene_eplb" >&2; return 2; fi
-  line=$("$SCENE_EPLB_CLI" preflight --model "$MODEL" "$@" "${slots[@]}" "${hccl[@]}" --shell -q) || return 2
+  line=$("$SCENE_EPLB_CLI" preflight --model "$MODEL" "$@" "${slots[@]}" "${hccl[@]}" "${scene[@]}" --shell -q) || return 2
   export "${line?}"
   echo "env.sh: preflight of the $role recipe passed, $line" >&2
+}
+# metrics URL FILE: a server's /metrics page saved (what warm_check reads, twice).
+metrics() {
+  curl -sf --max-time 30 "$1/metrics" -o "$2" || { echo "env.sh: cannot read $1/metrics" >&2; return 2; }
+}
+# warm_check BEFORE AFTER [COUNTS]: the cache scene proven warm from the server's own counters between two
+# saved /metrics pages (`scene-eplb warm-check`: prefix-cache hits over queries per DP engine, at most
+# WARM_MARGIN, 0.02, under PREFIX_SHARE); a cold server stops here in one line. With COUNTS, the record
+# those pages bracket: the measured share is written into its metadata (fit and report print it).
+warm_check() {
+  local stamp=(); if [ -n "${3:-}" ]; then stamp=(--stamp "$3"); fi
+  "$SCENE_EPLB_CLI" warm-check "$1" "$2" --share "$SCENE_PREFIX_SHARE" --margin "${WARM_MARGIN:-0.02}" "${stamp[@]}" -q
 }
 # The network this node's servers talk over: HCCL (device collectives), Gloo (vLLM's CPU groups), the
 # TP socket and Mooncake's transfer engine. One place for all of them; check_network says in one line

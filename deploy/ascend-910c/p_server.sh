@@ -13,20 +13,22 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/env.sh"
 MODE=${1:?usage: p_server.sh collect|layout LAYOUT|plain}
 if [ "${NATIVE_EPLB:-0}" = 1 ]; then export DYNAMIC_EPLB=true; fi  # vLLM-Ascend's EplbConfig asserts it with dynamic_eplb
-FLASHCOMM=()  # the environment a dry run prints with the command
-if [ "$P_SEQUENCE_PARALLEL" = 1 ]; then export VLLM_ASCEND_ENABLE_FLASHCOMM1=1; FLASHCOMM=(VLLM_ASCEND_ENABLE_FLASHCOMM1=1); fi
+FLASHCOMM=() SP=()  # the environment a dry run prints with the command; the preflight's flags for it
+if [ "$P_SEQUENCE_PARALLEL" = 1 ]; then
+  export VLLM_ASCEND_ENABLE_FLASHCOMM1=1; FLASHCOMM=(VLLM_ASCEND_ENABLE_FLASHCOMM1=1); SP=(--flashcomm1 --dsa-cp --shared-expert-dp)
+fi
 ADDITIONAL=$(server_config prefill "$MODE" "${2:-}") || { echo "p_server.sh: see above" >&2; exit 2; }
 CMD=(python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port "${P_PORT:-8100}"
   --data-parallel-size "$P_DP" --tensor-parallel-size "$P_TP" --enable-expert-parallel
   --max-num-batched-tokens "${CHUNK:-8192}" --enable-chunked-prefill --max-num-seqs "$P_MAX_NUM_SEQS"
   --max-model-len "$P_MAX_MODEL_LEN" --enforce-eager
-  --no-enable-prefix-caching --quantization ascend "${MODEL_ARGS[@]}"
+  "$PREFIX_CACHING" --quantization "$QUANTIZATION" "${MODEL_ARGS[@]}"
   --kv-transfer-config "$(kv_transfer_config kv_producer "$P_KV_PORT" p0)"
   --additional-config "$ADDITIONAL")
 if [ "$P_MTP" -gt 0 ]; then CMD+=(--speculative-config "{\"method\": \"mtp\", \"num_speculative_tokens\": $P_MTP, \"enforce_eager\": true}"); fi
 MC2=(); if [ "${PREFILL_MC2:-0}" = 1 ]; then MC2=(--prefill-mc2); fi
 preflight prefill "$MODE" "${2:-}" --dp "$P_DP" --tp "$P_TP" --max-model-len "$P_MAX_MODEL_LEN" \
-  --max-num-seqs "$P_MAX_NUM_SEQS" --max-num-batched-tokens "${CHUNK:-8192}" --enforce-eager --speculative-tokens "$P_MTP" "${MC2[@]}" ||
+  --max-num-seqs "$P_MAX_NUM_SEQS" --max-num-batched-tokens "${CHUNK:-8192}" --enforce-eager --speculative-tokens "$P_MTP" "${MC2[@]}" "${SP[@]}" ||
   { echo "p_server.sh: the recipe does not fit (see above)" >&2; exit 2; }
 check_ports "$P_KV_PORT" "$((P_DP * P_TP))" || { echo "p_server.sh: see above" >&2; exit 2; }
 check_network || { echo "p_server.sh: see above" >&2; exit 2; }

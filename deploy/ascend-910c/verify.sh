@@ -37,8 +37,10 @@
 # DRY_RUN=1 prints every step without running it; DRY_RUN=1 FAIL_STEP=<step> simulates that step failing.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-# D runs without the MTP drafter here: totals count one token per decode pass, and verified drafts add more
+# D runs without the MTP drafter here: totals count one token per decode pass, and verified drafts add more;
+# both sides without prefix caching: totals count every prompt token, and a cached one is never computed
 if [ "${SIDE:-p}" = d ]; then export MTP=0; fi
+export PREFIX_SHARE=0
 source "$HERE/env.sh"
 SIDE=${SIDE:-p}
 case "$SIDE" in

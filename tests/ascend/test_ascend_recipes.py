@@ -15,6 +15,13 @@ Each server command of ``deploy/ascend-910c`` (dry run) gives its ``--kv-transfe
 The old recipes' KV JSON (no ``kv_connector_extra_config``) must fail the connector's check, and a
 side whose sizes differ from its server must fail the platform's: the checks can fail.
 The model is the tests' generated one (8 experts), so layouts are fitted for it at EP16.
+
+The V4-Flash recipes' whole command lines, at both field scenes (16K cold; 128K warm: 131,076-token
+prompts, 90.62% of them a shared prefix), also go through vLLM's own ``api_server`` argument parser and
+``create_engine_config`` on vLLM-Ascend's platform, on a tiny V4 W8A8 (ModelSlim's description, which
+``--quantization ascend`` requires) with V4-Flash's context (1,048,576 positions); each scene's request
+(P: the prompt and one token; D: the prompt and its output) through vLLM's own length checks. The old
+lengths (P 131,072, D 65,536) must fail them.
 """
 
 from __future__ import annotations
@@ -58,13 +65,45 @@ def _command(script: str, *args: str, **env_extra: str) -> dict:
         "extra": json.loads(flag("--additional-config") or "{}"),
         "dp": int(flag("--data-parallel-size")),
         "tp": int(flag("--tensor-parallel-size")),
+        "argv": argv[argv.index("vllm.entrypoints.openai.api_server") + 1 :],
         **({"env": env} if env else {}),
     }
 
 
 def _v4(script: str, recipe: str, mode: str, tiny_v4: Path, **env_extra: str) -> dict:
     """A V4-Flash recipe's command: its dry run sized by the preflight on V4-Flash W8A8's config, checked on a tiny V4."""
-    return {**_command(script, mode, RECIPE=recipe, MODEL=v4_w8a8_model(), **env_extra), "model": str(tiny_v4)}
+    command = _command(script, mode, RECIPE=recipe, MODEL=v4_w8a8_model(), **env_extra)
+    return {**{k: v for k, v in command.items() if k != "argv"}, "model": str(tiny_v4)}
+
+
+# the field's two P scenes: (IN_LEN, OUT_LEN, PREFIX_SHARE)
+SCENES = {"16K cold": ("16384", "1024", "0"), "128K warm": ("131076", "1024", "0.9062")}
+
+
+def _scene(script: str, recipe: str, scene: str, model: Path, **env_extra: str) -> dict:
+    """A V4-Flash recipe's whole command line at a field scene, its --model the long-context tiny V4 W8A8,
+    with the scene's request: P the prompt and one token, D the prompt and its output."""
+    in_len, out_len, share = SCENES[scene]
+    env = {"IN_LEN": in_len, "OUT_LEN": out_len, "PREFIX_SHARE": share, **env_extra}
+    command = _command(script, "collect", RECIPE=recipe, MODEL=v4_w8a8_model(), **env)
+    argv = command["argv"]
+    argv[argv.index("--model") + 1] = str(model)
+    max_tokens = 1 if script == "p_server.sh" else int(out_len)
+    return {**command, "model": str(model), "scene": {"prompt": int(in_len), "max_tokens": max_tokens}}
+
+
+def _long_context_w8a8(root: Path) -> Path:
+    """The tiny V4's ModelSlim W8A8 copy with V4-Flash's context: 65,536 positions before YaRN's x16."""
+    from vllm_scene_eplb.rig.modelslim import write_w8a8
+    from vllm_scene_eplb.rig.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
+
+    spec = TinyDeepseekV4Spec()
+    model = write_w8a8(make_tiny_deepseek_v4(root / "tiny-v4-long"), root / "tiny-v4-long-w8a8", spec.routed_expert_weight)
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = 1048576
+    config["rope_scaling"]["original_max_position_embeddings"] = 65536
+    (model / "config.json").write_text(json.dumps(config))
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +160,18 @@ def checked(tmp_path_factory):
             recipes[f"p {mode}, {recipe}"] = _v4("p_server.sh", recipe, mode, tiny_v4, **base)
     for mode in ("collect", "plain"):
         recipes[f"d {mode}, v4-flash"] = _v4("d_server.sh", "v4-flash-tutorial", mode, tiny_v4, **base)
+    long = _long_context_w8a8(root)
+    for scene in SCENES:
+        for script, side in (("p_server.sh", "p"), ("d_server.sh", "d")):
+            for recipe in ("v4-flash-field", "v4-flash-tutorial"):
+                recipes[f"{side} {recipe}, {scene}"] = _scene(script, recipe, scene, long, **base)
+    # the old lengths (P 131,072, D 65,536) on the same command lines: vLLM's own checks refuse the scene's requests
+    for side, old_len in (("p", "131072"), ("d", "65536")):
+        old_line = json.loads(json.dumps(recipes[f"{side} v4-flash-field, 128K warm"]))
+        old_line["argv"][old_line["argv"].index("--max-model-len") + 1] = old_len
+        recipes[f"{side} v4-flash-field, 128K warm, old length"] = old_line
+    for name in [n for n in recipes if "argv" in recipes[n] and "scene" not in recipes[n]]:
+        del recipes[name]["argv"]  # the generated Qwen3-MoE has no ModelSlim copy: its flags are checked, not its whole line
     old = dict(recipes["p collect"], kv={k: v for k, v in recipes["p collect"]["kv"].items() if k != "kv_connector_extra_config"})
     wrong = json.loads(json.dumps(recipes["d plain"]))
     wrong["kv"]["kv_connector_extra_config"]["decode"]["dp_size"] = 8
@@ -172,3 +223,27 @@ def test_the_v4_flash_recipes_follow_the_field_and_the_tutorial(checked):
     assert tutorial["env"] == {"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"} and "env" not in field
     assert out["d collect, v4-flash"]["sp"] == [False, False, False]
     assert {out[n]["kv_port"] for n in recipes if "v4-flash" in n} == {36000, 36100}
+
+
+@pytest.mark.parametrize("scene", SCENES)
+def test_the_field_scenes_dry_run_through_vllms_own_argument_and_length_checks(checked, scene):
+    """Both V4-Flash recipes at the field's scenes: vLLM's parser and engine config take each whole command
+    line (ModelSlim's --quantization ascend on a W8A8 copy), P's --max-model-len takes the prompt and one
+    token and D's the prompt and its output (vLLM's own request checks pass), prefix caching on exactly
+    where the scene shares a prefix; the preflight passed every side (the dry run ran it on a 64 GiB die)."""
+    recipes, out, _, _ = checked
+    in_len, out_len, share = (int(SCENES[scene][0]), int(SCENES[scene][1]), float(SCENES[scene][2]))
+    for side in ("p", "d"):
+        for recipe in ("v4-flash-field", "v4-flash-tutorial"):
+            got = out[f"{side} {recipe}, {scene}"]
+            assert got["ok"] and got["scene_refused"] is None, got
+            assert got["max_model_len"] == in_len + (1 if side == "p" else out_len)
+            assert got["prefix_caching"] is (share > 0) and got["quantization"] == "ascend" and got["block_size"] == 128
+
+
+def test_the_old_lengths_fail_vllms_own_length_checks(checked):
+    """P at 131,072 and D at 65,536 (the recipes before the scene sized them) refuse the 128K scene's requests."""
+    _, out, _, _ = checked
+    p, d = out["p v4-flash-field, 128K warm, old length"], out["d v4-flash-field, 128K warm, old length"]
+    assert p["ok"] and "maximum context length is 131072 tokens" in p["scene_refused"], p
+    assert d["ok"] and "maximum context length is 65536 tokens" in d["scene_refused"], d

@@ -28,9 +28,11 @@ W8A8 = {
 
 
 def _w8a8(model: str, description: dict) -> str:
-    """The config.json of ``data/models/MODEL`` beside a W8A8 ModelSlim description, in a folder of its own."""
+    """The config.json of ``data/models/MODEL`` beside a W8A8 ModelSlim description, in a folder of its own
+    (without the config's fp8 quantization_config, which vLLM would read instead: a ModelSlim copy has none)."""
     folder = Path(tempfile.mkdtemp(prefix=f"scene-eplb-{model}-w8a8-"))
-    shutil.copy(ROOT / "data" / "models" / model / "config.json", folder / "config.json")
+    config = json.loads((ROOT / "data" / "models" / model / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
     (folder / "quant_model_description.json").write_text(json.dumps(description))
     return str(folder)
 
@@ -80,7 +82,8 @@ def test_shellcheck_clean():
 def test_p_server_dry_run_has_the_plugin_flag_and_field_geometry():
     out = _dry("p_server.sh", "collect")
     assert "--data-parallel-size 2" in out and "--tensor-parallel-size 8" in out and "--enable-expert-parallel" in out
-    assert "--max-num-batched-tokens 8192" in out and "--max-model-len 32768" in out and "--enforce-eager" in out
+    assert "--max-num-batched-tokens 8192" in out and "--max-model-len 16385" in out and "--enforce-eager" in out
+    assert "--no-enable-prefix-caching" in out  # the default scene (16,384-token prompts) shares no prefix
     assert "scene_eplb" in out and "kv_producer" in out and "/data/se/dumps" in out
     out = _dry("p_server.sh", "layout", "/data/se/layout.json")
     assert '\\"layout\\":\\ \\"/data/se/layout.json\\"' in out and "dispatch" in out and "expert_map_path" not in out
@@ -139,13 +142,52 @@ def test_collect_dry_run_follows_the_workflow_in_order_on_both_sides():
         "compare",
     ]
     _in_order(out, steps)
-    cache = subprocess.run(
-        ["bash", str(DEPLOY / "collect.sh")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DRY_RUN": "1", "PREFIX_SHARE": "0.9", "SCENE_EPLB_DIR": "/data/se"},
-    ).stdout
-    assert cache.find("--scene seed") < cache.find("prefix_cache") < cache.find("record start")
+    assert "warm_check" not in out and "metrics" not in out  # a cold scene: nothing to seed or prove
+
+
+def test_collect_dry_run_seeds_and_proves_a_warm_scene_before_it_records_and_stamps_the_record():
+    """A cache scene: every load it warms (the record, A and B) first seeds the scene's prefix (N prompts of
+    the prefix and one token, the same seed), runs that again and proves it warm from P's counters, then
+    checks the load's own share; the record is dumped only after, and P's record gets the share."""
+    out = _dry("collect.sh", IN_LEN="131076", PREFIX_SHARE="0.9062")
+    steps = [
+        "--scene warm-up",
+        "--scene record-seed -n 320",
+        "--input-len 118782 --output-len 1",  # the prefix (131,076 x 0.9062 = 118,781) and one token
+        "--seed 0",
+        "metrics http://127.0.0.1:8100",
+        "--scene record-check -n 320",
+        "--seed 0",
+        "metrics http://127.0.0.1:8100",
+        "warm_check",
+        "record start --url http://127.0.0.1:8100",
+        "--scene record -n 320",
+        "--input-len 131076 --output-len 1024 --prefix-share 0.9062",
+        "--seed 0",
+        "record stop --url http://127.0.0.1:8200",
+        "metrics http://127.0.0.1:8100",
+        "warm_check",
+        "record dump --url http://127.0.0.1:8100",
+        "record dump --url http://127.0.0.1:8200",
+        "warm_check",
+        "counts-prefill-",
+        "fit /data/se/dumps/counts-prefill-",
+        "--scene target-seed",
+        "--seed 2",
+        "warm_check",
+        "--scene target -n 320",
+        "warm_check",
+        "d_server.sh layout",
+        "--scene target-seed",
+        "warm_check",
+        "--scene target -n 320",
+        "warm_check",
+        "compare",
+    ]
+    _in_order(out, steps)
+    assert out.count("warm_check") == 7 and "--no-enable-prefix-caching" not in out
+    bad = subprocess.run(["bash", str(DEPLOY / "collect.sh")], capture_output=True, text=True, env=_env(PREFIX_SHARE="1.2"))
+    assert bad.returncode == 2 and "PREFIX_SHARE (1.2) a share in [0, 1)" in bad.stderr
 
 
 VERIFY_CHECKS = ["audit", "totals", "native", "mc2", "throughput"]  # P; D: audit, totals, graph, native, throughput
@@ -284,9 +326,9 @@ def test_preflight_refuses_the_old_p_recipe_with_the_numbers():
 
 def test_preflight_refuses_the_old_d_recipe_with_the_numbers():
     """D at TP1 with 16 slots per rank, vLLM's default max_model_len 163,840 and max_num_seqs 256, and
-    HCCL_BUFFSIZE 200: MC2's buffer does not fit."""
+    HCCL_BUFFSIZE 200: MC2's buffer (vLLM-Ascend's largest graph: 256 tokens) does not fit."""
     d = _preflight("--dp", "16", "--tp", "1", "--max-model-len", "163840", "--max-num-seqs", "256", "--hccl-buffsize", "200")
-    assert d.returncode == 2 and "HCCL_BUFFSIZE 200 MB is below the 3838 MB MC2 needs for 512 tokens per rank" in d.stderr
+    assert d.returncode == 2 and "HCCL_BUFFSIZE 200 MB is below the 1919 MB MC2 needs for 256 tokens per rank" in d.stderr
 
 
 def test_preflight_refuses_a_max_model_len_the_kv_cache_cannot_hold():
@@ -457,13 +499,13 @@ def test_preflight_names_what_vllm_ascend_keeps_beside_the_weights_on_d():
     for args in (("--kv-consumer", "--max-num-batched-tokens", "1024"), ("--max-num-batched-tokens", "8192")):
         assert "MLAPO" not in _preflight(*base, *args).stdout
     mtp = _preflight(*base, "--speculative-tokens", "1").stdout
-    assert "kept by vLLM-Ascend: MTP layer 0.92 GiB" in mtp and "MC2 8 tokens per rank" in mtp  # 8 seqs x 2 x 2 / TP4
+    assert "kept by vLLM-Ascend: MTP layer 0.92 GiB" in mtp and "MC2 4 tokens per rank" in mtp  # 8 seqs x 2 / TP4
 
 
 def test_the_two_node_d_recipe_runs_dp32_tp1_with_mtp1_and_full_decode_only_graphs():
     """D_NODES=2: DP32 x TP1 over two nodes (16 DP engines each, node 1 headless), MTP1 and
     FULL_DECODE_ONLY, sized by the preflight (it passes, the copies named) and its 32 handshake
-    ports checked; the single-node recipe offers MTP1 too (at 14 sequences, which the preflight fits)."""
+    ports checked; the single-node recipe offers MTP1 too (at 7 sequences, which the preflight fits)."""
     two = {"D_NODES": "2", "D_HEAD_IP": "10.0.0.1"}
     head, other = _start("d_server.sh", "collect", NODE_RANK="0", **two), _start("d_server.sh", "collect", NODE_RANK="1", **two)
     assert head.returncode == 0 and other.returncode == 0, head.stderr + other.stderr
@@ -478,9 +520,9 @@ def test_the_two_node_d_recipe_runs_dp32_tp1_with_mtp1_and_full_decode_only_grap
     assert '\\"decode\\":\\ \\{\\"dp_size\\":\\ 32\\,\\ \\"tp_size\\":\\ 1\\}' in p.stdout
     assert _start("d_server.sh", "collect", **two).returncode != 0  # no NODE_RANK: refused
     one = _start("d_server.sh", "collect", MTP="1")
-    assert one.returncode == 0 and "--max-num-seqs 14" in one.stdout and "num_speculative_tokens" in one.stdout
+    assert one.returncode == 0 and "--max-num-seqs 7" in one.stdout and "num_speculative_tokens" in one.stdout
     assert "speculative" not in _start("d_server.sh", "collect").stdout
-    assert _start("d_server.sh", "collect", MTP="1", D_MAX_NUM_SEQS="16").returncode == 2  # the preflight refuses 16
+    assert _start("d_server.sh", "collect", MTP="1", D_MAX_NUM_SEQS="8").returncode == 2  # the preflight refuses 8
 
 
 @pytest.mark.parametrize("recipe, p_geometry", [("v4-flash-field", "P-DP16-TP1-EP16"), ("v4-flash-tutorial", "P-DP4-TP4-EP16")])
@@ -509,7 +551,7 @@ def test_the_v4_flash_recipes_pass_the_preflight_and_refuse_what_the_tutorial_co
     model = v4_w8a8_model()
     for recipe in ("v4-flash-field", "v4-flash-tutorial"):
         assert _dry("p_server.sh", "collect", RECIPE=recipe, MODEL=model).startswith("HCCL_BUFFSIZE=200 ")
-    assert _dry("d_server.sh", "collect", RECIPE="v4-flash-tutorial", MODEL=model).startswith("HCCL_BUFFSIZE=1047 ")
+    assert _dry("d_server.sh", "collect", RECIPE="v4-flash-tutorial", MODEL=model).startswith("HCCL_BUFFSIZE=524 ")
     for script, env, said in (
         ("d_server.sh", {"D_MAX_MODEL_LEN": "1048576"}, "does not hold max_num_seqs 60 x max_model_len 1,048,576"),
         ("p_server.sh", {"P_KV_PORT": "30000"}, "KV handshake ports 30000-30015 must lie in 36000-65535"),

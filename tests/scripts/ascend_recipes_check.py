@@ -1,8 +1,13 @@
 """Each recipe's configuration through the released engine code's own checks (tests/ascend/test_ascend_recipes.py).
 
-Arguments: the recipes (JSON: name -> kv, extra, dp, tp, env, and optionally model) and the model folder.
-Prints one JSON object, a verdict per recipe. Each recipe runs on a fresh vLLM-Ascend config (its own
-reset) with its environment, restored after it; the connector's own module gives the worker checked."""
+Arguments: the recipes (JSON: name -> kv, extra, dp, tp, env, and optionally model, argv and scene) and the
+model folder. Prints one JSON object, a verdict per recipe. Each recipe runs on a fresh vLLM-Ascend config
+(its own reset) with its environment, restored after it; the connector's own module gives the worker checked.
+A recipe with ``argv`` (the server's whole command line after the module, its --model the check's model) is
+also parsed by vLLM's own ``api_server`` argument parser and built by ``AsyncEngineArgs.create_engine_config``
+on vLLM-Ascend's platform; with ``scene`` (``prompt`` tokens, ``max_tokens`` requested) its request goes
+through vLLM's own length checks: the completion request's ``TokenizeParams`` and the engine's
+``InputProcessor._validate_prompt_len``."""
 
 from __future__ import annotations
 
@@ -12,6 +17,37 @@ import os
 import sys
 import traceback
 from types import SimpleNamespace
+
+
+def _full(r: dict) -> dict:
+    """The recipe's whole command line through vLLM's parser and engine config, and its scene's request
+    through vLLM's length checks (None where it passes, else the error)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(r["argv"])
+    vc = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    full = {
+        "max_model_len": vc.model_config.max_model_len,
+        "prefix_caching": vc.cache_config.enable_prefix_caching,
+        "block_size": vc.cache_config.block_size,
+        "quantization": vc.model_config.quantization,
+    }
+    scene = r.get("scene")
+    if scene:
+        tokens = [1] * scene["prompt"]
+        try:
+            request = CompletionRequest(model="scene", prompt=tokens, max_tokens=scene["max_tokens"])
+            request.build_tok_params(vc.model_config).apply_post_tokenization(None, {"prompt_token_ids": tokens})
+            engine = SimpleNamespace(skip_prompt_length_check=False, model_config=vc.model_config, supports_mm_inputs=False)
+            InputProcessor._validate_prompt_len(engine, scene["prompt"], "decoder")
+            full["scene_refused"] = None
+        except ValueError as exc:  # vLLM's VLLMValidationError is one
+            full["scene_refused"] = f"{type(exc).__name__}: {exc}"[:400]
+    return full
 
 
 def main() -> None:
@@ -50,7 +86,9 @@ def main() -> None:
             ascend = get_ascend_config()
             with set_current_vllm_config(vc):  # DSA-CP raises here without FlashComm1
                 sp = [enable_sp(vc), enable_dsa_cp(), bool(ascend.enable_shared_expert_dp)]
+            full = _full(r) if "argv" in r else {}
             out[name] = {
+                **full,
                 "ok": True,
                 "connector": connector.__name__,
                 "connector_module": connector.__module__.rsplit(".", 1)[-1],

@@ -71,14 +71,19 @@ class Verdict:
         return f"{'SKIP' if self.skipped else 'PASS' if self.ok else 'FAIL'} {self.name}: {self.detail}"
 
 
+def series(metrics_text: str, name: str) -> list[tuple[str, float]]:
+    """Every sample of ``name`` on a /metrics page (Prometheus text): its labels as written and its value."""
+    sample = re.compile(r"^" + re.escape(name) + r"(?:\{([^}]*)\})?\s+([0-9.eE+-]+)\s*$", re.M)
+    return [(labels, float(v)) for labels, v in sample.findall(metrics_text)]
+
+
 def counter(metrics_text: str, name: str, label: str = "") -> int:
     """Counter ``name`` summed over every series (one per DP engine, per label) of a /metrics page;
     with ``label`` (``key="value"``) only the series that carry it."""
-    sample = re.compile(r"^" + re.escape(name) + r"(?:\{([^}]*)\})?\s+([0-9.eE+-]+)\s*$", re.M)
-    values = [v for labels, v in sample.findall(metrics_text) if not label or label in labels.split(",")]
+    values = [v for labels, v in series(metrics_text, name) if not label or label in labels.split(",")]
     if not values:
         raise SceneEplbError(f"no {name}{'{' + label + '}' if label else ''} on this /metrics page")
-    return int(round(sum(float(v) for v in values)))
+    return int(round(sum(values)))
 
 
 def prompt_tokens(metrics_text: str) -> int:

@@ -20,6 +20,7 @@ from . import (
     score,
     screen,
     validate,
+    warm_check,
     watch,
 )
 
@@ -40,4 +41,5 @@ COMMANDS = {
     "preflight": preflight,
     "screen": screen,
     "hash-counts": hash_counts,
+    "warm-check": warm_check,
 }

@@ -29,6 +29,7 @@ from .scenes import (
     scenes_payload,
     scenes_text,
     unrouted_layers,
+    warm_note,
 )
 
 HELP = "fit a layout to counts (one scene or several)"
@@ -181,6 +182,7 @@ def run(args, console: Console) -> None:
     evals = [evaluate(layout, c, peer) for c in scenes]
     out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
     notes = [note for c, path in zip(scenes, args.counts) for note in layer_notes(c, path, rows, args.model)]
+    notes += [note for c, path in zip(scenes, args.counts) if (note := warm_note(c, path))]
     unrouted = unrouted_layers(scenes, layout.moe_layers)
     if unrouted:
         notes.append(f"MoE layers {unrouted} have no counts in any scene: fitted to an even load, their scores say nothing")

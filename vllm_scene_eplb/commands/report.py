@@ -8,7 +8,7 @@ from ..planning.memory import memory_cost
 from .arguments import check_layout_model, geometry_args, hint, model_args, model_memory, read_model_arg
 from .console import Console
 from .options import check_output_dir
-from .scenes import check_model_counts, read_scenes, scene_names, scenes_payload, scenes_text
+from .scenes import check_model_counts, read_scenes, scene_names, scenes_payload, scenes_text, warm_note
 
 HELP = "Markdown report plus PNG heat maps of per-rank load: old (linear), vLLM's policy and the layout, one or several scenes"
 
@@ -43,8 +43,10 @@ def run(args, console: Console) -> None:
         evals, md, pngs = write_report(
             layout, scenes, args.output, memory["summary"] if memory else None, groups, "--model" if groups else ""
         )
-    text = scenes_text(args.counts, evals) + (f"\n{memory['summary']}" if memory else "")
+    warm = [note for (_, c), path in zip(scenes, args.counts) if (note := warm_note(c, path))]
+    text = "\n".join([*warm, scenes_text(args.counts, evals)]) + (f"\n{memory['summary']}" if memory else "")
+    payload = {"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, "notes": warm}
     console.emit(
-        {"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, **scenes_payload(args.counts, evals)},
+        {**payload, **scenes_payload(args.counts, evals)},
         text + f"\nwrote {md} and {len(pngs)} heat map(s)",
     )

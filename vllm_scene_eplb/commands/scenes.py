@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..ab.warm import warm_line
 from ..errors import SceneEplbError
 from ..formats import read_counts
-from ..formats.counts import PREDICTED_KEY
+from ..formats.counts import PREDICTED_KEY, PREFIX_CACHE_KEY
 from ..layouts.counts import Counts
 from ..layouts.evaluation import Evaluation, check_compatible
 from ..planning.model_files import ModelFiles
@@ -180,6 +181,17 @@ def refuse_empty_layers(
         line = empty_layers_line(counts, path, rows, model)
         if line:
             raise SceneEplbError(f"{line}; --allow-empty-layers {then}")
+
+
+def warm_note(counts: Counts, name: str) -> str | None:
+    """A warm record's measured prefix-cache hit share (``warm-check --stamp``), or None for any other."""
+    meta = counts.meta.get(PREFIX_CACHE_KEY)
+    if meta is None:
+        return None
+    try:
+        return f"{name}: recorded warm, {warm_line(meta)}"
+    except SceneEplbError as exc:
+        raise SceneEplbError(exc.problem, name) from None
 
 
 def unrouted_layers(scenes: Sequence[Counts], layers: Sequence[int]) -> list[int]:

@@ -37,6 +37,7 @@ PHYSICAL_KEY = "physical_count"  # measured replica traffic [T, L, P], where the
 SOURCE_KEY = "source_count"  # the window's assignments by routing EP rank [S, L, E], where the recorder saw them (optional)
 OPTIONAL_KEYS = (PHYSICAL_KEY, SOURCE_KEY)
 PREDICTED_KEY = "predicted_layers"  # metadata: layers whose counts were predicted from tokens (hash_counts), not recorded
+PREFIX_CACHE_KEY = "prefix_cache"  # metadata: the prefix-cache hit share measured over a warm record (ab.warm)
 
 
 def _own_checksum(meta: dict, data: np.ndarray, physical: np.ndarray | None = None, sources: np.ndarray | None = None) -> str:

@@ -2,8 +2,9 @@
 
 Every redundant slot holds a full copy of one routed expert's weights in every MoE layer, on the
 rank that gets it: memory that comes out of that rank's KV cache. From a Hugging Face model folder
-(``config.json``, its ``quantization_config``, or vLLM-Ascend's ModelSlim
-``quant_model_description.json``) this module prices one expert and one token of KV cache:
+(``config.json`` and its ``quantization_config``, or without one vLLM-Ascend's ModelSlim
+``quant_model_description.json``: ``checkpoint_quantization``) this module prices one expert and one
+token of KV cache:
 
 - ``bytes_per_expert``: gate, up and down projections of one routed expert in one MoE layer
   (3 x hidden x moe_intermediate weights), at the checkpoint's dtype or quantisation, scales included;
@@ -21,6 +22,7 @@ slot count, and activation workspace. Pure numpy-free arithmetic, no engine; the
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -31,6 +33,7 @@ from .model_geometry import ConfigFields, V4Shape, v4_compress_ratios
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 KV_CACHE_DTYPES = ("auto",) + tuple(DTYPE_BYTES)
+ASCEND_QUANTIZATION = "ascend"  # the --quantization that reads a ModelSlim description
 GIB = 1024**3
 
 
@@ -110,6 +113,164 @@ class V4Cache:
         )
 
 
+# vLLM-Ascend 0.23.0.post1's V4 pages on A3 (models/layer/attention/layer.py, get_dsv4_block_sizes): per
+# --block-size, the entries a block holds of [compressed MLA, SWA, ratio-4 state, ratio-128 state], and the
+# two page sizes compressor states pad to [t1, t2]
+ASCEND_V4_BLOCKS = {
+    128: ((128, 128, 8, 32), (16640, 131072)),
+    64: ((64, 64, 4, 16), (8320, 65536)),
+    32: ((32, 32, 2, 8), (4160, 32768)),
+}
+BF16_BYTES, FLOAT16_BYTES = 2, 2
+
+
+def _approximate_gcd(values: list[int], lower_bound: int) -> int:
+    """vLLM 0.23's ``kv_cache_utils._approximate_gcd``: the chunk in [lower_bound, max] that pads the
+    values up to its multiples least (ties: the larger)."""
+    best, best_pad = lower_bound, None
+    for d in range(lower_bound, max(values) + 1):
+        pad = sum((d - x % d) % d for x in values)
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = d, pad
+    return best
+
+
+@dataclass(frozen=True)
+class Window:
+    """A KV cache group of sliding-window pages (vLLM's ``SlidingWindowManager``): ``groups`` groups of
+    ``block`` tokens a page, keeping the last ``window`` tokens of each sequence."""
+
+    name: str
+    block: int
+    window: int
+    groups: int
+
+    @property
+    def per_sequence(self) -> int:
+        """Blocks a sequence holds whatever its length: the window and the next token, at any alignment."""
+        return self.groups * (-(-(self.window - 1) // self.block) + 1)
+
+
+@dataclass(frozen=True)
+class AscendV4Cache:
+    """One rank's DeepSeek-V4 cache as vLLM-Ascend 0.23.0.post1 lays it out on A3 (attention DP):
+
+    - pages (``models/deepseek_v4.py``, ``models/layer/attention/layer.py``): a ratio-r layer's compressed
+      entries, ``head_dim`` at the KV dtype, a block of 128 entries (r x 128 tokens); a ratio-4 layer's
+      indexer keys, int8 with one float16 scale at ``index_head_dim`` 128 (16,640 B a block); every layer's
+      window, bfloat16 (``AscendDeepseekV4SWACache``); the compressors' float32 states (kv and score,
+      ``2 x coff x head_dim``) in blocks of 8 (ratio 4) or 32 (ratio 128) tokens, each page padded to 16,640
+      or 131,072 B (``AscendCompressorStateCache``);
+    - tensors (``patch/platform/patch_kv_cache_utils.py``): the compressed layers grouped by ratio, the
+      windowed ones by block size and split into groups of ``tuples`` layers (``_approximate_gcd``); every
+      block id owns one page of each page size in each of ``tuples`` layer tuples, the MTP layer's its own
+      (``_get_kv_cache_config_deepseek_v4``), so every block of every group costs ``block_bytes``;
+    - blocks a sequence takes: ``cdiv(tokens // r, 128)`` of each compressed group (``CompressAttentionManager``),
+      each windowed group its window (``SlidingWindowManager``), and during a step a page per ``block`` of
+      its in-flight tokens in every windowed group."""
+
+    shape: V4Shape
+    block_size: int  # the server's --block-size (vLLM-Ascend's V4 tables know 128, 64 and 32)
+    entry_bytes: int  # a compressed entry: head_dim at the KV dtype
+    dtype: str
+    mtp_layers: int  # the drafter's layers (window only), with speculative decoding on
+
+    def _layout(self) -> tuple[tuple[int, ...], int, tuple[Window, ...]]:
+        """The full-MLA group's page sizes, the layer tuples per block id and the windowed groups."""
+        s = self.shape
+        (mla, swa, c4_state, c128_state), pads = ASCEND_V4_BLOCKS[self.block_size]
+        at4, at128 = s.layers_at(4), s.layers_at(128)
+        if not at4 or not at128:
+            raise SceneEplbError("vLLM-Ascend's V4 cache layout needs layers at compress ratio 4 and 128")
+        index_page = mla * (s.index_head_dim + (FLOAT16_BYTES if s.index_head_dim == 128 else 0))
+        mla_sizes = sorted({mla * self.entry_bytes, index_page})
+
+        def bucket(page: int) -> int:  # a windowed page padded up to the next full-MLA page size
+            if page > mla_sizes[-1]:
+                raise SceneEplbError(f"a {page} B window page exceeds the largest compressed page ({mla_sizes[-1]} B)")
+            return min(x for x in mla_sizes if x >= page)
+
+        def state(state_dim: int, ratio: int, block: int) -> int:  # AscendCompressorStateCache's padded page
+            real, pad = block * state_dim * FLOAT32_BYTES, pads[0] if state_dim == 512 and ratio == 4 else pads[1]
+            if real > pad:
+                raise SceneEplbError(f"a compressor state page of {real} B exceeds vLLM-Ascend's padded {pad} B")
+            return bucket(pad)
+
+        windowed = {  # block -> (window, layers per page size)
+            swa: (s.window, Counter({bucket(swa * s.head_dim * BF16_BYTES): s.layers + self.mtp_layers})),
+            c4_state: (
+                s.overlap(4) * 4,
+                Counter({state(2 * 2 * s.head_dim, 4, c4_state): at4})
+                + Counter({state(2 * 2 * s.index_head_dim, 4, c4_state): at4}),
+            ),
+            c128_state: (128, Counter({state(2 * s.head_dim, 128, c128_state): at128})),
+        }
+        mla_counts = Counter({mla * self.entry_bytes: at4}) + Counter({index_page: at4})
+        values = [max(mla_counts.values()), at128, *(max(sizes.values()) for _, sizes in windowed.values())]
+        tuples = _approximate_gcd(values, values[0])
+        buckets = [at4, at128]
+        groups = []
+        for (block, (window, sizes)), name in zip(windowed.items(), ("window", "ratio-4 state", "ratio-128 state")):
+            n = max(sizes.values())
+            split = -(-n // tuples)
+            groups.append(Window(name, block, window, split))
+            share = [len(range(i, n, split)) for i in range(split)]  # layer_tuples[i::split]
+            if name == "window":  # the MTP layers, registered last, leave their buckets for tensors of their own
+                for layer in range(n - self.mtp_layers, n):
+                    share[layer % split] -= 1
+            buckets += share
+        return tuple(mla_sizes), max(buckets) + self.mtp_layers, tuple(groups)
+
+    @property
+    def block_bytes(self) -> int:
+        """What one block id holds in every layer tuple (``num_blocks`` divides the cache by it)."""
+        sizes, tuples, _ = self._layout()
+        return sum(sizes) * tuples
+
+    @property
+    def windows(self) -> tuple[Window, ...]:
+        return self._layout()[2]
+
+    @property
+    def tokens_per_block(self) -> Fraction:
+        """Tokens of context a block of the compressed groups covers, both ratios together."""
+        mla = ASCEND_V4_BLOCKS[self.block_size][0][0]
+        return 1 / (Fraction(1, 4 * mla) + Fraction(1, 128 * mla))
+
+    @property
+    def per_token(self) -> int:
+        return math.ceil(self.block_bytes / self.tokens_per_block)
+
+    @property
+    def per_sequence(self) -> int:
+        """A sequence's windows and the compressed groups' last, partial blocks."""
+        return self.block_bytes * (2 + sum(w.per_sequence for w in self.windows))
+
+    def step_bytes(self, tokens: int) -> int:
+        """The windowed groups' pages of a step's ``tokens`` in-flight tokens."""
+        return math.ceil(self.block_bytes * sum(Fraction(w.groups * tokens, w.block) for w in self.windows))
+
+    def describe(self) -> str:
+        sizes, tuples, groups = self._layout()
+        return (
+            f"DeepSeek-V4 in vLLM-Ascend's pages, block size {self.block_size}: {tuples} layer tuples x "
+            f"({' + '.join(f'{x:,}' for x in sizes)}) B a block of {float(self.tokens_per_block):.0f} tokens, "
+            f"{sum(w.groups for w in groups)} windowed groups"
+        )
+
+
+def ascend_v4_cache(
+    shape: V4Shape, cfg: dict, block_size: int, mtp_layers: int, kv_cache_dtype: str = "auto", path: str | None = None
+) -> AscendV4Cache:
+    """DeepSeek-V4's cache as vLLM-Ascend lays it out (``AscendV4Cache``) at ``kv_cache_dtype``."""
+    if block_size not in ASCEND_V4_BLOCKS:
+        raise SceneEplbError(
+            f"vLLM-Ascend's DeepSeek-V4 takes --block-size {', '.join(map(str, ASCEND_V4_BLOCKS))}, not {block_size}"
+        )
+    base = v4_cache(shape, cfg, kv_cache_dtype, path)
+    return AscendV4Cache(shape, block_size, base.entry_bytes, base.dtype, mtp_layers)
+
+
 def v4_cache(shape: V4Shape, cfg: dict, kv_cache_dtype: str = "auto", path: str | None = None) -> V4Cache:
     """DeepSeek-V4's cache at ``kv_cache_dtype`` ("auto": the model dtype)."""
     dtype = _model_dtype(ConfigFields(cfg, path)) if kv_cache_dtype == "auto" else kv_cache_dtype
@@ -138,46 +299,84 @@ def _blocks(rows: int, cols: int, block: tuple[int, int]) -> int:
     return math.ceil(rows / block[0]) * math.ceil(cols / block[1])
 
 
+MODELSLIM_INT8 = ("W8A8", "W8A8_DYNAMIC")  # ModelSlim's int8 kinds: a scale and an offset per output row
+
+
+@dataclass(frozen=True)
+class LinearFormat:
+    """How a checkpoint stores a linear weight: ModelSlim's int8 (``W8A8`` / ``W8A8_DYNAMIC``) with a
+    scale and an offset per output row in the model dtype, fp8 with a scale per block (or per tensor),
+    or the model dtype (``FLOAT``)."""
+
+    kind: str  # a ModelSlim kind, "fp8" or "FLOAT"
+    dtype_bytes: int  # the model dtype's
+    block: tuple[int, int] | None = None  # fp8's scale block (None: one scale per tensor)
+    scale_bytes: int = 4  # fp8's scale: float32, or ue8m0 (a byte)
+    describe: str = ""
+
+    def bytes(self, rows: int, cols: int) -> int:
+        """Bytes of a [rows, cols] weight, its scales included."""
+        if self.kind in MODELSLIM_INT8:
+            return rows * cols + 2 * rows * self.dtype_bytes
+        if self.kind == "fp8":
+            return rows * cols + self.scale_bytes * (_blocks(rows, cols, self.block) if self.block else 1)
+        return rows * cols * self.dtype_bytes
+
+
+def linear_format(cfg: dict, modelslim: dict | None, path: str | None = None, contains: str = ".experts.") -> LinearFormat:
+    """How the checkpoint stores its linear weights (``checkpoint_quantization``): with ModelSlim's
+    description, the kind of the first weight whose name holds ``contains`` (FLOAT without one); with
+    an fp8 ``quantization_config``, its block and scale format; else the model dtype."""
+    f = ConfigFields(cfg, path)
+    dtype = _model_dtype(f)
+    size = _dtype_bytes(dtype, "torch_dtype")
+    method = checkpoint_quantization(cfg, modelslim, path)
+    if method is None:
+        return LinearFormat("FLOAT", size, describe=dtype)
+    if method == ASCEND_QUANTIZATION:
+        kind = next((v for k, v in (modelslim or {}).items() if contains in k and k.endswith(".weight")), "FLOAT")
+        if kind == "FLOAT":
+            return LinearFormat(kind, size, describe=f"{dtype} (ModelSlim FLOAT)")
+        if kind in MODELSLIM_INT8:
+            return LinearFormat(kind, size, describe=f"{kind} (ModelSlim: int8, per-channel scale and offset)")
+        raise SceneEplbError(f"ModelSlim quantisation {kind!r} is not priced here: pass --expert-bytes")
+    if method != "fp8":
+        raise SceneEplbError(f"quantization method {method!r} is not priced here: pass --expert-bytes")
+    quant = f.obj("quantization_config") or {}
+    block = quant.get("weight_block_size")
+    if not block:
+        return LinearFormat("fp8", size, describe="fp8 with per-tensor scales")
+    if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b >= 1 for b in block)):
+        raise SceneEplbError(f"config quantization_config.weight_block_size must be two integers >= 1, got {block!r}", path)
+    ue8m0 = ConfigFields(quant, path).text("scale_fmt", "") == "ue8m0"  # DeepSeek-V3's: float32; V4's ue8m0, a byte
+    describe = f"fp8 with {block[0]}x{block[1]} {'ue8m0 ' if ue8m0 else ''}block scales"
+    return LinearFormat("fp8", size, (block[0], block[1]), 1 if ue8m0 else 4, describe)
+
+
 def expert_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = None) -> tuple[int, str]:
-    """Bytes of one routed expert in one MoE layer, and how they were priced."""
+    """Bytes of one routed expert in one MoE layer (gate, up and down in the checkpoint's format:
+    ``linear_format``), and how they were priced."""
     f = ConfigFields(cfg, path)
     hidden, inter = _expert_shape(f)
-    params = 3 * hidden * inter
-    dtype = _model_dtype(f)
-    if modelslim is not None:
-        kind = next((v for k, v in modelslim.items() if ".experts." in k and k.endswith(".weight")), "FLOAT")
-        if kind == "FLOAT":
-            return params * _dtype_bytes(dtype, "torch_dtype"), f"{dtype} (ModelSlim FLOAT)"
-        if kind in ("W8A8_DYNAMIC", "W8A8"):
-            # int8 weights plus a scale and an offset per output channel, in the model dtype
-            channels = 2 * inter + hidden
-            return params + 2 * channels * _dtype_bytes(
-                dtype, "torch_dtype"
-            ), f"{kind} (ModelSlim: int8, per-channel scale and offset)"
-        raise SceneEplbError(f"ModelSlim expert quantisation {kind!r} is not priced here: pass --expert-bytes")
-    quant = f.obj("quantization_config")
-    if not quant:  # unquantized: vLLM reads DeepSeek-V4's expert_dtype only through its quantization config
-        return params * _dtype_bytes(dtype, "torch_dtype"), dtype
-    experts = f.text("expert_dtype", "")
+    experts = f.text("expert_dtype", "") if f.obj("quantization_config") else ""  # vLLM reads it only through its quant config
     if experts == "fp4":  # DeepSeek-V4's MXFP4 experts: two weights per byte, one ue8m0 scale per 32
+        params = 3 * hidden * inter
         return params // 2 + params // 32, "MXFP4 (expert_dtype fp4: 4-bit weights, a ue8m0 scale per 32)"
     if experts not in ("", "fp8"):
         raise SceneEplbError(f"config expert_dtype {experts!r} is not priced here: pass --expert-bytes", path)
-    q = ConfigFields(quant, path)
-    method = q.text("quant_method", "")
-    if method == "fp8":
-        block = quant.get("weight_block_size")
-        if block:  # one scale per block of each projection (DeepSeek-V3's: 128x128 float32; V4's ue8m0, a byte)
-            if not (isinstance(block, list) and len(block) == 2 and all(type(b) is int and b >= 1 for b in block)):
-                raise SceneEplbError(
-                    f"config quantization_config.weight_block_size must be two integers >= 1, got {block!r}", path
-                )
-            b = (block[0], block[1])
-            scales = 2 * _blocks(inter, hidden, b) + _blocks(hidden, inter, b)
-            ue8m0 = q.text("scale_fmt", "") == "ue8m0"
-            return params + (1 if ue8m0 else 4) * scales, f"fp8 with {b[0]}x{b[1]} {'ue8m0 ' if ue8m0 else ''}block scales"
-        return params + 3 * 4, "fp8 with per-tensor scales"
-    raise SceneEplbError(f"quantization method {method!r} is not priced here: pass --expert-bytes")
+    fmt = linear_format(cfg, modelslim, path)
+    return 2 * fmt.bytes(inter, hidden) + fmt.bytes(hidden, inter), fmt.describe
+
+
+def checkpoint_quantization(cfg: dict, modelslim: dict | None, path: str | None = None) -> str | None:
+    """The quantisation a server reads from the checkpoint, in ``--quantization``'s names: the config's
+    ``quantization_config.quant_method`` where it names one (vLLM 0.23's ``ModelConfig._verify_quantization``
+    takes it, and refuses any other ``--quantization``), else ``ascend`` where ModelSlim's description lies
+    beside the config (vLLM-Ascend's ``AscendModelSlimConfig``, which ``--quantization ascend`` needs), else
+    None (unquantised)."""
+    quant = ConfigFields(cfg, path).obj("quantization_config")
+    method = ConfigFields(quant, path).text("quant_method", "") if quant else ""
+    return method or (ASCEND_QUANTIZATION if modelslim is not None else None)
 
 
 def linear_bytes(cfg: dict, modelslim: dict | None = None, path: str | None = None) -> tuple[float, str]:

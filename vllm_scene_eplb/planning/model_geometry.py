@@ -250,7 +250,7 @@ class V4Shape:
             Linear("wq_a+wkv", self.q_lora + hd, h, quantized=True, sharded=False),
             Linear("wq_b", self.heads * hd, self.q_lora, quantized=True, sharded=True),
             Linear("wo_a", self.o_groups * self.o_lora, self.heads * hd // self.o_groups, quantized=True, sharded=True),
-            Linear("wo_b", h, self.o_groups * self.o_lora, quantized=True, sharded=True),
+            Linear("wo_b", h, self.o_groups * self.o_lora, quantized=True, sharded=True, row_parallel=True),
         ]
         if ratio > 1:
             linears.append(Linear("compressor", 2 * self.overlap(ratio) * hd, h, quantized=False, sharded=False))
@@ -273,13 +273,15 @@ class V4Shape:
 @dataclass(frozen=True)
 class Linear:
     """One weight of a layer: [rows, cols], quantised with the checkpoint's linear format or kept
-    in the model dtype, and split over TP ranks or replicated on each."""
+    in the model dtype, and split over TP ranks (by its output rows, or by its input columns where
+    ``row_parallel``: each rank keeps every row's scales) or replicated on each."""
 
     name: str
     rows: int
     cols: int
     quantized: bool
     sharded: bool
+    row_parallel: bool = False
 
     @property
     def weights(self) -> int:
