@@ -34,7 +34,7 @@ experts): both servers alive and rounds of a record window on each, back to back
 rank means (like for like), and its per-pass price of the MoE critical path against each server's
 critical path measured pass by pass (``TimingWindow.critical_ms``: the running server on the passes
 it priced, the candidate on its own); the mean error over rounds within 5% on each; no A/B.
-``--regime`` picks the model and load (``DECODE_REGIMES``): ``decode`` (issue 37's check) or
+``--regime`` picks the model and load (``DECODE_REGIMES``): ``decode`` (the check) or
 ``short`` (issue 47's: 1024-wide experts, router skew 1, 6-token prompts and 6 output tokens).
 ``--second linear`` is the control: the second server loads the linear placement itself as its
 layout, so the model's error on it is the one between two server instances of one layout (what

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole scene workflow of SPEC §3 for the P/D pair, against running P and D servers (both started
+# The record, fit, reload and A/B workflow for the P/D pair, against running P and D servers (both started
 # in collect mode) behind a proxy:
 #   audit both -> warm-up -> (cache scenes: seed every DP rank's prefix, then prove it warm from P's own
 #   counters) -> record start on P and D -> target load -> stop both -> (cache scenes: the record's own hit
