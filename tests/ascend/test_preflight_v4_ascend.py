@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_scene_eplb.planning.memory import GIB, read_model_files
+from vllm_scene_eplb.planning.memory import GIB
+from vllm_scene_eplb.planning.model_files import read_model
 from vllm_scene_eplb.planning.model_geometry import attention_shape
 from vllm_scene_eplb.planning.sizing import Recipe, V4Model, model_of
 
@@ -70,7 +71,8 @@ def released(tmp_path_factory):
 
 
 def _model(folder: Path) -> tuple[V4Model, dict, dict, str]:
-    cfg, modelslim, path, _ = read_model_files(folder)
+    files = read_model(folder)
+    cfg, modelslim, path = files.cfg, files.modelslim, files.where
     model = model_of(cfg, modelslim, path)
     assert isinstance(model, V4Model)
     return model, cfg, modelslim, path
