@@ -248,9 +248,14 @@ def test_a_decode_server_with_mtp_drafts_records_and_keeps_the_outputs(mtp_decod
     counts = mtp_decode["counts"]
     assert counts.meta["role"] == "decode"
     # the target model's passes: every scheduled token (drafts it verifies included) routed in every
-    # MoE layer; the MTP drafter's own MoE layer is not the target's and is not counted
+    # MoE layer, as without a drafter
     assert _moe_totals(counts) == [counts.meta["scheduled_tokens"] * SPEC.top_k] * len(SPEC.moe_layers)
     assert counts.meta["scheduled_tokens"] > RECORDED_TOKENS  # the verified drafts ran as target rows too
+    # the MTP layer's own MoE layer, counted apart in the row after the model's layers: with one draft
+    # token a step, its one pass a step runs on the step's scheduled tokens (no padding, no dummy runs)
+    assert counts.meta["drafter_layers"] == [SPEC.num_layers] and counts.data.shape[1] == SPEC.num_layers + 1
+    assert int(counts.data[:, SPEC.num_layers].sum()) == counts.meta["scheduled_tokens"] * SPEC.top_k
+    assert mtp_decode["status"]["drafter_layers"] == [SPEC.num_layers]
 
 
 def test_a_loader_that_puts_experts_in_the_wrong_slots_stops_startup(model, workdir, layout_path, monkeypatch):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import SceneEplbError
 from ..fit import OBJECTIVES, FitOptions, fit
-from ..formats import LAYOUT_FORMATS, OWN_FORMAT, dropped_table, format_name, write_layout
+from ..formats import LAYOUT_FORMATS, OWN_FORMAT, dropped_parts, format_name, write_layout
 from ..layouts.dispatch import DISPATCH_ALGORITHMS
 from ..layouts.evaluation import evaluate
 from ..layouts.layout import Geometry
@@ -162,7 +162,7 @@ def run(args, console: Console) -> None:
     lines.append(scenes_text(args.counts, evals))
     if memory:
         lines.append(memory["summary"])
-    dropped, note = dropped_table(layout, args.format, out)
+    dropped, note = dropped_parts(layout, args.format, out)
     lines.append(f"wrote {out} ({args.format}){note}")
     payload = {
         "output": str(out),

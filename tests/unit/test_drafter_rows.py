@@ -1,0 +1,141 @@
+"""A speculative drafter's MoE layers as rows after the target's: in counts and layouts, in every
+format (the bare ones leave them out and say so), and in a worker's record, counted apart from the
+target's and merged into one dump by the same ring entries."""
+
+import pytest
+import torch
+
+from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.formats import GeometryHint, dropped_parts, read_counts, read_layout, write_counts, write_layout
+from vllm_scene_eplb.layouts.counts import Counts
+from vllm_scene_eplb.layouts.drafter import DRAFTER_KEY, drafter_counts, drafter_layers_of, target_counts
+from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
+from vllm_scene_eplb.planning.model_geometry import from_hf_config
+from vllm_scene_eplb.runtime.config import parse_config
+from vllm_scene_eplb.runtime.worker.export import Exporter
+from vllm_scene_eplb.runtime.worker.observer import NullObserver
+from vllm_scene_eplb.runtime.worker.worker import RecorderPlugin
+
+from ..conftest import skewed_counts
+
+G = Geometry(8, 2, 2)  # 10 slots, 5 a rank
+
+
+@pytest.fixture
+def counts() -> Counts:
+    """3 model layers (a dense first one), then the drafter's MoE layer 3."""
+    data = skewed_counts(4, 4, 8, seed=2)
+    data[:, 0] = 0
+    return Counts(data, {"model": "tiny", "moe_layers": [1, 2], DRAFTER_KEY: [3]})
+
+
+@pytest.fixture
+def layout() -> Layout:
+    return Layout(linear_map(Geometry(8, 0, 2), 4), Geometry(8, 0, 2), moe_layers=(1, 2), drafter_layers=(3,))
+
+
+def test_the_drafter_rows_are_the_last_rows_apart_from_the_targets(counts):
+    assert drafter_layers_of(counts) == (3,)
+    target = target_counts(counts)
+    assert target.data.shape == (4, 3, 8) and DRAFTER_KEY not in target.meta and (target.data == counts.data[:, :3]).all()
+    view = drafter_counts(counts)
+    assert view.meta["moe_layers"] == [3] and drafter_layers_of(view) == ()
+
+
+@pytest.mark.parametrize(
+    "layers, moe", [([2], [1, 2]), ([1], [2]), ([2, 3, 3], [1])], ids=["a-target-moe-row", "not-the-last-row", "twice"]
+)
+def test_drafter_rows_that_are_not_the_last_rows_after_the_targets_are_refused(layers, moe):
+    with pytest.raises(SceneEplbError, match="must be the last rows"):
+        Layout(linear_map(G, 4), G, moe_layers=moe, drafter_layers=layers)
+
+
+def test_a_layouts_moe_rows_default_to_the_target_rows(layout):
+    plain = Layout(linear_map(G, 4), G, drafter_layers=(3,))
+    assert plain.moe_layers == (0, 1, 2) and plain.num_target_layers == 3
+    view = layout.drafter_view()
+    assert view.moe_layers == (3,) and view.drafter_layers == () and view.digest() == layout.digest()
+    layout.check_model(2, 8, 2, (1, 2), 3)  # a model of 3 layers: the drafter's row comes after them
+
+
+def test_the_own_formats_keep_the_drafter_rows(tmp_path, counts, layout):
+    back = read_counts(write_counts(counts, tmp_path / "c.npz"))
+    assert drafter_layers_of(back) == (3,) and back.data.shape == counts.data.shape
+    again = read_layout(write_layout(layout, tmp_path / "l.json"))
+    assert again.drafter_layers == (3,) and again.digest() == layout.digest()
+    assert dropped_parts(layout, "scene-eplb", "l.json") == ([], "")
+
+
+@pytest.mark.parametrize("fmt, name", [("sglang", "c.json"), ("pt", "c.pt")])
+def test_a_bare_counts_format_holds_the_target_rows_and_says_so(tmp_path, counts, fmt, name):
+    out = write_counts(counts, tmp_path / name, fmt)
+    back = read_counts(out)
+    assert back.data.shape == (4, 3, 8) and (back.data == counts.data[:, :3]).all()
+    dropped, note = dropped_parts(counts, fmt, out)
+    assert dropped == ["drafter_layers"] and "drafter's layers [3] are left out" in note
+
+
+@pytest.mark.parametrize("fmt, name", [("sglang", "l.json"), ("pt", "l.pt"), ("vllm-ascend", "l.json")])
+def test_a_bare_layout_format_holds_the_target_rows_and_says_so(tmp_path, layout, fmt, name):
+    out = write_layout(layout, tmp_path / name, fmt)
+    back = read_layout(out, GeometryHint(ep_size=2, num_experts=8))
+    assert back.drafter_layers == () and back.num_layers == (2 if fmt == "vllm-ascend" else 3)
+    dropped, note = dropped_parts(layout, fmt, out)
+    assert dropped == ["drafter_layers"] and "cannot name a drafter's MoE rows" in note
+
+
+def test_a_counts_file_whose_drafter_rows_are_not_its_last_rows_is_refused(tmp_path, counts):
+    bad = Counts(counts.data, {**counts.meta, DRAFTER_KEY: [2]})
+    path = write_counts(bad, tmp_path / "bad.npz")
+    with pytest.raises(SceneEplbError, match="counts metadata drafter_layers"):
+        read_counts(path)
+
+
+MODEL = {"num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]}
+
+
+def _recorder() -> RecorderPlugin:
+    cfg = parse_config({"scene_eplb": {"role": "decode", "ring_entries": 4, "steps_per_entry": 1}})
+    model = from_hf_config(MODEL)
+    rt = RecorderPlugin(
+        config=cfg,
+        role="decode",
+        engine="vllm 0.32.0",
+        model=model,
+        model_name="m",
+        ep_size=1,
+        ep_rank=0,
+        dp_rank=0,
+        tp_rank=0,
+        contributes=True,
+        observer=NullObserver("decode", 4),
+        exporter=Exporter(None),
+    )
+    rt.check_moe_layers(list(model.moe_layers))
+    rt.make_observer("cpu")
+    return rt
+
+
+def test_a_record_counts_the_drafters_real_rows_apart_and_merges_them_after_the_targets():
+    rt = _recorder()
+    with pytest.raises(SceneEplbError, match="rows after the target's 3 layers"):
+        rt.bind_drafter([4], "cpu")
+    drafter = rt.bind_drafter([3], "cpu")
+    padding = torch.tensor([False, False, True])  # the drafter's pass: 2 real rows of 3
+    rt.control("start")
+    for _ in range(2):
+        rt.begin_step(2)
+        for layer in range(2):
+            rt.observer.capture(layer, torch.tensor([[0, 1], [2, 3]]))
+        drafter.capture(0, torch.tensor([[4, 5], [6, 7], [0, 0]]), padding_rows=padding)
+        rt.end_step(False)
+    rt.begin_step(0)
+    drafter.capture(0, torch.tensor([[1, 1]]), padding_rows=torch.tensor([True]))  # a dummy run's pass
+    rt.end_step(True)
+    rt.control("stop")
+    assert rt.status().drafter_layers == (3,) and rt.status().dump_meta()["drafter_layers"] == [3]
+    part = rt.rank_record(rt.observer.snapshot(), drafter.snapshot())
+    per_layer = part.counts.sum(dim=(0, 2)).tolist()
+    assert per_layer == [0, 8, 8, 8]  # the targets' 2 steps x 2 rows x top-2, the drafter's real rows alike
+    assert part.counts[:, 3].sum(dim=0).tolist() == [0, 0, 0, 0, 2, 2, 2, 2]
+    assert part.tokens == 4  # the target's scheduled tokens, as without a drafter
