@@ -2,14 +2,20 @@
 format (the bare ones leave them out and say so), and in a worker's record, counted apart from the
 target's and merged into one dump by the same ring entries."""
 
+import numpy as np
 import pytest
 import torch
 
+from vllm_scene_eplb.commands.scenes import drafter_scores
 from vllm_scene_eplb.errors import SceneEplbError
+from vllm_scene_eplb.fit import FitOptions, fit
+from vllm_scene_eplb.fit.drafter_rows import hot_linear_row
 from vllm_scene_eplb.formats import GeometryHint, dropped_parts, read_counts, read_layout, write_counts, write_layout
 from vllm_scene_eplb.layouts.counts import Counts
 from vllm_scene_eplb.layouts.drafter import DRAFTER_KEY, drafter_counts, drafter_layers_of, target_counts
+from vllm_scene_eplb.layouts.evaluation import evaluate_drafter
 from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
+from vllm_scene_eplb.layouts.report import write_report
 from vllm_scene_eplb.planning.model_geometry import from_hf_config
 from vllm_scene_eplb.runtime.config import parse_config
 from vllm_scene_eplb.runtime.worker.export import Exporter
@@ -139,3 +145,74 @@ def test_a_record_counts_the_drafters_real_rows_apart_and_merges_them_after_the_
     assert per_layer == [0, 8, 8, 8]  # the targets' 2 steps x 2 rows x top-2, the drafter's real rows alike
     assert part.counts[:, 3].sum(dim=0).tolist() == [0, 0, 0, 0, 2, 2, 2, 2]
     assert part.tokens == 4  # the target's scheduled tokens, as without a drafter
+
+
+def _skewed_drafter(seed: int = 3) -> Counts:
+    """3 model layers (a dense first one) and the drafter's layer 3, each with its own hot experts."""
+    data = skewed_counts(6, 4, 16, seed=seed)
+    data[:, 0] = 0
+    return Counts(data, {"model": "tiny", "role": "decode", "moe_layers": [1, 2], DRAFTER_KEY: [3]})
+
+
+def test_fit_fits_the_drafter_rows_on_their_own_counts():
+    counts = _skewed_drafter()
+    layout = fit(counts, FitOptions(Geometry(16, 4, 4)))
+    assert layout.drafter_layers == (3,) and layout.moe_layers == (1, 2)
+    assert layout.meta["drafter"] == {"layers": [3], "fitted": [3], "guessed": [], "guess": None}
+    hottest = int(counts.total()[3].argmax())
+    assert layout.replica_counts()[3, hottest] > 1  # the drafter's own hottest expert is replicated
+    (ev,) = evaluate_drafter(layout, [counts]) or []
+    assert ev.layers.tolist() == [3] and ev.scores["new_train"][0] < ev.scores["old_train"][0]
+
+
+def test_a_drafter_row_without_counts_is_the_linear_row_with_the_redundant_slots_on_the_targets_hottest():
+    target = target_counts(_skewed_drafter())
+    g = Geometry(16, 4, 4)  # 20 slots, 5 a rank: slots 16-19 are rank 3's
+    layout = fit(target, FitOptions(g), drafter_layers=1)
+    assert layout.drafter_layers == (3,) and layout.meta["drafter"]["guessed"] == [3]
+    row = layout.physical_to_logical_map[3]
+    assert row[:16].tolist() == list(range(16))
+    load = (target.total()[[1, 2]] / target.total()[[1, 2]].sum(axis=1, keepdims=True)).sum(axis=0)
+    held = {15}  # rank 3 holds expert 15 (slot 15) already: its copies go to the next hottest
+    want = [int(e) for e in np.argsort(-load, kind="stable") if e not in held][:4]
+    assert sorted(row[16:].tolist()) == sorted(want)
+    assert layout.static_sources is not None and layout.static_sources[3].sum() == 16 * g.ep_size
+    assert fit(target, FitOptions(g)).meta["fingerprint"] != layout.meta["fingerprint"]
+
+
+def test_drafter_rows_asked_for_beside_recorded_ones_or_scenes_that_disagree_are_refused():
+    counts = _skewed_drafter()
+    with pytest.raises(SceneEplbError, match="already have the drafter's rows"):
+        fit(counts, FitOptions(Geometry(16, 4, 4)), drafter_layers=1)
+    with pytest.raises(SceneEplbError, match="different drafter layers"):
+        fit([counts, Counts(counts.data, {**counts.meta, DRAFTER_KEY: [2, 3], "moe_layers": [1]})], FitOptions(Geometry(16, 4, 4)))
+
+
+def test_hot_linear_row_never_puts_two_copies_on_one_rank():
+    g = Geometry(4, 12, 4)  # 16 slots, 4 a rank: every rank holds every expert once
+    row = hot_linear_row(g, np.array([5.0, 1.0, 9.0, 0.0]))
+    assert sorted(row.reshape(4, 4)[3].tolist()) == [0, 1, 2, 3] and Layout(row[None], g).replica_counts().tolist() == [[4] * 4]
+
+
+def test_score_and_report_show_the_drafter_apart_and_say_when_one_side_has_no_drafter_rows(tmp_path):
+    counts = _skewed_drafter()
+    layout = fit(counts, FitOptions(Geometry(16, 4, 4)))
+    paths = [str(write_counts(counts, tmp_path / "d.npz"))]
+    payload, text = drafter_scores(layout, [counts], paths)
+    assert payload is not None and payload["drafter_layers"] == [3] and payload["summary"]["layers"] == 1
+    assert "scored apart" in text and "of the assignments" in text
+    evals, md, _ = write_report(layout, [("d", counts)], tmp_path / "report")
+    assert "## The drafter's MoE layers" in md.read_text() and evals[0].layers.tolist() == [1, 2]
+    payload, text = drafter_scores(layout, [target_counts(counts)], paths)
+    assert payload == {"note": "the counts have no drafter rows: the layout's drafter layers [3] are not scored"}
+    target_only = fit(target_counts(counts), FitOptions(Geometry(16, 4, 4)))
+    assert "have no rows of the layout's" in drafter_scores(target_only, [counts], paths)[1]
+
+
+def test_the_memory_of_redundant_slots_counts_the_drafters_layer():
+    from vllm_scene_eplb.planning.memory import memory_cost, read_model_memory
+
+    memory = read_model_memory("data/models/deepseek-v3")
+    target, with_drafter = (memory_cost(memory, Geometry(256, 16, 16), d) for d in (0, 1))
+    assert with_drafter["redundant_bytes_per_rank"] * 58 == target["redundant_bytes_per_rank"] * 59
+    assert "in each of 58 MoE layers and the drafter's 1:" in with_drafter["summary"]

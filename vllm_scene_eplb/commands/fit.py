@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import SceneEplbError
 from ..fit import OBJECTIVES, FitOptions, fit
+from ..fit.drafter_rows import DRAFTER_META, GUESS
 from ..formats import LAYOUT_FORMATS, OWN_FORMAT, dropped_parts, format_name, write_layout
 from ..layouts.dispatch import DISPATCH_ALGORITHMS
 from ..layouts.evaluation import evaluate
@@ -18,7 +19,7 @@ from ..planning.model_geometry import read_model_geometry
 from .arguments import model_args, model_memory
 from .console import Console
 from .options import check_output_file, integer
-from .scenes import layer_notes, read_scenes, scene_names, scenes_payload, scenes_text, unrouted_layers
+from .scenes import drafter_scores, layer_notes, read_scenes, scene_names, scenes_payload, scenes_text, unrouted_layers
 
 HELP = "fit a layout to counts (one scene or several)"
 DESCRIPTION = (
@@ -114,6 +115,15 @@ def add_arguments(p) -> None:
         "of real DeepSeek-V3 counts (benchmarks/bench_fit_vs_vllm.py). Default: from --model, else from "
         "the counts' metadata (the recorder writes it), else 1 (no groups)",
     )
+    p.add_argument(
+        "--drafter-layers",
+        type=integer(0),
+        default=0,
+        metavar="N",
+        help="rows for a speculative drafter's N MoE layers (DeepSeek's MTP layers: num_nextn_predict_layers) "
+        "when the counts have none; counts recorded with the drafter on carry them, fitted from their own counts "
+        "(default 0)",
+    )
     model_args(p)
     p.add_argument(
         "-o",
@@ -140,18 +150,24 @@ def run(args, console: Console) -> None:
     options = FitOptions(
         geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups, objective=args.objective
     )
-    memory = memory_cost(model_memory(args), geometry)
+    prices = model_memory(args)
     with console.progress(f"fitting {scenes[0].num_layers} layers to {len(scenes)} scene(s)"):
-        layout = fit(scenes, options, weights)
+        layout = fit(scenes, options, weights, args.drafter_layers)
+    memory = memory_cost(prices, geometry, len(layout.drafter_layers))
     layout.meta["top_k"] = routing.top_k
     names = scene_names(args.counts)
     peer = fit_peer(layout, scenes)
     evals = [evaluate(layout, c, peer) for c in scenes]
+    drafter, drafter_text = drafter_scores(layout, scenes, args.counts)
     out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
     notes = [note for c, path in zip(scenes, args.counts) for note in layer_notes(c, path, hash_layers)]
     unrouted = unrouted_layers(scenes, layout.moe_layers)
     if unrouted:
         notes.append(f"MoE layers {unrouted} have no counts in any scene: fitted to an even load, their scores say nothing")
+    guessed = layout.meta.get(DRAFTER_META, {}).get("guessed")
+    if guessed:
+        notes.append(f"the drafter's MoE layers {guessed} have no counts: their rows are {GUESS}")
+        console.say(f"scene-eplb: note: {notes[-1]}")
     lines = [f"routing groups: {routing.expert_groups} (from {routing.source})", *notes]
     if len(scenes) > 1:
         lines.append(
@@ -160,6 +176,7 @@ def run(args, console: Console) -> None:
             + f"; objective {args.objective}"
         )
     lines.append(scenes_text(args.counts, evals))
+    lines.append(drafter_text)
     if memory:
         lines.append(memory["summary"])
     dropped, note = dropped_parts(layout, args.format, out)
@@ -172,6 +189,7 @@ def run(args, console: Console) -> None:
         "expert_groups_from": routing.source,
         "memory": memory,
         "notes": notes,
+        "drafter": drafter,
         **scenes_payload(args.counts, evals, layout.meta["scene_weights"]),
     }
     console.emit(payload, "\n".join(line for line in lines if line))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats import read_counts
+from ..layouts.drafter import target_counts
 from ..planning.memory import memory_cost
 from ..planning.model_geometry import read_model_geometry
 from .arguments import model_args, model_memory
@@ -23,8 +24,9 @@ def add_arguments(p) -> None:
 def run(args, console: Console) -> None:
     with console.progress(f"reading {args.counts}"):
         c = read_counts(args.counts)
-    total = c.total()
-    active = c.active_layers()
+    target = target_counts(c)  # the drafter's rows, if any, are a note of their own (``layer_notes``)
+    total = target.total()
+    active = target.active_layers()
     per_layer = total.sum(axis=1)
     skew = [float(total[layer].max() / total[layer].mean()) for layer in active]
     notes = layer_notes(c, args.counts, read_model_geometry(args.model).hash_layers if args.model else ())

@@ -61,7 +61,8 @@ def run(args, console) -> None:
     cfg, modelslim, path, _ = read_model_files(args.model)
     experts = ConfigFields(cfg, path).integer("n_routed_experts", 1)
     ep = args.dp * args.tp
-    geometry = read_layout(args.layout, hint(args)).geometry if args.layout else None
+    layout = read_layout(args.layout, hint(args)) if args.layout else None
+    geometry = None if layout is None else layout.geometry
     if geometry is not None and geometry.ep_size != ep:
         raise SceneEplbError(f"the layout is for EP {geometry.ep_size}, the recipe has DP {args.dp} x TP {args.tp} = {ep}")
     physical = geometry.num_physical if geometry is not None else experts + args.redundant
@@ -89,7 +90,10 @@ def run(args, console) -> None:
         speculative_tokens=args.speculative_tokens,
     )
     result = size_rank(recipe, memory, cfg, modelslim, path, args.kv_cache_dtype)
-    redundant = {**geometry_cost(memory, slots), "summary": cost_sentence(geometry_cost(memory, slots), slots)}
+    # with MTP on, the drafter's MoE layer holds the same slots as the target's (its redundant ones too)
+    drafter = ((len(layout.drafter_layers) if layout else 0) or 1) if args.speculative_tokens else 0
+    cost = geometry_cost(memory, slots, drafter)
+    redundant = {**cost, "summary": cost_sentence(cost, slots)}
     name = f"DP{args.dp} x TP{args.tp}, {recipe.slots_per_rank} slots per rank, max_model_len {max_len:,}"
     text = (
         f"preflight {name}, max_num_seqs {args.max_num_seqs}, per rank:\n"

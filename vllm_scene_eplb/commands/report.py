@@ -9,7 +9,7 @@ from ..planning.model_geometry import read_model_geometry
 from .arguments import geometry_args, hint, model_args, model_memory
 from .console import Console
 from .options import check_output_dir
-from .scenes import read_scenes, scene_names, scenes_payload, scenes_text
+from .scenes import drafter_scores, read_scenes, scene_names, scenes_payload, scenes_text
 
 HELP = "Markdown report plus PNG heat maps of per-rank load: old (linear), vLLM's policy and the layout, one or several scenes"
 
@@ -31,14 +31,15 @@ def run(args, console: Console) -> None:
     check_output_dir(args.output)
     layout = read_layout(args.layout, hint(args))
     scenes = list(zip(scene_names(args.counts), read_scenes(args.counts, console, layout)))
-    memory = memory_cost(model_memory(args), layout.geometry)
+    memory = memory_cost(model_memory(args), layout.geometry, len(layout.drafter_layers))
     groups = read_model_geometry(args.model).expert_groups if args.model else None  # vLLM reads n_group from the model
     with console.progress("fitting vLLM's policy, scoring and drawing heat maps"):
         evals, md, pngs = write_report(
             layout, scenes, args.output, memory["summary"] if memory else None, groups, "--model" if groups else ""
         )
-    text = scenes_text(args.counts, evals) + (f"\n{memory['summary']}" if memory else "")
-    console.emit(
-        {"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, **scenes_payload(args.counts, evals)},
-        text + f"\nwrote {md} and {len(pngs)} heat map(s)",
+    drafter, drafter_text = drafter_scores(layout, [c for _, c in scenes], args.counts)
+    text = "\n".join(t for t in (scenes_text(args.counts, evals), drafter_text) if t) + (
+        f"\n{memory['summary']}" if memory else ""
     )
+    payload = {"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, **scenes_payload(args.counts, evals)}
+    console.emit({**payload, "drafter": drafter}, text + f"\nwrote {md} and {len(pngs)} heat map(s)")

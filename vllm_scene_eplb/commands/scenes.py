@@ -12,7 +12,9 @@ from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..formats.counts import PREDICTED_KEY
 from ..layouts.counts import Counts
-from ..layouts.evaluation import Evaluation, check_compatible
+from ..layouts.drafter import drafter_layers_of, drafter_share
+from ..layouts.evaluation import Evaluation, check_compatible, drafter_gap, evaluate_drafter
+from ..layouts.layout import Layout
 from .console import Console
 
 
@@ -80,6 +82,12 @@ def layer_notes(counts: Counts, name: str, hash_layers: Sequence[int] = ()) -> l
     recorded (``hash-counts``), and the model's ``hash_layers`` left all zero (a recorder that missed
     them: SGLang #25961 recorded 40 of DeepSeek-V4-Flash's 43 layers)."""
     notes = []
+    drafter = drafter_layers_of(counts)
+    if drafter:
+        notes.append(
+            f"{name}: layers {list(drafter)} are a speculative drafter's own MoE layers, counted apart from the target's "
+            f"({drafter_share([counts]):.1%} of the assignments): fitted and scored apart"
+        )
     predicted = counts.meta.get(PREDICTED_KEY)
     if predicted:
         tokens = counts.meta.get("predicted_tokens")
@@ -98,3 +106,17 @@ def unrouted_layers(scenes: Sequence[Counts], layers: Sequence[int]) -> list[int
     """The ``layers`` no scene routed anything in (the fitter gives them an even load)."""
     routed = np.sum([c.total() for c in scenes], axis=0).any(axis=1)
     return [int(layer) for layer in layers if not routed[layer]]
+
+
+def drafter_scores(layout: Layout, scenes: list[Counts], paths: list[str]) -> tuple[dict | None, str]:
+    """The drafter's MoE rows scored apart from the target's (``--json``'s ``drafter``: their layers
+    and scores, or the note why none), and their text; (None, "") where neither side has drafter rows."""
+    evals = evaluate_drafter(layout, scenes)
+    if evals is None:
+        note = drafter_gap(layout, scenes)
+        return ({"note": note}, f"drafter: {note}") if note else (None, "")
+    head = (
+        f"the drafter's MoE layers {list(layout.drafter_layers)}, scored apart ({drafter_share(scenes):.1%} of the "
+        "assignments: not mixed into the target's scores above):"
+    )
+    return {"drafter_layers": list(layout.drafter_layers), **scenes_payload(paths, evals)}, f"{head}\n{scenes_text(paths, evals)}"

@@ -10,6 +10,7 @@ are read apart (``drafter_counts``), never mixed in: they are a small share of a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from .counts import Counts
@@ -21,6 +22,13 @@ DRAFTER_KEY = "drafter_layers"  # counts metadata: the drafter's MoE rows, the l
 def drafter_layers_of(counts: Counts) -> tuple[int, ...]:
     """The drafter's MoE rows of ``counts`` (empty: none recorded), checked to be its last rows."""
     return check_drafter_layers(counts.meta.get(DRAFTER_KEY) or (), counts.num_layers, tuple(counts.meta.get("moe_layers") or ()))
+
+
+def drafter_share(scenes: Sequence[Counts]) -> float:
+    """The drafter's rows' share of every assignment in ``scenes`` (0 without drafter rows)."""
+    total = sum(int(c.data.sum()) for c in scenes)
+    drafter = sum(int(c.data[:, list(drafter_layers_of(c))].sum()) for c in scenes)
+    return drafter / total if total else 0.0
 
 
 def num_target_layers(counts: Counts) -> int:
