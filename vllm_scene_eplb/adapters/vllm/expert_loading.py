@@ -34,8 +34,8 @@ from ...runtime.worker import load_journal
 from ...runtime.worker.load_audit import LoadAudit
 from ...runtime.worker.load_journal import EXPERT_INDEX, ExpertLoad
 
-# test-only: "LAYER:SLOT_A:SLOT_B" makes the loaders swap the experts of two slots of LAYER (a loader
-# bug on purpose, which the audit must refuse; every expert is still loaded somewhere)
+# test-only: "LAYER:SLOT_A:SLOT_B" (several, comma-separated) makes the loaders swap the experts of two
+# slots of LAYER (a loader bug on purpose, which the audit must refuse; every expert is still loaded somewhere)
 MISLOAD_ENV = "SCENE_EPLB_TEST_MISLOAD"
 
 
@@ -50,14 +50,14 @@ class ExpertLoading(ExpertLoad):
         spec = os.environ.get(MISLOAD_ENV)
         if row is None or not spec:
             return row
-        parts = spec.split(":")
-        if len(parts) != 3 or not all(p.isdigit() for p in parts) or max(int(parts[1]), int(parts[2])) >= len(row):
-            raise SceneEplbError(f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B with slots below {len(row)}, got {spec!r}")
-        bad_layer, a, b = (int(x) for x in parts)
-        if bad_layer != layer:
-            return row
-        row = row.copy()
-        row[[a, b]] = row[[b, a]]
+        for swap in spec.split(","):
+            parts = swap.split(":")
+            if len(parts) != 3 or not all(p.isdigit() for p in parts) or max(int(parts[1]), int(parts[2])) >= len(row):
+                raise SceneEplbError(f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B with slots below {len(row)}, got {spec!r}")
+            bad_layer, a, b = (int(x) for x in parts)
+            if bad_layer == layer:
+                row = row.copy()
+                row[[a, b]] = row[[b, a]]
         return row
 
 
