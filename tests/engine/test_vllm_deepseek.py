@@ -118,9 +118,26 @@ def mtp_layout_path(mtp_decode, workdir):
 
 @pytest.fixture(scope="module", params=["static", "dynamic"])
 def mtp_layout_run(request, model, workdir, mtp_layout_path, tp_recorded):
-    """TP=2 decode with MTP drafts on the decode layout, under each dispatch, recording as it serves."""
-    flag = {"layout": str(mtp_layout_path), "dispatch": request.param, "dump_dir": str(workdir / f"d-mtp-{request.param}")}
-    return _serve(model, workdir, f"tp-mtp-{request.param}", TP2, *MTP, reference=tp_recorded, role="decode", **flag)
+    """TP=2 decode with MTP drafts on the decode layout, under each dispatch, recording as it serves;
+    then its live view and ``/metrics``."""
+    d = request.param
+    flag = {
+        "layout": str(mtp_layout_path),
+        "dispatch": d,
+        "dump_dir": str(workdir / f"d-mtp-{d}"),
+        "live_window_s": LIVE_WINDOW_S,
+    }
+    return _serve(model, workdir, f"tp-mtp-{d}", TP2, *MTP, reference=tp_recorded, then=_live_view, role="decode", **flag)
+
+
+def _live_view(srv, run: dict) -> None:
+    """The live object once a window has closed after the traffic, and the server's ``/metrics``."""
+    import urllib.request
+
+    time.sleep(LIVE_WINDOW_S * 1.5)
+    run["live"] = http("GET", srv.url + "/scene_eplb/status")[1]["live"]
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as resp:
+        run["metrics"] = resp.read().decode()
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +273,13 @@ def test_a_layout_with_the_mtp_layers_row_serves_mtp_drafts_as_the_server_withou
     counts, scheduled = run["counts"], run["counts"].meta["scheduled_tokens"]
     assert _moe_totals(counts) == [scheduled * SPEC.top_k] * len(SPEC.moe_layers)
     assert int(counts.data[:, SPEC.num_layers].sum()) == scheduled * SPEC.top_k  # the drafter's, exact, apart
+    # live: the target's layers as without a drafter, the MTP layer's apart with its share of the window
+    live = run["live"]
+    assert live["layers"] == SPEC.moe_layers and len(live["per_layer"]) == len(SPEC.moe_layers)
+    drafter = live["drafter"]
+    assert drafter["layers"] == [SPEC.num_layers] and 0 < drafter["share"] < 1 and drafter["median"] >= 1.0, drafter
+    assert 'scene_eplb_drafter_live_balancedness{stat="median"}' in run["metrics"]
+    assert "scene_eplb_drafter_share " in run["metrics"]
     assert scheduled == mtp_decode["counts"].meta["scheduled_tokens"]
     moved = np.abs(counts.total() - mtp_decode["counts"].total()).sum(axis=1) / 2 / (scheduled * SPEC.top_k)
     print(f"\nshare of assignments on other experts than without a layout, per MoE layer: {moved[1:].round(4).tolist()}")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vllm_scene_eplb.commands.scenes import drafter_scores
+from vllm_scene_eplb.commands.watch import render
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.fit.drafter_rows import hot_linear_row
@@ -14,15 +15,14 @@ from vllm_scene_eplb.formats import GeometryHint, dropped_parts, read_counts, re
 from vllm_scene_eplb.layouts.counts import Counts
 from vllm_scene_eplb.layouts.drafter import DRAFTER_KEY, drafter_counts, drafter_layers_of, target_counts
 from vllm_scene_eplb.layouts.evaluation import evaluate_drafter
+from vllm_scene_eplb.layouts.expected import layer_scores
 from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
 from vllm_scene_eplb.layouts.report import write_report
-from vllm_scene_eplb.planning.model_geometry import from_hf_config
-from vllm_scene_eplb.runtime.config import parse_config
-from vllm_scene_eplb.runtime.worker.export import Exporter
-from vllm_scene_eplb.runtime.worker.observer import NullObserver
-from vllm_scene_eplb.runtime.worker.worker import RecorderPlugin
+from vllm_scene_eplb.live.fitness import LiveFitness, LiveSample
+from vllm_scene_eplb.protocol import LIVE_ACTION, LiveAnswer, RankLiveAnswer
 
 from ..conftest import skewed_counts
+from .test_worker_answers import recorder
 
 G = Geometry(8, 2, 2)  # 10 slots, 5 a rank
 
@@ -97,33 +97,8 @@ def test_a_counts_file_whose_drafter_rows_are_not_its_last_rows_is_refused(tmp_p
         read_counts(path)
 
 
-MODEL = {"num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]}
-
-
-def _recorder() -> RecorderPlugin:
-    cfg = parse_config({"scene_eplb": {"role": "decode", "ring_entries": 4, "steps_per_entry": 1}})
-    model = from_hf_config(MODEL)
-    rt = RecorderPlugin(
-        config=cfg,
-        role="decode",
-        engine="vllm 0.32.0",
-        model=model,
-        model_name="m",
-        ep_size=1,
-        ep_rank=0,
-        dp_rank=0,
-        tp_rank=0,
-        contributes=True,
-        observer=NullObserver("decode", 4),
-        exporter=Exporter(None),
-    )
-    rt.check_moe_layers(list(model.moe_layers))
-    rt.make_observer("cpu")
-    return rt
-
-
 def test_a_record_counts_the_drafters_real_rows_apart_and_merges_them_after_the_targets():
-    rt = _recorder()
+    rt = recorder(0)
     with pytest.raises(SceneEplbError, match="rows after the target's 3 layers"):
         rt.bind_drafter([4], "cpu")
     drafter = rt.bind_drafter([3], "cpu")
@@ -185,7 +160,9 @@ def test_drafter_rows_asked_for_beside_recorded_ones_or_scenes_that_disagree_are
     with pytest.raises(SceneEplbError, match="already have the drafter's rows"):
         fit(counts, FitOptions(Geometry(16, 4, 4)), drafter_layers=1)
     with pytest.raises(SceneEplbError, match="different drafter layers"):
-        fit([counts, Counts(counts.data, {**counts.meta, DRAFTER_KEY: [2, 3], "moe_layers": [1]})], FitOptions(Geometry(16, 4, 4)))
+        fit(
+            [counts, Counts(counts.data, {**counts.meta, DRAFTER_KEY: [2, 3], "moe_layers": [1]})], FitOptions(Geometry(16, 4, 4))
+        )
 
 
 def test_hot_linear_row_never_puts_two_copies_on_one_rank():
@@ -216,3 +193,41 @@ def test_the_memory_of_redundant_slots_counts_the_drafters_layer():
     target, with_drafter = (memory_cost(memory, Geometry(256, 16, 16), d) for d in (0, 1))
     assert with_drafter["redundant_bytes_per_rank"] * 58 == target["redundant_bytes_per_rank"] * 59
     assert "in each of 58 MoE layers and the drafter's 1:" in with_drafter["summary"]
+
+
+def test_a_ranks_live_answer_carries_the_drafters_counts_apart_and_reads_back():
+    rt = recorder(0)
+    drafter = rt.bind_drafter([3], "cpu")
+    rt.begin_step(2)
+    rt.observer.capture(0, torch.tensor([[0, 1], [2, 3]]))
+    drafter.capture(0, torch.tensor([[4, 5], [6, 7]]))
+    rt.end_step(False)
+    answer = rt.answer(LIVE_ACTION).payload
+    assert answer.moe_layers == (1, 2) and answer.drafter_layers == (3,)
+    assert answer.drafter_counts == ((0, 0, 0, 0, 1, 1, 1, 1),) and sum(map(sum, answer.counts)) == 4
+    assert RankLiveAnswer.from_wire(answer.to_wire()) == answer
+    plain = recorder(0).answer(LIVE_ACTION).payload
+    assert plain.drafter_counts is None and RankLiveAnswer.from_wire(plain.to_wire()) == plain
+
+
+def test_live_fitness_scores_the_drafters_layers_apart_and_leaves_the_targets_as_they_are():
+    counts = _skewed_drafter()
+    layout = fit(counts, FitOptions(Geometry(16, 4, 4), dispatch="dynamic"))
+    total = counts.total()
+
+    def view(drafter_layers):
+        return LiveFitness.for_server(layout, 16, 4, "dynamic", (1, 2), 0.05, 3, drafter_layers=drafter_layers)
+
+    plain, apart = view(()), view((3,))
+    plain.observe(LiveSample(total[[1, 2]], passes=6), now=0.0)
+    apart.observe(LiveSample(total[[1, 2]], passes=6, drafter=total[[3]]), now=0.0)
+    wire = apart.to_wire()
+    assert {**wire, "drafter": None} == plain.to_wire()  # the target's view is untouched
+    d = wire["drafter"]
+    assert d["layers"] == [3] and d["share"] == round(total[3].sum() / total[1:].sum(), 5)
+    assert d["per_layer"] == [
+        round(float(x), 5) for x in layer_scores(layout.drafter_view(), total[[3]], layout.geometry, "dynamic")
+    ]
+    live = LiveAnswer.from_wire(wire)
+    assert live.to_wire() == wire and "drafter   layers [3]" in render(live, "http://x")
+    assert plain.to_wire()["drafter"] is None

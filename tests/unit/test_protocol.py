@@ -101,6 +101,8 @@ LIVE = {
         "active": [[3, 2], [0, 0], [0, 0], [0, 0]],
     },
     "wait_seconds": 0.01,
+    "drafter_layers": [3],  # a drafter's MoE layer, its live counts apart
+    "drafter_counts": [[2, 1]],
 }
 PASSES = {"first": 3, "ms": [[0.5, 0.25], [0.25, 0.5]]}
 # every worker answer: (its payload reader, what a worker sends)

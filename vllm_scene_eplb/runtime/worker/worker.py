@@ -281,7 +281,16 @@ class RecorderPlugin:
             active_slots=None if live.active_slots is None else tuple(map(int, live.active_slots)),
             groups=live.groups,
             wait_seconds=None if live.wait_seconds is None else float(live.wait_seconds),
+            **self._drafter_live(),
         )
+
+    def _drafter_live(self) -> dict:
+        """The drafter's layers and cumulative live counts for the rank's live answer (none without a
+        drafter observer or its live counts)."""
+        live = None if self.drafter_observer is None else self.drafter_observer.live_counts()
+        if live is None:
+            return {}
+        return {"drafter_layers": tuple(self.drafter_layer_ids), "drafter_counts": _rows(live.logical)}
 
     def _live_now(self) -> RankLiveAnswer | None:
         """``_live`` where live counts are on; None where they are off."""
