@@ -87,7 +87,7 @@ def _p99_ttft(url: str, model: str, work: Path, tag: str, seed: int) -> float:
     from vllm_scene_eplb.ab.results import BenchLoad
 
     scene = BenchLoad(tag, 32, 16, float("inf"), 128, 24, cards=2, seed=seed)
-    result = run_vllm_bench(serve_args(scene, url, model, work, tag), work / f"{tag}.log")
+    result = run_vllm_bench(serve_args(scene, url, model, model, work, tag), work / f"{tag}.log")  # served as its path
     return float(result["p99_ttft_ms"])
 
 

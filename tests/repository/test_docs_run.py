@@ -1,12 +1,13 @@
 """Every offline `scene-eplb` command the README and docs/ show runs as written, with the files the
 repository ships: each page's commands in the order the page shows them, in a folder that holds a copy
 of ``data/`` (the same relative paths as the repository root, so that outputs one command writes feed
-the next and nothing lands in the checkout).
+the next and nothing lands in the checkout). A generator of the rig shown in a code block
+(``python -m vllm_scene_eplb.rig.tiny_...``: a small model to try a command on) runs there too.
 
 A command that needs a running server is not run here (the engine tests drive those): one with
 ``--url``, one of the server commands (``record``, ``audit``, ``watch``, ``bench``), and every command
 of a code block that starts a server (``api_server`` or ``vllm serve``), since its files come from
-that server. Every other command must exit 0, or 1 where 1 is the command's verdict (``advise``,
+that server (or from a demo that starts servers). Every other command must exit 0, or 1 where 1 is the command's verdict (``advise``,
 ``pair-advise``: skip or insufficient evidence)."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REP
 FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
 INLINE = re.compile(r"`(scene-eplb [^`]+)`")
 SERVER_COMMANDS = {"record", "audit", "watch", "bench"}
-SERVER_BLOCK = re.compile(r"api_server|vllm serve|_server\.sh")
+SERVER_BLOCK = re.compile(r"api_server|vllm serve|_server\.sh|rig\.demo|demo\.sh|make_examples\.sh")
+GENERATOR = re.compile(r"^python -m (vllm_scene_eplb\.rig\.tiny_\w+) ")
 VERDICT_EXIT = {"advise": {0, 1}, "pair-advise": {0, 1}}
 
 
@@ -48,7 +50,7 @@ def shown_commands(page: Path) -> list[Shown]:
         server_block = bool(SERVER_BLOCK.search(block.group(1)))
         for line in block.group(1).replace("\\\n", " ").splitlines():
             line = line.split(" # ")[0].strip()
-            if line.startswith("scene-eplb "):
+            if line.startswith("scene-eplb ") or GENERATOR.match(line):
                 found.append(Shown(name, block.start(), line, server_block or _needs_server(line)))
     prose = FENCE.sub(lambda m: " " * len(m.group(0)), text)  # same offsets, no code blocks
     found += [Shown(name, m.start(), m.group(1), _needs_server(m.group(1))) for m in INLINE.finditer(prose)]
@@ -56,6 +58,8 @@ def shown_commands(page: Path) -> list[Shown]:
 
 
 def _needs_server(line: str) -> bool:
+    if GENERATOR.match(line):
+        return False
     words = shlex.split(line)
     return "--url" in words or (len(words) > 1 and words[1] in SERVER_COMMANDS) or "http://" in line
 
@@ -78,9 +82,8 @@ def test_every_offline_command_runs_as_written(page, tmp_path):
     failed = []
     for shown in RUNS[page]:
         words = shlex.split(shown.line)
-        done = subprocess.run(
-            [sys.executable, "-m", "vllm_scene_eplb.cli", *words[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300
-        )
+        command = words[2:] if GENERATOR.match(shown.line) else ["vllm_scene_eplb.cli", *words[1:]]
+        done = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         if done.returncode not in VERDICT_EXIT.get(words[1], {0}):
             failed.append(f"`{shown.line}` exit {done.returncode}: {done.stderr.strip()[-400:]}")
     assert not failed, "\n".join(failed)

@@ -170,7 +170,7 @@ STRING_DP_RANK["ranks"][1]["dp_rank"] = "1"
 
 STATUS_NO_LAYOUT_HASH = {k: v for k, v in status().items() if k != "layout_hash"}
 WATCH, RECORD = ("watch", "--once"), ("record", "status")
-BENCH = ("bench", "--model", MODEL, "--scene", "s", "-n", "1", "-c", "1", "--input-len", "8", "--output-len", "1")
+BENCH = ("bench", "--served-model-name", MODEL, "--scene", "s", "-n", "1", "-c", "1", "--input-len", "8", "--output-len", "1")
 
 # (id, what the server answers at each path, the command, what its one error line must say)
 CASES = [
@@ -229,7 +229,18 @@ CASES = [
     ("record status: observer bogus", {STATUS: reply(status(observer="bogus"))}, RECORD, "observer must be one of"),
     ("record status: a rank's dp_rank a string", {STATUS: reply(STRING_DP_RANK)}, RECORD, "ranks[1] dp_rank"),
     ("bench: a rank's dp_rank a string", {"/v1/models": MODELS, STATUS: reply(STRING_DP_RANK)}, BENCH, "ranks[1] dp_rank"),
-    ("bench: another model served", {"/v1/models": reply({"data": [{"id": "other"}]})}, BENCH, "serves 'other', not --model"),
+    (
+        "bench: another model served",
+        {"/v1/models": reply({"data": [{"id": "other"}]})},
+        BENCH,
+        "serves 'other', not --served-model-name",
+    ),
+    (
+        "bench: the path given, not the name it is served as",
+        {"/v1/models": reply({"data": [{"id": "ds", "root": MODEL}]})},
+        BENCH,
+        f"it serves the path {MODEL!r} as --served-model-name 'ds'",
+    ),
     ("bench: no model list", {"/v1/models": reply({"models": []})}, BENCH, "not an OpenAI one"),
     ("record dump: status ok", {DUMP: reply({"status": "ok"})}, ("record", "dump"), "dump answer has no 'path'"),
     ("record dump: path null", {DUMP: reply({"path": None})}, ("record", "dump"), "path must be the path of the file written"),

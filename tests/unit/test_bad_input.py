@@ -32,6 +32,7 @@ from ..conftest import skewed_counts, small_tmpfs
 SENTINEL = b"an output file that must survive every failure\n"
 E, L = 8, 3
 FIT = ("--ep-size", "2", "--redundant", "2")
+BENCH = ("bench", "--served-model-name", "m", "--scene", "s", "-c", "1", "--input-len", "1", "--output-len", "1")
 
 
 def run(*args) -> tuple[int, str, str]:
@@ -298,32 +299,8 @@ BAD_INPUTS: list[tuple[str, Callable[[Corpus], list], str]] = [
     ("--num-experts 0", lambda c: ["validate", c.layout, "--num-experts", "0"], "argument --num-experts"),
     ("watch --interval nan", lambda c: ["watch", "--interval", "nan", "--once"], "argument --interval"),
     ("record --timeout -1", lambda c: ["record", "status", "--timeout", "-1"], "argument --timeout"),
-    (
-        "bench --prefix-share 1.5",
-        lambda c: [
-            "bench",
-            "--model",
-            "m",
-            "--scene",
-            "s",
-            "-n",
-            "1",
-            "-c",
-            "1",
-            "--input-len",
-            "1",
-            "--output-len",
-            "1",
-            "--prefix-share",
-            "1.5",
-        ],
-        "argument --prefix-share",
-    ),
-    (
-        "bench -n 0",
-        lambda c: ["bench", "--model", "m", "--scene", "s", "-n", "0", "-c", "1", "--input-len", "1", "--output-len", "1"],
-        "argument -n",
-    ),
+    ("bench --prefix-share 1.5", lambda c: [*BENCH, "-n", "1", "--prefix-share", "1.5"], "argument --prefix-share"),
+    ("bench -n 0", lambda c: [*BENCH, "-n", "0"], "argument -n"),
     ("unknown option", lambda c: ["inspect", c.counts, "--frobnicate"], "unrecognized arguments"),
     ("a URL without a scheme", lambda c: ["record", "status", "--url", "localhost:8000"], "expected a server base URL"),
     ("a malformed URL", lambda c: ["record", "status", "--url", "http://[::1"], "cannot reach the server"),

@@ -188,8 +188,9 @@ def test_score_and_report_show_the_drafter_apart_and_say_when_one_side_has_no_dr
 
 def test_the_memory_of_redundant_slots_counts_the_drafters_layer():
     from vllm_scene_eplb.planning.memory import memory_cost, read_model_memory
+    from vllm_scene_eplb.planning.model_files import read_model
 
-    memory = read_model_memory("data/models/deepseek-v3")
+    memory = read_model_memory(read_model("data/models/deepseek-v3"))
     target, with_drafter = (memory_cost(memory, Geometry(256, 16, 16), d) for d in (0, 1))
     assert with_drafter["redundant_bytes_per_rank"] * 58 == target["redundant_bytes_per_rank"] * 59
     assert "in each of 58 MoE layers and the drafter's 1:" in with_drafter["summary"]

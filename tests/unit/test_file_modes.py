@@ -42,7 +42,7 @@ def _written(tmp: Path, umask: int) -> list[Path]:
         ("convert", tmp / "layout.json", "--to", "sglang", "-o", tmp / "layout.sglang.json", "-q"),
         ("convert", tmp / "layout.json", "--to", "vllm-ascend", "-o", tmp / "expert_map.json", "-q"),
         ("report", tmp / "layout.json", counts, "-o", tmp / "report", "-q"),
-        ("hash-counts", model, "--token-ids", tmp / "ids.json", "-o", tmp / "hash.npz", "-q"),
+        ("hash-counts", "--model", model, "--token-ids", tmp / "ids.json", "-o", tmp / "hash.npz", "-q"),
     ]
     for step in steps:
         done = _cli_under(umask, *step)

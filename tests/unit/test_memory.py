@@ -7,6 +7,7 @@ import pytest
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.layouts.layout import Geometry
 from vllm_scene_eplb.planning.memory import cost_sentence, geometry_cost, read_model_memory
+from vllm_scene_eplb.planning.model_files import read_model
 
 from ..conftest import DATA
 
@@ -26,7 +27,7 @@ def _copy(tmp_path, **changes) -> str:
 
 
 def test_deepseek_v3_fp8_expert_and_mla_kv_token():
-    m = read_model_memory(DEEPSEEK)
+    m = read_model_memory(read_model(DEEPSEEK))
     # fp8 weights plus one float32 scale per 128x128 block: 16x56 blocks for gate and up, 56x16 for down
     assert m.bytes_per_expert == PARAMS + 4 * (2 * 16 * 56 + 56 * 16)
     assert m.kv_bytes_per_token == 61 * (512 + 64) * 2  # MLA: one latent + rope key per layer, bf16
@@ -42,16 +43,16 @@ def test_deepseek_v3_fp8_expert_and_mla_kv_token():
 
 def test_bf16_checkpoint_fp8_kv_cache_and_modelslim_w8a8(tmp_path):
     (tmp_path / "a").mkdir()
-    bf16 = read_model_memory(_copy(tmp_path / "a", quantization_config=None))
+    bf16 = read_model_memory(read_model(_copy(tmp_path / "a", quantization_config=None)))
     assert bf16.bytes_per_expert == 2 * PARAMS and bf16.expert_format == "bfloat16"
-    assert read_model_memory(DEEPSEEK, kv_cache_dtype="fp8").kv_bytes_per_token == 61 * 576
+    assert read_model_memory(read_model(DEEPSEEK), kv_cache_dtype="fp8").kv_bytes_per_token == 61 * 576
     slim = tmp_path / "slim"
     slim.mkdir()
     _copy(slim, quantization_config=None)
     (slim / "quant_model_description.json").write_text(
         json.dumps({"model.layers.3.mlp.experts.0.gate_proj.weight": "W8A8_DYNAMIC", "model.layers.3.mlp.gate.weight": "FLOAT"})
     )
-    m = read_model_memory(slim)
+    m = read_model_memory(read_model(slim))
     assert m.bytes_per_expert == PARAMS + 2 * (2 * 2048 + 7168) * 2  # int8 + bf16 scale and offset per output channel
     assert "W8A8_DYNAMIC" in m.expert_format
 
@@ -73,21 +74,21 @@ def test_gqa_kv_token_and_what_cannot_be_priced(tmp_path):
             }
         )
     )
-    m = read_model_memory(gqa)
+    m = read_model_memory(read_model(gqa))
     assert m.kv_bytes_per_token == 48 * 2 * 4 * 128 * 2 and m.bytes_per_expert == 3 * 2048 * 768 * 2
     awq = tmp_path / "awq"
     awq.mkdir()
     _copy(awq, quantization_config={"quant_method": "awq", "bits": 4})
     with pytest.raises(SceneEplbError, match="'awq' is not priced here: pass --expert-bytes"):
-        read_model_memory(awq)
-    assert read_model_memory(awq, expert_bytes_override=1000).bytes_per_expert == 1000
+        read_model_memory(read_model(awq))
+    assert read_model_memory(read_model(awq), expert_bytes_override=1000).bytes_per_expert == 1000
 
 
 def test_deepseek_v4_flash_mxfp4_expert_and_compressed_cache():
     """MXFP4 experts (two weights a byte, a ue8m0 scale per 32); a token's cache is a 512-wide bf16
     entry per 4 tokens plus a 132 B indexer key on the 21 ratio-4 layers and an entry per 128 on
     the 20 ratio-128 layers; a sequence holds every layer's window and the compressors' states."""
-    m = read_model_memory(DATA.parent / "models" / "deepseek-v4-flash")
+    m = read_model_memory(read_model(DATA.parent / "models" / "deepseek-v4-flash"))
     params = 3 * 4096 * 2048
     assert m.bytes_per_expert == params // 2 + params // 32 and "MXFP4" in m.expert_format
     assert m.num_moe_layers == 43
@@ -95,6 +96,6 @@ def test_deepseek_v4_flash_mxfp4_expert_and_compressed_cache():
     window = 43 * 128 * 1024
     states = 21 * 8 * 4 * (512 + 128) * 4 + 20 * 128 * 2 * 512 * 4  # float32 kv and score, overlap x ratio tokens
     assert m.kv_bytes_per_sequence == window + states
-    assert read_model_memory(DATA.parent / "models" / "deepseek-v4-flash", kv_cache_dtype="fp8").kv_bytes_per_token == (
-        21 * (512 + 132) // 4 + 20 * 512 // 128
-    )
+    assert read_model_memory(
+        read_model(DATA.parent / "models" / "deepseek-v4-flash"), kv_cache_dtype="fp8"
+    ).kv_bytes_per_token == (21 * (512 + 132) // 4 + 20 * 512 // 128)

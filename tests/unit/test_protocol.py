@@ -64,7 +64,11 @@ def test_aggregate_lists_every_rank_in_ep_order_and_flags_disagreement():
 
 
 def test_status_keys_are_the_status_fields_in_order():
-    assert STATUS_KEYS == tuple(worker_status(0).to_wire()) and STATUS_KEYS[-3:] == ("server_start", "load_audit", "drafter_layers")
+    assert STATUS_KEYS == tuple(worker_status(0).to_wire()) and STATUS_KEYS[-3:] == (
+        "server_start",
+        "load_audit",
+        "drafter_layers",
+    )
 
 
 JOB = {"export_id": "x", "state": "running", "path": "/d/counts.npz", "error": None, "export_seconds": None}

@@ -12,6 +12,7 @@ import pytest
 from vllm_scene_eplb.formats import read_counts
 from vllm_scene_eplb.layouts.layout import Geometry, linear_map
 from vllm_scene_eplb.layouts.score import ideal_score
+from vllm_scene_eplb.planning.model_files import read_model
 from vllm_scene_eplb.planning.step_cost import DEFAULT_SCORE, MACHINES, Machine, PricedScene, read_step_model, screen
 
 from .test_bad_input import assert_one_line_error, run
@@ -42,14 +43,14 @@ FIELD_128K = (PricedScene("prefill", 131076, 1024, 0.9062), 1.3868, 1.0134)
 
 @pytest.fixture(scope="module")
 def v3():
-    return read_step_model(V3)
+    return read_step_model(read_model(V3))
 
 
 @pytest.fixture
 def tiny(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY))
-    return read_step_model(path)
+    return read_step_model(read_model(path))
 
 
 def _config(tmp_path, **change) -> str:
@@ -150,7 +151,7 @@ def test_the_default_score_is_what_a_scene_blind_layout_scores_on_real_routing(r
 
 
 def test_the_json_names_every_assumption_and_the_machine_override():
-    args = ("screen", "--model-config", V3, "--role", "prefill", "--input-len", 131076, "--output-len", 1024)
+    args = ("screen", "--model", V3, "--role", "prefill", "--input-len", 131076, "--output-len", 1024)
     code, out, err = run(*args, "--cached-share", 0.9062, "--score", 1.3868, "--candidate-score", 1.0134, "--json")
     doc = json.loads(out)
     assert code == 0, err
@@ -203,7 +204,7 @@ OPTION_CASES = {
 @pytest.mark.parametrize("name", sorted(OPTION_CASES))
 def test_a_bad_option_is_one_line_and_exit_2(name):
     change, expected = OPTION_CASES[name]
-    code, out, err = run("screen", "--model-config", V3, *SCENE, *change)
+    code, out, err = run("screen", "--model", V3, *SCENE, *change)
     assert_one_line_error(code, err, expected, name)
     assert out == ""
 
@@ -227,7 +228,7 @@ CONFIG_CASES = {
 @pytest.mark.parametrize("name", sorted(CONFIG_CASES))
 def test_a_bad_config_is_one_line_naming_the_field(name, tmp_path):
     change, expected = CONFIG_CASES[name]
-    code, out, err = run("screen", "--model-config", _config(tmp_path, **change), *SCENE)
+    code, out, err = run("screen", "--model", _config(tmp_path, **change), *SCENE)
     assert_one_line_error(code, err, expected, name)
 
 
@@ -242,13 +243,13 @@ def test_a_bad_config_is_one_line_naming_the_field(name, tmp_path):
 def test_a_config_that_is_not_one_is_one_line(name, content, expected, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(content)
-    code, _, err = run("screen", "--model-config", path, *SCENE)
+    code, _, err = run("screen", "--model", path, *SCENE)
     assert_one_line_error(code, err, expected, name)
 
 
 def test_a_missing_config_is_one_line(tmp_path):
     for path in (tmp_path / "nothing.json", tmp_path):  # no file; a folder without config.json
-        code, _, err = run("screen", "--model-config", path, *SCENE)
+        code, _, err = run("screen", "--model", path, *SCENE)
         assert_one_line_error(code, err, "cannot read model config", str(path))
 
 
@@ -271,7 +272,7 @@ V4 = "data/models/deepseek-v4-flash"
 
 @pytest.fixture(scope="module")
 def v4():
-    return read_step_model(V4)
+    return read_step_model(read_model(V4))
 
 
 def test_v4_attention_per_compress_ratio_matches_a_hand_count(v4):
@@ -314,7 +315,7 @@ def test_v4_flash_on_the_field_scenes_keeps_its_experts_at_128k(v3, v4):
 
 
 def test_v4_names_its_assumptions():
-    args = ("screen", "--model-config", V4, "--role", "decode", "--input-len", 16384, "--output-len", 1024)
+    args = ("screen", "--model", V4, "--role", "decode", "--input-len", 16384, "--output-len", 1024)
     code, out, err = run(*args, "--cached-share", 0, "--json")
     assert code == 0, err
     doc = json.loads(out)
@@ -346,5 +347,5 @@ def test_a_bad_v4_config_is_one_line_naming_the_field(name, tmp_path):
     change, expected = V4_CASES[name]
     cfg = {k: v for k, v in {**cfg, **change}.items() if v is not None}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    code, out, err = run("screen", "--model-config", tmp_path, *SCENE)
+    code, out, err = run("screen", "--model", tmp_path, *SCENE)
     assert_one_line_error(code, err, expected, name)

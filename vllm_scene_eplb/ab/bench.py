@@ -27,8 +27,10 @@ from ..terminal import printable, shorten
 from .results import NOT_OBSERVED, RESULT_FORMAT, BenchLoad, aggregate, server_geometry, summarise
 
 
-def serve_args(scene: BenchLoad, url: str, model: str, result_dir: Path, tag: str) -> list[str]:
-    """Arguments for vllm.benchmarks.serve: random dataset, fixed lengths, ignore EOS, detailed results."""
+def serve_args(scene: BenchLoad, url: str, served: str, tokenizer: str, result_dir: Path, tag: str) -> list[str]:
+    """Arguments for vllm.benchmarks.serve: random dataset, fixed lengths, ignore EOS, detailed results;
+    requests name the ``served`` model (its ``--served-model-name``), prompts are made with the
+    ``tokenizer`` (its ``--model``: the path the tokenizer loads from)."""
     return [
         "--backend",
         "vllm",
@@ -37,7 +39,9 @@ def serve_args(scene: BenchLoad, url: str, model: str, result_dir: Path, tag: st
         "--endpoint",
         "/v1/completions",
         "--model",
-        model,
+        tokenizer,
+        "--served-model-name",
+        served,
         "--dataset-name",
         "random",
         "--random-input-len",
@@ -100,17 +104,25 @@ def run_vllm_bench(args: list[str], log: Path, api_key: str | None = None) -> di
                 os.environ["OPENAI_API_KEY"] = saved_key
 
 
-def check_server(url: str, model: str, api_key: str | None = None) -> None:
-    """Before anything runs: the server answers its OpenAI model list and serves ``model`` (a
-    closed port, a wrong key or another model is one line in about a second, not a failed benchmark)."""
+def check_server(url: str, served: str, api_key: str | None = None) -> str:
+    """Before anything runs: the server answers its OpenAI model list and serves ``served`` (a
+    closed port, a wrong key or another model is one line in about a second, not a failed benchmark).
+    Returns the path the server loaded it from (vLLM's ``root``; the name where the server says none)."""
     target = url.rstrip("/") + "/v1/models"
     doc = request_json(target, "GET", api_key, timeout=30, what="the server's model list")
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
         raise SceneEplbError("the server's model list is not an OpenAI one ({'data': [{'id': ...}]})", target)
-    served = [m["id"] for m in data]
-    if model not in served + [m.get("root") for m in data]:  # vLLM's root: the path a served name was loaded from
-        raise SceneEplbError(f"the server serves {', '.join(map(repr, served)) or 'no model'}, not --model {model!r}", target)
+    served_names = [m["id"] for m in data]
+    for m in data:
+        if m["id"] == served:
+            root = m.get("root")
+            return root if isinstance(root, str) and root else served
+    loaded = next((m["id"] for m in data if m.get("root") == served), None)  # vLLM's root: the path a name was loaded from
+    hint = f": it serves the path {served!r} as --served-model-name {loaded!r}" if loaded else ""
+    raise SceneEplbError(
+        f"the server serves {', '.join(map(repr, served_names)) or 'no model'}, not --served-model-name {served!r}{hint}", target
+    )
 
 
 def server_status(url: str, api_key: str | None = None) -> StatusAnswer | None:
@@ -174,18 +186,21 @@ def manifest(scene: BenchLoad, status: StatusAnswer | None, extra: dict) -> dict
 
 def bench(
     url: str,
-    model: str,
+    served: str,
     scene: BenchLoad,
     out: Path,
     repeats: int = 1,
     api_key: str | None = None,
     extra: dict | None = None,
     progress=print,
+    tokenizer: str | None = None,
 ) -> dict:
-    """Run ``scene`` ``repeats`` times; write ``out`` (result JSON) atomically; return it. The server
-    is checked first (``check_server``, ``server_status``); each run's vLLM output and raw result
-    live in a temporary folder, gone when the bench ends (the result holds every run's summary)."""
-    check_server(url, model, api_key)
+    """Run ``scene`` ``repeats`` times against the model the server serves as ``served``, prompts made
+    with ``tokenizer`` (default: the path the server loaded it from); write ``out`` (result JSON)
+    atomically; return it. The server is checked first (``check_server``, ``server_status``); each
+    run's vLLM output and raw result live in a temporary folder, gone when the bench ends (the result
+    holds every run's summary)."""
+    root = check_server(url, served, api_key)
     status = server_status(url, api_key)
     scene, cards_source = resolve_cards(scene, status)
     if status is not None and status.status.recording:
@@ -197,12 +212,13 @@ def bench(
             progress(
                 f"scene-eplb: bench {scene.name}: run {i + 1}/{repeats} (N={scene.num_prompts}, C={scene.concurrency}, r={scene.request_rate})"
             )
-            raw = run_vllm_bench(serve_args(scene, url, model, work, f"run{i}"), work / f"run{i}.log", api_key)
+            args = serve_args(scene, url, served, tokenizer or root, work, f"run{i}")
+            raw = run_vllm_bench(args, work / f"run{i}.log", api_key)
             runs.append(summarise(raw, scene))
     doc = {
         "format": RESULT_FORMAT,
         "version": 1,
-        "manifest": manifest(scene, status, {"model": model, "cards_source": cards_source, **(extra or {})}),
+        "manifest": manifest(scene, status, {"model": served, "cards_source": cards_source, **(extra or {})}),
         "runs": runs,
         "aggregate": aggregate(runs),
     }

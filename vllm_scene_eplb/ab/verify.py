@@ -48,7 +48,8 @@ import numpy as np
 
 from ..errors import SceneEplbError
 from ..formats import read_counts
-from ..planning.model_geometry import ModelGeometry, read_model_geometry
+from ..planning.model_files import read_model
+from ..planning.model_geometry import ModelGeometry
 from ..protocol import COMM_METHOD_RE
 from .results import NOT_OBSERVED, read_result
 from .stats import MIN_ROUNDS, block_effects, check_positive
@@ -119,7 +120,7 @@ def totals(
         else f"{tokens} {kind} tokens"
     )
     all_layers = counts.data.sum(axis=(0, 2))
-    geometry = read_model_geometry(model) if model is not None else None
+    geometry = read_model(model).geometry if model is not None else None
     if geometry is not None:
         layers, silent = list(geometry.moe_layers), _silent_layers(all_layers, geometry)
     else:

@@ -1,4 +1,5 @@
-"""`scene-eplb audit`: check that a running server loaded what was intended (SPEC §3 step 6).
+"""`scene-eplb audit`: check that a running server loaded what was intended, from what it reports
+it loaded (layout hash, redundant slots, dispatch, recorder state), so a measurement run can be audited.
 
 Reads the plugin's status route and, optionally, the server log's startup lines (one per worker;
 where the plugin has no routes, as on vLLM-Ascend, the log alone),

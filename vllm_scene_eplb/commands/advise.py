@@ -9,10 +9,10 @@ from ..fileio import load_json
 from ..formats import read_counts, read_layout
 from ..layouts.dispatch import DISPATCH_ALGORITHMS
 from ..planning.memory import memory_cost
-from ..planning.model_geometry import read_model_geometry
 from ..protocol import TimingWindow
-from .arguments import geometry_args, hint, model_args, model_memory, server_args
+from .arguments import check_layout_model, geometry_args, hint, model_args, model_memory, read_model_arg, server_args
 from .console import Console
+from .scenes import check_model_counts
 
 HELP = "predict whether a candidate layout pays in throughput on a running server (trial | skip | insufficient_evidence)"
 DESCRIPTION = (
@@ -86,30 +86,26 @@ def _ab_ratio(paths: list[str] | None, role: str | None) -> float | None:
 
 
 def _check_candidate(args, candidate, dispatch: str) -> None:
-    """The candidate's dispatch a known one, and --model's experts and MoE layers the candidate's (as ``validate`` checks)."""
+    """The candidate's dispatch a known one."""
     if dispatch not in DISPATCH_ALGORITHMS:
         raise SceneEplbError(
             f"the candidate's meta.dispatch is {dispatch!r}, not one of {', '.join(DISPATCH_ALGORITHMS)}", args.layout
         )
-    if args.model:
-        model = read_model_geometry(args.model)
-        try:
-            candidate.check_model(
-                len(model.moe_layers), model.num_experts, candidate.geometry.ep_size, model.moe_layers, model.num_layers
-            )
-        except SceneEplbError as exc:
-            raise SceneEplbError(f"--model {args.model} does not match the candidate: {exc.problem}", args.layout) from None
 
 
 def run(args, console: Console) -> None:
+    model = read_model_arg(args)
     counts = read_counts(args.counts)
     candidate = read_layout(args.layout, hint(args))
     dispatch = args.dispatch or candidate.meta.get("dispatch") or "static"
     _check_candidate(args, candidate, dispatch)
+    if model is not None:  # the dump and the candidate both of --model (as ``validate`` checks a layout)
+        check_model_counts(model, counts, args.counts)
+        check_layout_model(candidate, model, args.layout, candidate.geometry.ep_size)
     running = read_layout(args.running, hint(args)) if args.running else None
     timing = _timing(args, len(candidate.moe_layers))
     ab = _ab_ratio(args.noise_ab, counts.meta.get("role"))
-    memory = memory_cost(model_memory(args), candidate.geometry)
+    memory = memory_cost(model_memory(args, model), candidate.geometry)
     answer = advise(counts, candidate, dispatch, timing, memory["summary"] if memory else None, running, ab)
     ratio = answer.predicted_throughput_ratio
     text = (

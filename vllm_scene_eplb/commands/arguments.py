@@ -1,5 +1,6 @@
 """The argument groups several commands share (output, geometry of bare layout files, server, model),
-each beside the reader that turns its options into what the library takes (``hint``, ``model_memory``)."""
+each beside the reader that turns its options into what the library takes (``hint``, ``read_model_arg``,
+``model_memory``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import os
 
 from ..errors import SceneEplbError
 from ..formats import GeometryHint
+from ..layouts.layout import Layout
 from ..planning.memory import KV_CACHE_DTYPES, ModelMemory, read_model_memory
+from ..planning.model_files import ModelFiles, read_model
 from .options import integer
 
 
@@ -49,14 +52,23 @@ def server_args(
     )
 
 
-def model_args(parser: argparse.ArgumentParser) -> None:
+MODEL_HELP = "the model's folder (config.json, its quantisation config and checkpoint), or its config.json"
+
+
+def model_arg(parser, required: bool = False, help: str = MODEL_HELP) -> None:
+    """``--model DIR``, the one spelling of a model in every command (``required`` where the command
+    reads nothing else)."""
+    parser.add_argument("--model", metavar="DIR", required=required, help=help)
+
+
+def model_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """``--model`` and how to price its memory."""
     g = parser.add_argument_group("model (a Hugging Face model folder: config.json and its quantisation config)")
-    g.add_argument(
-        "--model",
-        metavar="DIR",
-        help="the served model's folder: routing groups and top-k come from it, and "
-        "the output says what the redundant slots cost in memory and KV cache",
+    model_arg(
+        g,
+        required,
+        "the served model's folder or its config.json: its layers and experts must be the inputs', routing groups "
+        "and top-k come from it, and the output says what the redundant slots cost in memory and KV cache",
     )
     pricing_args(g)
 
@@ -77,11 +89,28 @@ def pricing_args(group) -> None:
     )
 
 
-def model_memory(args: argparse.Namespace) -> ModelMemory | None:
-    """What ``model_args`` gave: the model's memory prices when ``--model`` was given, else None
-    (``--expert-bytes`` alone is an error: it prices the experts of ``--model``)."""
+def read_model_arg(args: argparse.Namespace) -> ModelFiles | None:
+    """``--model`` read once (``read_model``), None without it; ``--expert-bytes`` alone is an error
+    (it prices the experts of ``--model``)."""
     if not getattr(args, "model", None):
         if getattr(args, "expert_bytes", None) is not None:
             raise SceneEplbError("--expert-bytes prices the experts of --model: give --model DIR too")
         return None
-    return read_model_memory(args.model, args.kv_cache_dtype, args.expert_bytes)
+    return read_model(args.model)
+
+
+def model_memory(args: argparse.Namespace, model: ModelFiles | None) -> ModelMemory | None:
+    """The memory prices of ``model`` as ``model_args`` ask (None without a model)."""
+    if model is None:
+        return None
+    return read_model_memory(model, args.kv_cache_dtype, args.expert_bytes)
+
+
+def check_layout_model(layout: Layout, model: ModelFiles, path: str, ep_size: int) -> None:
+    """Refuse a layout made for another model than ``--model`` (its MoE layers, their rows on the
+    model's layer axis, its experts) or another EP size, naming the layout file."""
+    g = model.geometry
+    try:
+        layout.check_model(len(g.moe_layers), g.num_experts, ep_size, g.moe_layers, g.num_layers)
+    except SceneEplbError as exc:
+        raise SceneEplbError(f"--model {model.folder}: {exc.problem}", path) from None

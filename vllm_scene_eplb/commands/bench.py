@@ -19,7 +19,17 @@ SHOWN = ("output_throughput_per_card", "prefill_throughput_per_card", "output_th
 
 def add_arguments(p) -> None:
     server_args(p)
-    p.add_argument("--model", required=True, help="served model name (and tokenizer path)")
+    p.add_argument(
+        "--served-model-name",
+        required=True,
+        metavar="NAME",
+        help="the model as the server serves it (its /v1/models id; vLLM's default: the path it was started with)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="where the prompts' tokenizer loads from (default: the path the server loaded NAME from, its /v1/models root)",
+    )
     p.add_argument("--scene", required=True, help="scene name, saved in the manifest")
     p.add_argument("-n", "--num-prompts", type=integer(1), required=True, help="request count N")
     p.add_argument("-c", "--concurrency", type=integer(1), required=True, help="max concurrent requests C")
@@ -69,7 +79,9 @@ def run(args, console: Console) -> None:
         args.seed,
     )
     extra = {"quantization": args.quantization, "chunk_size": args.chunk_size, "parallel": args.parallel}
-    doc = bench(args.url, args.model, scene, Path(args.output), args.repeats, args.api_key, extra, console.say)
+    doc = bench(
+        args.url, args.served_model_name, scene, Path(args.output), args.repeats, args.api_key, extra, console.say, args.tokenizer
+    )
     agg = doc["aggregate"]
     lines = [f"wrote {args.output}  window {agg['window_s']} s  steady-state {agg['steady_state']}  failed {agg['failed']}"]
     for m in SHOWN:

@@ -33,6 +33,11 @@ class Console:
         if not self.quiet:
             print(printable(message, lines=True), file=sys.stderr, flush=True)
 
+    def warn(self, message: str) -> None:
+        """A default the command took on the user's behalf, on stderr even with ``-q`` (it changes
+        the result, and stdout stays clean for --json)."""
+        print(printable(message, lines=True), file=sys.stderr, flush=True)
+
     def emit(self, payload: dict, text: str) -> None:
         """The result: ``payload`` as strict JSON with ``--json`` (see ``json_safe``), else ``text``
         with every control character escaped (a server's strings never act on the terminal)."""

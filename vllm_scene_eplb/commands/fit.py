@@ -13,13 +13,25 @@ from ..layouts.dispatch import DISPATCH_ALGORITHMS
 from ..layouts.evaluation import evaluate
 from ..layouts.layout import Geometry
 from ..layouts.peer import fit_peer
-from ..layouts.scenes import normalise_weights
+from ..layouts.scenes import check_scenes, normalise_weights
 from ..planning.memory import memory_cost
-from ..planning.model_geometry import read_model_geometry
-from .arguments import model_args, model_memory
+from ..planning.model_files import ModelFiles
+from ..planning.model_geometry import known_model
+from .arguments import model_args, model_memory, read_model_arg
 from .console import Console
 from .options import check_output_file, integer
-from .scenes import drafter_scores, layer_notes, read_scenes, scene_names, scenes_payload, scenes_text, unrouted_layers
+from .scenes import (
+    check_model_counts,
+    drafter_scores,
+    layer_notes,
+    moe_rows,
+    read_scenes,
+    refuse_empty_layers,
+    scene_names,
+    scenes_payload,
+    scenes_text,
+    unrouted_layers,
+)
 
 HELP = "fit a layout to counts (one scene or several)"
 DESCRIPTION = (
@@ -50,20 +62,19 @@ class Routing:
 
     expert_groups: int
     top_k: int | None
-    source: str  # "--expert-groups", "--model", "counts metadata" or "default"
+    source: str  # "--expert-groups", "--model", "counts metadata", a known model's shape or "default"
 
 
-def resolve_routing(args: argparse.Namespace, scenes: list) -> Routing:
+def resolve_routing(args: argparse.Namespace, scenes: list, model: ModelFiles | None, console: Console) -> Routing:
     """Routing groups: ``--expert-groups`` wins, else ``--model``'s config (n_group), else what the
-    recorder wrote into the counts (every scene must agree), else 1 (no groups)."""
+    recorder wrote into the counts (every scene must agree), else those of the known model the
+    counts' shape names (``known_model``: DeepSeek-V3's 8, said on stderr with how to override),
+    else 1 (no groups)."""
     top_k = None
-    if getattr(args, "model", None):
-        model = read_model_geometry(args.model)
-        if model.num_experts != scenes[0].num_experts:
-            raise SceneEplbError(f"--model has {model.num_experts} experts, the counts {scenes[0].num_experts}", args.model)
+    if model is not None:
         if args.expert_groups is None:
-            return Routing(model.expert_groups, model.top_k, "--model")
-        top_k = model.top_k
+            return Routing(model.geometry.expert_groups, model.geometry.top_k, "--model")
+        top_k = model.geometry.top_k
     recorded = {(c.meta.get("expert_groups"), c.meta.get("top_k")) for c in scenes}
     if len(recorded) > 1:
         raise SceneEplbError(f"the counts files record different routing (expert_groups, top_k): {sorted(recorded, key=str)}")
@@ -73,6 +84,14 @@ def resolve_routing(args: argparse.Namespace, scenes: list) -> Routing:
         return Routing(args.expert_groups, top_k, "--expert-groups")
     if isinstance(groups, int) and groups >= 1:
         return Routing(groups, top_k, "counts metadata")
+    known = known_model(scenes[0].num_layers, scenes[0].num_experts)
+    if known is not None and known.geometry.expert_groups > 1:
+        console.warn(
+            f"scene-eplb: note: neither --model nor the counts' metadata name the routing groups; the counts have "
+            f"{known.describe()}: taking its {known.geometry.expert_groups} routing groups (config n_group). "
+            "Override with --expert-groups N (1: none) or --model DIR"
+        )
+        return Routing(known.geometry.expert_groups, top_k or known.geometry.top_k, known.describe())
     return Routing(1, top_k, "default")
 
 
@@ -113,7 +132,14 @@ def add_arguments(p) -> None:
         help="the model's routing groups (config.json n_group; DeepSeek-V3/R1: 8). Placement then spreads every "
         "group and its halvings of neighbouring ids evenly over ranks, which held up better on other scenes "
         "of real DeepSeek-V3 counts (benchmarks/bench_fit_vs_vllm.py). Default: from --model, else from "
-        "the counts' metadata (the recorder writes it), else 1 (no groups)",
+        "the counts' metadata (the recorder writes it), else from the shape of a known model (DeepSeek-V3/R1's "
+        "61 layers x 256 experts: 8, said on stderr), else 1 (no groups)",
+    )
+    p.add_argument(
+        "--allow-empty-layers",
+        action="store_true",
+        help="fit counts whose MoE layers (per --model, the counts' metadata or a known model's shape) are all "
+        "zero, to an even load there (refused otherwise: a recorder that missed them?)",
     )
     p.add_argument(
         "--drafter-layers",
@@ -141,18 +167,25 @@ def add_arguments(p) -> None:
 
 
 def run(args, console: Console) -> None:
-    check_output_file(args.output, args.counts)
+    check_output_file(args.output, args.counts, args.model)
     weights = parse_weights(args.scene_weights, len(args.counts))
+    model = read_model_arg(args)
     scenes = read_scenes(args.counts, console)
-    routing = resolve_routing(args, scenes)
-    hash_layers = read_model_geometry(args.model).hash_layers if args.model else ()
+    check_scenes(scenes, scenes[0].num_experts)
+    if model is not None:
+        for counts, path in zip(scenes, args.counts):
+            check_model_counts(model, counts, path)
+    rows = moe_rows(scenes, model)
+    if not args.allow_empty_layers:
+        refuse_empty_layers(scenes, args.counts, rows, args.model, "fits them to an even load")
+    routing = resolve_routing(args, scenes, model, console)
     geometry = Geometry(scenes[0].num_experts, args.redundant, args.ep_size, args.nodes)
     options = FitOptions(
         geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups, objective=args.objective
     )
-    prices = model_memory(args)
+    prices = model_memory(args, model)
     with console.progress(f"fitting {scenes[0].num_layers} layers to {len(scenes)} scene(s)"):
-        layout = fit(scenes, options, weights, args.drafter_layers)
+        layout = fit(scenes, options, weights, rows.layers if rows else None, args.drafter_layers)
     memory = memory_cost(prices, geometry, len(layout.drafter_layers))
     layout.meta["top_k"] = routing.top_k
     names = scene_names(args.counts)
@@ -160,7 +193,7 @@ def run(args, console: Console) -> None:
     evals = [evaluate(layout, c, peer) for c in scenes]
     drafter, drafter_text = drafter_scores(layout, scenes, args.counts)
     out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
-    notes = [note for c, path in zip(scenes, args.counts) for note in layer_notes(c, path, hash_layers)]
+    notes = [note for c, path in zip(scenes, args.counts) for note in layer_notes(c, path, rows, args.model)]
     unrouted = unrouted_layers(scenes, layout.moe_layers)
     if unrouted:
         notes.append(f"MoE layers {unrouted} have no counts in any scene: fitted to an even load, their scores say nothing")

@@ -2,8 +2,9 @@
 
 Argument types (``integer``, ``number``) give argparse a range and finiteness check, so a bad option
 fails at parse time with one line. ``check_output_file`` and ``check_output_dir`` refuse an output path that cannot be written
-(a directory, a missing parent, a read-only place, an input file) before any work starts; the write
-itself is atomic, so an existing output survives every later failure byte for byte.
+(a directory, a missing parent, a read-only place, an input file, a place inside the ``--model``
+folder) before any work starts; the write itself is atomic, so an existing output survives every
+later failure byte for byte.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import SceneEplbError
+from ..planning.model_files import model_folder
 
 MAX_OPTION_INT = 1 << 20  # any count an option takes (ranks, slots, groups, runs) stays far below this
 
@@ -67,8 +69,25 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def check_output_file(path: str, inputs: Iterable[str] = ()) -> Path:
-    """``path`` as a file a command may (atomically) replace, or the one-line reason it may not."""
+def _check_inputs(out: Path, inputs: Iterable[str | os.PathLike], model: str | os.PathLike | None) -> None:
+    """Refuse an output that is one of the ``inputs`` or lies inside the ``--model`` folder ``model``
+    (the checkpoint's own files), naming which."""
+    for src in inputs:
+        if _same_file(out, Path(src)):
+            raise SceneEplbError(f"output would replace an input file ({src}); choose another path", out)
+    if model is not None:
+        folder = model_folder(model).resolve()
+        if out.resolve() == folder or folder in out.resolve().parents:
+            raise SceneEplbError(
+                f"output lies inside the --model folder {model_folder(model)} and could replace the model's own "
+                "files; choose a path outside it",
+                out,
+            )
+
+
+def check_output_file(path: str, inputs: Iterable[str | os.PathLike] = (), model: str | os.PathLike | None = None) -> Path:
+    """``path`` as a file a command may (atomically) replace, or the one-line reason it may not (an
+    input file, or a path inside the ``--model`` folder, included)."""
     if not path:
         raise SceneEplbError("output path is empty")
     out = Path(path)
@@ -81,14 +100,13 @@ def check_output_file(path: str, inputs: Iterable[str] = ()) -> Path:
         raise SceneEplbError(f"output folder {parent} is not a directory", out)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise SceneEplbError(f"output folder {parent} is not writable", out)
-    for src in inputs:
-        if _same_file(out, Path(src)):
-            raise SceneEplbError("output would replace an input file; choose another path", out)
+    _check_inputs(out, inputs, model)
     return out
 
 
-def check_output_dir(path: str) -> Path:
-    """``path`` as a folder a command may write files into (made when missing, its parent must exist)."""
+def check_output_dir(path: str, model: str | os.PathLike | None = None) -> Path:
+    """``path`` as a folder a command may write files into (made when missing, its parent must
+    exist), outside the ``--model`` folder."""
     if not path:
         raise SceneEplbError("output path is empty")
     out = Path(path)
@@ -99,4 +117,5 @@ def check_output_dir(path: str) -> Path:
         raise SceneEplbError(f"output folder's parent {where} does not exist or is not a directory", out)
     if not os.access(where, os.W_OK | os.X_OK):
         raise SceneEplbError(f"{where} is not writable", out)
+    _check_inputs(out, (), model)
     return out

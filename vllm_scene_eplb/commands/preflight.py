@@ -7,8 +7,8 @@ from __future__ import annotations
 from ..errors import SceneEplbError
 from ..formats import read_layout
 from ..layouts.layout import Geometry
-from ..planning.memory import GIB, cost_sentence, geometry_cost, read_model_files, read_model_memory
-from ..planning.model_geometry import ConfigFields
+from ..planning.memory import GIB, cost_sentence, geometry_cost, read_model_memory
+from ..planning.model_files import read_model
 from ..planning.sizing import MIB, Recipe, size_rank
 from .arguments import geometry_args, hint, model_args
 from .options import integer, number
@@ -23,7 +23,7 @@ DESCRIPTION = (
 
 
 def add_arguments(p) -> None:
-    model_args(p)
+    model_args(p, required=True)
     s = p.add_argument_group("the server recipe")
     s.add_argument("--dp", type=integer(1), required=True, help="--data-parallel-size")
     s.add_argument("--tp", type=integer(1), required=True, help="--tensor-parallel-size")
@@ -55,11 +55,10 @@ def add_arguments(p) -> None:
 
 
 def run(args, console) -> None:
-    if not args.model:
-        raise SceneEplbError("preflight needs --model DIR (its config.json)")
-    memory = read_model_memory(args.model, args.kv_cache_dtype, args.expert_bytes)
-    cfg, modelslim, path, _ = read_model_files(args.model)
-    experts = ConfigFields(cfg, path).integer("n_routed_experts", 1)
+    model = read_model(args.model)
+    memory = read_model_memory(model, args.kv_cache_dtype, args.expert_bytes)
+    cfg, modelslim, path = model.cfg, model.modelslim, model.where
+    experts = model.geometry.num_experts
     ep = args.dp * args.tp
     layout = read_layout(args.layout, hint(args)) if args.layout else None
     geometry = None if layout is None else layout.geometry
@@ -69,7 +68,7 @@ def run(args, console) -> None:
     if physical % ep:
         raise SceneEplbError(f"{physical} expert slots do not divide over EP {ep}")
     slots = geometry or Geometry(experts, args.redundant, ep)  # the redundant slots priced against KV
-    max_len = args.max_model_len or ConfigFields(cfg, path).integer("max_position_embeddings", 1, default=None)
+    max_len = args.max_model_len or model.fields().integer("max_position_embeddings", 1, default=None)
     if max_len is None:
         raise SceneEplbError("the config has no max_position_embeddings: give --max-model-len")
     recipe = Recipe(

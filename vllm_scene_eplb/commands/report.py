@@ -5,11 +5,10 @@ from __future__ import annotations
 from ..formats import read_layout
 from ..layouts.report import write_report
 from ..planning.memory import memory_cost
-from ..planning.model_geometry import read_model_geometry
-from .arguments import geometry_args, hint, model_args, model_memory
+from .arguments import check_layout_model, geometry_args, hint, model_args, model_memory, read_model_arg
 from .console import Console
 from .options import check_output_dir
-from .scenes import drafter_scores, read_scenes, scene_names, scenes_payload, scenes_text
+from .scenes import check_model_counts, drafter_scores, read_scenes, scene_names, scenes_payload, scenes_text
 
 HELP = "Markdown report plus PNG heat maps of per-rank load: old (linear), vLLM's policy and the layout, one or several scenes"
 
@@ -28,11 +27,18 @@ def add_arguments(p) -> None:
 
 
 def run(args, console: Console) -> None:
-    check_output_dir(args.output)
+    check_output_dir(args.output, args.model)
+    model = read_model_arg(args)
     layout = read_layout(args.layout, hint(args))
-    scenes = list(zip(scene_names(args.counts), read_scenes(args.counts, console, layout)))
-    memory = memory_cost(model_memory(args), layout.geometry, len(layout.drafter_layers))
-    groups = read_model_geometry(args.model).expert_groups if args.model else None  # vLLM reads n_group from the model
+    if model is not None:
+        check_layout_model(layout, model, args.layout, layout.geometry.ep_size)
+    counts = read_scenes(args.counts, console, layout)
+    if model is not None:
+        for c, path in zip(counts, args.counts):
+            check_model_counts(model, c, path)
+    scenes = list(zip(scene_names(args.counts), counts))
+    memory = memory_cost(model_memory(args, model), layout.geometry, len(layout.drafter_layers))
+    groups = model.geometry.expert_groups if model is not None else None  # vLLM reads n_group from the model
     with console.progress("fitting vLLM's policy, scoring and drawing heat maps"):
         evals, md, pngs = write_report(
             layout, scenes, args.output, memory["summary"] if memory else None, groups, "--model" if groups else ""

@@ -1,9 +1,11 @@
-"""The counts files a scoring command reads (``read_scenes``) and how their scores are printed: the
-summary text and the ``--json`` payload, one scene or several."""
+"""The counts files a scoring command reads (``read_scenes``), checked against ``--model`` or the model
+they name (``check_model_counts``, ``moe_rows``, ``empty_layers``), and how their scores are printed:
+the summary text and the ``--json`` payload, one scene or several."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +14,11 @@ from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..formats.counts import PREDICTED_KEY
 from ..layouts.counts import Counts
-from ..layouts.drafter import drafter_layers_of, drafter_share
+from ..layouts.drafter import drafter_layers_of, drafter_share, num_target_layers
 from ..layouts.evaluation import Evaluation, check_compatible, drafter_gap, evaluate_drafter
 from ..layouts.layout import Layout
+from ..planning.model_files import ModelFiles
+from ..planning.model_geometry import known_model
 from .console import Console
 
 
@@ -77,10 +81,86 @@ def scenes_text(paths: list[str], evals: list[Evaluation]) -> str:
     return "\n".join([evals[0].peer_line()] + [f"scene {n}:\n{summary_text(ev)}" for n, ev in zip(scene_names(paths), evals)])
 
 
-def layer_notes(counts: Counts, name: str, hash_layers: Sequence[int] = ()) -> list[str]:
+def check_model_counts(model: ModelFiles, counts: Counts, path: str | Path) -> None:
+    """Refuse counts of another model than ``--model``: another layer or expert count, MoE layers
+    in their metadata that are not the model's, or routing in a layer the model says is dense (a
+    drafter's rows after the model's layers are the drafter's, ``layouts.drafter``)."""
+    g, problems, layers = model.geometry, [], num_target_layers(counts)
+    if (layers, counts.num_experts) != (g.num_layers, g.num_experts):
+        problems.append(f"the counts are [L={layers}, E={counts.num_experts}], the model [L={g.num_layers}, E={g.num_experts}]")
+    else:
+        named = counts.meta.get("moe_layers")
+        if named is not None and tuple(named) != g.moe_layers:
+            problems.append(f"the counts' metadata names MoE layers {named}, the model's are {list(g.moe_layers)}")
+        dense = [int(layer) for layer in counts.active_layers() if int(layer) < layers and int(layer) not in g.moe_layers]
+        if dense:
+            problems.append(f"the counts route layers {dense} that the model says are dense")
+    if problems:
+        raise SceneEplbError(f"not counts of --model {model.folder}: " + "; ".join(problems), path)
+
+
+@dataclass(frozen=True)
+class MoeRows:
+    """Which rows of the counts' layer axis are MoE layers, DeepSeek-V4's hash layers among them,
+    and who says so (``source``: ``--model``, the counts' metadata or a known model's shape)."""
+
+    layers: tuple[int, ...]
+    hash_layers: tuple[int, ...]
+    source: str
+
+
+def moe_rows(scenes: Sequence[Counts], model: ModelFiles | None) -> MoeRows | None:
+    """The MoE rows of ``scenes`` (of one shape): ``--model``'s, else the counts' metadata
+    ``moe_layers`` (every scene that names them must agree), else those of the known model of their
+    shape (``known_model``; it also names the hash layers), else None: every all-zero row is then
+    taken for a dense layer."""
+    if model is not None:
+        return MoeRows(model.geometry.moe_layers, model.geometry.hash_layers, "--model")
+    known = known_model(num_target_layers(scenes[0]), scenes[0].num_experts)
+    named = {tuple(c.meta["moe_layers"]) for c in scenes if c.meta.get("moe_layers") is not None}
+    if len(named) > 1:
+        raise SceneEplbError(f"the counts files name different MoE layers in their metadata: {sorted(named)}")
+    if named:
+        layers = named.pop()
+        hashed = tuple(layer for layer in known.geometry.hash_layers if layer in layers) if known else ()
+        return MoeRows(layers, hashed, "the counts' metadata")
+    if known:
+        return MoeRows(known.geometry.moe_layers, known.geometry.hash_layers, known.describe())
+    return None
+
+
+def empty_layers(counts: Counts, rows: MoeRows | None) -> list[int]:
+    """The MoE rows ``counts`` left all zero; none in a ``hash-counts`` prediction alone (its
+    unpredicted layers are zero by design), but a record it filled is a record."""
+    if rows is None:
+        return []
+    routed = np.asarray(counts.total().any(axis=1))
+    predicted = counts.meta.get(PREDICTED_KEY) or []
+    if predicted and not any(routed[layer] for layer in rows.layers if layer not in predicted):
+        return []
+    return [layer for layer in rows.layers if not routed[layer]]
+
+
+def empty_layers_line(counts: Counts, name: str, rows: MoeRows | None, model: str | None) -> str | None:
+    """What a counts file's empty MoE rows are, in one line: which, who says they are MoE layers and,
+    for DeepSeek-V4's hash layers, the ``hash-counts`` line that fills them; None when there are none."""
+    empty = empty_layers(counts, rows)
+    if not empty or rows is None:
+        return None
+    line = f"{name}: MoE layers {empty} (per {rows.source}) are all zero (a recorder that missed them?)"
+    hashed = [layer for layer in empty if layer in rows.hash_layers]
+    if hashed:
+        line += (
+            f"; hash layers {hashed} route by token id: fill them with "
+            f"`scene-eplb hash-counts --model {model or 'DIR'} --fill {name} --token-ids TOKENS -o FILLED`"
+        )
+    return line
+
+
+def layer_notes(counts: Counts, name: str, rows: MoeRows | None = None, model: str | None = None) -> list[str]:
     """What a counts file says of its layers beyond the counts: those predicted from tokens, not
-    recorded (``hash-counts``), and the model's ``hash_layers`` left all zero (a recorder that missed
-    them: SGLang #25961 recorded 40 of DeepSeek-V4-Flash's 43 layers)."""
+    recorded (``hash-counts``), and its MoE layers left all zero (``empty_layers_line``: a recorder
+    that missed them, as SGLang #25961 recorded 40 of DeepSeek-V4-Flash's 43 layers)."""
     notes = []
     drafter = drafter_layers_of(counts)
     if drafter:
@@ -92,14 +172,21 @@ def layer_notes(counts: Counts, name: str, hash_layers: Sequence[int] = ()) -> l
     if predicted:
         tokens = counts.meta.get("predicted_tokens")
         notes.append(f"{name}: layers {predicted} predicted from {tokens} tokens (hash-routed), not recorded")
-    total = counts.total()
-    empty = [layer for layer in hash_layers if layer < counts.num_layers and not total[layer].any()]
+    empty = empty_layers_line(counts, name, rows, model)
     if empty:
-        notes.append(
-            f"{name}: the model's hash layers {empty} are all zero (a recorder that missed them?): fill them "
-            f"with `scene-eplb hash-counts MODEL --fill {name} --token-ids TOKENS -o FILLED`"
-        )
+        notes.append(empty)
     return notes
+
+
+def refuse_empty_layers(
+    scenes: Sequence[Counts], paths: Sequence[str], rows: MoeRows | None, model: str | None, then: str
+) -> None:
+    """Refuse the first counts file with empty MoE rows, in one line that says what ``then``
+    (``--allow-empty-layers``) would do instead."""
+    for counts, path in zip(scenes, paths):
+        line = empty_layers_line(counts, path, rows, model)
+        if line:
+            raise SceneEplbError(f"{line}; --allow-empty-layers {then}")
 
 
 def unrouted_layers(scenes: Sequence[Counts], layers: Sequence[int]) -> list[int]:

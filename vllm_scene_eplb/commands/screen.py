@@ -1,11 +1,11 @@
-"""`scene-eplb screen --model-config CONFIG.json --role prefill|decode --input-len N --output-len N
---cached-share F`: before recording a scene, the share of a step its routed experts take and the
+"""`scene-eplb screen --model DIR --role prefill|decode --input-len N --output-len N --cached-share F`: before recording a scene, the share of a step its routed experts take and the
 most a better-balanced layout could give that node (``step_cost``)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from ..planning.model_files import read_model
 from ..planning.step_cost import (
     DEFAULT_BATCH,
     DEFAULT_CHUNK,
@@ -17,7 +17,7 @@ from ..planning.step_cost import (
     read_step_model,
     screen,
 )
-from .arguments import pricing_args
+from .arguments import model_arg, pricing_args
 from .console import Console
 from .options import integer, number
 
@@ -36,11 +36,10 @@ DESCRIPTION = (
 
 def add_arguments(p) -> None:
     s = p.add_argument_group("the scene")
-    s.add_argument(
-        "--model-config",
+    model_arg(
+        s,
         required=True,
-        metavar="CONFIG.json",
-        help="the model's config.json (or its folder), e.g. data/models/deepseek-v3 or data/models/deepseek-v4-flash",
+        help="the model's folder or its config.json, e.g. data/models/deepseek-v3 or data/models/deepseek-v4-flash",
     )
     s.add_argument("--role", choices=ROLES, required=True, help="the node: prefill (P) or decode (D)")
     s.add_argument("--input-len", type=integer(1), required=True, metavar="N", help="prompt tokens per request")
@@ -87,7 +86,7 @@ def add_arguments(p) -> None:
 
 
 def run(args, console: Console) -> None:
-    model = read_step_model(args.model_config, args.kv_cache_dtype, args.expert_bytes)
+    model = read_step_model(read_model(args.model), args.kv_cache_dtype, args.expert_bytes)
     scene = PricedScene(args.role, args.input_len, args.output_len, args.cached_share, args.chunk, args.batch, args.ep_size)
     machine = MACHINES[args.machine]
     if args.peak_tflops is not None or args.hbm_tbps is not None:
@@ -109,4 +108,4 @@ def run(args, console: Console) -> None:
         f"over one at {answer.score:g}, if nothing else on the critical path moves\n"
         "assumptions:" + "".join(f"\n  - {a}" for a in answer.assumptions)
     )
-    console.emit({"model_config": args.model_config, **answer.to_dict()}, text)
+    console.emit({"model": args.model, **answer.to_dict()}, text)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import SceneEplbError
 from ..formats import read_layout
-from ..planning.model_geometry import read_model_geometry
-from .arguments import geometry_args, hint
+from .arguments import check_layout_model, geometry_args, hint, model_arg, read_model_arg
 from .console import Console
 
 HELP = "check a layout file (and that it fits a model)"
@@ -13,21 +11,18 @@ HELP = "check a layout file (and that it fits a model)"
 
 def add_arguments(p) -> None:
     p.add_argument("layout")
-    p.add_argument("--model", help="model directory or config.json: check MoE layers and experts against it")
+    model_arg(p, help="the model's folder or its config.json: check the layout's layers, MoE layers and experts against it")
     geometry_args(p)
 
 
 def run(args, console: Console) -> None:
     layout = read_layout(args.layout, hint(args))
     checks = []
-    if args.model:
-        model = read_model_geometry(args.model)
-        ep = args.ep_size or layout.geometry.ep_size
-        try:
-            layout.check_model(len(model.moe_layers), model.num_experts, ep, model.moe_layers, model.num_layers)
-        except SceneEplbError as exc:
-            raise SceneEplbError(exc.problem, args.layout) from None
-        checks.append(f"matches model {args.model}: {len(model.moe_layers)} MoE layers, {model.num_experts} experts")
+    model = read_model_arg(args)
+    if model is not None:
+        check_layout_model(layout, model, args.layout, args.ep_size or layout.geometry.ep_size)
+        moe, experts = model.geometry.moe_layers, model.geometry.num_experts
+        checks.append(f"matches model {args.model}: {len(moe)} MoE layers, {experts} experts")
     g = layout.geometry
     payload = {
         "file": args.layout,

@@ -23,23 +23,31 @@ from .options import FITTER_VERSION, FitOptions
 from .several_scenes import fit_scenes
 
 
-def fingerprint(counts_digest: str, options: FitOptions, drafter_layers: int = 0) -> str:
-    """Hash of fitter version, input counts and options (and drafter rows asked for beyond the counts):
-    equal fingerprints mean equal layouts."""
-    doc = {"fitter": FITTER_VERSION, "counts": counts_digest, "options": options.to_dict()}
-    return sha256_hex(canonical_json({**doc, "drafter_layers": drafter_layers} if drafter_layers else doc))[:16]
+def fingerprint(counts_digest: str, options: FitOptions, moe_layers: Sequence[int] | None = None, drafter_layers: int = 0) -> str:
+    """Hash of fitter version, input counts and options (and the MoE rows, where a model gave others
+    than the counts say, and drafter rows asked for beyond the counts): equal fingerprints mean equal layouts."""
+    given: dict = {} if moe_layers is None else {"moe_layers": list(moe_layers)}
+    if drafter_layers:
+        given["drafter_layers"] = drafter_layers
+    return sha256_hex(canonical_json({"fitter": FITTER_VERSION, "counts": counts_digest, "options": options.to_dict(), **given}))[
+        :16
+    ]
 
 
 def fit(
-    counts: Counts | Sequence[Counts], options: FitOptions, scene_weights: Sequence[float] | None = None, drafter_layers: int = 0
+    counts: Counts | Sequence[Counts],
+    options: FitOptions,
+    scene_weights: Sequence[float] | None = None,
+    moe_layers: Sequence[int] | None = None,
+    drafter_layers: int = 0,
 ) -> Layout:
     """Fit a layout to the train half of ``counts`` (all written ring entries if fewer than two),
     or to several scenes' train halves with ``scene_weights`` (default equal; see ``fit_scenes``).
 
     ``counts``: one ``Counts`` [T, L, E] or several of the same L and E; ``options.geometry``'s E
     must be theirs. Returns a ``Layout``: ``physical_to_logical_map`` [L, P] (P = E + R),
-    ``static_sources`` [L, P] for ``static`` dispatch (else None), ``moe_layers`` from the counts'
-    meta (else the rows with any routing), and ``meta``: ``fingerprint`` (fitter version, counts
+    ``static_sources`` [L, P] for ``static`` dispatch (else None), ``moe_layers`` as given (the
+    model's), else from the counts' meta, else the rows with any routing, and ``meta``: ``fingerprint`` (fitter version, counts
     and options), ``fitter``, ``source_counts_sha256`` (one per scene), ``scene_weights`` [n],
     ``objective``, ``dispatch``, ``robust``, ``expert_groups``, ``model``, ``role`` (``mixed``
     where the scenes' differ) and ``EXPECTED_KEY``: the expected score on the scenes' mix (its
@@ -58,26 +66,28 @@ def fit(
     weights = normalise_weights(scene_weights, len(scenes))
     fitted = fit_scenes([c.split()[0] for c in scenes], weights, options)
     first = scenes[0]
-    moe = first.meta.get("moe_layers")
+    named = first.meta.get("moe_layers")
     routed = np.sum([c.total() for c in scenes], axis=0).any(axis=1)
     target = num_target_layers(first)
-    moe_layers = tuple(moe) if moe is not None else tuple(int(i) for i in np.flatnonzero(routed[:target]))
+    counted = tuple(named) if named is not None else tuple(int(i) for i in np.flatnonzero(routed[:target]))
+    rows = counted if moe_layers is None else tuple(int(i) for i in moe_layers)
     mix = (weights[:, None, None] * normalised_totals([c.data for c in scenes])).sum(axis=0)
     digests = [c.digest() for c in scenes]
     roles = {c.meta.get("role") for c in scenes}
     guessed = [layer for layer in drafter if layer >= len(routed) or not routed[layer]]
     if guessed:
-        fitted = guessed_rows(fitted, guessed, mix[list(moe_layers)].sum(axis=0), g)
+        fitted = guessed_rows(fitted, guessed, mix[list(rows)].sum(axis=0), g)
     layout = Layout(
         fitted.map,
         g,
         static_sources=fitted.static_sources,
-        moe_layers=moe_layers,
+        moe_layers=rows,
         drafter_layers=drafter,
         meta={
             "fingerprint": fingerprint(
                 digests[0] if len(scenes) == 1 else sha256_hex(canonical_json([digests, weights.tolist()])),
                 options,
+                None if rows == counted else rows,
                 drafter_layers,
             ),
             "fitter": FITTER_VERSION,

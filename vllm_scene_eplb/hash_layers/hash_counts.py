@@ -17,6 +17,13 @@ from ..layouts.counts import Counts, counts_digest
 from ..planning.model_geometry import ModelGeometry
 from .hash_routing import HashTables, hash_layer_counts
 
+TOKEN_RATIO_BAND = (0.9, 1.1)
+"""The tokens given over the tokens a record routed per score-routed layer that ``--fill`` takes unasked:
+1 when they are the record's own. 10% below leaves room for the tokens no client sees (a D node's
+rejected drafts: 10% of what it computes at one draft a pass and 80% acceptance), as much above for
+tokens given that the engine did not compute (each request's last sampled token). Sampled plus drafted
+tokens (accepted drafts twice), another run's tokens or a record that kept a part of the run lie outside."""
+
 
 def prediction_meta(geometry: ModelGeometry, tables: HashTables, histogram: np.ndarray, source: str) -> dict:
     """What a counts file says of its predicted layers: which, from how many tokens, which tokens

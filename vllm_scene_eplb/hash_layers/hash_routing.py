@@ -19,7 +19,8 @@ from ..errors import SceneEplbError
 from ..fileio import canonical_json, sha256_hex
 from ..formats.safetensors import read_checkpoint_tensors
 from ..layouts.counts import MAX_TOTAL
-from ..planning.model_geometry import ConfigFields, ModelGeometry, from_hf_config, read_hf_config, text_config
+from ..planning.model_files import ModelFiles, read_model
+from ..planning.model_geometry import ModelGeometry
 
 TABLE_NAME = "layers.{layer}.ffn.gate.tid2eid"  # DeepSeek's checkpoint name (vLLM loads it as an int32 parameter)
 
@@ -67,33 +68,36 @@ def check_hash_table(
     return raw.astype(np.int64)
 
 
-def model_hash_geometry(model_dir: str | os.PathLike) -> tuple[ModelGeometry, int]:
-    """A model folder's MoE geometry and vocabulary size; refuses a model without hash layers."""
-    cfg, path = read_hf_config(model_dir)
-    geometry = from_hf_config(cfg, str(path))
+def model_hash_geometry(model: ModelFiles) -> tuple[ModelGeometry, int]:
+    """A model's MoE geometry and vocabulary size; refuses a model without hash layers."""
+    geometry = model.geometry
     if not geometry.hash_layers:
-        raise SceneEplbError("config has no num_hash_layers: no layer routes by token id (DeepSeek-V4's hash layers)", path)
+        raise SceneEplbError(
+            "config has no num_hash_layers (nor mlp_layer_types' hash_moe): no layer routes by token id "
+            "(DeepSeek-V4's hash layers)",
+            model.where,
+        )
     if geometry.top_k is None:
-        raise SceneEplbError("config has no num_experts_per_tok: a hash table's row length is unknown", path)
-    vocab = ConfigFields(text_config(cfg, str(path)), str(path)).integer("vocab_size", 1, high=1 << 24)
-    return geometry, vocab
+        raise SceneEplbError("config has no num_experts_per_tok: a hash table's row length is unknown", model.where)
+    return geometry, model.fields().integer("vocab_size", 1, high=1 << 24)
 
 
-def read_hash_tables(model_dir: str | os.PathLike) -> HashTables:
-    """Every hash layer's table from a model folder (config.json and its safetensors), each checked
-    against the config; a table the checkpoint lacks is named."""
-    geometry, vocab = model_hash_geometry(model_dir)
+def read_hash_tables(model: ModelFiles | str | os.PathLike) -> HashTables:
+    """Every hash layer's table from a model (its folder or config.json, or the model read) and its
+    safetensors, each checked against the config; a table the checkpoint lacks is named."""
+    model = model if isinstance(model, ModelFiles) else read_model(model)
+    geometry, vocab = model_hash_geometry(model)
     names = {layer: TABLE_NAME.format(layer=layer) for layer in geometry.hash_layers}
-    found = read_checkpoint_tensors(model_dir, names.values())
+    found = read_checkpoint_tensors(model.folder, names.values())
     missing = [layer for layer, name in names.items() if name not in found]
     if missing:
         raise SceneEplbError(
-            f"the checkpoint has no table for hash layer(s) {missing} ({names[missing[0]]}); the config's "
-            f"num_hash_layers {len(names)} says every one of them routes by token id",
-            model_dir,
+            f"the checkpoint has no table for hash layer(s) {missing} ({names[missing[0]]}); the config says "
+            f"every one of its {len(names)} hash layers routes by token id",
+            model.folder,
         )
     top_k, experts = int(geometry.top_k or 0), geometry.num_experts
-    tables = [check_hash_table(found[names[layer]], layer, vocab, top_k, experts, os.fspath(model_dir)) for layer in names]
+    tables = [check_hash_table(found[names[layer]], layer, vocab, top_k, experts, str(model.folder)) for layer in names]
     return HashTables(geometry.hash_layers, np.stack(tables), experts)
 
 

@@ -15,24 +15,22 @@ rank that gets it: memory that comes out of that rank's KV cache. From a Hugging
   window and compressor states (0 for other attention).
 
 Not counted: the MTP layer (``num_nextn_predict_layers``), which vLLM-Ascend places with the same
-slot count, and activation workspace. Pure numpy-free arithmetic, no engine.
+slot count, and activation workspace. Pure numpy-free arithmetic, no engine; the model comes read (``model_files.read_model``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
 from ..errors import SceneEplbError
-from ..fileio import load_json
 from ..layouts.layout import Geometry
-from .model_geometry import ConfigFields, V4Shape, attention_shape, from_hf_config, read_hf_config, text_config
+from .model_files import ModelFiles
+from .model_geometry import ConfigFields, V4Shape, v4_compress_ratios
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 KV_CACHE_DTYPES = ("auto",) + tuple(DTYPE_BYTES)
-MODELSLIM_FILE = "quant_model_description.json"  # vLLM-Ascend's ModelSlim quantisation description
 GIB = 1024**3
 
 
@@ -199,13 +197,14 @@ def model_dtype_bytes(cfg: dict, path: str | None = None) -> int:
         raise SceneEplbError(exc.problem, path) from None
 
 
-def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None = None) -> tuple[int, int, str]:
+def kv_bytes_per_token(model: ModelFiles, kv_cache_dtype: str = "auto") -> tuple[int, int, str]:
     """One token's KV cache over all layers on one rank (attention TP 1), what a sequence holds
     whatever its length (DeepSeek-V4's window and compressor states) and its format."""
-    f = ConfigFields(cfg, path)
-    shape = attention_shape(cfg, path) if f.has("compress_ratios") else None
-    if isinstance(shape, V4Shape):
-        cache = v4_cache(shape, cfg, kv_cache_dtype, path)
+    f, path = model.fields(), model.where
+    if v4_compress_ratios(f) is not None:
+        shape = model.attention()
+        assert isinstance(shape, V4Shape)  # the V4 ratios give a V4 shape
+        cache = v4_cache(shape, model.cfg, kv_cache_dtype, path)
         return cache.per_token, cache.per_sequence, cache.describe()
     dtype = _model_dtype(f) if kv_cache_dtype == "auto" else kv_cache_dtype
     size = _dtype_bytes(dtype, "kv cache dtype")
@@ -221,39 +220,20 @@ def kv_bytes_per_token(cfg: dict, kv_cache_dtype: str = "auto", path: str | None
     return layers * 2 * kv_heads * head_dim * size, 0, f"K and V, {kv_heads} KV heads x {head_dim} per layer, {dtype}"
 
 
-def read_model_files(model_dir: str | os.PathLike) -> tuple[dict, dict | None, str, int]:
-    """A model folder's text config (with its quantization_config), ModelSlim description (or
-    None), config path and number of MoE layers, the config's MoE fields checked."""
-    raw, path = read_hf_config(model_dir)
-    geometry = from_hf_config(raw, str(path))  # the config's MoE fields checked first
-    cfg = text_config(raw, str(path))
-    if "quantization_config" in raw and "quantization_config" not in cfg:
-        cfg = {**cfg, "quantization_config": raw["quantization_config"]}
-    modelslim = None
-    slim = path.parent / MODELSLIM_FILE
-    if slim.is_file():
-        modelslim = load_json(slim, MODELSLIM_FILE)
-        if not isinstance(modelslim, dict):
-            raise SceneEplbError(f"{MODELSLIM_FILE} is not a JSON object", slim)
-    return cfg, modelslim, str(path), len(geometry.moe_layers)
-
-
-def read_model_memory(
-    model_dir: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes_override: int | None = None
-) -> ModelMemory:
-    """Price a model folder's expert and KV token (see the module docstring)."""
-    cfg, modelslim, path, moe_layers = read_model_files(model_dir)
+def read_model_memory(model: ModelFiles, kv_cache_dtype: str = "auto", expert_bytes_override: int | None = None) -> ModelMemory:
+    """Price a model's expert and KV token (see the module docstring)."""
+    path = model.where
     try:
         if expert_bytes_override is not None:
             if expert_bytes_override <= 0:
                 raise SceneEplbError(f"--expert-bytes must be positive, got {expert_bytes_override}")
             per_expert, fmt = expert_bytes_override, "given (--expert-bytes)"
         else:
-            per_expert, fmt = expert_bytes(cfg, modelslim, path)
-        kv, per_sequence, kv_fmt = kv_bytes_per_token(cfg, kv_cache_dtype, path)
+            per_expert, fmt = expert_bytes(model.cfg, model.modelslim, path)
+        kv, per_sequence, kv_fmt = kv_bytes_per_token(model, kv_cache_dtype)
     except SceneEplbError as exc:
         raise SceneEplbError(exc.problem, path) from None
-    return ModelMemory(per_expert, fmt, kv, kv_fmt, moe_layers, per_sequence)
+    return ModelMemory(per_expert, fmt, kv, kv_fmt, len(model.geometry.moe_layers), per_sequence)
 
 
 def replica_cost(memory: ModelMemory, slots_per_rank: float, drafter_layers: int = 0) -> dict:

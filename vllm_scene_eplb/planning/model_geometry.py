@@ -1,16 +1,18 @@
 """MoE geometry of a Hugging Face model config (config.json): which layers are MoE, how many experts,
-how they are routed (top-k, routing groups); and the shapes the preflight's bytes and the screen's
-FLOPs are priced from: DeepSeek-V2/V3's MLA (``MlaShape``) and DeepSeek-V4's compressed sparse
-attention (``V4Shape``), one reader for both (``attention_shape``)."""
+how they are routed (top-k, routing groups, DeepSeek-V4's hash layers); and the shapes the
+preflight's bytes and the screen's FLOPs are priced from: DeepSeek-V2/V3's MLA (``MlaShape``) and
+DeepSeek-V4's compressed sparse attention (``V4Shape``), one reader for both (``attention_shape``).
+
+DeepSeek-V4 comes in two spellings, read alike: the one vLLM reads (``num_hash_layers``, per-layer
+``compress_ratios``) and the one transformers >= 5.16 writes (``mlp_layer_types`` of ``hash_moe`` /
+``moe``, ``layer_types`` with ``compress_rates``); a config that states both must say the same.
+Reading a model's files is ``model_files``'s."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 from ..errors import SceneEplbError
-from ..fileio import load_json
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,8 @@ class ModelGeometry:
     its router picks experts: ``top_k`` per token, from ``expert_groups`` routing groups
     (DeepSeek-V3's ``n_group`` = 8; 1 = no groups), which the fitter's group hedge uses; and the
     ``hash_layers``, MoE layers that route by a table on the token id instead of by scores
-    (DeepSeek-V4's first ``num_hash_layers``: their load is a function of the tokens alone).
+    (DeepSeek-V4's ``hash_moe`` layers, its first ``num_hash_layers``: their load is a function of
+    the tokens alone).
 
     DeepSeek-V4-Flash: ``ModelGeometry(43, (0, ..., 42), 256, top_k=6, expert_groups=1, hash_layers=(0, 1, 2))``.
     """
@@ -120,16 +123,41 @@ def from_hf_config(cfg: dict, path: str | None = None) -> ModelGeometry:
     moe_layers = _moe_layers(f, layers)
     if not moe_layers:
         raise SceneEplbError(f"config describes no MoE layer among its {layers} layers", path)
-    return ModelGeometry(layers, moe_layers, experts, top_k, groups, _hash_layers(f, moe_layers))
+    return ModelGeometry(layers, moe_layers, experts, top_k, groups, _hash_layers(f, moe_layers, layers))
 
 
-def _hash_layers(f: ConfigFields, moe_layers: tuple[int, ...]) -> tuple[int, ...]:
-    """DeepSeek-V4's hash-routed MoE layers: the first ``num_hash_layers`` model layers (vLLM's
-    ``extract_layer_index(prefix) < config.num_hash_layers``), each of them a MoE layer."""
-    n = f.integer("num_hash_layers", 0, default=0, high=len(moe_layers))
-    hashed = tuple(range(n))
+V4_MLP_KINDS = ("hash_moe", "moe")  # transformers' DEEPSEEK_V4_MLP_LAYER_TYPES
+V4_DEFAULT_HASH_LAYERS = 3  # transformers' DeepseekV4Config.default_num_hash_layers, when a config states none
+
+
+def _hash_layers(f: ConfigFields, moe_layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    """DeepSeek-V4's hash-routed MoE layers, each of them a MoE layer: the first ``num_hash_layers``
+    model layers (vLLM's ``extract_layer_index(prefix) < config.num_hash_layers``), or the
+    ``hash_moe`` entries of ``mlp_layer_types`` (transformers >= 5.16, which writes no
+    ``num_hash_layers``); both stated must agree; a ``deepseek_v4`` config with neither has
+    transformers' default 3."""
+    legacy = None
+    if f.has("num_hash_layers"):
+        legacy = tuple(range(f.integer("num_hash_layers", 0, high=len(moe_layers))))
+    kinds = f.cfg.get("mlp_layer_types")
+    v4 = f.cfg.get("model_type") == "deepseek_v4"
+    typed = None
+    if kinds is not None and (v4 or (isinstance(kinds, list) and set(kinds) <= set(V4_MLP_KINDS))):
+        if not isinstance(kinds, list) or len(kinds) != num_layers or not set(kinds) <= set(V4_MLP_KINDS):
+            raise f._fail("mlp_layer_types", f"a list of one of {V4_MLP_KINDS} per layer ({num_layers})")
+        typed = tuple(i for i, kind in enumerate(kinds) if kind == "hash_moe")
+    if legacy is not None and typed is not None and legacy != typed:
+        raise SceneEplbError(
+            f"config num_hash_layers {len(legacy)} (layers {list(legacy)}) and mlp_layer_types (hash_moe at "
+            f"layers {list(typed)}) disagree: state one of them",
+            f.path,
+        )
+    hashed = legacy if legacy is not None else typed
+    if hashed is None:
+        hashed = tuple(range(min(V4_DEFAULT_HASH_LAYERS, num_layers))) if v4 else ()
     if not set(hashed) <= set(moe_layers):
-        raise SceneEplbError(f"config num_hash_layers {n} names layers that are not MoE layers {list(moe_layers)}", f.path)
+        what = f"num_hash_layers {len(hashed)}" if legacy is not None else f"hash layers {list(hashed)}"
+        raise SceneEplbError(f"config {what} names layers that are not MoE layers {list(moe_layers)}", f.path)
     return hashed
 
 
@@ -258,39 +286,90 @@ class Linear:
         return self.rows * self.cols
 
 
-def attention_shape(cfg: dict, path: str | None, what: str = "this tool") -> MlaShape | V4Shape:
-    """The shape of a config's text model: ``V4Shape`` with ``compress_ratios``, ``MlaShape`` with
-    ``kv_lora_rank``; ``what`` names the reader in the error for any other attention."""
-    f = ConfigFields(text_config(cfg, path), path)
+V4_LAYER_TYPES = {"sliding_attention": 0}  # transformers' layer_types; the compressed kinds' ratios are compress_rates'
+V4_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}  # transformers' defaults
+
+
+def v4_compress_ratios(f: ConfigFields) -> tuple[int, ...] | None:
+    """A DeepSeek-V4 config's compress ratio per model layer, None for any other model: vLLM's
+    ``compress_ratios`` (one per layer, the MTP layer's after them), or transformers' ``layer_types``
+    (``sliding_attention`` 0, the compressed kinds at ``compress_rates``); both stated must agree."""
+    layers = f.integer("num_hidden_layers", 1, high=1 << 16)
+    legacy = None
     if f.has("compress_ratios"):
-        layers = f.integer("num_hidden_layers", 1)
         ratios = f.int_list("compress_ratios")
         if len(ratios) < layers or not set(ratios[:layers]) <= set(V4_RATIOS):
             raise f._fail("compress_ratios", f"a list of one of {V4_RATIOS} per layer ({layers})")
+        legacy = tuple(ratios[:layers])
+    typed = None
+    if f.has("layer_types") and f.cfg.get("model_type") == "deepseek_v4":
+        rates = {**V4_COMPRESS_RATES, **(f.obj("compress_rates") or {})}
+        if not all(type(r) is int and r in V4_RATIOS for r in rates.values()):
+            raise f._fail("compress_rates", f"an object of ratios among {V4_RATIOS}")
+        table = {**V4_LAYER_TYPES, **rates}
+        kinds = f.cfg["layer_types"]
+        if not isinstance(kinds, list) or len(kinds) != layers or not all(isinstance(k, str) and k in table for k in kinds):
+            raise f._fail("layer_types", f"a list of one of {sorted(table)} per layer ({layers})")
+        typed = tuple(table[k] for k in kinds)
+    if legacy is not None and typed is not None and legacy != typed:
+        first = next(i for i, (a, b) in enumerate(zip(legacy, typed)) if a != b)
+        raise SceneEplbError(
+            f"config compress_ratios and layer_types disagree at layer {first} ({legacy[first]} against "
+            f"{f.cfg['layer_types'][first]}): state one of them",
+            f.path,
+        )
+    return legacy if legacy is not None else typed
+
+
+def _rope_dim(f: ConfigFields) -> int:
+    """The rotary part of a V4 head: ``qk_rope_head_dim``, or transformers' ``partial_rotary_factor``
+    of ``head_dim``."""
+    if f.has("qk_rope_head_dim") or not f.has("partial_rotary_factor"):
+        return f.integer("qk_rope_head_dim", 0, default=0)
+    factor = f.cfg["partial_rotary_factor"]
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 <= factor <= 1:
+        raise f._fail("partial_rotary_factor", "a number in [0, 1]")
+    return int(f.integer("head_dim", 1) * factor)
+
+
+def attention_shape(cfg: dict, path: str | None, what: str = "this tool") -> MlaShape | V4Shape:
+    """The shape of a config's text model: ``V4Shape`` for DeepSeek-V4 (``v4_compress_ratios``),
+    ``MlaShape`` with ``kv_lora_rank``; ``what`` names the reader in the error for any other attention."""
+    f = ConfigFields(text_config(cfg, path), path)
+    ratios = v4_compress_ratios(f)
+    if ratios is not None:
         try:
-            return V4Shape(**_read_keys(V4Shape, f), compress_ratios=tuple(ratios[:layers]))
+            return V4Shape(**{**_read_keys(V4Shape, f), "qk_rope": _rope_dim(f)}, compress_ratios=ratios)
         except SceneEplbError as exc:
             raise SceneEplbError(exc.problem, path) from None
     if not f.has("kv_lora_rank"):
         raise SceneEplbError(
-            f"{what} prices MLA attention (DeepSeek's kv_lora_rank) or DeepSeek-V4's compressed attention (compress_ratios) only",
+            f"{what} prices MLA attention (DeepSeek's kv_lora_rank) or DeepSeek-V4's compressed attention "
+            "(compress_ratios or layer_types) only",
             path,
         )
     return MlaShape(**_read_keys(MlaShape, f))
 
 
-def read_hf_config(path: str | os.PathLike) -> tuple[dict, Path]:
-    """A model directory's (or a config.json file's) config as a dict, and the file it came from."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    cfg = load_json(path, "model config")
-    if not isinstance(cfg, dict):
-        raise SceneEplbError("model config is not a JSON object", path)
-    return cfg, path
+@dataclass(frozen=True)
+class KnownModel:
+    """A model whose counts' shape names it: what a command may take from it when neither ``--model``
+    nor the counts' metadata say (each one checked against its config in ``data/models/``)."""
+
+    name: str
+    geometry: ModelGeometry
+
+    def describe(self) -> str:
+        g = self.geometry
+        return f"{self.name}'s shape, {g.num_layers} layers x {g.num_experts} experts"
 
 
-def read_model_geometry(path: str | os.PathLike) -> ModelGeometry:
-    """Model geometry from a model directory or its config.json."""
-    cfg, path = read_hf_config(path)
-    return from_hf_config(cfg, str(path))
+KNOWN_MODELS = (
+    KnownModel("DeepSeek-V3/R1", ModelGeometry(61, tuple(range(3, 61)), 256, top_k=8, expert_groups=8)),
+    KnownModel("DeepSeek-V4-Flash", ModelGeometry(43, tuple(range(43)), 256, top_k=6, hash_layers=(0, 1, 2))),
+)
+
+
+def known_model(num_layers: int, num_experts: int) -> KnownModel | None:
+    """The known model with counts of ``num_layers`` x ``num_experts``, if any."""
+    return next((m for m in KNOWN_MODELS if (m.geometry.num_layers, m.geometry.num_experts) == (num_layers, num_experts)), None)

@@ -53,23 +53,14 @@ hash layers' experts are priced as any MoE layer's. Pure arithmetic, no engine, 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ..errors import SceneEplbError
-from .memory import (
-    FLOAT32_BYTES,
-    ModelMemory,
-    V4Cache,
-    linear_bytes,
-    model_dtype_bytes,
-    read_model_files,
-    read_model_memory,
-    v4_cache,
-)
-from .model_geometry import V4_RATIOS, MlaShape, V4Shape, attention_shape, from_hf_config
+from .memory import FLOAT32_BYTES, ModelMemory, V4Cache, linear_bytes, model_dtype_bytes, read_model_memory, v4_cache
+from .model_files import ModelFiles
+from .model_geometry import V4_RATIOS, MlaShape, V4Shape
 
 ROLES = ("prefill", "decode")
 # The ideal score a layout that knows nothing of the scene has: the linear layout's median layer on
@@ -178,20 +169,20 @@ class StepModel:
         return self.memory.kv_bytes_per_token // self.shape.layers
 
 
-def read_step_model(path: str | os.PathLike, kv_cache_dtype: str = "auto", expert_bytes: int | None = None) -> StepModel:
-    """A model folder's or config.json's ``StepModel`` (``expert_bytes`` as ``--expert-bytes``); one
-    line naming the field when the config is not a DeepSeek-style MLA or DeepSeek-V4 MoE model."""
-    memory = read_model_memory(path, kv_cache_dtype, expert_bytes)
-    cfg, modelslim, where, _ = read_model_files(path)
-    shape = attention_shape(cfg, where, "the screen")
-    geometry = from_hf_config(cfg, where)
-    top_k = geometry.top_k
+def read_step_model(model: ModelFiles, kv_cache_dtype: str = "auto", expert_bytes: int | None = None) -> StepModel:
+    """A model's ``StepModel`` (``expert_bytes`` as ``--expert-bytes``); one line naming the field
+    when the config is not a DeepSeek-style MLA or DeepSeek-V4 MoE model."""
+    memory = read_model_memory(model, kv_cache_dtype, expert_bytes)
+    shape = model.attention("the screen")
+    top_k = model.geometry.top_k
     if top_k is None:
-        raise SceneEplbError("config has no num_experts_per_tok (the routed experts' top-k)", where)
-    linear, linear_format = linear_bytes(cfg, modelslim, where)
+        raise SceneEplbError("config has no num_experts_per_tok (the routed experts' top-k)", model.where)
+    cfg, where = model.cfg, model.where
+    linear, linear_format = linear_bytes(cfg, model.modelslim, where)
     cache = v4_cache(shape, cfg, kv_cache_dtype, where) if isinstance(shape, V4Shape) else None
-    dtype = model_dtype_bytes(cfg, where)
-    return StepModel(shape, top_k, memory, linear, linear_format, dtype, cache, len(geometry.hash_layers))
+    return StepModel(
+        shape, top_k, memory, linear, linear_format, model_dtype_bytes(cfg, where), cache, len(model.geometry.hash_layers)
+    )
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,11 @@ def serve(rig: Rig, name: str, cfg: dict):
         cores=RANK_CORES,
     )
     t0 = time.time()
-    srv.wait_ready()
+    try:
+        srv.wait_ready()
+    except BaseException:
+        srv.stop()  # a server that never got ready must not outlive the demo
+        raise
     say(f"{name} server ready in {time.time() - t0:.0f}s ({srv.url})")
     return srv
 

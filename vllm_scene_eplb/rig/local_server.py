@@ -107,6 +107,8 @@ class Server:
     log: Path
     model: str
     api_key: str | None = None
+    name: str = ""
+    started_at: float = field(default_factory=time.monotonic)
 
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -122,6 +124,7 @@ class Server:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
                     if resp.status == 200:
+                        READY_S.setdefault(self.name, round(time.monotonic() - self.started_at))
                         return
             except (urllib.error.URLError, OSError):
                 pass
@@ -207,6 +210,7 @@ def _forced(position: dict, token: int) -> tuple[float, float]:
 SHARED_CACHE_ENV = "SCENE_EPLB_TEST_VLLM_CACHE"
 STARTED: list[str] = []  # the names of the servers this process started, in order (the test suite prints them)
 SHARED: list[str] = []  # the names under which a pool answered a server already running (the test suite prints them)
+READY_S: dict[str, int] = {}  # each started server's seconds from its start to its first healthy answer
 
 
 def start_server(
@@ -251,7 +255,7 @@ def start_server(
     log = workdir / f"{name}.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Server(proc, f"http://127.0.0.1:{port}", log, str(model), api_key)
+    return Server(proc, f"http://127.0.0.1:{port}", log, str(model), api_key, name)
 
 
 @dataclass
