@@ -232,3 +232,23 @@ def test_live_fitness_scores_the_drafters_layers_apart_and_leaves_the_targets_as
     live = LiveAnswer.from_wire(wire)
     assert live.to_wire() == wire and "drafter   layers [3]" in render(live, "http://x")
     assert plain.to_wire()["drafter"] is None
+
+
+def test_counts_of_a_model_with_the_drafters_rows_after_its_layers_are_its_counts(tmp_path):
+    """``--model`` reads the target's layers: the drafter's rows come after them; without the
+    metadata that names them, the same rows are one layer too many."""
+    import json
+
+    from vllm_scene_eplb.commands.scenes import check_model_counts
+    from vllm_scene_eplb.planning.model_files import read_model
+    from vllm_scene_eplb.rig.tiny_deepseek import TinyDeepseekSpec, hf_config
+
+    spec = TinyDeepseekSpec()
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(spec)))
+    model = read_model(tmp_path)
+    data = skewed_counts(2, spec.num_layers + 1, spec.num_experts)
+    data[:, 0] = 0
+    counts = Counts(data, {"moe_layers": spec.moe_layers, DRAFTER_KEY: [spec.num_layers]})
+    check_model_counts(model, counts, "d.npz")
+    with pytest.raises(SceneEplbError, match="the counts are \\[L=4"):
+        check_model_counts(model, Counts(data, {"moe_layers": spec.moe_layers}), "d.npz")
