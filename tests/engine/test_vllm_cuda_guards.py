@@ -84,16 +84,18 @@ def test_quantized_cpu_experts_under_expert_parallelism_are_refused_by_layer(rel
     assert cpu["mxfp4_no_ep"] is None and cpu["unquantized_ep"] is None
 
 
-def test_a_layout_beside_a_v4_mtp_or_dspark_drafter_is_refused_with_the_reason(both):
-    """vLLM 0.33 places a V4 MTP or DSpark draft's experts with its own EPLB; scene_eplb's static layout
-    covers the target's MoE layers only, so the combination stops startup saying so (n-gram drafts pass)."""
+def test_a_layout_beside_a_v4_mtp_drafter_needs_its_rows_and_a_dspark_drafter_is_refused_by_version(both):
+    """vLLM 0.33 places a V4 MTP or DSpark draft's experts with its own EPLB. The V1 runner's MTP
+    proposer tells EPLB its real rows, so a layout with the drafter's rows places it and one without
+    is refused; DSpark drafts run on Model Runner V2, whose drafter the plugin cannot hear: refused
+    naming the version and the method (n-gram drafts pass)."""
     _, new = both
-    for method in ("mtp", "dspark"):
-        got = new["drafters"][method]
-        assert got["vllm_eplb"] is True
-        assert got["refused"].startswith(f"scene_eplb.layout with a speculative drafter that has MoE layers ({method})")
-        assert "DeepSeek-V4 DSpark draft's included" in got["refused"]
-    assert new["drafters"]["ngram"]["refused"] is None
+    mtp, dspark = new["drafters"]["mtp"], new["drafters"]["dspark"]
+    assert mtp["vllm_eplb"] is dspark["vllm_eplb"] is True
+    assert "(mtp): the layout has no rows for them" in mtp["refused"]["target_only"] and mtp["refused"]["with_rows"] is None
+    for refused in dspark["refused"].values():
+        assert "the dspark drafter on vLLM 0.33.0 (Model Runner V2's drafter) does not tell EPLB" in refused
+    assert new["drafters"]["ngram"]["refused"] == {"target_only": None, "with_rows": None}
 
 
 def test_mega_moe_is_refused_by_its_backend_name(release):

@@ -20,6 +20,7 @@ import pytest
 
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.formats import read_counts, read_layout
+from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
 from vllm_scene_eplb.rig.local_server import ENGINE_ARGS, http, start_server
 from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, make_tiny_moe
 
@@ -139,18 +140,28 @@ def test_a_layout_fitted_on_decode_counts_loads_from_fused_experts_and_serves_th
     assert layout_run["log"].count("load_audit=passed:") == 2 and "replicas-identical" in st["load_audit"]
 
 
-def test_a_layout_run_refuses_a_drafter_with_moe_layers():
+def test_a_layout_run_refuses_a_moe_drafter_it_cannot_place():
+    """A drafter with MoE layers needs the layout's rows for them and a proposer whose real rows the
+    plugin hears (vLLM's own MTP proposer); dense drafters and drafts without a model need neither."""
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
     from vllm_scene_eplb.adapters.vllm.worker_plugin import check_drafter
 
     def config(method, hf):
         draft = SimpleNamespace(hf_config=SimpleNamespace(to_dict=lambda: hf))
         return SimpleNamespace(speculative_config=SimpleNamespace(method=method, draft_model_config=draft))
 
-    with pytest.raises(SceneEplbError, match="drafter that has MoE layers"):
-        check_drafter(config("mtp", {"n_routed_experts": 256}))
-    check_drafter(config("eagle", {"num_experts": 0}))  # a dense drafter
-    check_drafter(config("ngram", {"num_experts": 8}))  # vLLM hands n-gram the target's config; no drafter runs
-    check_drafter(SimpleNamespace(speculative_config=None))
+    g = Geometry(8, 0, 2)
+    target_only, with_rows = Layout(linear_map(g, 3), g), Layout(linear_map(g, 4), g, drafter_layers=(3,))
+    mtp, proposer = config("mtp", {"n_routed_experts": 256}), object.__new__(EagleProposer)  # vLLM's MTP proposer, unbuilt
+    with pytest.raises(SceneEplbError, match="the layout has no rows for them"):
+        check_drafter(mtp, target_only, proposer)
+    with pytest.raises(SceneEplbError, match=r"the mtp drafter on vLLM 0\.32\.0 \(Model Runner V2's drafter\)"):
+        check_drafter(mtp, with_rows, None)
+    check_drafter(mtp, with_rows, proposer)
+    check_drafter(config("eagle", {"num_experts": 0}), target_only, proposer)  # a dense drafter
+    check_drafter(config("ngram", {"num_experts": 8}), target_only, None)  # vLLM hands n-gram the target's config
+    check_drafter(SimpleNamespace(speculative_config=None), target_only, None)
 
 
 def test_a_decode_record_is_many_small_passes_over_several_entries(recorded):

@@ -2,12 +2,15 @@
 ``noaux_tc`` grouped routing with a non-zero correction bias, a shared expert, a dense first layer,
 an MTP layer), loaded by DeepSeek's own ``load_weights`` and its legacy expert mapping.
 
-TP=2 x EP=2: record, fit with the model's routing groups, reload with 2 redundant slots under
-``static``; a decode server with MTP drafts records. DP=2 x EP=2: record and reload under
-``dynamic`` (and one-row batches whose split is known by arithmetic). Each layout run must answer the tokens of the same server without a layout, and its
-load audit must have passed on every rank; a server whose loader puts two experts in each other's
-slot (the test-only ``SCENE_EPLB_TEST_MISLOAD``) must refuse to start, naming the slots. All eager
-(what is tested is the loading and the counting, not the compiled path: a faster start).
+TP=2 x EP=2: record and fit with the model's routing groups; a decode server with MTP drafts records
+the target's MoE layers and the MTP layer's own apart, and its layout (2 redundant slots, the MTP
+layer's row fitted on its own counts) reloads with MTP under ``static`` and ``dynamic``, recording
+again. DP=2 x EP=2: record and reload under ``dynamic`` (and one-row batches whose split is known by
+arithmetic). Each layout run must answer the tokens of the same server without a layout (with MTP:
+and accept the same drafts), and its load audit must have passed on every rank; a server whose
+loader puts two experts in each other's slot (the test-only ``SCENE_EPLB_TEST_MISLOAD``), in a target
+layer and in the MTP layer, must refuse to start, naming the slots. All eager (what is tested is the
+loading and the counting, not the compiled path: a faster start).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ MAX_TOKENS = 8
 # prefix caching is off: every prompt token is one prefill row, each later token one decode row
 RECORDED_TOKENS = sum(len(p) for p in PROMPTS) + len(PROMPTS) * (MAX_TOKENS - 1)
 MTP = ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 1})]
+DRAFT_COUNTERS = ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
 TP2 = (*engine_args("tp2"), "--enforce-eager")
 DP2 = (*engine_args("dp2"), "--enforce-eager")
 
@@ -71,7 +75,7 @@ def _serve(model, workdir, name: str, geometry, *extra: str, reference: dict | N
         run["dump_path"], run["counts"] = dump["path"], read_counts(dump["path"])
         run["status"] = http("GET", srv.url + "/scene_eplb/status")[1]
         if MTP[0] in extra:
-            run["counters"] = engine_counters(srv, ("vllm:spec_decode_num_draft_tokens_total",))
+            run["counters"] = engine_counters(srv, DRAFT_COUNTERS)
         if cfg.get("layout"):
             run["audit"] = cli("audit", "--url", srv.url, "--layout", cfg["layout"], "--dispatch", cfg["dispatch"], "--json")
         if then is not None:
@@ -87,21 +91,16 @@ def tp_recorded(model, workdir):
     return _serve(model, workdir, "tp-record", TP2, role="prefill", dump_dir=str(workdir / "d-tp"))
 
 
-@pytest.fixture(scope="module")
-def layout_path(tp_recorded, workdir):
-    """A layout with 2 redundant slots fitted on the recorded counts, with the model's routing groups."""
-    out = workdir / "layout.json"
-    res = cli(
-        "fit", tp_recorded["dump_path"], "--ep-size", 2, "--redundant", 2, "--expert-groups", SPEC.num_groups, "-o", out, "-q"
-    )
+def _fit(dump: str, out):
+    """A layout with 2 redundant slots fitted on ``dump``, with the model's routing groups."""
+    res = cli("fit", dump, "--ep-size", 2, "--redundant", 2, "--expert-groups", SPEC.num_groups, "-o", out, "-q")
     assert res.returncode == 0, res.stderr
     return out
 
 
 @pytest.fixture(scope="module")
-def tp_static(model, workdir, layout_path, tp_recorded):
-    flag = {"layout": str(layout_path), "dispatch": "static"}
-    return _serve(model, workdir, "tp-static", TP2, reference=tp_recorded, role="prefill", **flag)
+def layout_path(tp_recorded, workdir):
+    return _fit(tp_recorded["dump_path"], workdir / "layout.json")
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +108,36 @@ def mtp_decode(model, workdir, tp_recorded):
     return _serve(
         model, workdir, "tp-mtp-decode", TP2, *MTP, reference=tp_recorded, role="decode", dump_dir=str(workdir / "d-mtp")
     )
+
+
+@pytest.fixture(scope="module")
+def mtp_layout_path(mtp_decode, workdir):
+    """The decode record's layout: the target's rows and the MTP layer's, each fitted on its own counts."""
+    return _fit(mtp_decode["dump_path"], workdir / "mtp-layout.json")
+
+
+@pytest.fixture(scope="module", params=["static", "dynamic"])
+def mtp_layout_run(request, model, workdir, mtp_layout_path, tp_recorded):
+    """TP=2 decode with MTP drafts on the decode layout, under each dispatch, recording as it serves;
+    then its live view and ``/metrics``."""
+    d = request.param
+    flag = {
+        "layout": str(mtp_layout_path),
+        "dispatch": d,
+        "dump_dir": str(workdir / f"d-mtp-{d}"),
+        "live_window_s": LIVE_WINDOW_S,
+    }
+    return _serve(model, workdir, f"tp-mtp-{d}", TP2, *MTP, reference=tp_recorded, then=_live_view, role="decode", **flag)
+
+
+def _live_view(srv, run: dict) -> None:
+    """The live object once a window has closed after the traffic, and the server's ``/metrics``."""
+    import urllib.request
+
+    time.sleep(LIVE_WINDOW_S * 1.5)
+    run["live"] = http("GET", srv.url + "/scene_eplb/status")[1]["live"]
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as resp:
+        run["metrics"] = resp.read().decode()
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +182,7 @@ def dp_dynamic(model, workdir, layout_path, dp_recorded):
     return _serve(model, workdir, "dp-dynamic", DP2, reference=dp_recorded, then=_single_rows, role="prefill", **flag)
 
 
+NEAR_SAME_ROUTING = 0.05  # seen: the same experts exactly (a near tie could flip a few); a wrong row moved 38%
 NEAR_TIE = 1e-4  # a top-1 - top-2 log-probability gap this small can flip on fp32 summation order
 SAME_LOGPROB = 1e-3  # the right experts agree to ~1e-5 (seen 1.5e-5); one wrong expert moves them by ~0.1
 
@@ -197,20 +227,63 @@ def test_the_layout_has_replicas_and_respects_the_fit(layout_path):
     assert list(layout.moe_layers) == SPEC.moe_layers
 
 
-@pytest.mark.parametrize(("run", "reference"), [("tp_static", "tp_recorded"), ("dp_dynamic", "dp_recorded")])
-def test_a_layout_changes_where_experts_run_not_what_the_model_answers(run, reference, request, layout_path):
-    got, want = request.getfixturevalue(run), request.getfixturevalue(reference)
-    assert_same_answers(got, want)
-    layout = read_layout(layout_path)
+def _loaded_and_audited(got: dict, layout, slots: int) -> None:
+    """Every rank runs ``layout`` and audited its ``slots`` slots (over every MoE layer it placed):
+    written once each, from the expert the layout names, replicas identical; ``scene-eplb audit`` agrees."""
     st = got["status"]
     assert st["ranks_agree"] and {r["layout_hash"] for r in st["ranks"]} == {layout.digest()}
-    # every rank audited its slots: written once each, from the expert the layout names, replicas identical
     audits = [r["load_audit"] for r in st["ranks"]]
-    assert len(audits) == 2 and all(a and a.startswith("passed:") and "replicas-identical" in a for a in audits), audits
+    assert len(audits) == 2 and all(a and a.startswith(f"passed:{slots}-slots,") and "replicas-identical" in a for a in audits)
     assert got["log"].count("load_audit=passed:") == 2
     audit = json.loads(got["audit"].stdout)
     assert got["audit"].returncode == 0 and audit["ok"], audit
-    assert _moe_totals(got["counts"]) == [RECORDED_TOKENS * SPEC.top_k] * len(SPEC.moe_layers)
+
+
+def test_a_layout_changes_where_experts_run_not_what_the_model_answers(dp_dynamic, dp_recorded, layout_path):
+    assert_same_answers(dp_dynamic, dp_recorded)
+    layout = read_layout(layout_path)
+    _loaded_and_audited(dp_dynamic, layout, len(SPEC.moe_layers) * layout.geometry.slots_per_rank)
+    assert _moe_totals(dp_dynamic["counts"]) == [RECORDED_TOKENS * SPEC.top_k] * len(SPEC.moe_layers)
+
+
+def test_the_mtp_layers_row_is_fitted_on_its_own_counts(mtp_layout_path, mtp_decode):
+    layout = read_layout(mtp_layout_path)
+    mtp = SPEC.num_layers
+    assert layout.drafter_layers == (mtp,) and layout.moe_layers == tuple(SPEC.moe_layers)
+    assert layout.meta["drafter"]["fitted"] == [mtp] and (layout.replica_counts()[mtp] > 1).any()
+    hottest = int(mtp_decode["counts"].total()[mtp].argmax())
+    assert layout.replica_counts()[mtp, hottest] > 1  # the MTP layer's own hottest expert, not the target's
+
+
+def test_a_layout_with_the_mtp_layers_row_serves_mtp_drafts_as_the_server_without_a_layout(
+    mtp_layout_run, mtp_decode, mtp_layout_path, tp_recorded, stock_mtp
+):
+    """Greedy answers equal, and so do the drafts made and accepted. Verification keeps the answers
+    right whatever the drafts, and this tiny model's drafts did not change when the MTP layer routed by
+    a target layer's row (tried): what shows the MTP layer routes by its own row is its counts by
+    expert, read back through that row, which match the server's without a layout (the wrong row moved
+    38% of them)."""
+    run, layout = mtp_layout_run, read_layout(mtp_layout_path)
+    assert run["outputs"] == stock_mtp
+    assert max(abs(a[0] - b[0]) for g, w in zip(run["forced"], tp_recorded["forced"]) for a, b in zip(g, w)) < SAME_LOGPROB
+    assert run["counters"]["vllm:spec_decode_num_draft_tokens_total"] > 0 and run["counters"] == mtp_decode["counters"]
+    # both ranks audited the target's MoE layers and the MTP layer's: 3 layers x 9 slots each
+    _loaded_and_audited(run, layout, (len(SPEC.moe_layers) + 1) * layout.geometry.slots_per_rank)
+    assert run["status"]["drafter_layers"] == [SPEC.num_layers]
+    counts, scheduled = run["counts"], run["counts"].meta["scheduled_tokens"]
+    assert _moe_totals(counts) == [scheduled * SPEC.top_k] * len(SPEC.moe_layers)
+    assert int(counts.data[:, SPEC.num_layers].sum()) == scheduled * SPEC.top_k  # the drafter's, exact, apart
+    # live: the target's layers as without a drafter, the MTP layer's apart with its share of the window
+    live = run["live"]
+    assert live["layers"] == SPEC.moe_layers and len(live["per_layer"]) == len(SPEC.moe_layers)
+    drafter = live["drafter"]
+    assert drafter["layers"] == [SPEC.num_layers] and 0 < drafter["share"] < 1 and drafter["median"] >= 1.0, drafter
+    assert 'scene_eplb_drafter_live_balancedness{stat="median"}' in run["metrics"]
+    assert "scene_eplb_drafter_share " in run["metrics"]
+    assert scheduled == mtp_decode["counts"].meta["scheduled_tokens"]
+    moved = np.abs(counts.total() - mtp_decode["counts"].total()).sum(axis=1) / 2 / (scheduled * SPEC.top_k)
+    print(f"\nshare of assignments on other experts than without a layout, per MoE layer: {moved[1:].round(4).tolist()}")
+    assert (moved < NEAR_SAME_ROUTING).all(), moved
 
 
 def test_dynamic_under_dp_sends_row_i_of_a_batch_to_replica_i_mod_c(dp_dynamic, layout_path):
@@ -248,24 +321,32 @@ def test_a_decode_server_with_mtp_drafts_records_and_keeps_the_outputs(mtp_decod
     counts = mtp_decode["counts"]
     assert counts.meta["role"] == "decode"
     # the target model's passes: every scheduled token (drafts it verifies included) routed in every
-    # MoE layer; the MTP drafter's own MoE layer is not the target's and is not counted
+    # MoE layer, as without a drafter
     assert _moe_totals(counts) == [counts.meta["scheduled_tokens"] * SPEC.top_k] * len(SPEC.moe_layers)
     assert counts.meta["scheduled_tokens"] > RECORDED_TOKENS  # the verified drafts ran as target rows too
+    # the MTP layer's own MoE layer, counted apart in the row after the model's layers: with one draft
+    # token a step, its one pass a step runs on the step's scheduled tokens (no padding, no dummy runs)
+    assert counts.meta["drafter_layers"] == [SPEC.num_layers] and counts.data.shape[1] == SPEC.num_layers + 1
+    assert int(counts.data[:, SPEC.num_layers].sum()) == counts.meta["scheduled_tokens"] * SPEC.top_k
+    assert mtp_decode["status"]["drafter_layers"] == [SPEC.num_layers]
 
 
-def test_a_loader_that_puts_experts_in_the_wrong_slots_stops_startup(model, workdir, layout_path, monkeypatch):
-    layout = read_layout(layout_path)
-    layer = SPEC.moe_layers[-1]
-    row = layout.physical_to_logical_map[layer]
-    a, b = 0, int(np.flatnonzero(row != row[0])[-1])  # slot 0 and a slot on the other rank with another expert
-    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", f"{layer}:{a}:{b}")
-    flag = plugin_flag(role="prefill", layout=str(layout_path), dispatch="static")
-    srv = start_server(model, workdir, "tp-misload", engine_args=TP2, extra=["--enable-expert-parallel", *flag])
+def test_a_loader_that_puts_experts_in_the_wrong_slots_stops_startup(model, workdir, mtp_layout_path, monkeypatch):
+    """A target layer and the MTP layer each get two experts in each other's slot: both named."""
+    layout = read_layout(mtp_layout_path)
+    swaps = []
+    for layer in (SPEC.moe_layers[-1], SPEC.num_layers):
+        row = layout.physical_to_logical_map[layer]
+        swaps.append((layer, 0, int(np.flatnonzero(row != row[0])[-1]), row))  # slot 0 and one on the other rank
+    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", ",".join(f"{layer}:{a}:{b}" for layer, a, b, _ in swaps))
+    flag = plugin_flag(role="decode", layout=str(mtp_layout_path), dispatch="static")
+    srv = start_server(model, workdir, "tp-misload", engine_args=TP2, extra=["--enable-expert-parallel", *MTP, *flag])
     try:
         assert srv.proc.wait(timeout=300) != 0
     finally:
         srv.stop()
     log = srv.log_text()
     assert "load audit" in log
-    assert f"layer {layer} slot {a} (w13_weight w1) holds expert {int(row[b])}, should hold expert {int(row[a])}" in log
-    assert f"layer {layer} slot {b} (w2_weight w2) holds expert {int(row[a])}, should hold expert {int(row[b])}" in log
+    for layer, a, b, row in swaps:
+        assert f"layer {layer} slot {a} (w13_weight w1) holds expert {int(row[b])}, should hold expert {int(row[a])}" in log
+        assert f"layer {layer} slot {b} (w2_weight w2) holds expert {int(row[a])}, should hold expert {int(row[b])}" in log

@@ -33,6 +33,7 @@ def main() -> None:
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
     from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker import gpu_model_runner
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -51,9 +52,14 @@ def main() -> None:
         "_dummy_run": params(GPUModelRunner._dummy_run),
         "load_model": params(GPUModelRunner.__dict__["load_model"]),
         "coordinate_batch_across_dp": params(gpu_model_runner.coordinate_batch_across_dp),
+        "SpecDecodeBaseProposer.dummy_run": params(SpecDecodeBaseProposer.dummy_run),
+        "SpecDecodeBaseProposer.set_eplb_state": params(SpecDecodeBaseProposer.set_eplb_state),
     }
+    propose = inspect.getsource(SpecDecodeBaseProposer.propose)
     out["hook_attrs"] = {
         "runner.is_padding": "self.is_padding = " in inspect.getsource(GPUModelRunner.__init__),
+        # every drafter forward of propose tells EPLB its real rows first (the plugin's DraftRows hears it)
+        "proposer.tells_real_rows": propose.count("self.eplb_state.prepare_forward(") == propose.count("self.model(**"),
         "MoERunner.is_monolithic": isinstance(MoERunner.__dict__.get("is_monolithic"), property),
         "MoERunner.do_naive_dispatch_combine": isinstance(MoERunner.__dict__.get("do_naive_dispatch_combine"), property),
         "build_initial_map_is_static": isinstance(
@@ -121,16 +127,27 @@ def main() -> None:
         draft_model_supports_eplb = None
     if draft_model_supports_eplb is not None:
         from transformers import DeepseekV4Config
+        from vllm.v1.spec_decode.eagle import EagleProposer
 
-        draft_config = SimpleNamespace(hf_config=DeepseekV4Config())  # vLLM's ModelConfig around the real HF config: a stand-in
+        from vllm_scene_eplb.layouts.layout import Geometry, Layout, linear_map
+
+        hf = DeepseekV4Config()
+        draft_config = SimpleNamespace(hf_config=hf)  # vLLM's ModelConfig around the real HF config: a stand-in
+        g = Geometry(hf.n_routed_experts, 0, 2)
+        layers = hf.num_hidden_layers
+        target_only, with_rows = Layout(linear_map(g, layers), g), Layout(linear_map(g, layers + 1), g, drafter_layers=(layers,))
+        # the drafter the V1 runner builds for each method (unbuilt: object.__new__); V1 builds none for DSpark
+        built = {"mtp": object.__new__(EagleProposer), "dspark": None, "ngram": None}
         out["drafters"] = {}
         for method in ("mtp", "dspark", "ngram"):
             spec = SimpleNamespace(method=method, draft_model_config=draft_config)
-            try:
-                worker_plugin.check_drafter(SimpleNamespace(speculative_config=spec))
-                refused = None
-            except SceneEplbError as exc:
-                refused = str(exc)
+            refused: dict[str, str | None] = {}
+            for name, layout in (("target_only", target_only), ("with_rows", with_rows)):
+                try:
+                    worker_plugin.check_drafter(SimpleNamespace(speculative_config=spec), layout, built[method])
+                    refused[name] = None
+                except SceneEplbError as exc:
+                    refused[name] = str(exc)
             # object(): the draft's MoE model, which vLLM's rule only needs to exist
             out["drafters"][method] = {"vllm_eplb": draft_model_supports_eplb(spec, object()), "refused": refused}
 

@@ -139,7 +139,7 @@ def main() -> None:
         class ConfigureReached(Exception):
             pass
 
-        def configure_standin(vllm_config):
+        def configure_standin(vllm_config, drafter=None):
             raise ConfigureReached
 
         worker_plugin.configure = configure_standin

@@ -148,6 +148,7 @@ LIVE = {
     "fidelity": None,
     "time": None,
     "record_time": None,
+    "drafter": None,
 }
 
 
@@ -367,6 +368,7 @@ def test_the_answer_readers_take_what_the_server_sends_key_for_key():
                 "critical_ms": 0.8,  # a record window's critical path measured pass by pass, over its 3 passes
                 "critical_passes": 3,
             },
+            "drafter": {"layers": [3], "median": 1.1, "worst": 1.1, "per_layer": [1.1], "share": 0.02},  # an MTP layer, apart
         }
     )
     assert StatusAnswer.from_wire(wire).to_wire() == wire

@@ -117,6 +117,8 @@ def test_the_test_only_misload_swaps_two_slots(monkeypatch):
     assert loading.loading_row(1) is ROW and loading.loading_row(2) is None
     monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "1:0:5")
     assert loading.loading_row(1).tolist() == [3, 1, 2, 3, 1, 0] and ROW[0] == 0  # the layout's row is untouched
+    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "2:0:1,1:0:5")  # one swap per layer: another layer's and this one's
+    assert loading.loading_row(1).tolist() == [3, 1, 2, 3, 1, 0]
 
 
 def test_the_misload_that_serves_swaps_the_same_slots_and_says_so(monkeypatch):

@@ -64,7 +64,11 @@ def test_aggregate_lists_every_rank_in_ep_order_and_flags_disagreement():
 
 
 def test_status_keys_are_the_status_fields_in_order():
-    assert STATUS_KEYS == tuple(worker_status(0).to_wire()) and STATUS_KEYS[-2:] == ("server_start", "load_audit")
+    assert STATUS_KEYS == tuple(worker_status(0).to_wire()) and STATUS_KEYS[-3:] == (
+        "server_start",
+        "load_audit",
+        "drafter_layers",
+    )
 
 
 JOB = {"export_id": "x", "state": "running", "path": "/d/counts.npz", "error": None, "export_seconds": None}
@@ -101,6 +105,8 @@ LIVE = {
         "active": [[3, 2], [0, 0], [0, 0], [0, 0]],
     },
     "wait_seconds": 0.01,
+    "drafter_layers": [3],  # a drafter's MoE layer, its live counts apart
+    "drafter_counts": [[2, 1]],
 }
 PASSES = {"first": 3, "ms": [[0.5, 0.25], [0.25, 0.5]]}
 # every worker answer: (its payload reader, what a worker sends)

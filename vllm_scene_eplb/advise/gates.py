@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import SceneEplbError
 from ..layouts.counts import Counts
+from ..layouts.drafter import num_target_layers
 from ..layouts.layout import Layout
 from ..live.measured import fidelity
 from ..protocol import PROVENANCE_KEYS, Advice, TimingWindow
@@ -52,11 +53,13 @@ def insufficient(reasons: list[str], *why: str, **details) -> Advice:
 
 
 def check_shapes(counts: Counts, candidate: Layout, timing: TimingWindow | None) -> None:
-    """The counts, the candidate and the timing window (where one is given) of one model and EP size."""
-    if counts.num_experts != candidate.geometry.num_experts or counts.num_layers != candidate.num_layers:
+    """The counts, the candidate and the timing window (where one is given) of one model and EP size
+    (the target's layers: advise prices those; a drafter's rows on either side are not)."""
+    layers = num_target_layers(counts)
+    if counts.num_experts != candidate.geometry.num_experts or layers != candidate.num_target_layers:
         raise SceneEplbError(
-            f"the candidate is for {candidate.geometry.num_experts} experts and {candidate.num_layers} layers, "
-            f"the counts have {counts.num_experts} and {counts.num_layers}"
+            f"the candidate is for {candidate.geometry.num_experts} experts and {candidate.num_target_layers} layers, "
+            f"the counts have {counts.num_experts} and {layers}"
         )
     if timing is None:
         return

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import SceneEplbError
 from ..formats import (
     COUNTS_FORMATS,
     LAYOUT_FORMATS,
-    dropped_table,
+    dropped_parts,
     file_kind,
     format_name,
     read_counts,
@@ -72,16 +74,17 @@ def run(args, console: Console) -> None:
         with console.progress(f"reading {args.input}"):
             obj = read_counts(args.input)
         out = write_counts(obj, args.output, args.to)
+        dropped, note = dropped_parts(obj, args.to, out)
     else:
         layout = read_layout(args.input, hint(args))
         if layers is not None:
             try:
-                layout = Layout(layout.physical_to_logical_map, layout.geometry, layers, layout.meta, layout.static_sources)
+                layout = replace(layout, moe_layers=layers)
             except SceneEplbError as exc:
                 raise SceneEplbError(f"--moe-layers: {exc.problem}", args.input) from None
         obj = layout
         out = write_layout(layout, args.output, args.to)
-        dropped, note = dropped_table(obj, args.to, out)
+        dropped, note = dropped_parts(obj, args.to, out)
     console.emit(
         {"input": args.input, "kind": kind, "output": str(out), "format": args.to, "dropped": dropped},
         f"wrote {out} ({kind}, {args.to})" + note,

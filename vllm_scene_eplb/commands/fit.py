@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from ..errors import SceneEplbError
 from ..fit import OBJECTIVES, FitOptions, fit
-from ..formats import LAYOUT_FORMATS, OWN_FORMAT, dropped_table, format_name, write_layout
+from ..fit.drafter_rows import DRAFTER_META, GUESS
+from ..formats import LAYOUT_FORMATS, OWN_FORMAT, dropped_parts, format_name, write_layout
 from ..layouts.dispatch import DISPATCH_ALGORITHMS
 from ..layouts.evaluation import evaluate
 from ..layouts.layout import Geometry
@@ -21,6 +22,7 @@ from .console import Console
 from .options import check_output_file, integer
 from .scenes import (
     check_model_counts,
+    drafter_scores,
     layer_notes,
     moe_rows,
     read_scenes,
@@ -140,6 +142,15 @@ def add_arguments(p) -> None:
         help="fit counts whose MoE layers (per --model, the counts' metadata or a known model's shape) are all "
         "zero, to an even load there (refused otherwise: a recorder that missed them?)",
     )
+    p.add_argument(
+        "--drafter-layers",
+        type=integer(0),
+        default=0,
+        metavar="N",
+        help="rows for a speculative drafter's N MoE layers (DeepSeek's MTP layers: num_nextn_predict_layers) "
+        "when the counts have none; counts recorded with the drafter on carry them, fitted from their own counts "
+        "(default 0)",
+    )
     model_args(p)
     p.add_argument(
         "-o",
@@ -173,19 +184,25 @@ def run(args, console: Console) -> None:
     options = FitOptions(
         geometry, dispatch=args.dispatch, robust=args.robust, expert_groups=routing.expert_groups, objective=args.objective
     )
-    memory = memory_cost(model_memory(args, model), geometry)
+    prices = model_memory(args, model)
     with console.progress(f"fitting {scenes[0].num_layers} layers to {len(scenes)} scene(s)"):
-        layout = fit(scenes, options, weights, rows.layers if rows else None)
+        layout = fit(scenes, options, weights, rows.layers if rows else None, args.drafter_layers)
+    memory = memory_cost(prices, geometry, len(layout.drafter_layers))
     layout.meta["top_k"] = routing.top_k
     names = scene_names(args.counts)
     peer = fit_peer(layout, scenes)
     evals = [evaluate(layout, c, peer) for c in scenes]
+    drafter, drafter_text = drafter_scores(layout, scenes, args.counts)
     out = write_layout(layout, args.output, args.format)  # last: nothing is written unless all of the above held
     notes = [note for c, path in zip(scenes, args.counts) for note in layer_notes(c, path, rows, args.model)]
     notes += [note for c, path in zip(scenes, args.counts) if (note := warm_note(c, path))]
     unrouted = unrouted_layers(scenes, layout.moe_layers)
     if unrouted:
         notes.append(f"MoE layers {unrouted} have no counts in any scene: fitted to an even load, their scores say nothing")
+    guessed = layout.meta.get(DRAFTER_META, {}).get("guessed")
+    if guessed:
+        notes.append(f"the drafter's MoE layers {guessed} have no counts: their rows are {GUESS}")
+        console.say(f"scene-eplb: note: {notes[-1]}")
     lines = [f"routing groups: {routing.expert_groups} (from {routing.source})", *notes]
     if len(scenes) > 1:
         lines.append(
@@ -194,9 +211,10 @@ def run(args, console: Console) -> None:
             + f"; objective {args.objective}"
         )
     lines.append(scenes_text(args.counts, evals))
+    lines.append(drafter_text)
     if memory:
         lines.append(memory["summary"])
-    dropped, note = dropped_table(layout, args.format, out)
+    dropped, note = dropped_parts(layout, args.format, out)
     lines.append(f"wrote {out} ({args.format}){note}")
     payload = {
         "output": str(out),
@@ -206,6 +224,7 @@ def run(args, console: Console) -> None:
         "expert_groups_from": routing.source,
         "memory": memory,
         "notes": notes,
+        "drafter": drafter,
         **scenes_payload(args.counts, evals, layout.meta["scene_weights"]),
     }
     console.emit(payload, "\n".join(line for line in lines if line))

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import SceneEplbError
 from ..formats import read_counts
+from ..layouts.drafter import target_counts
 from ..planning.memory import memory_cost
 from .arguments import model_args, model_memory, read_model_arg
 from .console import Console
@@ -34,8 +35,9 @@ def run(args, console: Console) -> None:
     if model is not None:
         check_model_counts(model, c, args.counts)
     rows = moe_rows([c], model)
-    total = c.total()
-    active = c.active_layers()
+    target = target_counts(c)  # the drafter's rows, if any, are a note of their own (``layer_notes``)
+    total = target.total()
+    active = target.active_layers()
     per_layer = total.sum(axis=1)
     skew = [float(total[layer].max() / total[layer].mean()) for layer in active]
     notes = layer_notes(c, args.counts, rows, args.model)

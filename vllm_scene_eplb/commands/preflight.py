@@ -109,7 +109,8 @@ def run(args, console) -> None:
     quantization = check_quantization(args.quantization, cfg, modelslim, path, args.engine)
     experts = model.geometry.num_experts
     ep = args.dp * args.tp
-    geometry = read_layout(args.layout, hint(args)).geometry if args.layout else None
+    layout = read_layout(args.layout, hint(args)) if args.layout else None
+    geometry = None if layout is None else layout.geometry
     if geometry is not None and geometry.ep_size != ep:
         raise SceneEplbError(f"the layout is for EP {geometry.ep_size}, the recipe has DP {args.dp} x TP {args.tp} = {ep}")
     physical = geometry.num_physical if geometry is not None else experts + args.redundant
@@ -144,7 +145,9 @@ def run(args, console) -> None:
     )
     result = size_rank(recipe, memory, cfg, modelslim, path, args.kv_cache_dtype)
     priced = replace(memory, kv_bytes_per_token=result.kv_bytes_per_token, kv_format=result.kv_format)
-    cost = geometry_cost(priced, slots)
+    # with MTP on, the drafter's MoE layer holds the same slots as the target's (its redundant ones too)
+    drafter = ((len(layout.drafter_layers) if layout else 0) or 1) if args.speculative_tokens else 0
+    cost = geometry_cost(priced, slots, drafter)
     redundant = {**cost, "summary": cost_sentence(cost, slots)}
     name = f"DP{args.dp} x TP{args.tp}, {recipe.slots_per_rank} slots per rank, max_model_len {max_len:,}"
     mc2 = (

@@ -8,7 +8,7 @@ from ..planning.memory import memory_cost
 from .arguments import check_layout_model, geometry_args, hint, model_args, model_memory, read_model_arg
 from .console import Console
 from .options import check_output_dir
-from .scenes import check_model_counts, read_scenes, scene_names, scenes_payload, scenes_text, warm_note
+from .scenes import check_model_counts, drafter_scores, read_scenes, scene_names, scenes_payload, scenes_text, warm_note
 
 HELP = "Markdown report plus PNG heat maps of per-rank load: old (linear), vLLM's policy and the layout, one or several scenes"
 
@@ -37,16 +37,17 @@ def run(args, console: Console) -> None:
         for c, path in zip(counts, args.counts):
             check_model_counts(model, c, path)
     scenes = list(zip(scene_names(args.counts), counts))
-    memory = memory_cost(model_memory(args, model), layout.geometry)
+    memory = memory_cost(model_memory(args, model), layout.geometry, len(layout.drafter_layers))
     groups = model.geometry.expert_groups if model is not None else None  # vLLM reads n_group from the model
     with console.progress("fitting vLLM's policy, scoring and drawing heat maps"):
         evals, md, pngs = write_report(
             layout, scenes, args.output, memory["summary"] if memory else None, groups, "--model" if groups else ""
         )
     warm = [note for (_, c), path in zip(scenes, args.counts) if (note := warm_note(c, path))]
-    text = "\n".join([*warm, scenes_text(args.counts, evals)]) + (f"\n{memory['summary']}" if memory else "")
-    payload = {"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, "notes": warm}
-    console.emit(
-        {**payload, **scenes_payload(args.counts, evals)},
-        text + f"\nwrote {md} and {len(pngs)} heat map(s)",
+    drafter, drafter_text = drafter_scores(layout, [c for _, c in scenes], args.counts)
+    text = "\n".join(t for t in (*warm, scenes_text(args.counts, evals), drafter_text) if t) + (
+        f"\n{memory['summary']}" if memory else ""
     )
+    payload = {"report": str(md), "heatmaps": [str(p) for p in pngs], "memory": memory, "notes": warm}
+    payload |= scenes_payload(args.counts, evals)
+    console.emit({**payload, "drafter": drafter}, text + f"\nwrote {md} and {len(pngs)} heat map(s)")

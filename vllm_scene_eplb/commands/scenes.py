@@ -15,7 +15,9 @@ from ..errors import SceneEplbError
 from ..formats import read_counts
 from ..formats.counts import PREDICTED_KEY, PREFIX_CACHE_KEY
 from ..layouts.counts import Counts
-from ..layouts.evaluation import Evaluation, check_compatible
+from ..layouts.drafter import drafter_layers_of, drafter_share, num_target_layers
+from ..layouts.evaluation import Evaluation, check_compatible, drafter_gap, evaluate_drafter
+from ..layouts.layout import Layout
 from ..planning.model_files import ModelFiles
 from ..planning.model_geometry import known_model
 from .console import Console
@@ -82,17 +84,16 @@ def scenes_text(paths: list[str], evals: list[Evaluation]) -> str:
 
 def check_model_counts(model: ModelFiles, counts: Counts, path: str | Path) -> None:
     """Refuse counts of another model than ``--model``: another layer or expert count, MoE layers
-    in their metadata that are not the model's, or routing in a layer the model says is dense."""
-    g, problems = model.geometry, []
-    if (counts.num_layers, counts.num_experts) != (g.num_layers, g.num_experts):
-        problems.append(
-            f"the counts are [L={counts.num_layers}, E={counts.num_experts}], the model [L={g.num_layers}, E={g.num_experts}]"
-        )
+    in their metadata that are not the model's, or routing in a layer the model says is dense (a
+    drafter's rows after the model's layers are the drafter's, ``layouts.drafter``)."""
+    g, problems, layers = model.geometry, [], num_target_layers(counts)
+    if (layers, counts.num_experts) != (g.num_layers, g.num_experts):
+        problems.append(f"the counts are [L={layers}, E={counts.num_experts}], the model [L={g.num_layers}, E={g.num_experts}]")
     else:
         named = counts.meta.get("moe_layers")
         if named is not None and tuple(named) != g.moe_layers:
             problems.append(f"the counts' metadata names MoE layers {named}, the model's are {list(g.moe_layers)}")
-        dense = [int(layer) for layer in counts.active_layers() if int(layer) not in g.moe_layers]
+        dense = [int(layer) for layer in counts.active_layers() if int(layer) < layers and int(layer) not in g.moe_layers]
         if dense:
             problems.append(f"the counts route layers {dense} that the model says are dense")
     if problems:
@@ -116,7 +117,7 @@ def moe_rows(scenes: Sequence[Counts], model: ModelFiles | None) -> MoeRows | No
     taken for a dense layer."""
     if model is not None:
         return MoeRows(model.geometry.moe_layers, model.geometry.hash_layers, "--model")
-    known = known_model(scenes[0].num_layers, scenes[0].num_experts)
+    known = known_model(num_target_layers(scenes[0]), scenes[0].num_experts)
     named = {tuple(c.meta["moe_layers"]) for c in scenes if c.meta.get("moe_layers") is not None}
     if len(named) > 1:
         raise SceneEplbError(f"the counts files name different MoE layers in their metadata: {sorted(named)}")
@@ -162,6 +163,12 @@ def layer_notes(counts: Counts, name: str, rows: MoeRows | None = None, model: s
     recorded (``hash-counts``), and its MoE layers left all zero (``empty_layers_line``: a recorder
     that missed them, as SGLang #25961 recorded 40 of DeepSeek-V4-Flash's 43 layers)."""
     notes = []
+    drafter = drafter_layers_of(counts)
+    if drafter:
+        notes.append(
+            f"{name}: layers {list(drafter)} are a speculative drafter's own MoE layers, counted apart from the target's "
+            f"({drafter_share([counts]):.1%} of the assignments): fitted and scored apart"
+        )
     predicted = counts.meta.get(PREDICTED_KEY)
     if predicted:
         tokens = counts.meta.get("predicted_tokens")
@@ -198,3 +205,17 @@ def unrouted_layers(scenes: Sequence[Counts], layers: Sequence[int]) -> list[int
     """The ``layers`` no scene routed anything in (the fitter gives them an even load)."""
     routed = np.sum([c.total() for c in scenes], axis=0).any(axis=1)
     return [int(layer) for layer in layers if not routed[layer]]
+
+
+def drafter_scores(layout: Layout, scenes: list[Counts], paths: list[str]) -> tuple[dict | None, str]:
+    """The drafter's MoE rows scored apart from the target's (``--json``'s ``drafter``: their layers
+    and scores, or the note why none), and their text; (None, "") where neither side has drafter rows."""
+    evals = evaluate_drafter(layout, scenes)
+    if evals is None:
+        note = drafter_gap(layout, scenes)
+        return ({"note": note}, f"drafter: {note}") if note else (None, "")
+    head = (
+        f"the drafter's MoE layers {list(layout.drafter_layers)}, scored apart ({drafter_share(scenes):.1%} of the "
+        "assignments: not mixed into the target's scores above):"
+    )
+    return {"drafter_layers": list(layout.drafter_layers), **scenes_payload(paths, evals)}, f"{head}\n{scenes_text(paths, evals)}"

@@ -7,7 +7,7 @@ from ..layouts.evaluation import evaluate
 from ..layouts.peer import fit_peer
 from .arguments import geometry_args, hint
 from .console import Console
-from .scenes import read_scenes, scenes_payload, scenes_text
+from .scenes import drafter_scores, read_scenes, scenes_payload, scenes_text
 
 HELP = "score a layout on counts (train/holdout, ideal and static dispatch), one or several scenes"
 
@@ -23,4 +23,6 @@ def run(args, console: Console) -> None:
     scenes = read_scenes(args.counts, console, layout)
     peer = fit_peer(layout, scenes)
     evals = [evaluate(layout, counts, peer) for counts in scenes]
-    console.emit(scenes_payload(args.counts, evals), scenes_text(args.counts, evals))
+    drafter, drafter_text = drafter_scores(layout, scenes, args.counts)
+    payload = {**scenes_payload(args.counts, evals), "drafter": drafter}
+    console.emit(payload, "\n".join(t for t in (scenes_text(args.counts, evals), drafter_text) if t))

@@ -30,11 +30,14 @@ def run(args, console: Console) -> None:
         "layout_hash": layout.digest(),
         "geometry": g.to_dict(),
         "moe_layers": list(layout.moe_layers),
+        "drafter_layers": list(layout.drafter_layers),
         "meta": layout.meta,
         "checks": checks,
     }
+    drafter = layout.drafter_layers
+    rows = f" + the drafter's MoE layers {list(drafter)} (rows of their own)" if drafter else ""
     text = (
-        f"{args.layout}: valid layout {layout.digest()}: {layout.num_layers} layers ({len(layout.moe_layers)} MoE), "
+        f"{args.layout}: valid layout {layout.digest()}: {layout.num_target_layers} layers ({len(layout.moe_layers)} MoE){rows}, "
         f"{g.num_experts} experts + {g.num_redundant} redundant, ep_size {g.ep_size}, {g.num_nodes} node(s)"
         + "".join(f"\n  {c}" for c in checks)
     )

@@ -63,6 +63,12 @@ def render(live: LiveAnswer | None, url: str, flow: FlowView | None = None) -> s
     ]
     worst = sorted(zip(live.per_layer or (), live.layers), reverse=True)[:5]
     lines.append("  worst     " + "  ".join(f"layer {layer}: {v:.4f}" for v, layer in worst))
+    d = live.drafter
+    if d is not None:
+        lines.append(
+            f"  drafter   layers {list(d.layers)}  median {_num(d.median)}  worst {_num(d.worst)}  "
+            f"({_share(d.share)} of the window's assignments: apart from the scores above)"
+        )
     return "\n".join(lines) + "\n" + flow_lines(flow)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import SceneEplbError
 from ..layouts.counts import Counts
+from ..layouts.drafter import drafter_layers_of
 from ..layouts.layout import Layout
 from . import counts as _counts
 from . import layouts as _layouts
@@ -42,6 +43,7 @@ __all__ = [
     "LAYOUT_FORMATS",
     "GeometryHint",
     "detect",
+    "dropped_parts",
     "file_kind",
     "format_name",
     "read_counts",
@@ -108,13 +110,25 @@ def file_kind(path: str | os.PathLike) -> str:
     return fmt.kind
 
 
-def dropped_table(layout: Layout, fmt: str, out: str | os.PathLike) -> tuple[list[str], str]:
-    """What a layout file of format ``fmt`` cannot hold of ``layout`` (the fitted static table in a
-    bare format), for ``--json``'s ``dropped``, and the note that says so (empty when nothing is lost)."""
-    if layout.static_sources is None or format_name(fmt) == OWN_FORMAT:
+def dropped_parts(obj: Counts | Layout, fmt: str, out: str | os.PathLike) -> tuple[list[str], str]:
+    """What a file of format ``fmt`` cannot hold of ``obj`` (``--json``'s ``dropped``), and the note
+    that says so (empty when nothing is lost): a bare format holds neither a layout's fitted static
+    table nor a drafter's MoE rows (of a layout or of counts: nothing there could name them)."""
+    if format_name(fmt) == OWN_FORMAT:
         return [], ""
-    return ["static_sources"], (
-        f"\nnote: {fmt} files cannot hold the fitted static table (static_sources): an engine "
-        f"reading {out} alone uses its own replica choice; the scene_eplb plugin, given the "
-        "scene-eplb layout, uses the fitted table"
-    )
+    dropped, notes = [], []
+    if isinstance(obj, Layout) and obj.static_sources is not None:
+        dropped.append("static_sources")
+        notes.append(
+            f"note: {fmt} files cannot hold the fitted static table (static_sources): an engine "
+            f"reading {out} alone uses its own replica choice; the scene_eplb plugin, given the "
+            "scene-eplb layout, uses the fitted table"
+        )
+    drafter = obj.drafter_layers if isinstance(obj, Layout) else drafter_layers_of(obj)
+    if drafter:
+        dropped.append("drafter_layers")
+        notes.append(
+            f"note: {fmt} files cannot name a drafter's MoE rows: {out} holds the target model's rows only "
+            f"(the drafter's layers {list(drafter)} are left out; the scene-eplb format keeps them)"
+        )
+    return dropped, "".join("\n" + n for n in notes)

@@ -1,8 +1,10 @@
 """Counts file formats.
 
 ``scene-eplb`` (.npz, the project's own format): int64 ``logical_count`` [T, L, E] plus JSON metadata with a checksum; what the
-runtime writes, with ``physical_count`` [T, L, P] and ``source_count`` [S, L, E] where measured. ``sglang`` (.json): ``{"logical_count": [T][L][E]}`` or ``[L][E]``. ``pt``: a torch
-file holding a dict with ``logical_count``, as SGLang's recorder dumps.
+runtime writes, with ``physical_count`` [T, L, P] and ``source_count`` [S, L, E] where measured, and a drafter's MoE rows
+after the target's (``layouts.drafter``). ``sglang`` (.json): ``{"logical_count": [T][L][E]}`` or ``[L][E]``. ``pt``: a torch
+file holding a dict with ``logical_count``, as SGLang's recorder dumps. The bare two have no metadata to name a drafter's
+rows, so they are written without them (``dropped_parts`` says so).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from ..errors import SceneEplbError
 from ..fileio import atomic_write, canonical_json, sha256_hex
 from ..layouts.counts import Counts, counts_digest, validate_count_array, validate_physical, validate_sources
+from ..layouts.drafter import DRAFTER_KEY, drafter_layers_of, target_counts
 from .base import (
     FORMAT_VERSION,
     MAX_ID,
@@ -106,13 +109,18 @@ def _read_own(loaded: Loaded, hint: GeometryHint) -> Counts:
     if meta.get("checksum") != _own_checksum(meta, data, physical, sources):
         raise SceneEplbError("checksum mismatch: the counts or their metadata were altered or damaged", path)
     _check_meta(meta, data.shape[1], path)
-    return Counts(data, meta, physical, sources)
+    counts = Counts(data, meta, physical, sources)
+    try:
+        drafter_layers_of(counts)
+    except SceneEplbError as exc:
+        raise SceneEplbError(f"counts metadata {exc.problem}", path) from None
+    return counts
 
 
 def _check_meta(meta: dict, num_layers: int, path: Path) -> None:
     """The metadata fields the tools read (model, role, MoE layers, the layers predicted from tokens
     rather than recorded, the router's top_k and groups) have their types."""
-    for key in ("moe_layers", PREDICTED_KEY):
+    for key in ("moe_layers", PREDICTED_KEY, DRAFTER_KEY):
         check_moe_layers(meta.get(key), num_layers, path, key)
     for key in ("model", "role"):
         if meta.get(key) is not None and not isinstance(meta[key], str):
@@ -170,13 +178,13 @@ FORMATS = (
         "sglang",
         lambda f: f.container == "json" and f.has_key("logical_count"),
         _read_dict,
-        lambda c, path: write_json(path, {k: v.tolist() for k, v in _arrays(c).items()}),
+        lambda c, path: write_json(path, {k: v.tolist() for k, v in _arrays(target_counts(c)).items()}),
     ),
     FileFormat(
         "counts",
         "pt",
         lambda f: f.container == "pt" and f.has_key("logical_count"),
         _read_dict,
-        lambda c, path: write_pt(path, _arrays(c)),
+        lambda c, path: write_pt(path, _arrays(target_counts(c))),
     ),
 )

@@ -1,8 +1,9 @@
 """Layout file formats.
 
-``scene-eplb`` (.json, the project's own format): ``physical_to_logical_map`` with geometry, MoE layers, provenance, the fitted
-static table (``static_sources``) and a checksum. ``sglang``: the bare ``{"physical_to_logical_map": ...}`` SGLang's
-``--init-expert-location`` takes (it rejects extra keys). ``pt``: a torch dict with the same key.
+``scene-eplb`` (.json, the project's own format): ``physical_to_logical_map`` with geometry, MoE layers, a drafter's MoE
+rows (``drafter_layers``), provenance, the fitted static table (``static_sources``) and a checksum. ``sglang``: the bare
+``{"physical_to_logical_map": ...}`` SGLang's ``--init-expert-location`` takes (it rejects extra keys). ``pt``: a torch
+dict with the same key. The bare two hold the target's rows only (``target_map``): nothing in them could name a drafter's.
 vLLM-Ascend's ``expert_map_path`` file is in ``vllm_ascend``. Bare formats carry no geometry:
 reading one needs ``GeometryHint.ep_size``.
 """
@@ -16,6 +17,7 @@ import numpy as np
 
 from ..errors import SceneEplbError
 from ..fileio import doc_checksum
+from ..layouts.drafter import DRAFTER_KEY  # the scene-eplb format's key too: the drafter's MoE rows, the map's last rows
 from ..layouts.expected import EXPECTED_KEY
 from ..layouts.layout import Geometry, Layout
 from .base import FORMAT_VERSION, OWN_FORMAT, FileFormat, GeometryHint, Loaded, check_moe_layers, int_map, write_json, write_pt
@@ -25,6 +27,11 @@ MAP_KEY = "physical_to_logical_map"
 SOURCES_KEY = "static_sources"  # scene-eplb format only: source ranks per slot under static dispatch (fitted table)
 
 
+def target_map(layout: Layout) -> np.ndarray:
+    """The map's target rows [L, P]: what a bare format holds (the drafter's rows would read as the target's)."""
+    return layout.physical_to_logical_map[: layout.num_target_layers]
+
+
 def _geometry(E: int, R: int, ep: int, nodes: int, path: Path) -> Geometry:
     try:
         return Geometry(E, R, ep, nodes)
@@ -32,9 +39,11 @@ def _geometry(E: int, R: int, ep: int, nodes: int, path: Path) -> Geometry:
         raise SceneEplbError(exc.problem, path) from None
 
 
-def _layout(p2l: np.ndarray, geometry: Geometry, moe_layers, meta: dict, path: Path, static_sources=None) -> Layout:
+def _layout(
+    p2l: np.ndarray, geometry: Geometry, moe_layers, meta: dict, path: Path, static_sources=None, drafter_layers=()
+) -> Layout:
     try:
-        return Layout(p2l, geometry, moe_layers=moe_layers, meta=meta, static_sources=static_sources)
+        return Layout(p2l, geometry, moe_layers, meta, static_sources, tuple(drafter_layers))
     except SceneEplbError as exc:
         raise SceneEplbError(exc.problem, path) from None
 
@@ -101,9 +110,11 @@ def _read_own(loaded: Loaded, hint: GeometryHint) -> Layout:
     p2l = int_map(doc.get(MAP_KEY), MAP_KEY, path)
     moe_layers = doc.get("moe_layers")
     check_moe_layers(moe_layers, p2l.shape[0], path)
+    drafter = doc.get(DRAFTER_KEY)
+    check_moe_layers(drafter, p2l.shape[0], path, DRAFTER_KEY)
     sources = doc.get(SOURCES_KEY)
     sources = None if sources is None else int_map(sources, SOURCES_KEY, path)
-    layout = _layout(p2l, geometry, moe_layers, _meta(doc.get("meta"), path), path, sources)
+    layout = _layout(p2l, geometry, moe_layers, _meta(doc.get("meta"), path), path, sources, drafter or ())
     if doc.get("layout_hash") not in (None, layout.digest()):
         raise SceneEplbError(f"layout_hash {doc.get('layout_hash')} does not match the content ({layout.digest()})", path)
     return layout
@@ -116,6 +127,7 @@ def own_doc(layout: Layout) -> dict:
         "version": FORMAT_VERSION,
         "geometry": layout.geometry.to_dict(),
         "moe_layers": list(layout.moe_layers),
+        **({DRAFTER_KEY: list(layout.drafter_layers)} if layout.drafter_layers else {}),
         "layout_hash": layout.digest(),
         "meta": layout.meta,
         MAP_KEY: layout.physical_to_logical_map.tolist(),
@@ -137,13 +149,13 @@ FORMATS = (
         "sglang",
         lambda f: f.container == "json" and f.has_key(MAP_KEY) and not _is_own(f),
         _read_bare,
-        lambda layout, path: write_json(path, {MAP_KEY: layout.physical_to_logical_map.tolist()}),
+        lambda layout, path: write_json(path, {MAP_KEY: target_map(layout).tolist()}),
     ),
     FileFormat(
         "layout",
         "pt",
         lambda f: f.container == "pt" and f.has_key(MAP_KEY),
         _read_bare,
-        lambda layout, path: write_pt(path, {MAP_KEY: layout.physical_to_logical_map}),
+        lambda layout, path: write_pt(path, {MAP_KEY: target_map(layout)}),
     ),
 )

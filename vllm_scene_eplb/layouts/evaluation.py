@@ -6,14 +6,16 @@ the report labels them from it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import SceneEplbError
 from .counts import Counts
+from .drafter import drafter_counts, drafter_layers_of, num_target_layers
 from .layout import Layout, linear_map, same_rank_duplicates
-from .peer import Peer, fitted_on
+from .peer import Peer, fit_peer, fitted_on
 from .score import ideal_score, per_pass_score, static_score
 
 
@@ -127,11 +129,38 @@ class Evaluation:
 
 
 def check_compatible(layout: Layout, counts: Counts) -> None:
-    """Refuse to score a layout on counts of another model shape."""
+    """Refuse to score a layout on counts of another model shape (the target's layers: a drafter's
+    rows, on either side, are scored apart where both have them)."""
     if counts.num_experts != layout.geometry.num_experts:
         raise SceneEplbError(f"layout is for {layout.geometry.num_experts} experts, counts have {counts.num_experts}")
-    if counts.num_layers != layout.num_layers:
-        raise SceneEplbError(f"layout has {layout.num_layers} layers, counts have {counts.num_layers}")
+    if num_target_layers(counts) != layout.num_target_layers:
+        raise SceneEplbError(f"layout has {layout.num_target_layers} layers, counts have {num_target_layers(counts)}")
+
+
+def evaluate_drafter(layout: Layout, scenes: Sequence[Counts]) -> list[Evaluation] | None:
+    """The drafter's MoE rows scored apart, one evaluation per scene (beside vLLM's policy fitted on
+    the drafter's own counts), where the layout and every scene have the same drafter rows; else None
+    (``drafter_gap`` says why)."""
+    if not layout.drafter_layers or any(drafter_layers_of(c) != layout.drafter_layers for c in scenes):
+        return None
+    view, counts = layout.drafter_view(), [drafter_counts(c) for c in scenes]
+    peer = fit_peer(view, counts)
+    return [evaluate(view, c, peer) for c in counts]
+
+
+def drafter_gap(layout: Layout, scenes: Sequence[Counts]) -> str | None:
+    """Why a drafter's rows are not scored (the layout's or the counts' are missing), or None."""
+    every = {drafter_layers_of(c) for c in scenes}
+    recorded = sorted(every - {()})
+    if layout.drafter_layers and () in every:
+        which = "the counts have" if not recorded else "not every counts file has"
+        return f"{which} no drafter rows: the layout's drafter layers {list(layout.drafter_layers)} are not scored"
+    if recorded and recorded != [layout.drafter_layers]:
+        return (
+            f"the counts' drafter layers {[list(r) for r in recorded]} have no rows of the layout's "
+            f"({list(layout.drafter_layers)}): not scored"
+        )
+    return None
 
 
 def evaluate(layout: Layout, counts: Counts, peer: Peer) -> Evaluation:

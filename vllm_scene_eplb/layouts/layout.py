@@ -137,6 +137,18 @@ def replica_counts(p2l: np.ndarray, num_experts: int) -> np.ndarray:
     return out
 
 
+def check_drafter_layers(layers, num_rows: int, moe_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """A drafter's MoE rows as a sorted tuple: distinct, the last rows of a ``num_rows``-row layer
+    axis (after every target row), none of them a target MoE row; else the refusal."""
+    rows = tuple(sorted(int(i) for i in layers))
+    if rows and (rows != tuple(range(num_rows - len(rows), num_rows)) or set(rows) & set(moe_layers)):
+        raise SceneEplbError(
+            f"drafter_layers {list(rows)[:8]} must be the last rows of the {num_rows}-row layer axis, "
+            "after every MoE layer of the target model"
+        )
+    return rows
+
+
 def linear_map(geometry: Geometry, num_layers: int) -> np.ndarray:
     """The default placement engines start from: slot p holds p mod E, the same for every layer.
 
@@ -161,13 +173,18 @@ class Layout:
       holds one expert twice.
     - ``geometry``: ``Geometry`` (E, R, ep_size, num_nodes).
     - ``moe_layers``: tuple of row indices, sorted: the rows that are MoE layers (the rest are
-      dense, kept only so the layer axis matches the counts and the model); every row when not given.
+      dense, kept only so the layer axis matches the counts and the model); every target row when
+      not given.
     - ``meta``: dict, the provenance ``fit`` writes (fingerprint, fitter version, source counts
       digests, scene weights, options, model, role, and the expected score under ``EXPECTED_KEY``).
     - ``static_sources``: int64 [L, P] or None. Under ``static`` dispatch, how many source ranks
       each slot serves (at least 1, its own rank; an expert's slots sum to ep_size), as the fitter
       chose it; ``dispatch.static_table`` derives the table [L, ep, E] from it. None: the table is
       the even split.
+    - ``drafter_layers``: tuple of row indices, the last rows of the map: a speculative drafter's
+      own MoE layers (DeepSeek's MTP layer, model layer ``num_hidden_layers``), placed by rows of
+      their own after the target's layer axis (``layouts.drafter``); empty: none. ``moe_layers``
+      stays the target's, so whatever reads a layout's MoE rows reads the target's.
 
     Example: E = 4 experts, R = 2, ep_size = 2 (P = 6, S = 3), one layer where experts 0 and 1 are
     hot and get a second replica each::
@@ -184,6 +201,7 @@ class Layout:
     moe_layers: tuple[int, ...] = None  # type: ignore[assignment]  # given as None: every row (a tuple once built)
     meta: dict = field(default_factory=dict)
     static_sources: np.ndarray | None = None
+    drafter_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         p2l = np.asarray(self.physical_to_logical_map)
@@ -203,17 +221,28 @@ class Layout:
             if problems:
                 raise SceneEplbError("; ".join(problems))
             object.__setattr__(self, "static_sources", sources)
-        if self.moe_layers is None:
-            object.__setattr__(self, "moe_layers", tuple(range(p2l.shape[0])))
+        if self.moe_layers is None:  # every target row (the rows before the drafter's)
+            object.__setattr__(self, "moe_layers", tuple(range(p2l.shape[0] - len(set(self.drafter_layers)))))
         else:
             layers = tuple(int(i) for i in self.moe_layers)
             if any(i < 0 or i >= p2l.shape[0] for i in layers) or len(set(layers)) != len(layers):
                 raise SceneEplbError(f"moe_layers {list(layers)[:8]}... must be distinct rows of the {p2l.shape[0]}-layer map")
             object.__setattr__(self, "moe_layers", tuple(sorted(layers)))
+        object.__setattr__(self, "drafter_layers", check_drafter_layers(self.drafter_layers, p2l.shape[0], self.moe_layers))
 
     @property
     def num_layers(self) -> int:
         return int(self.physical_to_logical_map.shape[0])
+
+    @property
+    def num_target_layers(self) -> int:
+        """The target model's rows (the layer axis before the drafter's rows)."""
+        return self.num_layers - len(self.drafter_layers)
+
+    def drafter_view(self) -> Layout:
+        """The same map with the drafter's rows as its MoE rows: what scores, tables and loaders read
+        of the drafter's layers, by the same code that reads the target's."""
+        return Layout(self.physical_to_logical_map, self.geometry, self.drafter_layers, self.meta, self.static_sources)
 
     def replica_counts(self) -> np.ndarray:
         return replica_counts(self.physical_to_logical_map, self.geometry.num_experts)
@@ -241,13 +270,10 @@ class Layout:
         """Refuse a layout made for another model or parallel geometry. Given the model's MoE layer
         ids and layer count, a layout with the model's layer axis must have MoE rows at those ids."""
         problems = []
+        rows = self.num_target_layers
         if len(self.moe_layers) != num_moe_layers:
             problems.append(f"layout has {len(self.moe_layers)} MoE layers, the model has {num_moe_layers}")
-        elif (
-            model_moe_layers is not None
-            and self.num_layers == model_num_layers
-            and tuple(self.moe_layers) != tuple(model_moe_layers)
-        ):
+        elif model_moe_layers is not None and rows == model_num_layers and tuple(self.moe_layers) != tuple(model_moe_layers):
             problems.append(
                 f"layout's MoE rows {list(self.moe_layers)} differ from the model's MoE layers {list(model_moe_layers)}"
             )

@@ -13,7 +13,8 @@ import numpy as np
 from ..errors import SceneEplbError
 from ..fileio import atomic_write_files
 from .counts import Counts
-from .evaluation import Evaluation, evaluate
+from .drafter import drafter_share
+from .evaluation import Evaluation, evaluate, evaluate_drafter
 from .layout import Layout, linear_map
 from .peer import Peer, fit_peer
 from .score import ideal_rank_loads, static_rank_loads
@@ -186,10 +187,32 @@ def write_report(
         png: heatmap_png(layout, counts, peer, f"scene {name}: {ev.scene_mark()}")
         for png, (name, counts), ev in zip(png_names, scenes, evals)
     }
+    drafter = evaluate_drafter(layout, [counts for _, counts in scenes])
+    if drafter is not None:
+        share = drafter_share([counts for _, counts in scenes])
+        md += "\n".join(drafter_section(layout, [name for name, _ in scenes], drafter, share))
+        scores["drafter"] = {
+            "drafter_layers": list(layout.drafter_layers),
+            "scenes": [{"name": n, "summary": ev.summary(), "layers": ev.rows()} for (n, _), ev in zip(scenes, drafter)],
+        }
     files["scores.json"] = json.dumps(scores, indent=2).encode()
     files["report.md"] = md.encode()
     written = atomic_write_files(out, files)
     return evals, written["report.md"], [written[n] for n in png_names]
+
+
+def drafter_section(layout: Layout, names: list[str], evals: list[Evaluation], share: float) -> list[str]:
+    """The drafter's MoE rows, apart from the target's (``share`` of the assignments): each scene's section of their scores."""
+    lines = [
+        "## The drafter's MoE layers",
+        "",
+        f"Layers {list(layout.drafter_layers)}: a speculative drafter's own MoE layers, placed by rows of their own and "
+        f"scored apart: {share:.1%} of the assignments, which the target's scores above leave out.",
+        "",
+    ]
+    for name, ev in zip(names, evals):
+        lines += ([f"### Scene {name}", ""] if len(evals) > 1 else []) + _scene_section(ev, (), level="####")
+    return lines
 
 
 def _file_safe(name: str) -> str:

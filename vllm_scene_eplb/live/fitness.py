@@ -17,7 +17,7 @@ import numpy as np
 from ..layouts.expected import EXPECTED_KEY, layer_scores
 from ..layouts.layout import Geometry, Layout, linear_map
 from ..layouts.score import rank_score
-from ..protocol import LiveAnswer, LiveTime, MeasuredView
+from ..protocol import DrafterLiveView, LiveAnswer, LiveTime, MeasuredView
 from .measured import PerPassCritical, RankTime, SourceTraffic, fidelity, modelled_slot_counts, rank_loads, time_view
 
 SUB_WINDOWS = 8  # how many recent windows' step ms live.time keeps for advise's noise floor
@@ -69,13 +69,15 @@ class LiveSample:
     ``logical`` [L_moe, E] summed over the ranks that count each token once, with their passes;
     ``physical`` [L_moe, P] likewise (None where not captured); ``sources``: each counting rank's
     logical counts with the EP ranks that route them (empty where unknown); ``times``: every rank's
-    MoE timing (empty without ``time_moe``)."""
+    MoE timing (empty without ``time_moe``); ``drafter`` [D, E]: a speculative drafter's MoE layers'
+    counts, summed as ``logical`` (None without)."""
 
     logical: np.ndarray
     passes: int
     physical: np.ndarray | None = None
     sources: tuple[SourceTraffic, ...] = ()
     times: tuple[RankTime, ...] = ()
+    drafter: np.ndarray | None = None
 
     def since(self, last: LiveSample | None) -> LiveSample:
         """The window from ``last`` to this sample: every field's difference (this sample itself
@@ -95,12 +97,14 @@ class LiveSample:
             else self.sources
         )
         times = tuple(a.since(b) for a, b in zip(self.times, last.times)) if len(last.times) == len(self.times) else self.times
+        drafter = None if self.drafter is None or last.drafter is None else np.asarray(self.drafter) - np.asarray(last.drafter)
         return LiveSample(
             np.asarray(self.logical, dtype=np.int64) - np.asarray(last.logical),
             self.passes - last.passes,
             physical,
             sources,
             times,
+            drafter,
         )
 
 
@@ -130,6 +134,9 @@ class LiveFitness:
     record_time: LiveTime | None = None  # the last record's own window (``record``); None while one runs
     step_seconds: float | None = None  # the last window's step wall seconds, mean over ranks (None: not timed)
     provenance: dict = field(default_factory=dict)  # the server's PROVENANCE_KEYS, stamped on live.time
+    drafter_layers: tuple[int, ...] = ()  # a speculative drafter's MoE layers, scored apart (``drafter``)
+    drafter_per_layer: np.ndarray | None = None
+    drafter_share: float | None = None  # the drafter's share of the last window's assignments
     _step_ms: list[float] = field(default_factory=list)  # recent windows' step ms: live.time's sub_windows
     _last: LiveSample | None = None
     _last_time: float | None = None
@@ -145,9 +152,11 @@ class LiveFitness:
         margin: float,
         windows: int,
         provenance: dict | None = None,
+        drafter_layers: tuple[int, ...] = (),
     ) -> LiveFitness:
-        """The live view of a server running ``layout`` (None: the linear layout on ``ep_size`` ranks).
-        The layout's expectation counts only if it was fitted for the dispatch the server runs."""
+        """The live view of a server running ``layout`` (None: the linear layout on ``ep_size`` ranks),
+        with its drafter's MoE layers ``drafter_layers`` apart. The layout's expectation counts only if
+        it was fitted for the dispatch the server runs."""
         expected = (layout.meta.get(EXPECTED_KEY) if layout is not None else None) or {}
         if expected.get("dispatch") != (dispatch or "dynamic"):
             expected = {}
@@ -160,6 +169,7 @@ class LiveFitness:
             DriftAlarm(expected.get("median"), margin, windows),
             expected.get("worst"),
             provenance=dict(provenance or {}),
+            drafter_layers=tuple(drafter_layers),
         )
 
     def _rows(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -184,6 +194,11 @@ class LiveFitness:
         if time is not None and time.step_ms is not None:
             self._step_ms = [*self._step_ms, float(time.step_ms)][-SUB_WINDOWS:]
         self.time = self._stamped(time)
+        if window.drafter is not None:
+            drafter = np.asarray(window.drafter, dtype=np.int64)
+            view = None if self.layout is None else self.layout.drafter_view()
+            self.drafter_per_layer = layer_scores(view, drafter, self.geometry, self.dispatch)
+            self.drafter_share = float(drafter.sum() / (drafter.sum() + window.logical.sum()))
         return self.alarm.update(float(np.median(self.per_layer)))
 
     def record(self, window: LiveSample | None, critical: PerPassCritical | None = None) -> None:
@@ -238,6 +253,20 @@ class LiveFitness:
             fidelity=self.fidelity,
             time=self.time,
             record_time=self.record_time,
+            drafter=self._drafter_view(),
+        )
+
+    def _drafter_view(self) -> DrafterLiveView | None:
+        """The drafter's layers apart (None without a drafter): their last window's scores and share."""
+        if not self.drafter_layers:
+            return None
+        d = self.drafter_per_layer
+        return DrafterLiveView(
+            self.drafter_layers,
+            None if d is None else float(np.median(d)),
+            None if d is None else float(d.max()),
+            None if d is None else tuple(round(float(x), 5) for x in d),
+            None if self.drafter_share is None else round(self.drafter_share, 5),
         )
 
     def to_wire(self) -> dict:

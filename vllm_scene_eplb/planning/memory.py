@@ -435,37 +435,41 @@ def read_model_memory(model: ModelFiles, kv_cache_dtype: str = "auto", expert_by
     return ModelMemory(per_expert, fmt, kv, kv_fmt, len(model.geometry.moe_layers), per_sequence)
 
 
-def replica_cost(memory: ModelMemory, slots_per_rank: float) -> dict:
+def replica_cost(memory: ModelMemory, slots_per_rank: float, drafter_layers: int = 0) -> dict:
     """What ``slots_per_rank`` redundant slots per rank in every MoE layer cost each rank (the
-    ``memory`` object of ``--json``): the model's prices, their bytes over all MoE layers, and the
-    KV tokens those bytes would have held."""
-    redundant = round(slots_per_rank * memory.num_moe_layers * memory.bytes_per_expert)
+    ``memory`` object of ``--json``): the model's prices, their bytes over all MoE layers (and a
+    speculative drafter's ``drafter_layers``, which vLLM builds with the same slots), and the KV
+    tokens those bytes would have held."""
+    redundant = round(slots_per_rank * (memory.num_moe_layers + drafter_layers) * memory.bytes_per_expert)
     return {
         **asdict(memory),
+        "drafter_moe_layers": drafter_layers,
         "redundant_slots_per_rank_per_layer": slots_per_rank,
         "redundant_bytes_per_rank": redundant,
         "kv_tokens_per_rank": redundant // memory.kv_bytes_per_token if memory.kv_bytes_per_token else None,
     }
 
 
-def geometry_cost(memory: ModelMemory, geometry: Geometry) -> dict:
+def geometry_cost(memory: ModelMemory, geometry: Geometry, drafter_layers: int = 0) -> dict:
     """``replica_cost`` of a geometry: R / ep_size redundant slots per rank (an average when ep_size
     does not divide R)."""
-    return replica_cost(memory, geometry.num_redundant / geometry.ep_size)
+    return replica_cost(memory, geometry.num_redundant / geometry.ep_size, drafter_layers)
 
 
 def cost_sentence(cost: dict, geometry: Geometry | None = None) -> str:
     """The replica cost in one sentence a capacity planner can act on (``geometry`` names R and ep;
     without it, the price of one redundant slot per rank)."""
     slots = cost["redundant_slots_per_rank_per_layer"]
+    drafter = cost.get("drafter_moe_layers") or 0
+    layers = f"{cost['num_moe_layers']} MoE layers" + (f" and the drafter's {drafter}" if drafter else "")
     if slots == 0:
         return "No redundant slots: the layout costs no memory beyond the model's own experts."
     if geometry is None:
-        what = f"One redundant slot per rank in each of {cost['num_moe_layers']} MoE layers costs"
+        what = f"One redundant slot per rank in each of {layers} costs"
     else:
         what = (
             f"{geometry.num_redundant} redundant slots on {geometry.ep_size} ranks put {slots:g} extra expert"
-            f"{'' if slots == 1 else 's'} per rank in each of {cost['num_moe_layers']} MoE layers:"
+            f"{'' if slots == 1 else 's'} per rank in each of {layers}:"
         )
     return (
         f"{what} {cost['redundant_bytes_per_rank'] / GIB:.2f} GiB of expert weights per rank "
@@ -474,10 +478,10 @@ def cost_sentence(cost: dict, geometry: Geometry | None = None) -> str:
     )
 
 
-def memory_cost(memory: ModelMemory | None, geometry: Geometry | None) -> dict | None:
+def memory_cost(memory: ModelMemory | None, geometry: Geometry | None, drafter_layers: int = 0) -> dict | None:
     """The ``memory`` object of ``--json`` (``replica_cost`` with its ``summary`` sentence), None without
     a model: for the geometry's redundant slots, or per redundant slot per rank without a geometry."""
     if memory is None:
         return None
-    cost = geometry_cost(memory, geometry) if geometry else replica_cost(memory, 1.0)
+    cost = geometry_cost(memory, geometry, drafter_layers) if geometry else replica_cost(memory, 1.0, drafter_layers)
     return {**cost, "summary": cost_sentence(cost, geometry)}

@@ -26,7 +26,7 @@ from .advice import VERDICTS, Advice
 from .export import EXPORT_STATES, DumpAnswer, DumpStarted, ExportJobAnswer
 from .fields import MAX_WIRE_INT
 from .flow import FLOW_KEY, FLOW_SOURCES, FlowView
-from .live import LiveAnswer, LiveTime, MeasuredView, PassTimes, RankLiveAnswer, RecordLive
+from .live import DrafterLiveView, LiveAnswer, LiveTime, MeasuredView, PassTimes, RankLiveAnswer, RecordLive
 from .native_load import NativeCounts, NativeLoadAnswer, RankNativeLoad
 from .pass_groups import GROUPS, PASS_GROUP_TOKENS, PassGroup, RankPassGroups, group_tokens, pass_group
 from .routes import (
@@ -87,6 +87,7 @@ __all__ = [
     "KEEP_SKIPPED",
     "LIVE_ACTION",
     "LIVE_KEY",
+    "DrafterLiveView",
     "LiveAnswer",
     "LiveTime",
     "MAX_WIRE_INT",

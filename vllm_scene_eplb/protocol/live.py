@@ -45,6 +45,30 @@ def _wait_share(f: _Fields) -> float | None:
 
 
 @dataclass(frozen=True)
+class DrafterLiveView(_Answer):
+    """The live object's ``drafter``: a speculative drafter's MoE layers (``layers``, DeepSeek's MTP
+    layer) scored apart from the target's, under the same layout and dispatch: the last window's
+    score per layer, its median and worst, and the drafter's ``share`` of the window's assignments
+    (its layers beside all of the target's). Kept out of the target's median, worst and drift alarm."""
+
+    layers: tuple[int, ...]
+    median: float | None
+    worst: float | None
+    per_layer: tuple[float, ...] | None
+    share: float | None
+
+    @classmethod
+    def from_wire(cls, f: _Fields) -> DrafterLiveView:
+        return cls(
+            f.integers("layers"),
+            f.number("median", 0, nullable=True),
+            f.number("worst", 0, nullable=True),
+            f.numbers_or_null("per_layer"),
+            f.number("share", 0, 1, nullable=True),
+        )
+
+
+@dataclass(frozen=True)
 class LiveTime(_Answer):
     """The live object's ``time`` (``measured.time_view``, stamped by ``fitness.LiveFitness``): ``rank_ms``
     [ranks][layers] mean local expert ms per pass, ``median`` / ``worst`` over layers of its max/mean
@@ -119,12 +143,14 @@ class LiveAnswer(_Answer):
     fidelity: float | None
     time: LiveTime | None
     record_time: LiveTime | None = None  # the last record's own window, start to stop (None while one runs)
+    drafter: DrafterLiveView | None = None  # a drafter's MoE layers, apart (None: the server counts none)
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> LiveAnswer:
         f = _Fields(doc, "live answer", source)
         measured, time = f.obj("measured", "measured"), f.obj("time", "time")
         record_time = f.obj("record_time", "record_time", default=None)  # a status saved before it was added has none
+        drafter = f.obj("drafter", "drafter", default=None)
         live = cls(
             f.number("median", 0, nullable=True),
             f.number("worst", 0, nullable=True),
@@ -142,6 +168,7 @@ class LiveAnswer(_Answer):
             f.number("fidelity", nullable=True),
             None if time is None else LiveTime.from_wire(time),
             None if record_time is None else LiveTime.from_wire(record_time),
+            None if drafter is None else DrafterLiveView.from_wire(drafter),
         )
         if live.median is not None and (live.worst is None or live.per_layer is None):
             f.fail("has a median but no worst or per_layer")
@@ -158,7 +185,8 @@ class RankLiveAnswer(_Answer):
     ``gap_seconds`` of its ``gaps`` busy pauses between steps; where the rank counts them, its
     ``active_slots`` [L_moe] (local slots with at least one real row, summed over its real passes),
     its passes by size (``groups``: ``RankPassGroups``) and its stepping thread's ``wait_seconds`` on
-    a run queue inside its real steps (each None where not captured)."""
+    a run queue inside its real steps (each None where not captured); a speculative drafter's MoE
+    layers' cumulative counts [D, E] (``drafter_counts``, its layers ``drafter_layers``; None without)."""
 
     counts: tuple[tuple[int, ...], ...]
     physical: tuple[tuple[int, ...], ...] | None
@@ -178,12 +206,15 @@ class RankLiveAnswer(_Answer):
     active_slots: tuple[int, ...] | None = None
     groups: RankPassGroups | None = None
     wait_seconds: float | None = None
+    drafter_layers: tuple[int, ...] = ()
+    drafter_counts: tuple[tuple[int, ...], ...] | None = None
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None) -> RankLiveAnswer:
         f = _Fields(doc, "live answer of a rank", source)
         layers = f.integers("moe_layers")
         groups = f.obj("groups", "groups", default=None)
+        drafter = f.integers("drafter_layers") if "drafter_layers" in doc else ()
         return cls(
             f.count_matrix("counts", len(layers)) or (),
             f.count_matrix("physical", len(layers), nullable=True),
@@ -203,6 +234,8 @@ class RankLiveAnswer(_Answer):
             f._list("active_slots", _is_int, "integers >= 0", True, len(layers)) if "active_slots" in doc else None,
             None if groups is None else RankPassGroups.from_wire(groups, len(layers)),
             f.number("wait_seconds", 0, nullable=True) if "wait_seconds" in doc else None,
+            drafter,
+            f.count_matrix("drafter_counts", len(drafter), nullable=True) if drafter else None,
         )
 
 

@@ -48,6 +48,7 @@ DUMP_META_KEYS = (
     "model",
     "role",
     "moe_layers",
+    "drafter_layers",
     "ep_size",
     "layout_hash",
     "redundant_slots",

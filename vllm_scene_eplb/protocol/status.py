@@ -79,6 +79,8 @@ _STATUS_FIELDS = {
     "ep_size": lambda f, k: f.integer(k, 1),
     "observer": lambda f, k: f.text(k, choices=_OBSERVER_STATES),
     "moe_layers": _Fields.integers,
+    # a drafter's MoE layers, counted apart; absent in a status of a plugin that did not count them
+    "drafter_layers": lambda f, k: f.integers(k) if k in f.doc else (),
     # the load audit's word (None: no audit ran); absent in a status saved before the audit existed
     "load_audit": lambda f, k: f.get(k, lambda v: isinstance(v, str), "a string", nullable=True, default=None),
 }
@@ -126,6 +128,7 @@ class WorkerStatus(_Answer):
     expert_groups: int | None
     server_start: str | None  # a random id drawn when the worker started: which server start a bench run measured
     load_audit: str | None  # what the load audit checked on this worker (runtime.worker.load_audit), None: none ran
+    drafter_layers: tuple[int, ...] = ()  # the speculative drafter's MoE layers, counted apart (``layouts.drafter``)
 
     @classmethod
     def from_wire(cls, doc: Any, source: str | None = None, what: str = "status answer") -> WorkerStatus:

@@ -18,12 +18,12 @@ def ep_ranks(parallel_config) -> int:
 def layout_for_server(path: str, model: ModelGeometry, ep_size: int, model_layer_axis: bool) -> Layout:
     """Read ``path`` and refuse it, naming the file, unless it fits the model and the EP size. With
     ``model_layer_axis`` its rows must be the model's layers (an engine that looks slots up by
-    model layer index); otherwise only its MoE rows are used."""
+    model layer index, a drafter's rows after them); otherwise only its MoE rows are used."""
     try:
         layout = read_layout(path, GeometryHint(ep_size=ep_size, num_experts=model.num_experts))
         layout.check_model(len(model.moe_layers), model.num_experts, ep_size, model.moe_layers, model.num_layers)
-        if model_layer_axis and layout.num_layers != model.num_layers:
-            raise SceneEplbError(f"layout has {layout.num_layers} layer rows, the model has {model.num_layers} layers")
+        if model_layer_axis and layout.num_target_layers != model.num_layers:
+            raise SceneEplbError(f"layout has {layout.num_target_layers} layer rows, the model has {model.num_layers} layers")
     except SceneEplbError as exc:
         raise SceneEplbError(
             f"scene_eplb.layout does not fit this server (model {model.num_experts} experts, "

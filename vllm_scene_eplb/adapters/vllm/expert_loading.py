@@ -34,25 +34,25 @@ from ...runtime.worker import load_journal
 from ...runtime.worker.load_audit import LoadAudit
 from ...runtime.worker.load_journal import EXPERT_INDEX, ExpertLoad
 
-# test-only: "LAYER:SLOT_A:SLOT_B" makes the loaders swap the experts of two slots of LAYER (a loader
-# bug on purpose, which the audit must refuse; every expert is still loaded somewhere); with ":serve"
-# after it the worker serves the bug anyway, its audit's refusal logged and reported as ``refused``
-# (what an end-to-end check must catch in the answers and in ``scene-eplb audit``)
+# test-only: "LAYER:SLOT_A:SLOT_B" (several, comma-separated) makes the loaders swap the experts of two
+# slots of LAYER (a loader bug on purpose, which the audit must refuse; every expert is still loaded
+# somewhere); with ":serve" after them the worker serves the bug anyway, its audit's refusal logged and
+# reported as ``refused`` (what an end-to-end check must catch in the answers and in ``scene-eplb audit``)
 MISLOAD_ENV = "SCENE_EPLB_TEST_MISLOAD"
 MISLOAD_SERVES = "serve"
 
 
-def misload() -> tuple[int, int, int, bool] | None:
-    """The test-only mis-load ``MISLOAD_ENV`` names: (layer, slot a, slot b, whether the worker serves it), or None."""
+def misload() -> tuple[tuple[tuple[int, int, int], ...], bool] | None:
+    """The test-only mis-load ``MISLOAD_ENV`` names: its (layer, slot a, slot b) swaps and whether the
+    worker serves them, or None."""
     spec = os.environ.get(MISLOAD_ENV)
     if not spec:
         return None
-    parts = spec.split(":")
-    serves = len(parts) == 4 and parts[3] == MISLOAD_SERVES
-    if len(parts) != 3 + serves or not all(p.isdigit() for p in parts[:3]):
-        raise SceneEplbError(f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B[:{MISLOAD_SERVES}], got {spec!r}")
-    layer, a, b = (int(p) for p in parts[:3])
-    return layer, a, b, serves
+    body, serves = (spec[: -len(MISLOAD_SERVES) - 1], True) if spec.endswith(f":{MISLOAD_SERVES}") else (spec, False)
+    swaps = [part.split(":") for part in body.split(",")]
+    if not all(len(p) == 3 and all(x.isdigit() for x in p) for p in swaps):
+        raise SceneEplbError(f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B[,...][:{MISLOAD_SERVES}], got {spec!r}")
+    return tuple((int(layer), int(a), int(b)) for layer, a, b in swaps), serves
 
 
 @dataclass
@@ -66,15 +66,12 @@ class ExpertLoading(ExpertLoad):
         bug = misload()
         if row is None or bug is None:
             return row
-        bad_layer, a, b, _ = bug
-        if max(a, b) >= len(row):
-            raise SceneEplbError(
-                f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B with slots below {len(row)}, got {os.environ[MISLOAD_ENV]!r}"
-            )
-        if bad_layer != layer:
-            return row
-        row = row.copy()
-        row[[a, b]] = row[[b, a]]
+        for bad_layer, a, b in bug[0]:
+            if max(a, b) >= len(row):
+                raise SceneEplbError(f"{MISLOAD_ENV} must name slots below {len(row)}, got {os.environ[MISLOAD_ENV]!r}")
+            if bad_layer == layer:
+                row = row.copy()
+                row[[a, b]] = row[[b, a]]
         return row
 
 

@@ -170,7 +170,7 @@ def _patch_runner(runner_cls) -> None:
 
     @functools.wraps(load)
     def load_model(self, *args, **kwargs):
-        rt = worker_plugin.configure(self.vllm_config)
+        rt = worker_plugin.configure(self.vllm_config, getattr(self, "drafter", None))
         out = load(self, *args, **kwargs)
         rt.bind(self)
         return out

@@ -26,6 +26,7 @@ from ...runtime.worker.observer import NullObserver
 from ...runtime.worker.replica_map import SourceRanks, own_source_span
 from ...runtime.worker.worker import NullPlugin, RecorderPlugin
 from ..drafter import moe_drafter
+from .draft_layers import drafter_model, hear_rows, placeable
 from .expert_loading import MISLOAD_ENV, ExpertLoading, audit_load, misload
 from .sequence_parallel import ShardRows, shard_rows_of
 from .version import check_engine_version, engine_version
@@ -124,20 +125,25 @@ class VllmWorkerPlugin(RecorderPlugin):
 
         runners = moe_runners(model_runner.model)
         self.check_moe_layers([int(r.layer_id) for r in runners])
-        for r in runners:
+        drafter, drafter_runners = self.drafter_runners(model_runner)
+        for r in runners + drafter_runners:
             check_moe_backend(r)
         shard = shard_rows_of(model_runner.model, runners, self.tp_rank, self.tp_size, bool(envs.VLLM_MOE_SKIP_PADDING))
         if shard is not None:
             # each TP rank routes its own chunk of the step: it counts that chunk (the export's sum
             # over the EP group counts every token once) and its own static table row routes it
             self.source, self.contributes = SourceRanks(self.source_rank, 1), True
+            if drafter_runners:
+                drafter_runners = self.uncounted_drafter(drafter_runners, "its MoE layers route TP chunks (sequence parallel)")
+        if drafter_runners:
+            self.bind_drafter_layers([int(r.layer_id) for r in drafter_runners])
         if self.expert_loading is not None:
             where = f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"
             try:
-                self.load_audit = audit_load(self.expert_loading, runners, where)
+                self.load_audit = audit_load(self.expert_loading, runners + drafter_runners, where)
             except SceneEplbError as exc:
                 bug = misload()
-                if bug is None or not bug[3]:
+                if bug is None or not bug[1]:
                     raise
                 logger.error("scene_eplb: %s (serving it anyway: the test-only %s asks to)", exc, MISLOAD_ENV)
                 self.load_audit = LoadAudit(0, 0, None, refused=True)
@@ -147,7 +153,7 @@ class VllmWorkerPlugin(RecorderPlugin):
             maps = layer_maps(self.layout, self.config.dispatch, device, self.source)
             g = self.layout.geometry
             own = list(range(self.ep_rank * g.slots_per_rank, (self.ep_rank + 1) * g.slots_per_rank))
-            for r in runners:
+            for r in runners + drafter_runners:
                 emap = r.routed_experts.expert_map
                 if emap is None or emap.numel() != g.num_physical or (emap >= 0).nonzero().flatten().tolist() != own:
                     raise SceneEplbError(
@@ -182,9 +188,61 @@ class VllmWorkerPlugin(RecorderPlugin):
                 if shard is None
                 else functools.partial(_capture_chunk, observer, idx, shard)
             )
+        if drafter_runners:
+            self.bind_drafter_capture(drafter, drafter_runners, device)
         if self.config.time_moe:
             attach_moe_timer(observer, runners, device)
         logger.info("%s", startup_line(self.status(), f"ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"))
+
+    # ------------------------------------------------------------ the speculative drafter's MoE layers
+
+    def drafter_runners(self, model_runner) -> tuple[object, list]:
+        """(the runner's drafter, its MoE runners in layer order); no runners where it has no model
+        with MoE layers, or where they cannot be counted (said in the log; refused with a layout)."""
+        drafter, model = drafter_model(model_runner)
+        found = [] if model is None else moe_runners(model)
+        if found and not placeable(drafter):
+            found = self.uncounted_drafter(found, unplaceable(model_runner.vllm_config, drafter))
+        return drafter, found
+
+    def bind_drafter_layers(self, found: list[int]) -> None:
+        """Keep the drafter's MoE layer ids; with a layout they must be its drafter rows."""
+        if self.layout is not None and tuple(found) != self.layout.drafter_layers:
+            raise SceneEplbError(
+                f"the speculative drafter built MoE layers {found}, the layout has drafter rows "
+                f"{list(self.layout.drafter_layers)}: fit the layout on a dump recorded with this drafter on",
+                self.layout_path,
+            )
+        self.drafter_layer_ids = list(found)
+
+    def uncounted_drafter(self, found: list, why: str) -> list:
+        """The drafter's MoE layers left uncounted because ``why`` (nothing of them bound); a layout
+        run refuses them, since it would leave them unplaced."""
+        if self.layout is not None:
+            raise SceneEplbError(f"scene_eplb.layout cannot place the speculative drafter's MoE layers: {why}", self.layout_path)
+        logger.warning(
+            "scene-eplb: the speculative drafter's MoE layers %s are not counted: %s", [r.layer_id for r in found], why
+        )
+        return []
+
+    def bind_drafter_capture(self, drafter, runners: list, device) -> None:
+        """The drafter's observer, stepped with the target's, counting the real rows vLLM tells its
+        forwards (``draft_layers.DraftRows``)."""
+        import torch
+
+        E, D = self.model.num_experts, len(runners)
+        slots = (
+            torch.as_tensor(self.layout.physical_to_logical_map[self.drafter_layer_ids])
+            if self.layout
+            else torch.arange(E).expand(D, E)
+        )
+        observer = self.bind_drafter(self.drafter_layer_ids, device, slots, self.dp_size, source_rows=self.source.span > 1)
+        rows = hear_rows(drafter, device)
+        observer.reserve(rows.padding.shape[0] * (self.model.top_k or E))
+        for idx, r in enumerate(runners):
+            r.router._scene_eplb_physical = functools.partial(
+                _capture, observer, idx, rows.padding, self.source, self.source_rank
+            )
 
 
 def _capture(observer: LayerCapture, moe_idx: int, padding, source: SourceRanks, source_rank: int, slots) -> None:
@@ -245,8 +303,9 @@ def current() -> VllmPlugin:
     return _current
 
 
-def configure(vllm_config) -> VllmPlugin:
-    """Read and check the plugin settings and layout against the model, before weights load."""
+def configure(vllm_config, drafter=None) -> VllmPlugin:
+    """Read and check the plugin settings and layout against the model (and the runner's speculative
+    ``drafter``, None where it has none), before weights load."""
     global _current
     cfg = parse_config(vllm_config.additional_config)
     if cfg is None:
@@ -290,9 +349,10 @@ def configure(vllm_config) -> VllmPlugin:
         exporter=Exporter(group_maker(ep.rank_in_group, ep.world_size)),
     )
     if cfg.layout:
-        check_drafter(vllm_config)
         rt.layout, rt.layout_path = load_layout_for(cfg.layout, model, ep_size, pc), cfg.layout
-    rows = {} if rt.layout is None else {layer: rt.layout.physical_to_logical_map[layer] for layer in model.moe_layers}
+        check_drafter(vllm_config, rt.layout, drafter)
+    layers = () if rt.layout is None else rt.layout.moe_layers + rt.layout.drafter_layers
+    rows = {layer: rt.layout.physical_to_logical_map[layer] for layer in layers} if rt.layout else {}
     rt.expert_loading = ExpertLoading(
         rows, model.num_experts, group=group_maker(ep.rank_in_group, ep.world_size) if ep_size > 1 else None
     )
@@ -383,24 +443,37 @@ def check_moe_backend(moe_runner) -> None:
         )
 
 
-def check_drafter(vllm_config) -> None:
+def unplaceable(vllm_config, drafter) -> str:
+    """Why this vLLM cannot count or place ``drafter``'s MoE layers, naming the method, the proposer
+    and the version: its forwards do not tell EPLB their real rows."""
+    method = vllm_config.speculative_config.method
+    name = "Model Runner V2's drafter" if drafter is None else type(drafter).__name__
+    return (
+        f"the {method} drafter on vLLM {engine_version()} ({name}) does not tell EPLB the real rows of its forwards "
+        "as vLLM's SpecDecodeBaseProposer does, so scene_eplb can neither count nor place its MoE layers"
+    )
+
+
+def check_drafter(vllm_config, layout: Layout, drafter) -> None:
     """Refuse a layout run whose speculative drafter has MoE layers of its own (DeepSeek's MTP layer,
-    a DeepSeek-V4 DSpark draft): the layout places the target model's MoE layers only, while vLLM
-    would build the drafter's with the layout's slot count and load and route them by no layout row,
-    so the draft would compute from slots the layout never placed. vLLM's own EPLB does place a
-    drafter's experts (vLLM 0.33 registers MTP drafts and V4 DSpark drafts with it:
-    ``draft_model_supports_eplb``); a static layout for a drafter's layers, counted apart from the
-    target's, is not built. Drafts without a model (n-gram, suffix) and dense drafters are fine; the
-    recorder never counts a drafter's layers (it binds to the target model), and its verification
-    passes are the target's own."""
+    a DeepSeek-V4 DSpark draft) that the layout cannot place: vLLM builds the drafter's MoE layers
+    with the layout's slot count, so they must load and route by rows of their own, the layout's
+    ``drafter_layers`` (bind checks they are the layers the drafter built), and the drafter must be
+    one whose real rows the plugin hears (``draft_layers.placeable``). Drafts without a model
+    (n-gram, suffix) and dense drafters need nothing."""
     method = moe_drafter(vllm_config)
-    if method is not None:
+    if method is None:
+        return
+    if not placeable(drafter):
         raise SceneEplbError(
-            f"scene_eplb.layout with a speculative drafter that has MoE layers ({method}): the layout places "
-            "the target model's MoE layers only, and vLLM would build the drafter's with the layout's slot "
-            "count but load and route them by no layout row (vLLM's own --enable-eplb places a drafter's "
-            "experts, a DeepSeek-V4 DSpark draft's included; scene_eplb's static layout does not); record "
-            "and fit with the drafter on, then serve the layout without the MoE drafter (or use n-gram drafts)"
+            f"scene_eplb.layout with a speculative drafter that has MoE layers: {unplaceable(vllm_config, drafter)}"
+        )
+    if not layout.drafter_layers:
+        raise SceneEplbError(
+            f"scene_eplb.layout with a speculative drafter that has MoE layers ({method}): the layout has no rows for "
+            "them, and vLLM would build them with the layout's slot count but load and route them by no layout "
+            "row: fit the layout on a dump recorded with the drafter on (or with `scene-eplb fit --drafter-layers N`), "
+            "or serve it with n-gram drafts or none"
         )
 
 

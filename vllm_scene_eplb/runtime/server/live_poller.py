@@ -113,6 +113,7 @@ class LivePoller:
             self.config.drift_margin,
             self.config.drift_windows,
             provenance={k: getattr(st, k) for k in PROVENANCE_KEYS},
+            drafter_layers=st.drafter_layers,
         )
 
     @staticmethod
@@ -152,4 +153,7 @@ def live_sample(ranks: Sequence[RankLiveAnswer]) -> LiveSample:
             )
             for a in ranked
         )
-    return LiveSample(logical, sum(a.passes for a in counting), physical, sources, times)
+    drafter = None
+    if counting and all(a.drafter_counts is not None for a in counting):
+        drafter = np.sum([np.asarray(a.drafter_counts, dtype=np.int64) for a in counting], axis=0)
+    return LiveSample(logical, sum(a.passes for a in counting), physical, sources, times, drafter)

@@ -2,7 +2,7 @@
 
 Low cardinality: two stats (median, worst MoE layer) of live, expected, measured (replica traffic)
 and time balancedness, the dispatch's fidelity error, the MoE share of step time and one drift
-flag; per-layer series only when ``scene_eplb.live_per_layer_metrics`` asks for them (never per
+flag; with a speculative drafter's MoE layers, their live balancedness and share apart; per-layer series only when ``scene_eplb.live_per_layer_metrics`` asks for them (never per
 expert). ``multiprocess_mode="mostrecent"`` keeps them right under vLLM's multi-process
 metrics (``--api-server-count`` > 1 sets PROMETHEUS_MULTIPROC_DIR): every API server process
 polls the same workers and the newest value wins. Created on first use, after vLLM has set up
@@ -21,6 +21,8 @@ FIDELITY = "scene_eplb_dispatch_fidelity_error"
 MOE_SHARE = "scene_eplb_moe_time_share"
 DRIFT = "scene_eplb_drift"
 LAYER = "scene_eplb_live_layer_balancedness"
+DRAFTER = "scene_eplb_drafter_live_balancedness"
+DRAFTER_SHARE = "scene_eplb_drafter_share"
 FLOW = "scene_eplb_node_flow"
 # The node's flow fields on /metrics, one label value each (FlowView's numbers: rates per second, shares, ms).
 FLOW_FIELDS = (
@@ -50,7 +52,7 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()):
 def publish(live: LiveAnswer, per_layer: bool) -> None:
     """Set the gauges from the status route's ``live`` object (NaN where there is no value yet)."""
     nan = float("nan")
-    stats = (  # gauge, its help, and its (median, worst)
+    stats: tuple[tuple[str, str, tuple[float | None, float | None]], ...] = (  # gauge, its help, and its (median, worst)
         (LIVE, "Max/mean EP rank load of the last live window under the loaded layout and dispatch", (live.median, live.worst)),
         (
             EXPECTED,
@@ -68,6 +70,11 @@ def publish(live: LiveAnswer, per_layer: bool) -> None:
             (None, None) if live.time is None else (live.time.median, live.time.worst),
         ),
     )
+    d = live.drafter  # a drafter's MoE layers, apart: not in the gauges above
+    if d is not None:
+        stats += (
+            (DRAFTER, "Max/mean EP rank load of the speculative drafter's MoE layers in the last window", (d.median, d.worst)),
+        )
     for name, doc, values in stats:
         gauge = _gauge(name, doc, ("stat",))
         for stat, value in zip(("median", "worst"), values):
@@ -78,6 +85,9 @@ def publish(live: LiveAnswer, per_layer: bool) -> None:
     share = None if live.time is None else live.time.moe_share
     _gauge(MOE_SHARE, "Local expert time over step wall time in the last window (time_moe)").set(nan if share is None else share)
     _gauge(DRIFT, "1 while the live median stays above the expected median by the drift margin").set(1 if live.drift else 0)
+    if d is not None:
+        doc = "Share of the last window's routed assignments made in the drafter's MoE layers (the rest: the target's)"
+        _gauge(DRAFTER_SHARE, doc).set(nan if d.share is None else d.share)
     if per_layer and live.per_layer is not None:
         layer = _gauge(LAYER, "Max/mean EP rank load of one MoE layer in the last live window", ("layer",))
         for idx, value in zip(live.layers, live.per_layer):

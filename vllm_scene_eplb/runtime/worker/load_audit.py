@@ -97,7 +97,9 @@ def write_problems(journal: LoadJournal, rows: dict[int, np.ndarray], local_slot
                 n = per_slot[(slot, p, s)]
                 if n != 1:
                     problems.append(f"layer {layer} slot {slot} ({p} {s}) written {n} times, should be once")
-    return problems  # layers outside ``rows`` (a drafter's, loaded by the same runner) are not this audit's
+    return (
+        problems  # layers outside ``rows`` (a drafter's the plugin does not bind, loaded by the same runner) are not this audit's
+    )
 
 
 def replica_problems(fingerprints: np.ndarray, rows: dict[int, np.ndarray], layers: list[int], rtol: float = 1e-9) -> list[str]:

@@ -86,8 +86,8 @@ class LayerReplicaMap:
 def layer_maps(
     layout: Layout, algorithm: str, device: torch.device | str = "cpu", source: SourceRanks | None = None
 ) -> dict[int, LayerReplicaMap]:
-    """A replica map for every MoE layer of ``layout``, keyed by model layer index; ``source``
-    defaults to every EP rank seeing the same batch (TP>1, DP=1)."""
+    """A replica map for every MoE layer of ``layout``, the drafter's included, keyed by model layer
+    index; ``source`` defaults to every EP rank seeing the same batch (TP>1, DP=1)."""
     if algorithm not in DISPATCH_ALGORITHMS:
         raise ValueError(f"dispatch must be one of {DISPATCH_ALGORITHMS}, got {algorithm!r}")
     p2l, g = layout.physical_to_logical_map, layout.geometry
@@ -95,13 +95,14 @@ def layer_maps(
     if source.base < 0 or source.span < 1 or source.base + source.span > g.ep_size:
         raise ValueError(f"source ranks {source} do not fit ep_size {g.ep_size}")
     maps: dict[int, LayerReplicaMap] = {}
+    layers = layout.moe_layers + layout.drafter_layers
     if algorithm == "static":
         table = static_table(p2l, g, layout.static_sources)
-        for layer in layout.moe_layers:
+        for layer in layers:
             maps[layer] = LayerReplicaMap("static", source, static=_tensor(table[layer], device))
     else:
         l2p, replicas = dynamic_tables(p2l, g.num_experts)
-        for layer in layout.moe_layers:
+        for layer in layers:
             maps[layer] = LayerReplicaMap(
                 "dynamic", source, l2p=_tensor(np.maximum(l2p[layer], 0), device), replicas=_tensor(replicas[layer], device)
             )

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ... import __version__
 from ...errors import SceneEplbError
 from ...layouts.layout import Layout
@@ -73,6 +75,10 @@ class RecorderPlugin:
     layout: Layout | None = None
     layout_path: str | None = None
     moe_layer_ids: list[int] = field(default_factory=list)
+    # A speculative drafter's MoE layers (model layer ids after the target's) and their observer,
+    # stepped with the target's (``bind_drafter``): counted apart, the same ring entries, one dump.
+    drafter_layer_ids: list[int] = field(default_factory=list)
+    drafter_observer: Observer | None = None
     # Drawn once per worker process: a new server start, a new id (bench records it per run).
     server_start: str = field(default_factory=lambda: uuid.uuid4().hex)
     load_audit: LoadAudit | None = None  # what the adapter's load audit checked (set when it binds)
@@ -109,15 +115,22 @@ class RecorderPlugin:
             **self.model.routing(),
             server_start=self.server_start,
             load_audit=None if self.load_audit is None else self.load_audit.summary(),
+            drafter_layers=tuple(self.drafter_layer_ids),
         )
+
+    def observers(self) -> tuple[Observer, ...]:
+        """The observers stepped together: the target's, then the drafter's where it has one."""
+        return (self.observer,) if self.drafter_observer is None else (self.observer, self.drafter_observer)
 
     def begin_step(self, tokens: int = 0) -> None:
         """The engine starts a step of ``tokens`` scheduled tokens (its wall time is timed with ``time_moe``)."""
-        self.observer.begin_step(tokens)
+        for obs in self.observers():
+            obs.begin_step(tokens)
 
     def end_step(self, is_dummy: bool) -> None:
         """The engine's step boundary: commit the pass just run (a dummy pass only advances the ring)."""
-        self.observer.end_step(is_dummy)
+        for obs in self.observers():
+            obs.end_step(is_dummy)
 
     def add_moe_seconds(self, moe_idx: int, seconds: float) -> None:
         """This pass's local expert time of MoE layer ``moe_idx`` (``time_moe``: the adapter's timer)."""
@@ -129,17 +142,44 @@ class RecorderPlugin:
 
     def discard_pass(self) -> None:
         """Drop the pass being counted (a warm-up or ``skip_eplb`` pass; before each step: a clean start)."""
-        self.observer.discard_pass()
+        for obs in self.observers():
+            obs.discard_pass()
 
     def note_dp_tokens(self, tokens) -> None:
         """This step's tokens per DP rank, as the DP engines agreed them (the ring's DP signature)."""
-        self.observer.note_dp_tokens(tokens)
+        for obs in self.observers():
+            obs.note_dp_tokens(tokens)
 
     def check_moe_layers(self, found: list[int]) -> None:
         """Keep the MoE layer ids the engine built, refusing a model that disagrees with its config."""
         if tuple(found) != tuple(self.model.moe_layers):
             raise SceneEplbError(f"model built MoE layers {found}, its config says {list(self.model.moe_layers)}")
         self.moe_layer_ids = list(found)
+
+    def bind_drafter(
+        self, found: list[int], device, slot_to_expert=None, dp_size: int = 1, source_rows: bool = False
+    ) -> RoutingObserver:
+        """Keep the drafter's MoE layer ids (they must follow the target's layer axis, one after another)
+        and make their observer: the target's settings, no timing (its time is not the target's step)."""
+        first = self.model.num_layers
+        if found != list(range(first, first + len(found))):
+            raise SceneEplbError(
+                f"the speculative drafter built MoE layers {found}: scene_eplb counts a drafter's layers as the rows "
+                f"after the target's {first} layers, one after another ({first}, {first + 1}, ...)"
+            )
+        self.drafter_layer_ids = list(found)
+        self.drafter_observer = RoutingObserver(
+            len(found),
+            self.model.num_experts,
+            self.config.ring_entries,
+            device,
+            slot_to_expert=slot_to_expert,
+            live_counts=self.config.live_counts,
+            steps_per_entry=self.config.entry_steps(self.role),
+            dp_size=dp_size,
+            source_rows=source_rows,
+        )
+        return self.drafter_observer
 
     def make_observer(
         self, device, slot_to_expert=None, dp_size: int = 1, source_rows: bool = False, active_slots: bool = False
@@ -183,10 +223,12 @@ class RecorderPlugin:
         native_load | status. A refusal comes back as the answer's error (409), never raised."""
         try:
             if action == "start":
-                self.observer.start()
+                for obs in self.observers():
+                    obs.start()
                 self.record_live = (self._live_now(), None)
             elif action == "stop":
-                self.observer.stop()
+                for obs in self.observers():
+                    obs.stop()
                 start = self.record_live[0]
                 self.record_live = (start, self._live_now())
                 self.record_passes = None if start is None else self.observer.passes_since(start.moe_passes)
@@ -239,7 +281,16 @@ class RecorderPlugin:
             active_slots=None if live.active_slots is None else tuple(map(int, live.active_slots)),
             groups=live.groups,
             wait_seconds=None if live.wait_seconds is None else float(live.wait_seconds),
+            **self._drafter_live(),
         )
+
+    def _drafter_live(self) -> dict:
+        """The drafter's layers and cumulative live counts for the rank's live answer (none without a
+        drafter observer or its live counts)."""
+        live = None if self.drafter_observer is None else self.drafter_observer.live_counts()
+        if live is None:
+            return {}
+        return {"drafter_layers": tuple(self.drafter_layer_ids), "drafter_counts": _rows(live.logical)}
 
     def _live_now(self) -> RankLiveAnswer | None:
         """``_live`` where live counts are on; None where they are off."""
@@ -265,9 +316,10 @@ class RecorderPlugin:
         if time.time() >= deadline:
             raise SceneEplbError(f"dump {export_id} reached this rank after its deadline: nothing started")
         rec = self.observer.snapshot()  # raises while recording / before any record, the same on every rank
-        T, L, E = self.config.ring_entries, self.model.num_layers, self.model.num_experts
+        drafter = None if self.drafter_observer is None else self.drafter_observer.snapshot()
+        T, L, E = self.config.ring_entries, self.num_rows(), self.model.num_experts
         P = 0 if rec.physical is None else rec.physical.shape[2]
-        record = self.rank_record(rec)
+        record = self.rank_record(rec, drafter)
         local = record.counts
         st = self.status()
         meta = st.dump_meta()
@@ -284,24 +336,35 @@ class RecorderPlugin:
             local_total=int(local[..., :E].sum()),
         )
 
-    def rank_record(self, rec: Record) -> RankRecord:
-        """This rank's part of an export, from its snapshot ``rec``: its entries [n, L, E + P]
-        (logical then physical, summed in one export) where it contributes, else zeros; its own-row
-        counts (every rank routes its own rows, contributing or not); the scheduled tokens on TP rank
-        0 alone (a DP rank's TP ranks run the same scheduled tokens, whichever of them count rows)."""
+    def num_rows(self) -> int:
+        """The dump's layer axis: the model's layers, then the drafter's MoE layers."""
+        return self.model.num_layers + len(self.drafter_layer_ids)
+
+    def rank_record(self, rec: Record, drafter: Record | None = None) -> RankRecord:
+        """This rank's part of an export, from its snapshot ``rec`` (and the drafter's, ``drafter``,
+        the same ring entries): its entries [n, L, E + P] (logical then physical, summed in one
+        export; the drafter's layers in their rows after the model's) where it contributes, else
+        zeros; its own-row counts (every rank routes its own rows, contributing or not); the
+        scheduled tokens on TP rank 0 alone (a DP rank's TP ranks run the same scheduled tokens,
+        whichever of them count rows)."""
         import torch
 
-        L, E = self.model.num_layers, self.model.num_experts
+        L, E = self.num_rows(), self.model.num_experts
         P = 0 if rec.physical is None else rec.physical.shape[2]
         local = torch.zeros((rec.stamps.size, L, E + P), dtype=torch.int64)
-        sources = None
-        if rec.sources is not None:
-            sources = torch.zeros((rec.stamps.size, L, E), dtype=torch.int64)
-            sources[:, self.moe_layer_ids] = rec.sources
-        if self.contributes:
-            local[:, self.moe_layer_ids, :E] = rec.logical
-            if rec.physical is not None:
-                local[:, self.moe_layer_ids, E:] = rec.physical
+        sources = None if rec.sources is None else torch.zeros((rec.stamps.size, L, E), dtype=torch.int64)
+        parts = [(self.moe_layer_ids, rec)]
+        if drafter is not None:
+            if not np.array_equal(drafter.stamps, rec.stamps):
+                raise SceneEplbError("the drafter's ring entries are not the target's steps: nothing written")
+            parts.append((self.drafter_layer_ids, drafter))
+        for rows, part in parts:
+            if sources is not None and part.sources is not None:
+                sources[:, rows] = part.sources
+            if self.contributes:
+                local[:, rows, :E] = part.logical
+                if part.physical is not None:
+                    local[:, rows, E:] = part.physical
         tokens = rec.tokens if self.tp_rank == 0 else 0
         return RankRecord(local, rec.stamps, rec.signature, rec.passes, rec.steps_per_entry, tokens, sources)
 
