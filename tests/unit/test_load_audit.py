@@ -123,10 +123,12 @@ def test_the_test_only_misload_swaps_two_slots(monkeypatch):
 
 def test_the_misload_that_serves_swaps_the_same_slots_and_says_so(monkeypatch):
     monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "1:0:5:serve")
-    assert misload() == (1, 0, 5, True)
+    assert misload() == (((1, 0, 5),), True)
     assert ExpertLoading({1: ROW}, 4).loading_row(1).tolist() == [3, 1, 2, 3, 1, 0]
     monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "1:0:5")
-    assert misload() == (1, 0, 5, False)
+    assert misload() == (((1, 0, 5),), False)
+    monkeypatch.setenv("SCENE_EPLB_TEST_MISLOAD", "1:0:5,2:1:2:serve")  # several swaps, one served bug
+    assert misload() == (((1, 0, 5), (2, 1, 2)), True)
 
 
 def test_a_served_refusal_reads_as_refused():

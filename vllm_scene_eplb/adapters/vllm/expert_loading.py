@@ -68,7 +68,9 @@ class ExpertLoading(ExpertLoad):
             return row
         for bad_layer, a, b in bug[0]:
             if max(a, b) >= len(row):
-                raise SceneEplbError(f"{MISLOAD_ENV} must name slots below {len(row)}, got {os.environ[MISLOAD_ENV]!r}")
+                raise SceneEplbError(
+                    f"{MISLOAD_ENV} must be LAYER:SLOT_A:SLOT_B with slots below {len(row)}, got {os.environ[MISLOAD_ENV]!r}"
+                )
             if bad_layer == layer:
                 row = row.copy()
                 row[[a, b]] = row[[b, a]]
