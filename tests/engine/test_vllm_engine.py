@@ -200,7 +200,7 @@ def test_bench_against_no_server_is_one_clean_error(tmp_path):
         "bench",
         "--url",
         "http://127.0.0.1:9",
-        "--model",
+        "--served-model-name",
         "/nonexistent-model",
         "--scene",
         "s",
