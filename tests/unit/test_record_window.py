@@ -162,3 +162,26 @@ def test_ranks_that_ran_different_numbers_of_passes_give_no_per_pass_critical_pa
 
     t = asyncio.run(main()).record_time
     assert t is not None and t.rank_ms and t.critical_ms is None and t.critical_passes == 0, t
+
+
+def test_the_first_live_sample_is_taken_at_start_so_traffic_right_after_it_is_timed():
+    """The poller samples once at its start, before the server listens: a request served at once
+    (before the first window would end) still falls inside a window that ends, and the node's busy
+    share reads it, not the idle windows after it."""
+    from vllm_scene_eplb.runtime.server.node_flow import FlowStep, NodeFlow
+
+    ranks = [_worker(0, live_window_s=1), _worker(1, live_window_s=1)]
+    fanout, poller = _server(ranks)
+    poller.flow = NodeFlow(max_num_seqs=4, started=time.monotonic())
+
+    async def main():
+        poller.start()
+        await asyncio.sleep(0.05)  # the first sample, taken at once
+        _passes(ranks, HOT, 20.0, 5)  # traffic at once: about 0.2 s of steps
+        poller.flow.observe(FlowStep(time.monotonic(), running=1, waiting=0, kv_fetching=0, prompt_computed=20))
+        await asyncio.sleep(1.5)  # the first window ends
+        poller._task.cancel()
+        return poller.flow.view()
+
+    view = asyncio.run(main())
+    assert view.busy_share is not None and view.busy_share > 0.05, view

@@ -49,24 +49,26 @@ class LivePoller:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="scene-eplb-live")
 
     async def _loop(self) -> None:
-        """Every window: read, score, alarm, publish. Never raises: a missed window is logged and skipped."""
+        """A first sample at once, the start of the first window (the server is not listening yet:
+        no request's steps can fall before it, where no window would ever hold them), then every
+        window: read, score, alarm, publish. Never raises: a missed window is logged and skipped."""
         window = self.config.live_window_s
         while True:
-            await asyncio.sleep(window)
             try:
                 await self.window(window)
             except (RouteError, SceneEplbError) as exc:
                 logger.warning("scene-eplb: live fitness window skipped: %s", exc)
             except Exception:  # noqa: BLE001 - the poller must outlive any one bad window
                 logger.exception("scene-eplb: live fitness window failed")
+            await asyncio.sleep(window)
 
     async def window(self, window: float) -> None:
         """One window: every rank's counts, scored, its alarm logged when it changes, published."""
+        now = time.monotonic()  # the sample's time: when it was asked for (a step its answer waited on is in it)
         answers = await self.fanout.all_ok(LIVE_ACTION, RankLiveAnswer.from_wire, timeout=max(window, LIVE_CALL_FLOOR_S))
         sample = live_sample(answers)
         if self.live is None:
             self.live = await self._view(sample.logical.shape[1])
-        now = time.monotonic()
         line = self.live.observe(sample, now)
         if self.flow is not None and self.live.step_seconds is not None and self.live.window_seconds > 0:
             self.flow.observe_busy(now, self.live.step_seconds, self.live.window_seconds)
