@@ -2,12 +2,13 @@
 ``noaux_tc`` grouped routing with a non-zero correction bias, a shared expert, a dense first layer,
 an MTP layer), loaded by DeepSeek's own ``load_weights`` and its legacy expert mapping.
 
-TP=2 x EP=2: record and fit with the model's routing groups; a decode server with MTP drafts records
-the target's MoE layers and the MTP layer's own apart, and its layout (2 redundant slots, the MTP
-layer's row fitted on its own counts) reloads with MTP under ``static`` and ``dynamic``, recording
-again. DP=2 x EP=2: record and reload under ``dynamic`` (and one-row batches whose split is known by
-arithmetic). Each layout run must answer the tokens of the same server without a layout (with MTP:
-and accept the same drafts), and its load audit must have passed on every rank; a server whose
+TP=2 x EP=2: a decode server with MTP drafts records the target's MoE layers and the MTP layer's own
+apart, and its layout (2 redundant slots, fitted with the model's routing groups, the MTP layer's row
+on its own counts) reloads with MTP under ``static`` and ``dynamic``, recording again; all are held
+against the same server without the plugin. DP=2 x EP=2: record a prefill, fit, and reload under
+``dynamic`` (and one-row batches whose split is known by arithmetic). Each layout run must answer the
+tokens of the same server without a layout (with MTP: and accept the same drafts), and its load audit
+must have passed on every rank; a server whose
 loader puts two experts in each other's slot (the test-only ``SCENE_EPLB_TEST_MISLOAD``), in a target
 layer and in the MTP layer, must refuse to start, naming the slots. All eager (what is tested is the
 loading and the counting, not the compiled path: a faster start).
@@ -86,11 +87,6 @@ def _serve(model, workdir, name: str, geometry, *extra: str, reference: dict | N
         srv.stop()
 
 
-@pytest.fixture(scope="module")
-def tp_recorded(model, workdir):
-    return _serve(model, workdir, "tp-record", TP2, role="prefill", dump_dir=str(workdir / "d-tp"))
-
-
 def _fit(dump: str, out):
     """A layout with 2 redundant slots fitted on ``dump``, with the model's routing groups."""
     res = cli("fit", dump, "--ep-size", 2, "--redundant", 2, "--expert-groups", SPEC.num_groups, "-o", out, "-q")
@@ -99,14 +95,16 @@ def _fit(dump: str, out):
 
 
 @pytest.fixture(scope="module")
-def layout_path(tp_recorded, workdir):
-    return _fit(tp_recorded["dump_path"], workdir / "layout.json")
+def layout_path(dp_recorded, workdir):
+    """The prefill record's layout (DP=2 serves it)."""
+    return _fit(dp_recorded["dump_path"], workdir / "layout.json")
 
 
 @pytest.fixture(scope="module")
-def mtp_decode(model, workdir, tp_recorded):
+def mtp_decode(model, workdir, stock_mtp):
+    """TP=2 decode with MTP drafts, recording, no layout: the target's rows and the MTP layer's."""
     return _serve(
-        model, workdir, "tp-mtp-decode", TP2, *MTP, reference=tp_recorded, role="decode", dump_dir=str(workdir / "d-mtp")
+        model, workdir, "tp-mtp-decode", TP2, *MTP, reference=stock_mtp, role="decode", dump_dir=str(workdir / "d-mtp")
     )
 
 
@@ -117,7 +115,7 @@ def mtp_layout_path(mtp_decode, workdir):
 
 
 @pytest.fixture(scope="module", params=["static", "dynamic"])
-def mtp_layout_run(request, model, workdir, mtp_layout_path, tp_recorded):
+def mtp_layout_run(request, model, workdir, mtp_layout_path, stock_mtp):
     """TP=2 decode with MTP drafts on the decode layout, under each dispatch, recording as it serves;
     then its live view and ``/metrics``."""
     d = request.param
@@ -127,7 +125,7 @@ def mtp_layout_run(request, model, workdir, mtp_layout_path, tp_recorded):
         "dump_dir": str(workdir / f"d-mtp-{d}"),
         "live_window_s": LIVE_WINDOW_S,
     }
-    return _serve(model, workdir, f"tp-mtp-{d}", TP2, *MTP, reference=tp_recorded, then=_live_view, role="decode", **flag)
+    return _serve(model, workdir, f"tp-mtp-{d}", TP2, *MTP, reference=stock_mtp, then=_live_view, role="decode", **flag)
 
 
 def _live_view(srv, run: dict) -> None:
@@ -142,10 +140,12 @@ def _live_view(srv, run: dict) -> None:
 
 @pytest.fixture(scope="module")
 def stock_mtp(model, workdir):
-    """Greedy outputs of TP=2 with MTP and no plugin loaded at all: vLLM's CPU MLA answers some
-    sequences otherwise with MTP drafts than without (seen in stock vLLM), so this is the reference."""
+    """Greedy outputs of TP=2 with MTP and no plugin loaded at all, and its teacher-forced
+    log-probabilities of them: what every TP=2 run here is held against (vLLM's CPU MLA answers some
+    sequences otherwise with MTP drafts than without, seen in stock vLLM)."""
     with start_server(model, workdir, "stock-mtp", engine_args=TP2, extra=MTP, plugins=False) as srv:
-        return [srv.complete([p], MAX_TOKENS)[0] for p in PROMPTS]
+        outputs = [srv.complete([p], MAX_TOKENS)[0] for p in PROMPTS]
+        return {"outputs": outputs, "forced": srv.forced_logprobs([p + a for p, a in zip(PROMPTS, outputs)])}
 
 
 @pytest.fixture(scope="module")
@@ -208,13 +208,17 @@ def _moe_totals(counts) -> list[int]:
     return [int(per_layer[i]) for i in SPEC.moe_layers]
 
 
-@pytest.mark.parametrize("run", ["tp_recorded", "dp_recorded"])
+@pytest.mark.parametrize("run", ["mtp_decode", "dp_recorded"])
 def test_the_record_counts_every_routed_token_of_the_moe_layers_only(run, request):
+    """Under TP=2 (decode, MTP) and DP=2 (prefill): each scheduled token routed once in each MoE
+    layer, not once per TP or DP rank; the DP prefill's are exactly the prompts' and the answers'."""
     counts = request.getfixturevalue(run)["counts"]
     moe = SPEC.moe_layers
     assert counts.meta["moe_layers"] == moe and 0 not in moe  # the dense first layer is no MoE layer
-    assert counts.data.shape[1:] == (SPEC.num_layers, SPEC.num_experts)
-    assert _moe_totals(counts) == [RECORDED_TOKENS * SPEC.top_k] * len(moe)  # once, not once per TP or DP rank
+    assert counts.data.shape[1:] == (SPEC.num_layers + len(counts.meta.get("drafter_layers") or []), SPEC.num_experts)
+    assert _moe_totals(counts) == [counts.meta["scheduled_tokens"] * SPEC.top_k] * len(moe)
+    if run == "dp_recorded":
+        assert counts.meta["scheduled_tokens"] == RECORDED_TOKENS
     assert (counts.meta["top_k"], counts.meta["expert_groups"]) == (SPEC.top_k, SPEC.num_groups)
     # the correction bias makes a few experts hot: the scene a layout is for
     per_expert = counts.data.sum(axis=0)[moe]
@@ -256,7 +260,7 @@ def test_the_mtp_layers_row_is_fitted_on_its_own_counts(mtp_layout_path, mtp_dec
 
 
 def test_a_layout_with_the_mtp_layers_row_serves_mtp_drafts_as_the_server_without_a_layout(
-    mtp_layout_run, mtp_decode, mtp_layout_path, tp_recorded, stock_mtp
+    mtp_layout_run, mtp_decode, mtp_layout_path, stock_mtp
 ):
     """Greedy answers equal, and so do the drafts made and accepted. Verification keeps the answers
     right whatever the drafts, and this tiny model's drafts did not change when the MTP layer routed by
@@ -264,8 +268,8 @@ def test_a_layout_with_the_mtp_layers_row_serves_mtp_drafts_as_the_server_withou
     expert, read back through that row, which match the server's without a layout (the wrong row moved
     38% of them)."""
     run, layout = mtp_layout_run, read_layout(mtp_layout_path)
-    assert run["outputs"] == stock_mtp
-    assert max(abs(a[0] - b[0]) for g, w in zip(run["forced"], tp_recorded["forced"]) for a, b in zip(g, w)) < SAME_LOGPROB
+    assert run["outputs"] == stock_mtp["outputs"]
+    assert max(abs(a[0] - b[0]) for g, w in zip(run["forced"], stock_mtp["forced"]) for a, b in zip(g, w)) < SAME_LOGPROB
     assert run["counters"]["vllm:spec_decode_num_draft_tokens_total"] > 0 and run["counters"] == mtp_decode["counters"]
     # both ranks audited the target's MoE layers and the MTP layer's: 3 layers x 9 slots each
     _loaded_and_audited(run, layout, (len(SPEC.moe_layers) + 1) * layout.geometry.slots_per_rank)
@@ -309,15 +313,15 @@ def test_dynamic_under_dp_sends_row_i_of_a_batch_to_replica_i_mod_c(dp_dynamic, 
     assert copies and any(abs(live["fidelity"] - (1 - 1 / c)) < 1e-9 for c in copies), (live, copies)
 
 
-def test_a_server_without_a_layout_audits_the_linear_load(tp_recorded):
-    audits = [r["load_audit"] for r in tp_recorded["status"]["ranks"]]
+def test_a_server_without_a_layout_audits_the_linear_load(mtp_decode):
+    audits = [r["load_audit"] for r in mtp_decode["status"]["ranks"]]
     assert all(a and a.startswith("passed:") and "replicas" not in a for a in audits), audits
 
 
-def test_a_decode_server_with_mtp_drafts_records_and_keeps_the_outputs(mtp_decode, tp_recorded, stock_mtp):
+def test_a_decode_server_with_mtp_drafts_records_and_keeps_the_outputs(mtp_decode, stock_mtp):
     assert mtp_decode["counters"]["vllm:spec_decode_num_draft_tokens_total"] > 0  # DeepSeek's own MTP drafted
-    assert mtp_decode["outputs"] == stock_mtp  # what vLLM answers with MTP and without the plugin
-    assert max(abs(a[0] - b[0]) for g, w in zip(mtp_decode["forced"], tp_recorded["forced"]) for a, b in zip(g, w)) < SAME_LOGPROB
+    assert mtp_decode["outputs"] == stock_mtp["outputs"]  # what vLLM answers with MTP and without the plugin
+    assert max(abs(a[0] - b[0]) for g, w in zip(mtp_decode["forced"], stock_mtp["forced"]) for a, b in zip(g, w)) < SAME_LOGPROB
     counts = mtp_decode["counts"]
     assert counts.meta["role"] == "decode"
     # the target model's passes: every scheduled token (drafts it verifies included) routed in every

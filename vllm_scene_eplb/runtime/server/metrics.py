@@ -25,7 +25,10 @@ DRAFTER = "scene_eplb_drafter_live_balancedness"
 DRAFTER_SHARE = "scene_eplb_drafter_share"
 FLOW = "scene_eplb_node_flow"
 # The node's flow fields on /metrics, one label value each (FlowView's numbers: rates per second, shares, ms).
+# The gauges are set every live window, so each carries the window it was taken over (window_s): rate x
+# window_s is the count, whenever it is scraped.
 FLOW_FIELDS = (
+    "window_s",
     "prefill_completions_per_s",
     "prefilled_tokens_per_s",
     "generated_tokens_per_s",
