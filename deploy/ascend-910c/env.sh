@@ -76,13 +76,13 @@ case "$RECIPE" in
     export MTP_EAGER=${MTP_EAGER:-1} D_ASYNC_SCHEDULING=${D_ASYNC_SCHEDULING:-1} D_RECOMPUTE_SCHEDULER=${D_RECOMPUTE_SCHEDULER:-1}
     export D_SHARED_EXPERT_OVERLAP=${D_SHARED_EXPERT_OVERLAP:-1}
     # the tutorial's timeouts, both sides (vllm-ascend releases/v0.23.0,
-    # docs/source/tutorials/models/DeepSeek-V4-Flash.md, 5.2.1 A3 PD): vLLM's 300 s for one model step can
-    # pass in a cold operator compile, its RPC default in a long start; HCCL's own limit per collective
-    export VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=${VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS:-30000}
-    export VLLM_RPC_TIMEOUT=${VLLM_RPC_TIMEOUT:-3600000} HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-204}
+    # docs/source/tutorials/models/DeepSeek-V4-Flash.md, 5.2.1 A3 PD): vLLM's executor waits 300 s for a
+    # model step, which vLLM-Ascend's platform raises to 3000 s (above HCCL's 1836 s operator limit) and a cold
+    # operator compile can still pass; HCCL_EXEC_TIMEOUT is CANN HCCL's limit per collective. Its
+    # VLLM_RPC_TIMEOUT=3600000 is left out: neither vLLM 0.23 nor vLLM-Ascend 0.23.0.post1 reads it.
+    export VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=${VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS:-30000} HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-204}
     # shellcheck disable=SC2034
-    RECIPE_ENV=("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=$VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS" "VLLM_RPC_TIMEOUT=$VLLM_RPC_TIMEOUT"
-      "HCCL_EXEC_TIMEOUT=$HCCL_EXEC_TIMEOUT")
+    RECIPE_ENV=("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=$VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS" "HCCL_EXEC_TIMEOUT=$HCCL_EXEC_TIMEOUT")
     if [ "$RECIPE" = v4-flash-field ]; then
       export P_DP=${P_DP:-16} P_TP=${P_TP:-1} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
     else

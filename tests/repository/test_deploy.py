@@ -569,7 +569,7 @@ def test_the_v4_flash_d_carries_the_tutorials_settings_in_every_mode():
     beside the plugin's own keys, and the tutorial's timeouts in the environment it prints; P gets the
     timeouts, not D's settings; V3's D none of them."""
     model = v4_w8a8_model()
-    timeouts = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "30000", "VLLM_RPC_TIMEOUT": "3600000", "HCCL_EXEC_TIMEOUT": "204"}
+    timeouts = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "30000", "HCCL_EXEC_TIMEOUT": "204"}
     for recipe in ("v4-flash-field", "v4-flash-tutorial"):
         for mode in (("collect",), ("layout", "/data/se/layout-d.json"), ("plain",)):
             env, flags = _words(_dry("d_server.sh", *mode, RECIPE=recipe, MODEL=model))
