@@ -73,7 +73,9 @@ def _run(scheduler_cls, vc, spec_tokens: int, async_scheduling: bool, seed: int)
     own = {rid: {"scheduled": 0, "generated": 0, "drafts": 0, "accepted": 0} for rid in prompts}
 
     def answer(out) -> tuple[ModelRunnerOutput, dict]:
-        ids, sampled, verified = list(out.num_scheduled_tokens), [], {}
+        ids = list(out.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        verified: dict[str, tuple[int, int]] = {}
         for rid in ids:
             fed[rid] += out.num_scheduled_tokens[rid]
             own[rid]["scheduled"] += out.num_scheduled_tokens[rid]
