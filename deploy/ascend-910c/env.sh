@@ -49,8 +49,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
 #                      nodes: EP16 over 16 dies as DP16 x TP1 (no context parallelism), chunk 8192, one prefill
 #                      request at a time, 256 experts + 16 redundant slots (17 a rank).
 #                      D after vLLM-Ascend 0.23.0.post1's V4-Flash tutorial (A3 1P1D): DP16 x TP1,
-#                      FULL_DECODE_ONLY graphs, MTP 1, 120 batched tokens, 60 sequences (the tutorial's
-#                      max_model_len 1048576 x 60 is 63M tokens: the preflight refuses it).
+#                      FULL_DECODE_ONLY graphs, MTP 1 (eager), async scheduling, the recompute scheduler,
+#                      shared-expert overlap, 120 batched tokens, 60 sequences, the tutorial's timeouts (the
+#                      tutorial's max_model_len 1048576 x 60 is 63M tokens: the preflight refuses it).
 #   v4-flash-tutorial  the same D; P after the tutorial: DP4 x TP4 eager, chunk 8192, 16 sequences, MTP 1,
 #                      FlashComm1 (VLLM_ASCEND_ENABLE_FLASHCOMM1=1), enable_shared_expert_dp and enable_dsa_cp
 #                      (P_SEQUENCE_PARALLEL=1; the recorder counts each rank's own sequence-parallel chunk).
@@ -60,7 +61,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-10}
 # every V4 side as it does V3's (each server runs it first). EXPERT_GROUPS is the model's n_group (collect.sh).
 export RECIPE=${RECIPE:-v3}
 # shellcheck disable=SC2034  # read by p_server.sh and d_server.sh, which source this file
-MODEL_ARGS=()  # the server flags the model itself needs
+MODEL_ARGS=() RECIPE_ENV=()  # the server flags the model itself needs; the environment its recipe sets (dry runs print it)
 case "$RECIPE" in
   v3) export MODEL=${MODEL:-/models/DeepSeek-V3-w8a8} KV_CONNECTOR=${KV_CONNECTOR:-MooncakeConnectorV1} EXPERT_GROUPS=${EXPERT_GROUPS:-8} ;;
   v4-flash-field | v4-flash-tutorial)
@@ -70,6 +71,18 @@ case "$RECIPE" in
     MODEL_ARGS=(--block-size "$BLOCK_SIZE" --no-disable-hybrid-kv-cache-manager --tokenizer-mode deepseek_v4)
     export D_DP=${D_DP:-16} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY}
     export D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-60} D_MAX_NUM_BATCHED_TOKENS=${D_MAX_NUM_BATCHED_TOKENS:-120}
+    # the tutorial's D: the drafter eager (kept out of FULL_DECODE_ONLY graphs), async scheduling, and in
+    # vLLM-Ascend's additional config recompute_scheduler_enable (D only) and multistream_overlap_shared_expert
+    export MTP_EAGER=${MTP_EAGER:-1} D_ASYNC_SCHEDULING=${D_ASYNC_SCHEDULING:-1} D_RECOMPUTE_SCHEDULER=${D_RECOMPUTE_SCHEDULER:-1}
+    export D_SHARED_EXPERT_OVERLAP=${D_SHARED_EXPERT_OVERLAP:-1}
+    # the tutorial's timeouts, both sides (vllm-ascend releases/v0.23.0,
+    # docs/source/tutorials/models/DeepSeek-V4-Flash.md, 5.2.1 A3 PD): vLLM's executor waits 300 s for a
+    # model step, which vLLM-Ascend's platform raises to 3000 s (above HCCL's 1836 s operator limit) and a cold
+    # operator compile can still pass; HCCL_EXEC_TIMEOUT is CANN HCCL's limit per collective. Its
+    # VLLM_RPC_TIMEOUT=3600000 is left out: neither vLLM 0.23 nor vLLM-Ascend 0.23.0.post1 reads it.
+    export VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=${VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS:-30000} HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-204}
+    # shellcheck disable=SC2034
+    RECIPE_ENV=("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=$VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS" "HCCL_EXEC_TIMEOUT=$HCCL_EXEC_TIMEOUT")
     if [ "$RECIPE" = v4-flash-field ]; then
       export P_DP=${P_DP:-16} P_TP=${P_TP:-1} P_MAX_NUM_SEQS=${P_MAX_NUM_SEQS:-1}
     else
@@ -80,6 +93,13 @@ esac
 # P_MTP=N: the MTP drafter on P too (the V4-Flash tutorial's P runs it eager); P_SEQUENCE_PARALLEL=1: FlashComm1,
 # shared-expert DP and DSA-CP on P (server_config and p_server.sh).
 export P_MTP=${P_MTP:-0} P_SEQUENCE_PARALLEL=${P_SEQUENCE_PARALLEL:-0}
+# D's knobs after the V4-Flash tutorial (off for V3): MTP_EAGER=1 the drafter eager, D_ASYNC_SCHEDULING=1
+# --async-scheduling (vLLM 0.23 schedules async with an MTP drafter anyway; the flag makes an incompatible
+# setting fail the start), D_RECOMPUTE_SCHEDULER=1 recompute_scheduler_enable (vLLM-Ascend's scheduler for a
+# kv_consumer: it recomputes the last prompt token with placeholder drafts, and a request D has no KV room for
+# goes back to the proxy), D_SHARED_EXPERT_OVERLAP=1 multistream_overlap_shared_expert (server_config).
+export MTP_EAGER=${MTP_EAGER:-0} D_ASYNC_SCHEDULING=${D_ASYNC_SCHEDULING:-0} D_RECOMPUTE_SCHEDULER=${D_RECOMPUTE_SCHEDULER:-0}
+export D_SHARED_EXPERT_OVERLAP=${D_SHARED_EXPERT_OVERLAP:-0}
 export D_NODES=${D_NODES:-1}
 if [ "$D_NODES" = 2 ]; then
   export D_DP=${D_DP:-32} D_TP=${D_TP:-1} MTP=${MTP:-1} D_GRAPH_MODE=${D_GRAPH_MODE:-FULL_DECODE_ONLY} D_MAX_NUM_SEQS=${D_MAX_NUM_SEQS:-11}
@@ -214,6 +234,7 @@ kv_transfer_config() {
 #                  any run: its moe_load counters count (verify.sh checks ours against them), no expert moves
 #   PREFILL_MC2=1  enable_prefill_mc2: passes of <= 512 tokens take MC2 (verify.sh's short-prompt check)
 #   P_SEQUENCE_PARALLEL=1  (prefill) enable_shared_expert_dp and enable_dsa_cp, with FlashComm1 (p_server.sh)
+#   D_RECOMPUTE_SCHEDULER=1, D_SHARED_EXPERT_OVERLAP=1  (decode) recompute_scheduler_enable, multistream_overlap_shared_expert
 server_config() {
   local role=$1 mode=$2 layout=${3:-} parts=()
   if [ "${NATIVE_EPLB:-0}" = 1 ]; then
@@ -222,6 +243,8 @@ server_config() {
   fi
   if [ "${PREFILL_MC2:-0}" = 1 ]; then parts+=('"enable_prefill_mc2": true'); fi
   if [ "$role" = prefill ] && [ "$P_SEQUENCE_PARALLEL" = 1 ]; then parts+=('"enable_shared_expert_dp": true' '"enable_dsa_cp": true'); fi
+  if [ "$role" = decode ] && [ "$D_RECOMPUTE_SCHEDULER" = 1 ]; then parts+=('"recompute_scheduler_enable": true'); fi
+  if [ "$role" = decode ] && [ "$D_SHARED_EXPERT_OVERLAP" = 1 ]; then parts+=('"multistream_overlap_shared_expert": true'); fi
   case "$mode" in
     collect) parts+=("\"scene_eplb\": {\"role\": \"$role\", \"ring_entries\": 512, \"dump_dir\": \"$SCENE_EPLB_DIR/dumps\"}") ;;
     layout)

@@ -33,5 +33,5 @@ preflight prefill "$MODE" "${2:-}" --dp "$P_DP" --tp "$P_TP" --max-model-len "$P
 check_ports "$P_KV_PORT" "$((P_DP * P_TP))" || { echo "p_server.sh: see above" >&2; exit 2; }
 check_network || { echo "p_server.sh: see above" >&2; exit 2; }
 prepare_layout "$MODE" "${2:-}"
-if [ "${DRY_RUN:-0}" = 1 ]; then printf 'HCCL_BUFFSIZE=%s ' "$HCCL_BUFFSIZE"; printf '%q ' "${FLASHCOMM[@]}" "${CMD[@]}"; echo; exit 0; fi
+if [ "${DRY_RUN:-0}" = 1 ]; then printf 'HCCL_BUFFSIZE=%s ' "$HCCL_BUFFSIZE"; printf '%q ' "${FLASHCOMM[@]}" "${RECIPE_ENV[@]}" "${CMD[@]}"; echo; exit 0; fi
 exec "${CMD[@]}"

@@ -7,8 +7,10 @@
 #   1 audit       after real traffic (the warm-up load), the server in collect mode with vLLM-Ascend's
 #                 counters on: recorder idle and agreed on every rank, no skipped passes since startup
 #   2 totals      a known load recorded and dumped; every MoE layer's total = the engine's own token
-#                 count (vllm:prompt_tokens_total, before/after; on D plus one per decode pass) x top-k:
-#                 each real token once, no padding row, no dummy pass. P: prompts of P_LENS lengths,
+#                 count (vllm:prompt_tokens_total, before/after; on D plus one per decode pass and, with
+#                 the MTP drafter, its verified drafts from vllm:spec_decode_num_*_tokens_total, within
+#                 2 x MTP tokens a request the counters cannot see) x top-k: each real token once, no
+#                 padding row, no dummy pass; the drafter's rows checked apart. P: prompts of P_LENS lengths,
 #                 P_C at a time, then P_PAD_LEN-token prompts one at a time: fewer tokens than TP on the
 #                 rank, which ALLTOALL pads to the TP size (the only P pass that pads: P runs eager, no
 #                 DP padding; under FlashComm1, P_SEQUENCE_PARALLEL=1, the runner pads every pass to a
@@ -37,9 +39,8 @@
 # DRY_RUN=1 prints every step without running it; DRY_RUN=1 FAIL_STEP=<step> simulates that step failing.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-# D runs without the MTP drafter here: totals count one token per decode pass, and verified drafts add more;
-# both sides without prefix caching: totals count every prompt token, and a cached one is never computed
-if [ "${SIDE:-p}" = d ]; then export MTP=0; fi
+# Both sides without prefix caching: totals count every prompt token, and a cached one is never computed.
+# D keeps its recipe's MTP drafter: the D that serves is the D accepted (totals count the verified drafts).
 export PREFIX_SHARE=0
 source "$HERE/env.sh"
 SIDE=${SIDE:-p}
@@ -62,12 +63,14 @@ fi
 STATS_WAIT=${STATS_WAIT:-11}  # s: one vLLM stats interval (VLLM_LOG_STATS_INTERVAL, 10 s) and a second
 PAIR=${PAIR:-auto}; PAIR_P_URL=${PAIR_P_URL:-http://${P_HOST:-127.0.0.1}:${P_PORT:-8100}}
 PROXY_URL=${PROXY_URL:-http://127.0.0.1:${PROXY_PORT:-8000}}
-if [ "$SIDE" = d ]; then  # the recorded loads (LEN:CONCURRENCY, one bench run each), their totals, the throughput measure
-  RECORD_LOADS=("$D_IN_LEN:$((D_SEQS_PER_RANK * D_DP))"); OUT_LEN=$D_OUT_LEN; TOTALS=(--decode); METRIC=output_throughput_per_card
-  PARALLEL=D-DP$D_DP-TP$D_TP-EP$((D_DP * D_TP))
+# the recorded loads (LEN:CONCURRENCY, one bench run each), their totals (the server's speculative tokens:
+# its drafter's rows are checked apart, its verified drafts counted), the throughput measure
+if [ "$SIDE" = d ]; then
+  RECORD_LOADS=("$D_IN_LEN:$((D_SEQS_PER_RANK * D_DP))"); OUT_LEN=$D_OUT_LEN; TOTALS=(--decode --spec-tokens "$MTP")
+  METRIC=output_throughput_per_card; PARALLEL=D-DP$D_DP-TP$D_TP-EP$((D_DP * D_TP))
 else
   RECORD_LOADS=(); for len in "${P_LENS[@]}"; do RECORD_LOADS+=("$len:$P_C"); done; if [ "$P_PAD_LEN" -gt 0 ]; then RECORD_LOADS+=("$P_PAD_LEN:1"); fi
-  OUT_LEN=1; TOTALS=(); METRIC=prefill_throughput_per_card; PARALLEL=P-DP$P_DP-TP$P_TP-EP$((P_DP * P_TP))
+  OUT_LEN=1; TOTALS=(--spec-tokens "$P_MTP"); METRIC=prefill_throughput_per_card; PARALLEL=P-DP$P_DP-TP$P_TP-EP$((P_DP * P_TP))
 fi
 TLEN=$IN_LEN; if [ "$SIDE" = d ]; then TLEN=$D_IN_LEN; fi  # the warm-up's and the throughput rounds' prompt length
 NATIVE=(--tolerance "$TOLERANCE"); if [ "${NATIVE_WAIVER:-0}" = 1 ]; then NATIVE+=(--waive-unavailable); fi
@@ -200,7 +203,7 @@ step setup mkdir -p "$OUT" || { echo "verify.sh: FAILED: setup"; exit 1; }
   if [ "$SIDE" = d ]; then :
   elif step start-mc2 start_p collect PREFILL_MC2=1 CHUNK="$MC2_CHUNK" && record mc2 "$SHORT_LEN:$C"; then
     step mc2-totals python -m vllm_scene_eplb.ab.verify totals "$(counts_of mc2)" "$OUT/mc2-metrics-before.txt" \
-      "$OUT/mc2-metrics-after.txt" --model "$MODEL" || true
+      "$OUT/mc2-metrics-after.txt" "${TOTALS[@]}" --model "$MODEL" || true
     step mc2 python -m vllm_scene_eplb.ab.verify comm "$(log_of)" --want MC2 || true
   else
     skip mc2 "P with MC2 prefill did not start or its record failed"

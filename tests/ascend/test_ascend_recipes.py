@@ -170,6 +170,14 @@ def checked(tmp_path_factory):
         old_line = json.loads(json.dumps(recipes[f"{side} v4-flash-field, 128K warm"]))
         old_line["argv"][old_line["argv"].index("--max-model-len") + 1] = old_len
         recipes[f"{side} v4-flash-field, 128K warm, old length"] = old_line
+    # the tutorial D's line without --async-scheduling: vLLM 0.23 schedules async with an MTP drafter anyway
+    sync = json.loads(json.dumps(recipes["d v4-flash-tutorial, 16K cold"]))
+    sync["argv"].remove("--async-scheduling")
+    recipes["d v4-flash-tutorial, 16K cold, no --async-scheduling"] = sync
+    # D's recompute key on a P side: vLLM-Ascend's platform reads it and drops it on a kv_producer
+    p_recompute = json.loads(json.dumps(recipes["p collect, v4-flash-tutorial"]))
+    p_recompute["extra"]["recompute_scheduler_enable"] = True
+    recipes["p collect, v4-flash-tutorial, D's recompute key"] = p_recompute
     for name in [n for n in recipes if "argv" in recipes[n] and "scene" not in recipes[n]]:
         del recipes[name]["argv"]  # the generated Qwen3-MoE has no ModelSlim copy: its flags are checked, not its whole line
     old = dict(recipes["p collect"], kv={k: v for k, v in recipes["p collect"]["kv"].items() if k != "kv_connector_extra_config"})
@@ -220,9 +228,31 @@ def test_the_v4_flash_recipes_follow_the_field_and_the_tutorial(checked):
     assert (field["dp"], field["tp"], tutorial["dp"], tutorial["tp"], d["dp"], d["tp"]) == (16, 1, 4, 4, 16, 1)
     assert out["p collect, v4-flash-field"]["sp"] == [False, False, False]
     assert out["p collect, v4-flash-tutorial"]["sp"] == [True, True, True]  # FlashComm1, DSA-CP, shared-expert DP
-    assert tutorial["env"] == {"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"} and "env" not in field
+    timeouts = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "30000", "HCCL_EXEC_TIMEOUT": "204"}
+    assert tutorial["env"] == {"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1", **timeouts} and field["env"] == d["env"] == timeouts
     assert out["d collect, v4-flash"]["sp"] == [False, False, False]
     assert {out[n]["kv_port"] for n in recipes if "v4-flash" in n} == {36000, 36100}
+
+
+def test_the_v4_flash_d_runs_the_tutorials_scheduler_drafter_and_timeouts(checked):
+    """The tutorial D's flags as the released engines take them, on both field scenes: vLLM-Ascend's
+    AscendConfig reads recompute_scheduler_enable and multistream_overlap_shared_expert beside the
+    plugin's keys, its platform swaps in its async recompute scheduler (--async-scheduling with the MTP
+    drafter passes vLLM 0.23's check), the drafter is MTP 1 eager, and vLLM's executor reads the
+    tutorial's 30000 s a model step (its VLLM_RPC_TIMEOUT no released engine reads: left out). Without
+    --async-scheduling vLLM schedules async all the same (verify.sh's totals bound assumes it); on a P
+    side the recompute key is dropped."""
+    recipes, out, _, _ = checked
+    for scene in SCENES:
+        d, field = out[f"d v4-flash-tutorial, {scene}"], out[f"d v4-flash-field, {scene}"]
+        assert (d["recompute_scheduler"], d["shared_expert_overlap"], d["async_scheduling"]) == (True, True, True), d
+        assert d["scheduler_cls"] == field["scheduler_cls"] == "AsyncRecomputeScheduler" and d["speculative"] == ["mtp", 1, True]
+        assert d["execute_model_timeout"] == 30000 and d["reads_rpc_timeout"] is False
+        p = out[f"p v4-flash-tutorial, {scene}"]
+        assert p["execute_model_timeout"] == 30000 and not p["recompute_scheduler"] and p["scheduler_cls"] != d["scheduler_cls"]
+    assert out["d v4-flash-tutorial, 16K cold, no --async-scheduling"]["async_scheduling"] is True
+    assert out["p collect, v4-flash-tutorial, D's recompute key"]["recompute_scheduler"] is False
+    assert out["d collect, v4-flash"]["recompute_scheduler"] is True and out["d collect"]["recompute_scheduler"] is False
 
 
 @pytest.mark.parametrize("scene", SCENES)
@@ -247,3 +277,48 @@ def test_the_old_lengths_fail_vllms_own_length_checks(checked):
     p, d = out["p v4-flash-field, 128K warm, old length"], out["d v4-flash-field, 128K warm, old length"]
     assert p["ok"] and "maximum context length is 131072 tokens" in p["scene_refused"], p
     assert d["ok"] and "maximum context length is 65536 tokens" in d["scene_refused"], d
+
+
+def _page(spec: bool, local: int, gen: int, done: int, drafts: int, accepted: int) -> str:
+    """A /metrics page with the counters ``engine_tokens`` reads (the spec-decode ones where a drafter runs)."""
+    text = (
+        f'vllm:prompt_tokens_total{{engine="0"}} {local}\n'
+        f'vllm:generation_tokens_total{{engine="0"}} {gen}\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="length"}} {done}\n'
+        'vllm:num_preemptions_total{engine="0"} 0\n'
+    )
+    if spec:
+        text += f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {drafts}\n'
+        text += f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {accepted}\n'
+    return text
+
+
+def test_verify_totals_bound_holds_on_the_released_schedulers(checked):
+    """``verify.sh``'s totals with the MTP drafter on, against what the released schedulers schedule
+    (tests/scripts/ascend_spec_counters.py: vLLM 0.23's and vLLM-Ascend's own, sync and async, K = 0-3,
+    on the tutorial D's engine config): the tokens scheduled (what the target's MoE layers run) lie
+    within ``engine_tokens``' floor and ceiling read from the counters the engine exports, exactly the
+    floor without a drafter; no request runs more than 2K tokens above its share of the floor (K
+    synchronously). The ceiling is needed: drafts cut past max_tokens lift sync runs above the floor,
+    and async runs a request more than K above it (a pass of a request that had finished)."""
+    from vllm_scene_eplb.ab.engine_tokens import engine_tokens
+
+    recipes, *_ = checked
+    argv = list(recipes["d v4-flash-tutorial, 16K cold"]["argv"])
+    for flag in ("--kv-transfer-config", "--additional-config"):  # no P to pull from: local prefill
+        del argv[argv.index(flag) : argv.index(flag) + 2]
+    res = run_script("ascend_spec_counters", json.dumps(argv), env=ascend_env(), timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    cases = json.loads(res.stdout.strip().splitlines()[-1])
+    most = {"sync": 0, "async": 0}
+    for name, c in cases.items():
+        k, mode = int(name.split(" K")[1].split()[0]), "async" if name.startswith("Async") else "sync"
+        assert c["finished"] == c["by_length"] == c["requests"] == 48, (name, c)
+        after = _page(k > 0, c["prompt"], c["generated"], c["finished"], c["drafts"], c["accepted"])
+        engine = engine_tokens(_page(k > 0, 0, 0, 0, 0, 0), after, decode=True, local_prompt=False, spec_tokens=k)
+        assert engine.floor <= c["scheduled"] <= engine.floor + engine.slack, (name, c, engine)
+        assert engine.slack == 2 * k * 48 and (k or c["scheduled"] == engine.floor)
+        low, high = c["request_excess"]
+        assert 0 <= low <= high <= (2 if mode == "async" else 1) * k, (name, c)
+        most[mode] = max(most[mode], high / max(k, 1))
+    assert 0 < most["sync"] <= 1 < most["async"] <= 2, most

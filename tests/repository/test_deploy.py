@@ -4,6 +4,7 @@ import functools
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -475,7 +476,7 @@ def test_verify_d_takes_the_production_path_where_the_pair_is_up_and_says_when_n
             "[record-start]",
             "--scene record --url http://127.0.0.1:8000",
             "verify totals",
-            "--decode --local-prompt",
+            "--decode --spec-tokens 0 --local-prompt",
             "verify graph",
         ],
     )
@@ -529,8 +530,10 @@ def test_the_two_node_d_recipe_runs_dp32_tp1_with_mtp1_and_full_decode_only_grap
 def test_the_v4_flash_recipes_collect_and_verify(recipe, p_geometry):
     """RECIPE=v4-flash-*: collect.sh fits both sides without routing groups (V4 has none) on the V4
     pair's geometry; verify.sh checks every MoE layer of the served model's config (--model: V4-Flash's
-    43, the 3 hash-routed ones included) on P and on D, where D runs without MTP; at TP1 no P pass pads,
-    so the field's P record runs no short-prompt load."""
+    43, the 3 hash-routed ones included) on P and on D, where D keeps the recipe's MTP drafter (its
+    totals count the verified drafts: --spec-tokens 1), and so does the tutorial's P; at TP1 no P pass
+    pads, so the field's P record runs no short-prompt load. A failed totals step on D fails the run
+    and the checks after it still run."""
     model = v4_w8a8_model()
     out = _dry("collect.sh", RECIPE=recipe, MODEL=model)
     assert out.count("--expert-groups 1") == 2 and "--expert-groups 8" not in out
@@ -542,6 +545,50 @@ def test_the_v4_flash_recipes_collect_and_verify(recipe, p_geometry):
     d = _verify(RECIPE=recipe, MODEL=model, SIDE="d", SCENE_EPLB_CLI=_env()["SCENE_EPLB_CLI"], PYTHONPATH=_env()["PYTHONPATH"])
     assert d.returncode == 0, d.stderr
     assert "D-DP16-TP1-EP16" in d.stdout and "verify totals" in d.stdout and f"--model {model}" in d.stdout
+    assert "--decode --spec-tokens 1 --model" in d.stdout
+    assert f"--spec-tokens {1 if recipe == 'v4-flash-tutorial' else 0} --model" in p.stdout  # the tutorial's P drafts too
+    failed = _verify(RECIPE=recipe, MODEL=model, SIDE="d", FAIL_STEP="totals")
+    assert failed.returncode == 1 and "FAIL totals: exited 1" in failed.stdout and "[graph]" in failed.stdout
+
+
+def _words(out: str) -> tuple[dict, dict]:
+    """A server's dry run as (the environment it prints, flag -> value: a JSON value parsed, a bare flag True)."""
+    words = shlex.split(out)
+    start = next(i for i, w in enumerate(words) if "=" not in w)
+    flags = {}
+    for i, word in enumerate(words[start:], start):
+        if word.startswith("--"):
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
+            flags[word] = json.loads(value) if isinstance(value, str) and value.startswith("{") else value
+    return dict(w.split("=", 1) for w in words[:start]), flags
+
+
+def test_the_v4_flash_d_carries_the_tutorials_settings_in_every_mode():
+    """The V4-Flash D after vLLM-Ascend 0.23.0.post1's tutorial in collect, layout and plain mode: the MTP
+    drafter eager, --async-scheduling, recompute_scheduler_enable and multistream_overlap_shared_expert
+    beside the plugin's own keys, and the tutorial's timeouts in the environment it prints; P gets the
+    timeouts, not D's settings; V3's D none of them."""
+    model = v4_w8a8_model()
+    timeouts = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "30000", "HCCL_EXEC_TIMEOUT": "204"}
+    for recipe in ("v4-flash-field", "v4-flash-tutorial"):
+        for mode in (("collect",), ("layout", "/data/se/layout-d.json"), ("plain",)):
+            env, flags = _words(_dry("d_server.sh", *mode, RECIPE=recipe, MODEL=model))
+            assert flags["--speculative-config"] == {"method": "mtp", "num_speculative_tokens": 1, "enforce_eager": True}
+            assert flags["--async-scheduling"] is True and flags["--compilation-config"] == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+            extra = flags["--additional-config"]
+            assert extra["recompute_scheduler_enable"] is True and extra["multistream_overlap_shared_expert"] is True
+            assert ("scene_eplb" in extra) == (mode[0] != "plain"), (recipe, mode)
+            assert {k: env[k] for k in timeouts} == timeouts
+        env, flags = _words(_dry("p_server.sh", "collect", RECIPE=recipe, MODEL=model))
+        assert {k: env[k] for k in timeouts} == timeouts and "--async-scheduling" not in flags
+        assert "recompute_scheduler_enable" not in flags["--additional-config"]
+    env, flags = _words(_dry("d_server.sh", "collect", MTP="1"))
+    assert flags["--speculative-config"] == {"method": "mtp", "num_speculative_tokens": 1} and "--async-scheduling" not in flags
+    assert set(flags["--additional-config"]) == {"scene_eplb"} and not set(env) & set(timeouts)
+    off = dict(D_RECOMPUTE_SCHEDULER="0", MTP_EAGER="0")
+    _, flags = _words(_dry("d_server.sh", "collect", RECIPE="v4-flash-tutorial", MODEL=model, **off))
+    assert set(flags["--additional-config"]) == {"scene_eplb", "multistream_overlap_shared_expert"}
+    assert "enforce_eager" not in flags["--speculative-config"]
 
 
 def test_the_v4_flash_recipes_pass_the_preflight_and_refuse_what_the_tutorial_copies():

@@ -28,6 +28,7 @@ PURE = (
     "ab.results",
     "ab.compare",
     "ab.verify",
+    "ab.engine_tokens",
     "rig.simulated",
 )
 

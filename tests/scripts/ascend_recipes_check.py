@@ -5,7 +5,8 @@ model folder. Prints one JSON object, a verdict per recipe. Each recipe runs on 
 (its own reset) with its environment, restored after it; the connector's own module gives the worker checked.
 A recipe with ``argv`` (the server's whole command line after the module, its --model the check's model) is
 also parsed by vLLM's own ``api_server`` argument parser and built by ``AsyncEngineArgs.create_engine_config``
-on vLLM-Ascend's platform; with ``scene`` (``prompt`` tokens, ``max_tokens`` requested) its request goes
+on vLLM-Ascend's platform (what it makes of the scheduling and drafter flags, and the timeouts vLLM reads from
+the recipe's environment, reported); with ``scene`` (``prompt`` tokens, ``max_tokens`` requested) its request goes
 through vLLM's own length checks: the completion request's ``TokenizeParams`` and the engine's
 ``InputProcessor._validate_prompt_len``."""
 
@@ -30,11 +31,20 @@ def _full(r: dict) -> dict:
 
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(r["argv"])
     vc = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    from vllm import envs
+
+    spec, scheduler = vc.speculative_config, vc.scheduler_config.scheduler_cls
     full = {
         "max_model_len": vc.model_config.max_model_len,
         "prefix_caching": vc.cache_config.enable_prefix_caching,
         "block_size": vc.cache_config.block_size,
         "quantization": vc.model_config.quantization,
+        # what the engine runs of the recipe's scheduling and drafter flags, and the timeouts vLLM reads
+        "async_scheduling": vc.scheduler_config.async_scheduling,
+        "scheduler_cls": str(getattr(scheduler, "__name__", scheduler)).rsplit(".", 1)[-1],
+        "speculative": None if spec is None else [spec.method, spec.num_speculative_tokens, spec.enforce_eager],
+        "execute_model_timeout": envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
+        "reads_rpc_timeout": "VLLM_RPC_TIMEOUT" in envs.environment_variables,  # the tutorial sets it too
     }
     scene = r.get("scene")
     if scene:
@@ -55,6 +65,7 @@ def main() -> None:
     import vllm_scene_eplb.adapters.entry as entry
 
     entry.register()
+    from vllm import envs
     from vllm.config import KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm_ascend.ascend_config import clear_ascend_config, get_ascend_config
@@ -69,6 +80,7 @@ def main() -> None:
         os.environ.clear()
         os.environ.update({**environ, **r.get("env", {})})
         clear_ascend_config()  # vLLM-Ascend's own reset of its config, enable_sp() and enable_dsa_cp()
+        vars(envs).pop("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", None)  # what its platform set for the last recipe: read anew
         try:
             kv = KVTransferConfig(**r["kv"])
             connector = KVConnectorFactory.get_connector_class(kv)
@@ -97,6 +109,9 @@ def main() -> None:
                 "kv_port": int(vc.kv_transfer_config.kv_port),
                 "dynamic_eplb": ascend.eplb_config.dynamic_eplb,
                 "prefill_mc2": ascend.enable_prefill_mc2,
+                # the tutorial D's keys as vLLM-Ascend's AscendConfig read them (its platform drops the first on P)
+                "recompute_scheduler": ascend.recompute_scheduler_enable,
+                "shared_expert_overlap": ascend.multistream_overlap_shared_expert,
                 "expert_map_path": (vc.additional_config.get("eplb_config") or {}).get("expert_map_path"),
             }
         except BaseException as exc:

@@ -260,6 +260,7 @@ def test_totals_with_decode_count_one_token_per_decode_pass(tmp_path, capsys):
         path.write_text(
             path.read_text().replace("999.0", str(gen))
             + f'vllm:request_success_total{{engine="0",finished_reason="length"}} {done}\n'
+            + 'vllm:num_preemptions_total{engine="0",model_name="m"} 0.0\n'
         )
     assert main(["totals", *files, "--decode"]) == 0
     assert "(100 prompt + 40 generated - 10 requests) tokens" in capsys.readouterr().out
@@ -303,9 +304,124 @@ def test_totals_local_prompt_counts_only_what_the_d_engine_computed_itself(tmp_p
         path.write_text(
             path.read_text().replace("999.0", str(gen))
             + f'vllm:request_success_total{{engine="0",finished_reason="length"}} {done}\n'
+            + 'vllm:num_preemptions_total{engine="0",model_name="m"} 0.0\n'
             + f'vllm:prompt_tokens_by_source_total{{engine="0",model_name="m",source="local_compute"}} {local}\n'
             + 'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 7000.0\n'
         )
     assert main(["totals", *files, "--decode", "--local-prompt"]) == 0
     assert "(10 locally computed prompt + 40 generated - 10 requests) tokens" in capsys.readouterr().out
     assert main(["totals", *files, "--decode"]) == 1  # the 100 prompt tokens, pulled ones included: off
+
+
+def _page(**values: float) -> str:
+    """A D engine's /metrics page (two DP engines where it matters) with the counters ``totals`` reads:
+    local prompt, generated, finished by length and by stop, preempted, drafts and accepted drafts."""
+    v = {"local": 0.0, "gen": 0.0, "length": 0.0, "stop": 0.0, "preempted": 0.0, **values}
+    page = (
+        f'vllm:prompt_tokens_total{{engine="0",model_name="m"}} {v["local"] + 7000}\n'
+        f'vllm:prompt_tokens_by_source_total{{engine="0",model_name="m",source="local_compute"}} {v["local"]}\n'
+        f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {v["gen"]}\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="m"}} {v["length"]}\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {v["stop"]}\n'
+        f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {v["preempted"]}\n'
+    )
+    if "drafts" in v:  # an engine with a drafter exports these (vLLM 0.23's SpecDecodingProm), per DP engine
+        for engine, share in ((0, 0.25), (1, 0.75)):
+            page += (
+                f'vllm:spec_decode_num_drafts_total{{engine="{engine}",model_name="m"}} {v["drafts"] * share}\n'
+                f'vllm:spec_decode_num_draft_tokens_total{{engine="{engine}",model_name="m"}} {v["drafts"] * share}\n'
+                f'vllm:spec_decode_num_accepted_tokens_total{{engine="{engine}",model_name="m"}} {v["accepted"] * share}\n'
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="{engine}",model_name="m",position="0"}} 1e9\n'
+            )
+    return page
+
+
+# A D record with MTP 1 of 10 requests: 10 last prompt tokens computed on D, 100 generated, 80 drafts
+# verified (10 of them the recompute scheduler's placeholders beside the last prompt tokens), 30
+# accepted: (10 + 100 - 10 - 30 + 80) = 150 tokens at least, up to 2 x 1 x 10 more
+MTP_BEFORE = {"local": 5.0, "gen": 20.0, "length": 2.0, "drafts": 16.0, "accepted": 4.0}
+MTP_AFTER = {"local": 15.0, "gen": 120.0, "length": 12.0, "drafts": 96.0, "accepted": 34.0}
+
+
+def _mtp(tmp_path, target, drafter=None, before=MTP_BEFORE, after=MTP_AFTER):
+    """A decode dump (top-k 2) of target MoE layers 1-3 at ``target`` each (one value, or one a layer),
+    with the drafter's row 4 at ``drafter`` where given, and the record's /metrics pages."""
+    per_layer = target if isinstance(target, list) else [target] * 3
+    data = np.zeros((2, 5 if drafter is not None else 4, 8), dtype=np.int64)
+    for layer, total in zip((1, 2, 3), per_layer):
+        data[0, layer, 1], data[1, layer, 6] = total - total // 2, total // 2
+    meta = {"top_k": 2, "moe_layers": [1, 2, 3]}
+    if drafter is not None:
+        data[1, 4, 3] = drafter
+        meta["drafter_layers"] = [4]
+    counts = write_counts(Counts(data, meta), tmp_path / "mtp.npz")
+    (tmp_path / "b.txt").write_text(_page(**before))
+    (tmp_path / "a.txt").write_text(_page(**after))
+    return ["totals", str(counts), str(tmp_path / "b.txt"), str(tmp_path / "a.txt"), "--decode", "--local-prompt"]
+
+
+def test_totals_with_mtp_count_the_verified_drafts_from_the_engines_counters(tmp_path, capsys):
+    """With the drafter on, a decode pass runs its token and the drafts it verifies: the floor is the
+    counters' (prompt + generated - requests - accepted + drafts), the ceiling 2K tokens a request
+    higher (drafts cut past max_tokens, one async pass of a finished request), every layer the same."""
+    for tokens in (150, 161, 170):
+        assert main([*_mtp(tmp_path, 2 * tokens), "--spec-tokens", "1"]) == 0, capsys.readouterr().out
+        out = capsys.readouterr().out
+    assert "(10 locally computed prompt + 100 generated - 10 requests - 30 accepted + 80 drafts) tokens" in out
+    assert "within [300, 340], the same each (measured 340)" in out
+    assert "the drafter's rows: none in the dump (not counted)" in out
+
+
+@pytest.mark.parametrize(
+    "target, said",
+    [
+        (2 * 149, "off: [(1, 298), (2, 298), (3, 298)]"),  # below the floor: a token the engine ran was not counted
+        (2 * 171, "off: [(1, 342), (2, 342), (3, 342)]"),  # above the ceiling: padding rows counted
+        ([310, 312, 310], "off: [(2, 312)]"),  # the layers ran different rows
+        (311, "off: [(1, 311), (2, 311), (3, 311)]"),  # not a whole number of tokens x top-k
+    ],
+)
+def test_totals_with_mtp_fail_outside_the_range_or_when_layers_differ(tmp_path, capsys, target, said):
+    assert main([*_mtp(tmp_path, target), "--spec-tokens", "1"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL per-layer totals") and said in out
+
+
+def test_totals_refuse_a_window_the_counters_cannot_account_for(tmp_path, capsys):
+    """Drafts verified with no speculative tokens given, speculative tokens given to an engine with no
+    drafter, a request finished otherwise than by length (vLLM-Ascend's recompute scheduler hands one
+    back to the proxy with "stop") or preempted: each fails in one line that says why."""
+    cases = [
+        ([], {}, {}, "the engine verified 80 draft tokens: give its speculative tokens (--spec-tokens)"),
+        (["--spec-tokens", "1"], {"drafts": None}, {"drafts": None}, "no vllm:spec_decode_num_draft_tokens_total"),
+        (["--spec-tokens", "1"], {}, {"stop": 1.0}, "1 requests finished otherwise than by length and 0 were preempted"),
+        (["--spec-tokens", "1"], {}, {"preempted": 2.0}, "0 requests finished otherwise than by length and 2 were preempted"),
+    ]
+    for extra, before, after, said in cases:
+        b = {k: v for k, v in {**MTP_BEFORE, **before}.items() if v is not None}
+        a = {k: v for k, v in {**MTP_AFTER, **after}.items() if v is not None}
+        if "drafts" not in b:
+            b.pop("accepted"), a.pop("accepted")
+        assert main([*_mtp(tmp_path, 2 * 150, before=b, after=a), *extra]) == 1
+        out = capsys.readouterr().out
+        assert out.startswith("FAIL totals: ") and said in out, out
+
+
+def test_totals_check_the_drafters_rows_apart(tmp_path, capsys):
+    """The drafter's row runs the target's passes (its rejected drafts left out where its batch is not
+    padded) and K - 1 one-row passes more: between (floor - rejected) x top-k and K x the ceiling x top-k.
+    It never joins the target's layers; a silent or out-of-range drafter row fails, and so do drafter
+    rows where no speculative tokens were given."""
+    assert main([*_mtp(tmp_path, 2 * 155, drafter=2 * 140), "--spec-tokens", "1"]) == 0
+    assert "the drafter's rows [4] within [200, 340] apart" in capsys.readouterr().out
+    for drafter in (0, 198, 342):
+        assert main([*_mtp(tmp_path, 2 * 155, drafter=drafter), "--spec-tokens", "1"]) == 1
+        assert f"off: [(4, {drafter})]" in capsys.readouterr().out
+    assert main([*_mtp(tmp_path, 2 * 155, drafter=2 * 400), "--spec-tokens", "3"]) == 0  # K = 3: up to 3 x 170
+    capsys.readouterr()
+    prefill = {"local": 0.0, "drafts": 0.0, "accepted": 0.0}  # a P record: no drafts verified, the drafter ran the prompt
+    args = _mtp(tmp_path, 2 * 10, drafter=2 * 10, before=prefill, after={**prefill, "local": 10.0})
+    args = [a for a in args if a != "--decode"]
+    assert main([*args, "--spec-tokens", "1"]) == 0
+    assert main(args) == 1
+    assert "drafter rows [4] in the dump, yet no speculative tokens given (--spec-tokens)" in capsys.readouterr().out

@@ -1,22 +1,22 @@
 """The acceptance checks of ``deploy/ascend-910c/verify.sh``, one PASS/FAIL line each.
 
-    python -m vllm_scene_eplb.ab.verify totals COUNTS METRICS_BEFORE METRICS_AFTER [--decode] [--local-prompt] [--model DIR]
+    python -m vllm_scene_eplb.ab.verify totals COUNTS BEFORE AFTER [--decode] [--local-prompt] [--spec-tokens K] [--model DIR]
     python -m vllm_scene_eplb.ab.verify native COUNTS NATIVE.json [--tolerance 0.02] [--waive-unavailable]
     python -m vllm_scene_eplb.ab.verify graph SERVER.log [--from-byte N] [--to-byte M]
     python -m vllm_scene_eplb.ab.verify comm SERVER.log [--want MC2]
     python -m vllm_scene_eplb.ab.verify throughput --plain P1.json P2.json ... --idle I1.json ... [--min-ratio 0.98]
 
-``totals``: every MoE layer of a dump counted exactly the tokens the engine itself ran while
-recording, times top-k: its prompt tokens (``vllm:prompt_tokens_total`` on ``/metrics``, summed over
-DP engines, after minus before) and, with ``--decode``, one token per decode pass: generated tokens
-minus finished requests (each request's first token comes out of its prefill pass); with
-``--local-prompt`` only the prompt tokens the engine computed itself
-(``vllm:prompt_tokens_by_source_total{source="local_compute"}``), as on a D node whose prompts' KV
-was pulled from P (it computes the last prompt token alone). With ``--model`` (the served model's
-folder) the layers checked are every MoE layer of the model's config, not those the dump names: a
-layer that recorded nothing fails the check by name, DeepSeek-V4's hash-routed layers said apart
-(SGLang #25961: a recorder that misses V4-Flash's 3 token-id-routed layers records 40 of 43). Holds
-when nothing but the recorded load ran, prefix caching is off and no drafts are verified. ``native``: the dump against vLLM-Ascend's own
+``totals``: every MoE layer of a dump counted the tokens the engine itself ran while recording,
+times top-k, from its own counters on two ``/metrics`` pages (``engine_tokens``): its prompt tokens
+and, with ``--decode``, one token per decode pass; with ``--local-prompt`` only the prompt tokens it
+computed itself, as on a D node whose prompts' KV was pulled from P (it computes the last prompt
+token alone). With ``--spec-tokens K`` (an MTP drafter) a decode pass's verified drafts count too,
+and the total is a range, up to 2K tokens a request the counters cannot see, with every layer the
+same; the drafter's own rows are checked apart. Exact without a drafter. With ``--model`` (the
+served model's folder) the layers checked are every MoE layer of the model's config, not those the
+dump names: a layer that recorded nothing fails the check by name, DeepSeek-V4's hash-routed layers
+said apart (SGLang #25961: a recorder that misses V4-Flash's 3 token-id-routed layers records 40 of
+43). Holds when nothing but the recorded load ran and prefix caching is off. ``native``: the dump against vLLM-Ascend's own
 ``moe_load`` counters over the same record (``scene-eplb record native_load --json``): never above
 them for any (layer, expert), and each layer's expert shares within ``tolerance`` (half the L1
 distance); vLLM-Ascend also counts padding and idle-DP dummy rows, so they are not equal. Where
@@ -48,16 +48,13 @@ import numpy as np
 
 from ..errors import SceneEplbError
 from ..formats import read_counts
+from ..layouts.drafter import drafter_layers_of
 from ..planning.model_files import read_model
 from ..planning.model_geometry import ModelGeometry
 from ..protocol import COMM_METHOD_RE
+from .engine_tokens import PROMPT_TOKENS, EngineTokens, counter, engine_tokens
 from .results import NOT_OBSERVED, read_result
 from .stats import MIN_ROUNDS, block_effects, check_positive
-
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-FINISHED_REQUESTS = "vllm:request_success_total"
-PROMPT_BY_SOURCE, LOCAL_COMPUTE = "vllm:prompt_tokens_by_source_total", 'source="local_compute"'
 
 
 @dataclass(frozen=True)
@@ -69,21 +66,6 @@ class Verdict:
 
     def line(self) -> str:
         return f"{'SKIP' if self.skipped else 'PASS' if self.ok else 'FAIL'} {self.name}: {self.detail}"
-
-
-def series(metrics_text: str, name: str) -> list[tuple[str, float]]:
-    """Every sample of ``name`` on a /metrics page (Prometheus text): its labels as written and its value."""
-    sample = re.compile(r"^" + re.escape(name) + r"(?:\{([^}]*)\})?\s+([0-9.eE+-]+)\s*$", re.M)
-    return [(labels, float(v)) for labels, v in sample.findall(metrics_text)]
-
-
-def counter(metrics_text: str, name: str, label: str = "") -> int:
-    """Counter ``name`` summed over every series (one per DP engine, per label) of a /metrics page;
-    with ``label`` (``key="value"``) only the series that carry it."""
-    values = [v for labels, v in series(metrics_text, name) if not label or label in labels.split(",")]
-    if not values:
-        raise SceneEplbError(f"no {name}{'{' + label + '}' if label else ''} on this /metrics page")
-    return int(round(sum(values)))
 
 
 def prompt_tokens(metrics_text: str) -> int:
@@ -104,26 +86,23 @@ def _silent_layers(per_layer: np.ndarray, model: ModelGeometry) -> str:
 
 
 def totals(
-    counts_path: str, before: str, after: str, decode: bool = False, local_prompt: bool = False, model: str | None = None
+    counts_path: str,
+    before: str,
+    after: str,
+    decode: bool = False,
+    local_prompt: bool = False,
+    model: str | None = None,
+    spec_tokens: int = 0,
 ) -> Verdict:
-    """Every MoE layer's recorded total equals the engine's tokens x top-k (prompt tokens, with
-    ``local_prompt`` those it computed itself, and with ``decode`` one per decode pass); with
-    ``model`` every MoE layer of that model's config, each of which must have recorded tokens."""
+    """Every MoE layer's recorded total equals the engine's tokens x top-k (``engine_tokens``: exact,
+    or with a drafter of ``spec_tokens`` between its floor and ceiling, every layer the same); with
+    ``model`` every MoE layer of that model's config, each of which must have recorded tokens. The
+    drafter's rows are checked apart (``_drafter_rows``)."""
     counts = read_counts(counts_path)
     top_k = counts.meta.get("top_k")
     if not isinstance(top_k, int) or top_k < 1:
         raise SceneEplbError("the dump carries no top_k: not a dump of this plugin's recorder", counts_path)
-    pages = Path(before).read_text(), Path(after).read_text()
-    prompt = (PROMPT_BY_SOURCE, LOCAL_COMPUTE) if local_prompt else (PROMPT_TOKENS, "")
-    names = [prompt, *([(GENERATION_TOKENS, ""), (FINISHED_REQUESTS, "")] if decode else [])]
-    delta = {name: counter(pages[1], name, label) - counter(pages[0], name, label) for name, label in names}
-    kind = "locally computed prompt" if local_prompt else "prompt"
-    tokens = delta[prompt[0]] + (delta[GENERATION_TOKENS] - delta[FINISHED_REQUESTS] if decode else 0)
-    what = (
-        f"({delta[prompt[0]]} {kind} + {delta[GENERATION_TOKENS]} generated - {delta[FINISHED_REQUESTS]} requests) tokens"
-        if decode
-        else f"{tokens} {kind} tokens"
-    )
+    engine = engine_tokens(Path(before).read_text(), Path(after).read_text(), decode, local_prompt, spec_tokens)
     all_layers = counts.data.sum(axis=(0, 2))
     geometry = read_model(model).geometry if model is not None else None
     if geometry is not None:
@@ -131,14 +110,39 @@ def totals(
     else:
         layers, silent = [int(x) for x in counts.meta.get("moe_layers") or np.flatnonzero(all_layers)], ""
     per_layer = [int(all_layers[layer]) if layer < len(all_layers) else 0 for layer in layers]
-    wrong = [(layer, t) for layer, t in zip(layers, per_layer) if t != tokens * top_k]
+    low, high = engine.floor * top_k, (engine.floor + engine.slack) * top_k
+    if engine.slack:  # a range: every layer ran the same rows, a whole number of tokens within it
+        wrong = [(lay, t) for lay, t in zip(layers, per_layer) if t != per_layer[0] or t % top_k or not low <= t <= high]
+        expected = f"within [{low}, {high}], the same each (measured {per_layer[0] if per_layer else 0})"
+    else:
+        wrong = [(layer, t) for layer, t in zip(layers, per_layer) if t != low]
+        expected = f"{low} each"
+    drafter_ok, drafter = _drafter_rows(counts, all_layers, engine, spec_tokens, top_k)
     detail = (
-        f"{len(layers)} MoE layers x {what} x top-k {top_k} = {tokens * top_k} each"
+        f"{len(layers)} MoE layers x {engine.what} x top-k {top_k} = {expected}"
         + (f"; off: {wrong[:5]}{' ...' if len(wrong) > 5 else ''}" if wrong else "")
         + silent
+        + drafter
     )
     name = "per-layer totals = (prompt + decode) tokens x top-k" if decode else "per-layer totals = prompt tokens x top-k"
-    return Verdict(name, bool(layers) and tokens > 0 and not wrong, detail)
+    return Verdict(name, bool(layers) and engine.floor > 0 and not wrong and drafter_ok, detail)
+
+
+def _drafter_rows(counts, all_layers: np.ndarray, engine: EngineTokens, spec_tokens: int, top_k: int) -> tuple[bool, str]:
+    """The drafter's MoE rows (``layouts.drafter``) against the passes that ran them, and what to say.
+    A drafter forward runs the target pass's rows (the rejected drafts' rows left out where the drafter
+    batch is not padded), then K - 1 more of one row a request: between the target's floor less its
+    rejected drafts and K x its ceiling. Rows without a drafter, or a silent row, fail; no rows with
+    a drafter is said (a recorder that does not count the drafter)."""
+    rows = drafter_layers_of(counts)
+    if not rows:
+        return True, "; the drafter's rows: none in the dump (not counted)" if spec_tokens else ""
+    if not spec_tokens:
+        return False, f"; drafter rows {list(rows)} in the dump, yet no speculative tokens given (--spec-tokens)"
+    low, high = (engine.floor - engine.rejected) * top_k, spec_tokens * (engine.floor + engine.slack) * top_k
+    off = [(row, int(all_layers[row])) for row in rows if not low <= int(all_layers[row]) <= high or not all_layers[row]]
+    said = f"; the drafter's rows {list(rows)} within [{low}, {high}] apart" + (f", off: {off}" if off else "")
+    return not off, said
 
 
 def native(counts_path: str, native_path: str, tolerance: float, waive_unavailable: bool = False) -> Verdict:
@@ -280,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         help="count only the prompt tokens the engine computed itself (a D node that pulled the prompts' KV)",
     )
     t.add_argument(
+        "--spec-tokens",
+        type=int,
+        default=0,
+        metavar="K",
+        help="the server's speculative tokens (MTP K): count the verified drafts, check the drafter's rows apart",
+    )
+    t.add_argument(
         "--model",
         metavar="DIR",
         help="the served model's folder: check every MoE layer of its config (each must have recorded tokens)",
@@ -313,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.check == "totals":
-            verdict = totals(args.counts, args.metrics_before, args.metrics_after, args.decode, args.local_prompt, args.model)
+            verdict = totals(
+                args.counts, args.metrics_before, args.metrics_after, args.decode, args.local_prompt, args.model, args.spec_tokens
+            )
         elif args.check == "native":
             verdict = native(args.counts, args.native, args.tolerance, args.waive_unavailable)
         elif args.check == "graph":

@@ -26,7 +26,7 @@ from ..errors import SceneEplbError
 from ..formats import read_counts, write_counts
 from ..formats.counts import COUNTS_FORMAT, PREFIX_CACHE_KEY
 from ..layouts.counts import Counts
-from .verify import series
+from .engine_tokens import series
 
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 ENGINE = re.compile(r'(?:^|,)engine="([^"]*)"')
