@@ -234,7 +234,9 @@ def test_a_misloaded_drafter_slot_is_refused_naming_its_layer(run):
     """The planted bug: the drafter's expert weights loaded by vLLM's linear expert map instead of its
     row. Every rank refuses, naming the MTP layer's slots and the experts they hold, as read from memory;
     the model's layers loaded right and are not named."""
-    problem = re.compile(r"layer (\d+) slot (\d+) \((w13_weight|w2_weight) (w1|w3|w2|0|1)\) holds expert (\d+), should hold expert (\d+)")
+    problem = re.compile(
+        r"layer (\d+) slot (\d+) \((w13_weight|w2_weight) (w1|w3|w2|0|1)\) holds expert (\d+), should hold expert (\d+)"
+    )
     for r, rank in enumerate(run.ranks):
         broken = rank["float_drafter_by_linear_map"]
         refusal = broken["refused"] or ""

@@ -321,7 +321,10 @@ def load_case(mr, case: str, model: str, scene_eplb: dict, rank: int, world: int
     quantization = "ascend" if case.startswith("w8a8") else None
     vc = server_config(model, scene_eplb, world, quantization)
     hf = vc.model_config.hf_config
-    bugs = {"w8a8_scales_by_linear_map": scales_by_linear_map, "float_drafter_by_linear_map": drafter_by_linear_map(len(hf_moe_layers(hf)))}
+    bugs = {
+        "w8a8_scales_by_linear_map": scales_by_linear_map,
+        "float_drafter_by_linear_map": drafter_by_linear_map(len(hf_moe_layers(hf))),
+    }
     bug = by_linear_map(hf.n_routed_experts, bugs[case]) if case in bugs else contextlib.nullcontext()
     with set_current_vllm_config(vc), bug:
         runner, refused = load(mr, vc, rank, world, init)

@@ -269,11 +269,17 @@ def drafter_steps(path: str) -> dict:
 
     target, drafter = RoutingObserver(1, 4, 8), RoutingObserver(1, 4, 8)
     both = (target, drafter)
+
+    def begin_step(tokens: int) -> None:
+        for o in both:
+            o.begin_step(tokens)
+
+    def end_step(is_dummy: bool) -> None:
+        for o in both:
+            o.end_step(is_dummy)
+
     worker_plugin._current = SimpleNamespace(
-        begin_step=lambda tokens: [o.begin_step(tokens) for o in both],
-        end_step=lambda is_dummy: [o.end_step(is_dummy) for o in both],
-        note_dp_tokens=lambda tokens: None,
-        drafter_observer=drafter,
+        begin_step=begin_step, end_step=end_step, note_dp_tokens=lambda tokens: None, drafter_observer=drafter
     )
 
     class Engine:  # the runner's step: a forward in execute_model, the drafter's passes in sample_tokens

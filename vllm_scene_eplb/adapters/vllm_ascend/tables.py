@@ -115,7 +115,7 @@ def static_log2phy_from_rank_maps(
     p2l, g = _map_from_rank_maps(global_expert_map)
     sources = None
     row = None if layout is None or moe_index is None else row_of_moe_index(layout, moe_index)
-    if row is not None:
+    if layout is not None and row is not None:
         if not np.array_equal(layout.physical_to_logical_map[row], p2l[0]):
             raise SceneEplbError(f"vLLM-Ascend's expert map for MoE layer {moe_index} differs from the layout's row {row}")
         sources = layout.static_sources_at([row])

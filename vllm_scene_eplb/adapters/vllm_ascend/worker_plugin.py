@@ -128,7 +128,6 @@ class AscendWorkerPlugin(RecorderPlugin):
             startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"),
         )
 
-
     def check_drafter_layers(self, found: int) -> None:
         """With a layout, the drafter must have built one MoE layer for each of its drafter rows (each
         it built was placed by one, ``tables.drafter_placement``)."""
