@@ -18,10 +18,11 @@ from vllm_scene_eplb.adapters.vllm_ascend.tables import (
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import GeometryHint, read_counts, read_layout, write_layout
+from vllm_scene_eplb.layouts.counts import Counts
 from vllm_scene_eplb.layouts.layout import Geometry
 
 from ..ascend_env import load_eplb_utils
-from ..conftest import DATA, require_vllm
+from ..conftest import DATA, require_vllm, skewed_counts
 
 pytestmark = pytest.mark.engine
 
@@ -158,6 +159,29 @@ def test_our_static_dispatch_replaces_their_formula_inside_init_eplb_config(eu, 
     _, l2p, _ = _their_maps(fresh, exported, n, 16, 256, tp_size=2)
     np.testing.assert_array_equal(l2p, log2phy_static(field_layout))
     assert off_rank_with_local(l2p, field_layout) == 0
+
+
+def test_a_drafters_moe_layer_is_placed_and_dispatched_by_its_drafter_row(eu, tmp_path):
+    """vLLM-Ascend's own init_eplb_config for the MoE layer built after the main model's (the MTP layer,
+    index ``moe_layer_count``, which the expert map file cannot name): with the plugin's replacements,
+    every rank's expert map is the layout's drafter row and its log2phy our static table of that row
+    (its fitted sources), not vLLM-Ascend's default split; a layout without a drafter row is refused,
+    naming the layer."""
+    g = Geometry(8, 2, 2)
+    counts = Counts(skewed_counts(4, 3, 8), {"moe_layers": [0, 1], "drafter_layers": [2]})
+    layout = fit(counts, FitOptions(g))
+    path = write_layout(layout, tmp_path / "expert_map.json", fmt="vllm-ascend")
+    fresh = load_eplb_utils()
+    install_dispatch(fresh, lambda: AscendDispatch(layout, "static"))
+    maps, l2p, n_red = _their_maps(fresh, path, 3, 2, 8)
+    drafter = layout.drafter_view()
+    assert n_red == 2 and not np.array_equal(maps[2], maps[1])
+    np.testing.assert_array_equal(maps, np.concatenate([rank_expert_maps(layout), rank_expert_maps(drafter)]))
+    np.testing.assert_array_equal(l2p[2], log2phy_static(drafter)[0])
+    plain = fit(Counts(counts.data[:, :2]), FitOptions(g))
+    install_dispatch(fresh, lambda: AscendDispatch(plain, "static"))
+    with pytest.raises(SceneEplbError, match=r"drafter's MoE layer \(MoE layer 2, after the main model's 2\)"):
+        _their_maps(fresh, path, 3, 2, 8)
 
 
 # ---------------------------------------------------------------- startup wiring (adapters/vllm_ascend/startup)
@@ -301,21 +325,21 @@ def test_prepare_passes_its_own_write_and_refuses_any_other_path(ascend_model):
         prepare_layout_run(additional, hf_config(TinyMoeSpec()), ep_size=2)
 
 
-def test_a_layout_run_with_an_moe_drafter_says_its_layer_is_not_counted(ascend_model, caplog):
-    """An MTP drafter (MoE layers of its own) starts with a layout on vLLM-Ascend, which places its
-    layer by its default split over the layout's slots; the config hook says that the recorder does
-    not count it. A dense drafter gets no such line."""
-    from types import SimpleNamespace
-
+def test_a_layout_run_with_an_moe_drafter_needs_the_drafters_rows(ascend_model, caplog):
+    """An MTP drafter (MoE layers of its own) with a layout on vLLM-Ascend: refused, naming the method,
+    when the layout has no drafter rows (vLLM-Ascend would place its layer by its default split); with
+    them, the config hook says the drafter's layers load and route by them. A dense drafter needs none."""
     from vllm_scene_eplb.adapters.vllm_ascend.startup import check_run
     from vllm_scene_eplb.rig.tiny_model import TinyMoeSpec, hf_config
 
     _, layout, path, root = ascend_model
+    counts = Counts(skewed_counts(2, len(layout.moe_layers), layout.geometry.num_experts))
+    with_rows = write_layout(fit(counts, FitOptions(layout.geometry), drafter_layers=1), root / "with-drafter.json")
 
-    def config(draft_hf: dict):
+    def config(draft_hf: dict, layout_path):
         draft = SimpleNamespace(hf_config=SimpleNamespace(to_dict=lambda: draft_hf))
         return SimpleNamespace(
-            additional_config={"scene_eplb": {"layout": str(path), "dump_dir": str(root / "d-mtp")}},
+            additional_config={"scene_eplb": {"layout": str(layout_path), "dump_dir": str(root / "d-mtp")}},
             parallel_config=SimpleNamespace(
                 pipeline_parallel_size=1, enable_expert_parallel=True, tensor_parallel_size=2, data_parallel_size=1
             ),
@@ -325,14 +349,12 @@ def test_a_layout_run_with_an_moe_drafter_says_its_layer_is_not_counted(ascend_m
         )
 
     with caplog.at_level("INFO", logger="vllm.scene_eplb"):
-        check_run(config({"num_experts": 0}))
+        check_run(config({"num_experts": 0}, path))
         assert "drafter" not in caplog.text
-        check_run(config(hf_config(TinyMoeSpec())))
-    assert (
-        f"drafter mtp has an MoE layer: vLLM-Ascend places it by its default split over the layout's {layout.geometry.num_physical} slots"
-        in caplog.text
-    )
-    assert "the recorder does not count it" in caplog.text
+        with pytest.raises(SceneEplbError, match=r"drafter that has MoE layers \(mtp\): the layout has no rows for them"):
+            check_run(config(hf_config(TinyMoeSpec()), path))
+        check_run(config(hf_config(TinyMoeSpec()), with_rows))
+    assert "the mtp drafter's MoE layers load and route by the layout's drafter rows [2]" in caplog.text
 
 
 def test_prepare_refuses_a_layout_for_another_ep_size(ascend_model):

@@ -101,6 +101,18 @@ def test_a_dump_lines_up_when_one_dp_rank_runs_eager_and_three_in_graphs(tmp_pat
     assert all("do not line up across DP engines" in r for r in out["shifted"]), out["shifted"]
 
 
+def test_a_drafters_passes_in_sample_tokens_count_in_their_own_step(tmp_path):
+    """With a counted drafter, vLLM-Ascend's ``sample_tokens`` (wrapped on the real model runner) runs
+    its passes after ``execute_model``: each step ends after it, so every ring entry holds its step's
+    target and drafter passes alike (one step late, they would sit in the next entry). A step whose
+    sampling never came ends as the next one begins, its drafter entry empty."""
+    out = run("ascend_dp_steps", tmp_path, "drafter")
+    assert out["real_sample_tokens_wrapped"]
+    assert out["stamps"][0] == out["stamps"][1] == [0, 1, 2, 3, 4]
+    target, drafter = out["entry_totals"]
+    assert target == [6, 2, 4, 8, 10] and drafter == [6, 2, 4, 0, 10]
+
+
 def test_when_imported_patches_a_module_at_its_first_import(tmp_path, monkeypatch):
     import sys
 

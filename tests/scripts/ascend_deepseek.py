@@ -1,6 +1,7 @@
 """One EP rank of the generated DeepSeek-V3 and DeepSeek-V4 through vLLM-Ascend 0.23.0.post1's real code
 in one process (tests/ascend/test_vllm_ascend_deepseek.py): each model's layout loads
-(tests/scripts/ascend_deepseek_load.py), and V4's MoE forward of every layer.
+(tests/scripts/ascend_deepseek_load.py), with the MTP drafter, and V4's MoE forward of every layer (the
+drafter's included).
 
 Arguments: rank, world size, the rendezvous (``file://...``), a file that appears once the others are
 written (the test makes them while this imports vLLM-Ascend), the dump folder; V3's float checkpoint,
@@ -12,12 +13,12 @@ linear placement, the bug a wrong map makes); then the float model without a lay
 ``none``, and ``fallback``, the same with vLLM-Ascend's fused-gating check answering False, so its
 ``_native_select_experts`` runs and drops ``tid2eid``) and with the dynamic layout (``dynamic``). Prints
 one JSON object: per model type, its loads' reports by case; for V4 also per forward the recorder's
-counts of this rank [layer][expert], whether the routing op was called with the hash table per layer,
+counts of this rank [layer][expert] (the model's MoE layers, then the drafter's), whether the routing op was called with the hash table per layer,
 the comm method, and per layer whether the output equals the run without a layout and by how much it
 differs.
 
 The forward runs vLLM-Ascend's real ``AscendFusedMoE.forward_impl`` (wrapped by the plugin) on each MoE
-layer of the loaded model, on the same hidden states, under its real ``set_ascend_forward_context``
+layer of the loaded model and of its MTP drafter, on the same hidden states, under its real ``set_ascend_forward_context``
 carrying the token ids: the comm method's real ``prepare`` (padding and the TP split of the rows and of
 the ids), the real ``select_experts`` (hooked by the plugin) and ``_select_experts_with_fusion_ops``, the
 real ``MoECommMethod.fused_experts`` (``log2phy[topk_ids]``), the real ``unquant_apply_mlp``, the real
@@ -40,7 +41,10 @@ from ascend_deepseek_load import layout_loads, load_case, start
 
 
 def forward(runner, vc, inputs: dict, name: str) -> dict:
-    """Every MoE layer's ``forward_impl`` on the inputs, recorded: the counts, the routing op's calls, the outputs."""
+    """Every MoE layer's ``forward_impl`` on the inputs, the main model's then the MTP drafter's (under
+    the drafter's forward context: ``is_draft_model``, its real rows told by ``num_actual_tokens``), in one
+    recorded step with a drafter pass of no real rows after them (the context its ``dummy_run`` sets up):
+    the counts (the drafter's rows after the model's), the routing op's calls, the outputs."""
     import vllm_ascend.ascend_forward_context as afc
     from vllm.config import set_current_vllm_config
     from vllm.distributed import get_ep_group
@@ -48,7 +52,7 @@ def forward(runner, vc, inputs: dict, name: str) -> dict:
 
     from vllm_scene_eplb.adapters.vllm_ascend import worker_plugin
 
-    layers = worker_plugin.moe_layers(runner.model)
+    layers, drafter = worker_plugin.moe_layers(runner.model), worker_plugin.drafter_moe_layers(runner)
     dispatcher = ascend_kernels.EpDispatcher(get_ep_group().device_group, layers[0].local_num_experts)
     for comm in (afc.MoECommType.MC2, afc.MoECommType.ALLTOALL):
         mcm._MoECommMethods[comm].token_dispatcher = dispatcher
@@ -58,23 +62,33 @@ def forward(runner, vc, inputs: dict, name: str) -> dict:
     rt.answer("start")
     rt.begin_step(real)
     del ascend_kernels.HASH_CALLS[:]
-    outs = []
-    with (
-        set_current_vllm_config(vc),
-        afc.set_ascend_forward_context(None, vc, num_tokens=ids.numel(), num_actual_tokens=real, input_ids=ids),
-    ):
-        comm = afc._EXTRA_CTX.moe_comm_type.name
-        for layer in layers:
-            logits = torch.nn.functional.linear(x.float(), layer.gate.weight_fp32)  # its gate as shared_forward_impl runs it
-            outs.append(layer.forward_impl(x, logits))
+    outs, comms = [], []
+    for group, draft, actual in ((layers, False, real), (drafter, True, real), (drafter, True, 0)):
+        with (
+            set_current_vllm_config(vc),
+            afc.set_ascend_forward_context(
+                None, vc, num_tokens=ids.numel(), num_actual_tokens=actual, input_ids=ids, is_draft_model=draft
+            ),
+        ):
+            comms.append(afc._EXTRA_CTX.moe_comm_type.name)
+            for layer in group:
+                logits = torch.nn.functional.linear(x.float(), layer.gate.weight_fp32)  # its gate as shared_forward_impl runs it
+                out = layer.forward_impl(x, logits)
+                if actual:
+                    outs.append(out)
+        if actual:
+            hash_calls = [c["hash"] for c in ascend_kernels.HASH_CALLS]
     rt.end_step(False)
     rt.answer("stop")
-    counts = rt.observer.snapshot().logical.sum(dim=0)
+    assert rt.drafter_observer is not None, "the MTP drafter's MoE layer is counted"
+    counts = torch.cat([rt.observer.snapshot().logical.sum(dim=0), rt.drafter_observer.snapshot().logical.sum(dim=0)])
     return {
         "name": name,
-        "comm": comm,
+        "comm": comms[0],
+        "drafter_comm": comms[1],
+        "drafter_layers": rt.drafter_layer_ids,
         "counts": counts.tolist(),
-        "hash_calls": [c["hash"] for c in ascend_kernels.HASH_CALLS],
+        "hash_calls": hash_calls,
         "bias_dtypes": [
             str(layer.e_score_correction_bias.dtype) for layer in layers if layer.e_score_correction_bias is not None
         ],
@@ -109,7 +123,7 @@ def main() -> None:
 
     def static(runner, vc) -> None:
         runs.append(forward(runner, vc, inputs, "static"))
-        for layer in runner.model.modules():
+        for layer in [*runner.model.modules(), *runner.drafter.model.modules()]:
             if getattr(layer, "log2phy", None) is not None:  # vLLM's linear placement: expert e in slot e
                 layer.log2phy = torch.arange(layer.log2phy.numel(), dtype=layer.log2phy.dtype)
         runs.append(forward(runner, vc, inputs, "static_linear_log2phy"))

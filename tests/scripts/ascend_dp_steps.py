@@ -1,8 +1,9 @@
 """DP engines through vLLM-Ascend's real model runner code and their export (tests/ascend/test_vllm_ascend_recorder.py).
 
 Arguments: the folder the dumps are written to and the case: ``kv`` (two engines through the real
-execute_model, one waiting for KV) or ``graph-modes`` (four engines through the real
-``_determine_batch_execution_and_padding`` and ``_sync_metadata_across_dp``, one of them eager). Prints one JSON object."""
+execute_model, one waiting for KV), ``graph-modes`` (four engines through the real
+``_determine_batch_execution_and_padding`` and ``_sync_metadata_across_dp``, one of them eager) or
+``drafter`` (one engine whose drafter runs in ``sample_tokens``). Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -256,9 +257,75 @@ def graph_modes(path: str) -> dict:
     }
 
 
+def drafter_steps(path: str) -> dict:
+    """One engine with a counted drafter: vLLM-Ascend's ``execute_model`` returns None after the target's
+    forward and its ``sample_tokens`` runs the drafter (``propose_draft_token_ids``), so the plugin's
+    wrappers end each step after ``sample_tokens``. Steps of 3, 1 and 2 tokens each draft once per token;
+    a fourth step's sampling never comes (its step ends when the fifth begins), the fifth drafts again.
+    Stand-ins: the forward and the drafter's pass (a capture of 2 ids per token each)."""
+    mr = runner_module()
+    from vllm_scene_eplb.adapters.vllm_ascend import patches, worker_plugin
+    from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
+
+    target, drafter = RoutingObserver(1, 4, 8), RoutingObserver(1, 4, 8)
+    both = (target, drafter)
+
+    def begin_step(tokens: int) -> None:
+        for o in both:
+            o.begin_step(tokens)
+
+    def end_step(is_dummy: bool) -> None:
+        for o in both:
+            o.end_step(is_dummy)
+
+    worker_plugin._current = SimpleNamespace(
+        begin_step=begin_step, end_step=end_step, note_dp_tokens=lambda tokens: None, drafter_observer=drafter
+    )
+
+    class Engine:  # the runner's step: a forward in execute_model, the drafter's passes in sample_tokens
+        def __init__(self):
+            self.tokens = 0
+
+        def _determine_batch_execution_and_padding(self, *args, **kwargs):
+            return None, None, False, None, None
+
+        def execute_model(self, scheduler_output):
+            self.tokens = scheduler_output.total_num_scheduled_tokens
+            self._determine_batch_execution_and_padding()
+            target.capture(0, torch.tensor([[0, 1]] * self.tokens))
+            return None  # sampling follows (vLLM's engine calls sample_tokens)
+
+        def sample_tokens(self, grammar_output):
+            drafter.capture(0, torch.tensor([[2, 3]] * self.tokens))
+            return "output"
+
+        def _dummy_run(self, num_tokens, **kwargs):
+            pass
+
+        def load_model(self):
+            pass
+
+    patches.wrap_model_runner(Engine, "vllm-ascend test")
+    engine = Engine()
+    for o in both:
+        o.start()
+    for tokens, sampled in ((3, True), (1, True), (2, True), (4, False), (5, True)):
+        engine.execute_model(SimpleNamespace(total_num_scheduled_tokens=tokens))
+        if sampled:
+            engine.sample_tokens(None)
+    for o in both:
+        o.stop()
+    records = [o.snapshot() for o in both]
+    return {
+        "real_sample_tokens_wrapped": hasattr(mr.NPUModelRunner.sample_tokens, "__wrapped__"),
+        "stamps": [r.stamps.tolist() for r in records],
+        "entry_totals": [r.logical.sum(dim=(1, 2)).tolist() for r in records],
+    }
+
+
 def main() -> None:
     path, case = sys.argv[1], sys.argv[2]
-    print(json.dumps({"kv": kv_wait, "graph-modes": graph_modes}[case](path)))
+    print(json.dumps({"kv": kv_wait, "graph-modes": graph_modes, "drafter": drafter_steps}[case](path)))
 
 
 if __name__ == "__main__":

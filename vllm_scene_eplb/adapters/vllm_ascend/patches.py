@@ -5,7 +5,10 @@
 - ``NPUModelRunner.execute_model``: the step boundary, where the observer commits a real pass, but
   only when a forward ran in it: a step with nothing scheduled returns (``kv_connector_no_forward``
   on a P/D node) before any forward, and vLLM's DP loop then runs ``execute_dummy_batch``, whose
-  ``_dummy_run`` is this engine's one pass of the lockstep iteration;
+  ``_dummy_run`` is this engine's one pass of the lockstep iteration. Where a drafter's MoE layers
+  are counted, a step whose ``execute_model`` returns None (its sampling follows) ends after
+  ``sample_tokens`` instead, which runs the drafter's passes (``propose_draft_token_ids``): they
+  are that step's;
 - ``NPUModelRunner._dummy_run``: profile, capture, warm-up and idle-DP passes, dropped (a step each);
 - ``NPUModelRunner._determine_batch_execution_and_padding``: called once by every forward, real or
   dummy (never by a drafter): it marks that a forward began and hands the step's DP signature to the
@@ -34,6 +37,7 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 FORWARD_ATTR = "_scene_eplb_forward_begun"  # on the runner: a forward began in the step being run
+SAMPLING_ATTR = "_scene_eplb_step_to_end"  # on the runner: the step ends after sample_tokens (is_dummy)
 
 
 def agreed_dp_tokens(across_dp) -> list[int]:
@@ -43,10 +47,18 @@ def agreed_dp_tokens(across_dp) -> list[int]:
     return [int(across_dp.max())] * len(across_dp)
 
 
+def _end_sampled_step(runner) -> None:
+    """End the step whose end waits for ``sample_tokens`` (none waiting: nothing)."""
+    if SAMPLING_ATTR in runner.__dict__:
+        worker_plugin.current().end_step(is_dummy=runner.__dict__.pop(SAMPLING_ATTR))
+
+
 def wrap_model_runner(runner_cls, engine: str) -> None:
     """Configure/bind around ``load_model``; a step ends after ``execute_model`` only where a forward
-    ran in it, and after every ``_dummy_run``; each forward's DP metadata gives its DP signature."""
+    ran in it (after ``sample_tokens`` where that runs the counted drafter), and after every
+    ``_dummy_run``; each forward's DP metadata gives its DP signature."""
     load, execute, dummy = runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run
+    sample = getattr(runner_cls, "sample_tokens", None)
     batch = runner_cls._determine_batch_execution_and_padding
 
     @functools.wraps(load)
@@ -58,12 +70,17 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
 
     @functools.wraps(execute)
     def execute_model(self, scheduler_output, *args, **kwargs):
+        _end_sampled_step(self)  # a step whose sampling never came ends before the next begins
         tokens = scheduler_output.total_num_scheduled_tokens
-        worker_plugin.current().begin_step(tokens)
+        rt = worker_plugin.current()
+        rt.begin_step(tokens)
         self.__dict__[FORWARD_ATTR] = False
         out = execute(self, scheduler_output, *args, **kwargs)
         if self.__dict__.pop(FORWARD_ATTR, False):  # no forward (nothing scheduled): the dummy batch is the step
-            worker_plugin.current().end_step(is_dummy=tokens == 0)
+            if out is None and sample is not None and getattr(rt, "drafter_observer", None) is not None:
+                self.__dict__[SAMPLING_ATTR] = tokens == 0  # the drafter runs in sample_tokens: its passes are this step's
+            else:
+                rt.end_step(is_dummy=tokens == 0)
         return out
 
     @functools.wraps(dummy)
@@ -83,6 +100,16 @@ def wrap_model_runner(runner_cls, engine: str) -> None:
         return out
 
     runner_cls.load_model, runner_cls.execute_model, runner_cls._dummy_run = load_model, execute_model, _dummy_run
+    if sample is not None:
+
+        @functools.wraps(sample)
+        def sample_tokens(self, *args, **kwargs):
+            try:
+                return sample(self, *args, **kwargs)
+            finally:
+                _end_sampled_step(self)
+
+        runner_cls.sample_tokens = sample_tokens
     runner_cls._determine_batch_execution_and_padding = determine_batch
 
 

@@ -6,8 +6,9 @@
   (atomically, named by the layout hash, in ``dump_dir``) and point
   ``additional_config.eplb_config.expert_map_path`` at it; vLLM-Ascend then builds every rank's
   expert map and loads the weights from it. The drafter's config (MTP), a copy of the server's,
-  passes again on that file; its MoE layer gets vLLM-Ascend's default split over the layout's slots
-  and is not counted (said in a line). A collection run (no layout) needs nothing here.
+  passes again on that file. A drafter with MoE layers needs the layout's drafter rows (refused
+  without them, as on vLLM): ``tables.install_dispatch`` places its layers by them. A collection
+  run (no layout) needs nothing here.
 - In every process: vLLM-Ascend's ``generate_log2phy_map`` uses our ``static`` table (local replica
   first, the layout's fitted source counts) or, for ``dispatch: dynamic``, the virtual-id map that
   ``moe_hooks`` and ``dynamic`` turn into an even per-row split, when the current config carries a
@@ -44,11 +45,24 @@ from .version import check_versions
 from .worker_plugin import current_load, ids_hook_for
 
 logger = logging.getLogger("vllm.scene_eplb")
-DRAFTER_LINE = (
-    "scene-eplb: drafter %s has an MoE layer: vLLM-Ascend places it by its default split over the "
-    "layout's %d slots (the expert map has rows for the main model's MoE layers only), dispatched "
-    "evenly over its replicas; the recorder does not count it (a layout has no row to fit it to)"
-)
+DRAFTER_LINE = "scene-eplb: the %s drafter's MoE layers load and route by the layout's drafter rows %s"
+
+
+def check_drafter(vllm_config, layout: Layout) -> None:
+    """Refuse a layout without rows for a speculative drafter that has MoE layers (DeepSeek's MTP
+    layer): vLLM-Ascend would build them with the layout's slot count and place them by its default
+    split, which no layout row says (as the vLLM adapter refuses it); with rows, say so."""
+    method = moe_drafter(vllm_config)
+    if method is None:
+        return
+    if not layout.drafter_layers:
+        raise SceneEplbError(
+            f"scene_eplb.layout with a speculative drafter that has MoE layers ({method}): the layout has no rows for "
+            "them, and vLLM-Ascend would build them with the layout's slot count but place them by its default split: "
+            "fit the layout on a dump recorded with the drafter on (or with `scene-eplb fit --drafter-layers N`), "
+            "or serve it without the drafter"
+        )
+    logger.info(DRAFTER_LINE, method, list(layout.drafter_layers))
 
 
 def prepare_layout_run(
@@ -127,9 +141,7 @@ def check_run(vllm_config) -> None:
         bool(getattr(vllm_config.model_config, "enable_return_routed_experts", False)),
     )
     remember(cfg.layout, layout)  # read as layout_of reads it: a worker in this process reads it no more
-    drafter = moe_drafter(vllm_config)
-    if drafter is not None:
-        logger.info(DRAFTER_LINE, drafter, layout.geometry.num_physical)
+    check_drafter(vllm_config, layout)
     logger.info(
         "scene-eplb: layout %s (%d redundant slots, %s dispatch) -> vLLM-Ascend expert_map_path %s",
         layout.digest(),

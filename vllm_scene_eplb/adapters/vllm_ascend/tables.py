@@ -5,11 +5,13 @@ vLLM-Ascend builds, per MoE layer k (construction order), a placement [ep, S] fr
 map per rank whose replica choice is the fixed formula of ``generate_log2phy_map``
 (``ep_rank % c``, or ``(tp_rank + dp_rank + e) % c`` with TP>1), which ignores a replica on the
 rank itself. Physical ids there are ``local + rank * S``, the same as our slot ids, so our static
-table replaces its log2phy map entry for entry. The MTP layer (index == moe_layer_count) has no
-row in the file: vLLM-Ascend gives it its default placement with the file's slot count.
+table replaces its log2phy map entry for entry. A drafter's MoE layers (the MTP layer, built after
+the main model: index ``moe_layer_count`` on) have no row in the file, which vLLM-Ascend's format
+cannot name; ``install_dispatch`` gives each the layout's drafter row instead of vLLM-Ascend's
+default split.
 
-``install_dispatch`` replaces ``generate_log2phy_map`` in vLLM-Ascend's ``eplb_utils`` with
-our static table (local replica first, then the layout's fitted source counts per replica), checked
+``install_dispatch`` replaces ``expert_file_to_tensor`` (the drafter's rows) and
+``generate_log2phy_map`` in vLLM-Ascend's ``eplb_utils`` with our static table (local replica first, then the layout's fitted source counts per replica), checked
 against the per-rank maps it is given, so every layer vLLM-Ascend builds from an ``expert_map_path``
 file dispatches exactly as the layout says (the file cannot carry the fitted table; the plugin
 reads it from the scene-eplb layout). For ``dynamic`` it returns a map over virtual ids instead
@@ -82,16 +84,38 @@ def _map_from_rank_maps(global_expert_map: np.ndarray) -> tuple[np.ndarray, Geom
     return p2l[None, :], Geometry(num_experts=E, num_redundant=ep * S - E, ep_size=ep)
 
 
+def row_of_moe_index(layout: Layout, moe_index: int) -> int | None:
+    """The layout row of vLLM-Ascend's MoE layer ``moe_index`` (construction order: the main model's
+    MoE layers, then the drafter's), or None where the layout has no row for it."""
+    rows = layout.moe_layers + layout.drafter_layers
+    return rows[moe_index] if 0 <= moe_index < len(rows) else None
+
+
+def drafter_placement(layout: Layout, moe_index: int) -> np.ndarray:
+    """vLLM-Ascend's placement [ep, S] (the experts of each rank's local slots, int32) of the drafter's
+    MoE layer ``moe_index`` (past the main model's), from the layout's drafter row; refused, naming
+    the layer, where the layout has no drafter row for it."""
+    row = row_of_moe_index(layout, moe_index)
+    if row is None or moe_index < len(layout.moe_layers):
+        raise SceneEplbError(
+            f"vLLM-Ascend builds a speculative drafter's MoE layer (MoE layer {moe_index}, after the main model's "
+            f"{len(layout.moe_layers)}), the layout has drafter rows {list(layout.drafter_layers)}: fit the layout on "
+            "a dump recorded with this drafter on (or with `scene-eplb fit --drafter-layers N`)"
+        )
+    g = layout.geometry
+    return layout.physical_to_logical_map[row].reshape(g.ep_size, g.slots_per_rank).astype(np.int32)
+
+
 def static_log2phy_from_rank_maps(
     global_expert_map: np.ndarray, ep_rank: int, layout: Layout | None = None, moe_index: int | None = None
 ) -> np.ndarray:
     """Our static choice for ``ep_rank`` from vLLM-Ascend's per-rank maps [ep, E]: global slot ids
     int32 [E]. Given the layout and the MoE layer's index, the layout's fitted table for that layer
-    (the maps must be that layer's); else (the MTP layer, a layout without one) the even split."""
+    (a main model's or a drafter's row: the maps must be that row's); else the even split."""
     p2l, g = _map_from_rank_maps(global_expert_map)
     sources = None
-    if layout is not None and moe_index is not None and moe_index < len(layout.moe_layers):
-        row = layout.moe_layers[moe_index]
+    row = None if layout is None or moe_index is None else row_of_moe_index(layout, moe_index)
+    if layout is not None and row is not None:
         if not np.array_equal(layout.physical_to_logical_map[row], p2l[0]):
             raise SceneEplbError(f"vLLM-Ascend's expert map for MoE layer {moe_index} differs from the layout's row {row}")
         sources = layout.static_sources_at([row])
@@ -141,10 +165,19 @@ def install_dispatch(eplb_utils, dispatch_now: Callable[[], AscendDispatch | Non
     """Replace ``eplb_utils.generate_log2phy_map`` (vLLM-Ascend's fixed replica formula) with ours
     while ``dispatch_now()`` returns a dispatch: ``static``, the layout's static table (its fitted
     one, per MoE layer); ``dynamic``, the virtual-id map of ``dynamic_virtual_log2phy`` (the
-    ``moe_hooks`` wrapper makes the ids virtual). When it returns None, their formula runs."""
+    ``moe_hooks`` wrapper makes the ids virtual). When it returns None, their formula runs. Also
+    replace ``eplb_utils.expert_file_to_tensor`` so that a drafter's MoE layer (an index past the
+    file's ``moe_layer_count``) is placed by the layout's drafter row (``drafter_placement``), not by
+    vLLM-Ascend's default split; ``init_eplb_config`` looks both up in ``eplb_utils`` when it runs."""
     import torch
 
-    theirs = eplb_utils.generate_log2phy_map
+    theirs, theirs_file = eplb_utils.generate_log2phy_map, eplb_utils.expert_file_to_tensor
+
+    def expert_file_to_tensor(expert_map_path, layer_id):
+        plan = dispatch_now()
+        if plan is None or layer_id < len(plan.layout.moe_layers):
+            return theirs_file(expert_map_path, layer_id)
+        return torch.from_numpy(drafter_placement(plan.layout, int(layer_id))), plan.layout.geometry.num_physical
 
     def generate_log2phy_map(global_expert_map, ep_rank, tp_size=None):
         plan = dispatch_now()
@@ -156,5 +189,5 @@ def install_dispatch(eplb_utils, dispatch_now: Callable[[], AscendDispatch | Non
             return torch.from_numpy(dynamic_virtual_log2phy(maps))
         return torch.from_numpy(static_log2phy_from_rank_maps(maps, int(ep_rank), plan.layout, _moe_index_being_built()))
 
-    generate_log2phy_map.__doc__ = install_dispatch.__doc__
-    eplb_utils.generate_log2phy_map = generate_log2phy_map
+    generate_log2phy_map.__doc__ = expert_file_to_tensor.__doc__ = install_dispatch.__doc__
+    eplb_utils.generate_log2phy_map, eplb_utils.expert_file_to_tensor = generate_log2phy_map, expert_file_to_tensor

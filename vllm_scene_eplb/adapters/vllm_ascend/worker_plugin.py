@@ -2,13 +2,16 @@
 layer's ``select_experts`` ids go through.
 
 ``configure`` runs when the NPU model runner starts loading the model (settings, ranks, a layout
-run's load journal), ``bind`` after (the model's MoE layers found, a layout run's load audit, the
-observer made, each main-model layer given its capture).
-The ids of every layer then pass ``LayerIds``: counted by the observer when the layer is one of the
-bound main-model layers (this rank's own real rows only, ``rows``), then rewritten to virtual ids
-when the layer's ``log2phy`` was built for ``dispatch: dynamic`` (``dynamic``). Layers of a drafter
-(the MTP layer) are never counted: a layout places the main model's MoE layers. With the flag off
-the runtime is ``NULL_PLUGIN`` and no layer has a capture.
+run's load journal), ``bind`` after (the model's and the speculative drafter's MoE layers found, a
+layout run's load audit over both, the observers made, each layer given its capture).
+The ids of every layer then pass ``LayerIds``: counted when the layer is a bound one (this rank's
+own real rows only, ``rows``), then rewritten to virtual ids when the layer's ``log2phy`` was built
+for ``dispatch: dynamic`` (``dynamic``). A drafter's MoE layers (DeepSeek's MTP layer) are counted
+apart, as rows after the main model's layers (``RecorderPlugin.bind_drafter``): each of its passes
+runs under vLLM-Ascend's forward context with ``num_actual_tokens`` its real rows (a drafter's dummy
+run tells 0), so the same own-rows rule counts its real rows only. With a layout they load and
+route by the layout's drafter rows (``tables``), which must be the layers the drafter built. With
+the flag off the runtime is ``NULL_PLUGIN`` and no layer has a capture.
 """
 
 from __future__ import annotations
@@ -18,17 +21,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ...errors import SceneEplbError
 from ...planning.model_geometry import from_hf_config
 from ...protocol import COMM_METHOD_LINE, NativeCounts, WorkerAnswer, startup_line
 from ...runtime.config import kv_role_of, parse_config
 from ...runtime.worker.export import Exporter, group_maker
 from ...runtime.worker.interfaces import LayerCapture, WorkerPlugin
-from ...runtime.worker.load_journal import ExpertLoad
 from ...runtime.worker.observer import NullObserver
 from ...runtime.worker.worker import NullPlugin, RecorderPlugin
 from . import moe_time
 from .dynamic import virtual_ids_for
-from .expert_loading import audit_layers
+from .expert_loading import AscendExpertLoad, audit_layers
 from .moe_hooks import FUSED_MOE_MODULE
 from .native_load import NativeWindow
 from .rows import OwnRows, own_rows_from_context, unrecordable, unsupported_settings
@@ -52,7 +55,7 @@ class AscendWorkerPlugin(RecorderPlugin):
     native: NativeWindow | None = None  # vLLM-Ascend's own counters over the last record
     timer: moe_time.MoeTimer | None = None  # time_moe: NPU event pairs around each layer's experts
     comm_seen: dict = field(default_factory=dict)  # MoE comm method -> real passes that ran it (eager passes)
-    expert_load: ExpertLoad | None = None  # a layout run's load audit journal while the weights load (freed once audited)
+    expert_load: AscendExpertLoad | None = None  # a layout run's load audit journal while the weights load (freed once audited)
     _pass_comm: str | None = None  # the comm method of the pass being run, where its Python ran
 
     def note_comm(self) -> None:
@@ -85,14 +88,17 @@ class AscendWorkerPlugin(RecorderPlugin):
         return self.native.result if self.native is not None else super().native_load()
 
     def bind(self, model_runner) -> None:
-        """Find the main model's MoE layers, make the observer and give each layer its capture."""
+        """Find the main model's and the drafter's MoE layers, audit a layout run's load, make the
+        observers and give each layer its capture."""
         from vllm.model_executor.models.utils import extract_layer_index
 
         layers = moe_layers(model_runner.model)
         self.check_moe_layers([extract_layer_index(layer.layer_name) for layer in layers])
+        drafter = drafter_moe_layers(model_runner)
+        self.check_drafter_layers(len(drafter))
         if self.expert_load is not None:
             where = f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"
-            self.load_audit = audit_layers(self.expert_load, layers, where)
+            self.load_audit = audit_layers(self.expert_load, layers + drafter, where)
             self.expert_load = None  # the journal and tracer are done with: free them
         self.layers, self.native = layers, NativeWindow(self.model.num_experts)
         refused = unsupported_settings(model_runner.vllm_config)
@@ -108,6 +114,8 @@ class AscendWorkerPlugin(RecorderPlugin):
             observer.reserve(largest_pass_ids(model_runner.vllm_config, self.model.top_k or 1))
             for idx, layer in enumerate(layers):
                 layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture, self, observer, idx)
+            if drafter:
+                self.bind_drafter_capture(model_runner, drafter)
             if self.config.time_moe:
                 from vllm_ascend.ascend_config import get_ascend_config
 
@@ -119,6 +127,45 @@ class AscendWorkerPlugin(RecorderPlugin):
             "%s",
             startup_line(self.status(), f"vLLM-Ascend, ep_rank {self.ep_rank}, dp_rank {self.dp_rank}, tp_rank {self.tp_rank}"),
         )
+
+    def check_drafter_layers(self, found: int) -> None:
+        """With a layout, the drafter must have built one MoE layer for each of its drafter rows (each
+        it built was placed by one, ``tables.drafter_placement``)."""
+        if self.layout is not None and found != len(self.layout.drafter_layers):
+            raise SceneEplbError(
+                f"the speculative drafter built {found} MoE layers, the layout has drafter rows for layers "
+                f"{drafter_layer_ids(self.model.num_layers, len(self.layout.drafter_layers))}: fit the layout on a "
+                "dump recorded with this drafter on",
+                self.layout_path,
+            )
+
+    def bind_drafter_capture(self, model_runner, layers: list) -> None:
+        """The drafter's observer (stepped with the main model's, its rows after the model's layers)
+        and each drafter MoE layer's capture: the same own-rows rule as the main layers'."""
+        found = drafter_layer_ids(self.model.num_layers, len(layers))
+        observer = self.bind_drafter(found, model_runner.device, dp_size=signed_dp_size(model_runner.vllm_config))
+        observer.reserve(largest_pass_ids(model_runner.vllm_config, self.model.top_k or 1))
+        for idx, layer in enumerate(layers):
+            layer.__dict__[CAPTURE_ATTR] = functools.partial(_capture_rows, self.own_rows, observer, idx)
+
+
+def drafter_layer_ids(num_layers: int, count: int) -> list[int]:
+    """The model layer ids of a drafter's ``count`` MoE layers: the layers after the model's
+    ``num_layers`` (DeepSeek-V3's MTP layer is layer ``num_hidden_layers``; V4's module names call it
+    ``mtp.0``), as a layout's drafter rows and a dump's rows name them."""
+    return list(range(num_layers, num_layers + count))
+
+
+def drafter_moe_layers(model_runner) -> list:
+    """The speculative drafter's ``AscendFusedMoE`` layers in construction order (vLLM-Ascend's MoE
+    index, which picked their placement); none without a drafter, a model or MoE layers."""
+    import importlib
+
+    model = getattr(getattr(model_runner, "drafter", None), "model", None)
+    if model is None:
+        return []
+    cls = importlib.import_module(FUSED_MOE_MODULE).AscendFusedMoE
+    return sorted((m for m in model.modules() if isinstance(m, cls)), key=lambda m: m.moe_instance_id)
 
 
 def largest_pass_ids(vllm_config, top_k: int) -> int:
@@ -145,7 +192,13 @@ def _capture(rt: AscendWorkerPlugin, observer: LayerCapture, moe_idx: int, ids) 
     do not follow the comm method's rule (decided when traced: a captured graph replays it)."""
     if moe_idx == 0:
         rt.note_comm()
-    mine = own_rows_from_context(rt.own_rows, ids)
+    _capture_rows(rt.own_rows, observer, moe_idx, ids)
+
+
+def _capture_rows(own: OwnRows, observer: LayerCapture, moe_idx: int, ids) -> None:
+    """Count this rank's own real rows of the layer's ids (``rows.own_rows_from_context``), or mark
+    the layer's pass skipped."""
+    mine = own_rows_from_context(own, ids)
     if mine is None:
         observer.skip(moe_idx)
     else:
@@ -193,7 +246,7 @@ def current() -> WorkerPlugin:
     return _current
 
 
-def current_load() -> ExpertLoad | None:
+def current_load() -> AscendExpertLoad | None:
     """This worker's load the expert weight loader journals into (None: the flag off, a collection run,
     or the load audited already)."""
     return _current.expert_load if isinstance(_current, AscendWorkerPlugin) else None
@@ -233,7 +286,10 @@ def configure(vllm_config, engine: str) -> WorkerPlugin:
     )
     if layout is not None:  # a collection run loads by vLLM-Ascend's own split, which the plugin does not touch
         rows = dict(zip(model.moe_layers, layout.physical_to_logical_map[list(layout.moe_layers)]))
+        drafter = drafter_layer_ids(model.num_layers, len(layout.drafter_layers))
+        rows.update({layer: layout.physical_to_logical_map[row] for layer, row in zip(drafter, layout.drafter_layers)})
         group = group_maker(ep.rank_in_group, ep.world_size) if ep.world_size > 1 else None
-        rt.expert_load = ExpertLoad(rows, model.num_experts, group=group)
+        layer_ids = list(model.moe_layers) + drafter  # by vLLM-Ascend's MoE index: the main model's, then the drafter's
+        rt.expert_load = AscendExpertLoad(rows, model.num_experts, group=group, layer_ids=layer_ids)
     _current = rt
     return rt
