@@ -103,9 +103,7 @@ def layout_path(dp_recorded, workdir):
 @pytest.fixture(scope="module")
 def mtp_decode(model, workdir, stock_mtp):
     """TP=2 decode with MTP drafts, recording, no layout: the target's rows and the MTP layer's."""
-    return _serve(
-        model, workdir, "tp-mtp-decode", TP2, *MTP, reference=stock_mtp, role="decode", dump_dir=str(workdir / "d-mtp")
-    )
+    return _serve(model, workdir, "tp-mtp-decode", TP2, *MTP, reference=stock_mtp, role="decode", dump_dir=str(workdir / "d-mtp"))
 
 
 @pytest.fixture(scope="module")
