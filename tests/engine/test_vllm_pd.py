@@ -64,7 +64,7 @@ def pair(tiny_moe, tmp_path_factory):
         out["counters"] = [engine_counters(s, COUNTERS) for s in (p, d)]
         out["dumps"] = [http("POST", s.url + "/dump_expert_distribution_record") for s in (p, d)]
         out["flows"] = [flow_once_timed(s) for s in (p, d)]
-        out["metrics"] = [urllib.request.urlopen(s.url + "/metrics", timeout=30).read().decode() for s in (p, d)]
+        out["metrics"] = [metrics_once_set_after(s) for s in (p, d)]
         out["watch"] = cli("watch", "--once", "--url", p.url)
         return out
     finally:
@@ -80,6 +80,23 @@ def flow_once_timed(srv, deadline_s: float = 60.0):
         flow = StatusAnswer.from_wire(http("GET", srv.url + "/scene_eplb/status")[1]).flow
         if (flow is not None and flow.busy_share is not None) or time.monotonic() > end:
             return flow
+        time.sleep(0.5)
+
+
+def flow_gauges(text: str) -> dict[str, float]:
+    return {f: float(v) for f, v in re.findall(r'scene_eplb_node_flow\{field="(\w+)"[^}]*\} (\S+)', text)}
+
+
+def metrics_once_set_after(srv, deadline_s: float = 60.0) -> str:
+    """The server's ``/metrics`` once its flow gauges were set after the traffic: they are set each
+    live window, so a scrape right after the status can still hold the window before the requests
+    (seen: 0 completions over 2.017 s), within a deadline."""
+    end = time.monotonic() + deadline_s
+    while True:
+        text = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+        gauge = flow_gauges(text)
+        if round(gauge.get("finished_per_s", 0.0) * gauge.get("window_s", 0.0)) >= len(PROMPTS) or time.monotonic() > end:
+            return text
         time.sleep(0.5)
 
 
@@ -124,7 +141,10 @@ def test_each_sides_flow_reads_vllms_own_step_stats(pair):
     assert d_flow.generated_tokens_per_s * d_flow.window_s == pytest.approx(d_counters["vllm:generation_tokens_total"], abs=1)
     assert d_flow.max_num_seqs > len(PROMPTS) and d_flow.short_steps_share == 1.0
     # the gauges were set at the last live window, not when the status was read: each carries its window
-    gauge = {f: float(v) for f, v in re.findall(r'scene_eplb_node_flow\{field="(\w+)"[^}]*\} (\S+)', pair["metrics"][0])}
+    for text in pair["metrics"]:
+        gauge = flow_gauges(text)
+        assert round(gauge["finished_per_s"] * gauge["window_s"]) == len(PROMPTS), gauge
+    gauge = flow_gauges(pair["metrics"][0])
     assert round(gauge["prefill_completions_per_s"] * gauge["window_s"]) == len(PROMPTS), gauge
     watch = pair["watch"]
     assert watch.returncode == 0 and "prefills/s" in watch.stdout and "short of work" in watch.stdout, watch.stdout + watch.stderr
