@@ -35,7 +35,7 @@ from vllm_scene_eplb.fit import FitOptions, fit
 from vllm_scene_eplb.formats import read_counts, read_layout, write_layout
 from vllm_scene_eplb.hash_layers.hash_routing import predict_hash_counts
 from vllm_scene_eplb.layouts.counts import Counts
-from vllm_scene_eplb.layouts.layout import Geometry
+from vllm_scene_eplb.layouts.layout import Geometry, Layout
 from vllm_scene_eplb.rig.local_server import engine_args, start_server
 from vllm_scene_eplb.rig.tiny_deepseek_v4 import TinyDeepseekV4Spec, make_tiny_deepseek_v4
 
@@ -50,31 +50,38 @@ SLOTS = (SPEC.num_experts + REDUNDANT) // EP  # per rank
 LOADED = ("linear", "static", "dynamic")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Both ranks' four cases, the layout and the checkpoint's hash tables. The checkpoint and the
-    layout are made while the ranks import vLLM (``ready`` tells them)."""
-    require_vllm()
-    root = tmp_path_factory.mktemp("deepseek-v4")
+def _ranks_on_a_fitted_layout(root: Path, counts: Counts, env: dict, *mode: str, timeout: float) -> tuple[list, Layout, Path]:
+    """``vllm_v4_moe``'s ranks (in ``mode``) on the tiny V4 and a layout fitted on ``counts``: the
+    checkpoint and the layout are made while the ranks import vLLM (``ready`` tells them)."""
     model, path, dump, ready = root / "tiny-deepseek-v4", root / "layout.json", root / "dump", root / "ready"
     dump.mkdir()
     made: dict = {}
 
     def prepare():
         make_tiny_deepseek_v4(model, SPEC)
-        counts = Counts(skewed_counts(4, SPEC.num_layers, SPEC.num_experts, top_k=SPEC.top_k))
         made["layout"] = fit(counts, FitOptions(Geometry(SPEC.num_experts, REDUNDANT, EP)))
         write_layout(made["layout"], path)
         ready.touch()
 
+    ranks = run_ranks(
+        "vllm_v4_moe", EP, root / "ranks", model, path, dump, ready, *mode, env=env, prepare=prepare, timeout=timeout
+    )
+    return ranks, made["layout"], model
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Both ranks' four cases, the layout and the checkpoint's hash tables."""
+    require_vllm()
+    counts = Counts(skewed_counts(4, SPEC.num_layers, SPEC.num_experts, top_k=SPEC.top_k))
     env = dict(os.environ) | standin_env()
-    ranks = run_ranks("vllm_v4_moe", EP, root / "ranks", model, path, dump, ready, env=env, prepare=prepare, timeout=600)
+    ranks, layout, model = _ranks_on_a_fitted_layout(tmp_path_factory.mktemp("deepseek-v4"), counts, env, timeout=600)
     from safetensors.numpy import load_file
 
     tables = {
         layer: load_file(str(model / "model.safetensors"))[f"layers.{layer}.ffn.gate.tid2eid"] for layer in SPEC.hash_layers
     }
-    return ranks, made["layout"], tables, model
+    return ranks, layout, tables, model
 
 
 def dumped(rank: dict, case: str) -> Counts:
@@ -183,26 +190,15 @@ TARGET_TOKENS = 37 + 64 + 5
 def drafter_run(tmp_path_factory):
     """Both ranks' drafter cases through vLLM 0.33's released Python (``tests/vllm033_env``) and the
     layout with the drafter's row, fitted on counts that carry it (a dump recorded with MTP on)."""
-    root = tmp_path_factory.mktemp("deepseek-v4-drafter")
-    model, path, dump, ready = root / "tiny-deepseek-v4", root / "layout.json", root / "dump", root / "ready"
-    dump.mkdir()
-    made: dict = {}
-
-    def prepare():
-        make_tiny_deepseek_v4(model, SPEC)
-        data = skewed_counts(4, SPEC.num_layers + 1, SPEC.num_experts, top_k=SPEC.top_k)
-        counts = Counts(data, meta={"moe_layers": SPEC.moe_layers, "drafter_layers": [DRAFTER_LAYER]})
-        made["layout"] = fit(counts, FitOptions(Geometry(SPEC.num_experts, REDUNDANT, EP)))
-        write_layout(made["layout"], path)
-        ready.touch()
-
+    data = skewed_counts(4, SPEC.num_layers + 1, SPEC.num_experts, top_k=SPEC.top_k)
+    counts = Counts(data, meta={"moe_layers": SPEC.moe_layers, "drafter_layers": [DRAFTER_LAYER]})
     env = vllm033_env.env()
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(STANDIN)])  # 0.33's vllm first, then the V4 stand-ins
-    ranks = run_ranks(
-        "vllm_v4_moe", EP, root / "ranks", model, path, dump, ready, "drafter", env=env, prepare=prepare, timeout=300
+    ranks, layout, _ = _ranks_on_a_fitted_layout(
+        tmp_path_factory.mktemp("deepseek-v4-drafter"), counts, env, "drafter", timeout=300
     )
     assert [rank["version"] for rank in ranks] == ["0.33.0"] * EP
-    return ranks, made["layout"]
+    return ranks, layout
 
 
 def test_the_drafter_layout_places_the_drafters_own_row(drafter_run):
