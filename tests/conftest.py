@@ -197,7 +197,7 @@ def engine_counters(srv, names) -> dict[str, int]:
     """vLLM's counters ``names`` on a test server's ``/metrics``, each summed over its series."""
     import urllib.request
 
-    from vllm_scene_eplb.ab.verify import counter
+    from vllm_scene_eplb.ab.engine_tokens import counter
 
     with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as resp:
         text = resp.read().decode()

@@ -72,32 +72,40 @@ def pair(tiny_moe, tmp_path_factory):
         d.stop()
 
 
-def flow_once_timed(srv, deadline_s: float = 60.0):
-    """The server's flow once a live window that holds its steps has ended (the busy share is None
-    until then: on a slow host that window can close seconds after the traffic), within a deadline."""
+def polled(read, ready, deadline_s: float = 60.0):
+    """``read()`` again every half second until ``ready`` says yes of what it read, or the deadline
+    passes: the last reading either way (the test's assertions then judge it)."""
     end = time.monotonic() + deadline_s
     while True:
-        flow = StatusAnswer.from_wire(http("GET", srv.url + "/scene_eplb/status")[1]).flow
-        if (flow is not None and flow.busy_share is not None) or time.monotonic() > end:
-            return flow
+        value = read()
+        if ready(value) or time.monotonic() > end:
+            return value
         time.sleep(0.5)
+
+
+def flow_once_timed(srv):
+    """The server's flow once a live window that holds its steps has ended (the busy share is None
+    until then: on a slow host that window can close seconds after the traffic)."""
+    return polled(
+        lambda: StatusAnswer.from_wire(http("GET", srv.url + "/scene_eplb/status")[1]).flow,
+        lambda flow: flow is not None and flow.busy_share is not None,
+    )
 
 
 def flow_gauges(text: str) -> dict[str, float]:
     return {f: float(v) for f, v in re.findall(r'scene_eplb_node_flow\{field="(\w+)"[^}]*\} (\S+)', text)}
 
 
-def metrics_once_set_after(srv, deadline_s: float = 60.0) -> str:
+def metrics_once_set_after(srv) -> str:
     """The server's ``/metrics`` once its flow gauges were set after the traffic: they are set each
     live window, so a scrape right after the status can still hold the window before the requests
-    (seen: 0 completions over 2.017 s), within a deadline."""
-    end = time.monotonic() + deadline_s
-    while True:
-        text = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    (seen: 0 completions over 2.017 s)."""
+
+    def covers_the_requests(text: str) -> bool:
         gauge = flow_gauges(text)
-        if round(gauge.get("finished_per_s", 0.0) * gauge.get("window_s", 0.0)) >= len(PROMPTS) or time.monotonic() > end:
-            return text
-        time.sleep(0.5)
+        return round(gauge.get("finished_per_s", 0.0) * gauge.get("window_s", 0.0)) >= len(PROMPTS)
+
+    return polled(lambda: urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode(), covers_the_requests)
 
 
 def test_each_side_takes_its_role_from_kv_role(pair):

@@ -44,6 +44,7 @@ library: every ``_C`` op the blocks call is a plain-torch stand-in (the V4 routi
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -53,7 +54,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from v4_cpu_ops import normalised, sqrtsoftplus
-from v4_stand_ins import install_cpu_ops
+from v4_stand_ins import define_missing_ops, install_cpu_ops
 
 PASSES = ((37, 40), (64, 64), (5, 8))  # (real tokens, padded rows) per pass
 SEED = 7
@@ -181,14 +182,13 @@ def dump(rt, export_id: str) -> dict:
 
 DRAFTER_PASSES = ((9, 12), (4, 4), (1, 4))  # (real rows vLLM tells the drafter, rows its forward runs) per step
 DRAFTER_CASES = ("linear", "static", "dynamic", "misload")
-_LIBRARIES: list = []  # the stand-in op libraries, alive with the process
 
 
 def install_cpu_moe_stand_ins() -> list[str]:
     """vLLM 0.33's wheel ships no CPU kernel library: plain-torch stand-ins for the two ops its CPU experts
     (``CPUUnquantizedExperts``, the plugin's local-experts path) call, defined in ``torch.ops._C`` where missing:
     ``prepack_moe_weight`` (a copy: the stand-in kernel reads the plain [E, N, K] layout) and ``cpu_fused_moe``
-    (each row's sum over its top-k of weight x SwiGLU expert, the SiLU gate as the kernel's ``silu``)."""
+    (each row's sum over its top-k of weight x SwiGLU expert, the SiLU gate as the kernel's ``silu``: no clamp)."""
 
     def prepack(weight: torch.Tensor, out: torch.Tensor, isa: str) -> None:
         out.copy_(weight)
@@ -198,25 +198,19 @@ def install_cpu_moe_stand_ins() -> list[str]:
         out.zero_()
         for e in torch.unique(topk_ids).tolist():
             rows, k = torch.nonzero(topk_ids == e, as_tuple=True)
-            gate, up = (x[rows] @ w13[e].T).chunk(2, dim=-1)
-            out.index_add_(0, rows, topk_weights[rows, k, None].to(out.dtype) * ((F.silu(gate) * up) @ w2[e].T))
+            w1, w3 = w13[e].chunk(2)
+            out.index_add_(0, rows, topk_weights[rows, k, None].to(out.dtype) * swiglu(x[rows], w1, w3, w2[e], math.inf))
 
-    ops = (
-        ("prepack_moe_weight(Tensor weight, Tensor(a!) out, str isa) -> ()", prepack),
+    return define_missing_ops(
         (
-            "cpu_fused_moe(Tensor(a!) out, Tensor input, Tensor w13, Tensor w2, Tensor? w13_bias, Tensor? w2_bias, "
-            "Tensor topk_weights, Tensor topk_ids, bool skip_weighted, str act, str isa) -> ()",
-            fused_moe,
-        ),
+            ("prepack_moe_weight(Tensor weight, Tensor(a!) out, str isa) -> ()", prepack),
+            (
+                "cpu_fused_moe(Tensor(a!) out, Tensor input, Tensor w13, Tensor w2, Tensor? w13_bias, Tensor? w2_bias, "
+                "Tensor topk_weights, Tensor topk_ids, bool skip_weighted, str act, str isa) -> ()",
+                fused_moe,
+            ),
+        )
     )
-    missing = [(schema, impl) for schema, impl in ops if not hasattr(torch.ops._C, schema.split("(")[0])]
-    if missing:
-        lib = torch.library.Library("_C", "FRAGMENT")
-        for schema, impl in missing:
-            lib.define(schema)
-            lib.impl(schema.split("(")[0], impl, "CPU")
-        _LIBRARIES.append(lib)
-    return [schema.split("(")[0] for schema, _ in missing]
 
 
 def drafter_config(model: str, world: int):

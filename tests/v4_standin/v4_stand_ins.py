@@ -35,7 +35,12 @@ def install_cpu_ops() -> list[str]:
     """Define in ``torch.ops._C`` every V4 CPU op the loaded kernel library lacks; the names defined."""
     import vllm._custom_ops  # noqa: F401  # current_platform.import_kernels(): the library this CPU takes
 
-    missing = [(schema, impl) for schema, impl in SCHEMAS if not hasattr(torch.ops._C, op_name(schema))]
+    return define_missing_ops(SCHEMAS)
+
+
+def define_missing_ops(schemas) -> list[str]:
+    """Define in ``torch.ops._C`` each (schema, plain-torch implementation) whose op is missing there; the names defined."""
+    missing = [(schema, impl) for schema, impl in schemas if not hasattr(torch.ops._C, op_name(schema))]
     if missing:
         lib = torch.library.Library("_C", "FRAGMENT")
         for schema, impl in missing:
