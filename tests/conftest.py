@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 # servers and the Ascend runs) is marked in each file that starts one; `scripts/test.sh --quick` runs
 # `not engine`.
 GROUPS = ("unit", "repository", "ascend", "engine")
+# The groups scripts/test.sh runs as its second lane, at a lower CPU priority beside the servers of the
+# first: they start no vLLM server and read no clock (``side_lane_starts_no_server`` holds the first).
+SIDE_LANE = ("ascend", "repository")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -47,12 +50,26 @@ def pytest_terminal_summary(terminalreporter) -> None:
 def pytest_sessionstart(session) -> None:
     """Every vLLM server of the session shares one cache folder (``SHARED_CACHE_ENV``): a cold one
     costs each start a model-class inspection in a subprocess. Compiled graphs are keyed by vLLM's
-    config hash, the plugin's flag included, and the plugin's code is the same all session."""
-    from vllm_scene_eplb.rig.local_server import SHARED_CACHE_ENV
+    config hash, the plugin's flag included, and the plugin's code is the same all session. Every
+    server also runs ``tests/server_site`` first on its path (vLLM's readers idle once they have read)."""
+    from vllm_scene_eplb.rig.local_server import SERVER_SITE_ENV, SHARED_CACHE_ENV
 
     cache = Path(tempfile.mkdtemp(prefix="scene-eplb-vllm-cache-"))
     os.environ[SHARED_CACHE_ENV] = str(cache)
+    os.environ[SERVER_SITE_ENV] = str(REPO / "tests" / "server_site")  # idle readers (its sitecustomize says why)
     session.config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+
+
+@pytest.fixture(autouse=True)
+def side_lane_starts_no_server(request):
+    """A test of the second lane (``SIDE_LANE``) that started a vLLM server fails: its lane runs beside
+    the servers of the first, at a lower priority, and two servers do not fit two cores."""
+    from vllm_scene_eplb.rig.local_server import STARTED
+
+    before = len(STARTED)
+    yield
+    if request.node.path.parent.name in SIDE_LANE:
+        assert len(STARTED) == before, f"{request.node.nodeid} started vLLM servers {STARTED[before:]}: move it to tests/engine/"
 
 
 POOL = pytest.StashKey["ServerPool"]()  # the session's pool, once a test asked for it

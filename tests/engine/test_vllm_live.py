@@ -75,11 +75,26 @@ def work(tmp_path_factory):
 
 
 class Recorded(NamedTuple):
-    """The linear server's record: its dump, the live object after it, the stop route's live object."""
+    """The linear server's record: its dump, the live object after it, the stop route's live object, the
+    CPU its processes took once idle, polled each window (core-seconds per second)."""
 
     counts: Counts
     live: dict
     stopped: dict
+    idle_cpu: float
+
+
+def idle_cpu(srv, seconds: float) -> float:
+    """The CPU time every process of the server (API server, engine core, workers) takes over ``seconds``
+    without requests, per second of wall clock."""
+    import psutil
+
+    root = psutil.Process(srv.proc.pid)
+    procs = [root, *root.children(recursive=True)]
+    used = lambda: sum(p.cpu_times().user + p.cpu_times().system for p in procs)  # noqa: E731
+    start, before = time.monotonic(), used()
+    time.sleep(seconds)
+    return (used() - before) / (time.monotonic() - start)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +112,8 @@ def recorded_counts(work):
         code, dump = http("POST", srv.url + "/dump_expert_distribution_record")
         assert code == 200, dump
         time.sleep(WINDOW_S)
-        return Recorded(read_counts(dump["path"]), http("GET", srv.url + "/scene_eplb/status")[1]["live"], stopped["live"])
+        live = http("GET", srv.url + "/scene_eplb/status")[1]["live"]
+        return Recorded(read_counts(dump["path"]), live, stopped["live"], idle_cpu(srv, 2 * WINDOW_S))
     finally:
         srv.stop()
 
@@ -161,6 +177,14 @@ def test_linear_server_reports_live_scores_without_an_alarm(recorded_counts):
     live = recorded_counts.live
     assert live["windows"] >= 1 and live["median"] > 1.05  # the skewed model on the linear layout is unbalanced
     assert live["expected_median"] is None and live["drift"] is False
+
+
+def test_an_idle_server_polled_each_window_leaves_the_cores_idle(recorded_counts):
+    """The test servers' message-queue readers sleep between their checks (tests/server_site): polled
+    each live window, an idle server's processes take little CPU, where vLLM 0.32's yield loop in the
+    second after every read kept each worker's core busy (about 1.5 cores here, and the test process
+    starved a hundredfold)."""
+    assert recorded_counts.idle_cpu < 0.5, recorded_counts.idle_cpu
 
 
 def test_the_dump_carries_measured_replica_traffic_that_adds_up(recorded_counts):

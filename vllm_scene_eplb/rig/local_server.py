@@ -208,6 +208,10 @@ def _forced(position: dict, token: int) -> tuple[float, float]:
 # graphs) where this names one: a test session, whose plugin code cannot change under it, sets it
 # (each cold start inspects the model class in a subprocess, about 8 s); elsewhere each workdir has its own.
 SHARED_CACHE_ENV = "SCENE_EPLB_TEST_VLLM_CACHE"
+# A folder put first on every server's PYTHONPATH where this names one: a test session names
+# tests/server_site, whose sitecustomize keeps vLLM's message-queue readers from spinning a second
+# after each read (on two cores that spin starves every other process about a hundredfold).
+SERVER_SITE_ENV = "SCENE_EPLB_TEST_SERVER_SITE"
 STARTED: list[str] = []  # the names of the servers this process started, in order (the test suite prints them)
 SHARED: list[str] = []  # the names under which a pool answered a server already running (the test suite prints them)
 READY_S: dict[str, int] = {}  # each started server's seconds from its start to its first healthy answer
@@ -237,6 +241,8 @@ def start_server(
         "VLLM_PLUGINS": "scene_eplb" if plugins else "",
         **(env or {}),
     }
+    if site := os.environ.get(SERVER_SITE_ENV):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
     args = [
         sys.executable,
         "-m",
