@@ -31,8 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 # servers and the Ascend runs) is marked in each file that starts one; `scripts/test.sh --quick` runs
 # `not engine`.
 GROUPS = ("unit", "repository", "ascend", "engine")
-# The groups scripts/test.sh runs as its second lane, at a lower CPU priority beside the servers of the
-# first: they start no vLLM server and read no clock (``side_lane_starts_no_server`` holds the first).
+# The groups whose tests are all marked ``side_lane`` (engine files without a server mark themselves):
+# scripts/test.sh runs them as its second lane, at a lower CPU priority beside the servers of the
+# first; they start no vLLM server and read no clock (``side_lane_starts_no_server`` holds the first).
 SIDE_LANE = ("ascend", "repository")
 
 
@@ -62,13 +63,13 @@ def pytest_sessionstart(session) -> None:
 
 @pytest.fixture(autouse=True)
 def side_lane_starts_no_server(request):
-    """A test of the second lane (``SIDE_LANE``) that started a vLLM server fails: its lane runs beside
-    the servers of the first, at a lower priority, and two servers do not fit two cores."""
+    """A test of the second lane (marked ``side_lane``) that started a vLLM server fails: its lane runs
+    beside the servers of the first, at a lower priority, and two servers do not fit two cores."""
     from vllm_scene_eplb.rig.local_server import STARTED
 
     before = len(STARTED)
     yield
-    if request.node.path.parent.name in SIDE_LANE:
+    if request.node.get_closest_marker("side_lane") is not None:
         assert len(STARTED) == before, f"{request.node.nodeid} started vLLM servers {STARTED[before:]}: move it to tests/engine/"
 
 
@@ -84,6 +85,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             raise pytest.UsageError(f"{item.path}: a test file lives in one of tests/{{{','.join(GROUPS)}}}/")
         if group != "engine":
             item.add_marker(getattr(pytest.mark, group))
+        if group in SIDE_LANE:
+            item.add_marker(pytest.mark.side_lane)
 
 
 def pytest_runtest_teardown(item, nextitem) -> None:

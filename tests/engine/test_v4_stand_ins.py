@@ -16,7 +16,7 @@ import pytest
 
 from ..conftest import REPO, require_vllm, run_script
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.side_lane]  # no server: scripts/test.sh runs it in its second lane
 
 STANDIN = REPO / "tests" / "v4_standin"
 TRITON_CASES = (

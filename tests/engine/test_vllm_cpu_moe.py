@@ -5,7 +5,7 @@ import torch
 
 from ..conftest import require_vllm
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.side_lane]  # no server: scripts/test.sh runs it in its second lane
 
 H, INTER, E, M, K = 64, 64, 8, 40, 2  # hidden, expert intermediate, experts, tokens, top-k
 

@@ -25,7 +25,7 @@ import pytest
 from .. import vllm033_env
 from ..conftest import require_vllm, run_script
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.side_lane]  # no server: scripts/test.sh runs it in its second lane
 
 
 @functools.cache

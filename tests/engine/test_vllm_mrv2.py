@@ -21,7 +21,7 @@ import pytest
 
 from .. import vllm033_env
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.side_lane]  # no server: scripts/test.sh runs it in its second lane
 
 
 @pytest.fixture(scope="module")

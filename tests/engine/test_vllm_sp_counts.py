@@ -23,7 +23,7 @@ import pytest
 
 from .. import vllm033_env
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.side_lane]  # no server: scripts/test.sh runs it in its second lane
 
 CASES = [f"{model}_{dp}_skip{skip}" for model in ("v4", "block") for dp in ("dp2", "dp1") for skip in ("1", "0")]
 
