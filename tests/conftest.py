@@ -52,12 +52,12 @@ def pytest_sessionstart(session) -> None:
     """Every vLLM server of the session shares one cache folder (``SHARED_CACHE_ENV``): a cold one
     costs each start a model-class inspection in a subprocess. Compiled graphs are keyed by vLLM's
     config hash, the plugin's flag included, and the plugin's code is the same all session. Every
-    server also runs ``tests/server_site`` first on its path (vLLM's readers idle once they have read)."""
+    server also runs ``tests/server_site`` first on its path (vLLM's readers sleep between their checks)."""
     from vllm_scene_eplb.rig.local_server import SERVER_SITE_ENV, SHARED_CACHE_ENV
 
     cache = Path(tempfile.mkdtemp(prefix="scene-eplb-vllm-cache-"))
     os.environ[SHARED_CACHE_ENV] = str(cache)
-    os.environ[SERVER_SITE_ENV] = str(REPO / "tests" / "server_site")  # idle readers (its sitecustomize says why)
+    os.environ[SERVER_SITE_ENV] = str(REPO / "tests" / "server_site")  # its sitecustomize says why
     session.config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
 
 
@@ -70,7 +70,9 @@ def side_lane_starts_no_server(request):
     before = len(STARTED)
     yield
     if request.node.get_closest_marker("side_lane") is not None:
-        assert len(STARTED) == before, f"{request.node.nodeid} started vLLM servers {STARTED[before:]}: move it to tests/engine/"
+        assert len(STARTED) == before, (
+            f"{request.node.nodeid} started vLLM servers {STARTED[before:]}: take it out of the second lane (tests/engine/, no side_lane mark)"
+        )
 
 
 POOL = pytest.StashKey["ServerPool"]()  # the session's pool, once a test asked for it

@@ -135,9 +135,9 @@ def _processes(srv, expect: dict | None = None) -> dict[str, tuple[int, int, int
 def _sample(srv) -> dict[str, tuple[int, int, int]]:
     import psutil
 
-    root = psutil.Process(srv.proc.pid)
+    root, *children = srv.processes()
     out = {}
-    for p in [root, *root.children(recursive=True)]:
+    for p in (root, *children):
         try:
             title = " ".join(p.cmdline())
             name = next((w for w in title.split() if w.startswith("VLLM::")), f"pid-{p.pid}" if p != root else "api_server")

@@ -87,10 +87,7 @@ class Recorded(NamedTuple):
 def idle_cpu(srv, seconds: float) -> float:
     """The CPU time every process of the server (API server, engine core, workers) takes over ``seconds``
     without requests, per second of wall clock."""
-    import psutil
-
-    root = psutil.Process(srv.proc.pid)
-    procs = [root, *root.children(recursive=True)]
+    procs = srv.processes()
     used = lambda: sum(p.cpu_times().user + p.cpu_times().system for p in procs)  # noqa: E731
     start, before = time.monotonic(), used()
     time.sleep(seconds)

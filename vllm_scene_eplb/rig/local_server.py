@@ -175,11 +175,19 @@ class Server:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def processes(self) -> list:
+        """The server's processes (``psutil.Process``): the API server first, then every process under it
+        (engine cores, workers)."""
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        return [root, *root.children(recursive=True)]
+
     def worker_pid(self, name: str) -> int:
         """PID of the server's process whose title is ``VLLM::<name>`` (e.g. ``Worker_DP1_EP1``)."""
         import psutil
 
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
+        for child in self.processes()[1:]:
             try:
                 if f"VLLM::{name}" in " ".join(child.cmdline()):
                     return child.pid
@@ -209,8 +217,9 @@ def _forced(position: dict, token: int) -> tuple[float, float]:
 # (each cold start inspects the model class in a subprocess, about 8 s); elsewhere each workdir has its own.
 SHARED_CACHE_ENV = "SCENE_EPLB_TEST_VLLM_CACHE"
 # A folder put first on every server's PYTHONPATH where this names one: a test session names
-# tests/server_site, whose sitecustomize keeps vLLM's message-queue readers from spinning a second
-# after each read (on two cores that spin starves every other process about a hundredfold).
+# tests/server_site, whose sitecustomize makes vLLM's message-queue readers sleep between their checks
+# in the second after each read, where they yield (on two cores that yield loop starves every other
+# process about a hundredfold).
 SERVER_SITE_ENV = "SCENE_EPLB_TEST_SERVER_SITE"
 STARTED: list[str] = []  # the names of the servers this process started, in order (the test suite prints them)
 SHARED: list[str] = []  # the names under which a pool answered a server already running (the test suite prints them)
