@@ -3,8 +3,8 @@
 #   bash scripts/test.sh --quick    the tests without engines (unit and repository checks, a few minutes)
 #   bash scripts/test.sh -m unit    one group (unit, repository, ascend, engine: see tests/conftest.py)
 # Where no argument selects tests (only -q, -v, -x, -rX or --durations=N are given), the suite runs in
-# two lanes at once: the tests marked side_lane (tests/ascend, tests/repository and the engine files
-# without a server: released code driven in processes, linters; none reads a clock) at a lower CPU
+# two lanes at once: the tests marked side_lane (tests/ascend, tests/repository, tests/unit but for its
+# timed files, and the engine files without a server; none asserts on time) at a lower CPU
 # priority, beside the rest (vLLM servers, timed windows and deadlines). On two cores a starting
 # server leaves one idle while it imports, and the second lane takes that core. The second lane's
 # report follows the first's.

@@ -39,6 +39,8 @@ from vllm_scene_eplb.protocol import (
 from ..conftest import skewed_counts
 from .test_protocol import status_with_time
 
+pytestmark = pytest.mark.timed  # asserts on time or waits on a tight deadline: the first lane (tests/conftest.py)
+
 ESC = "\x1b]0;owned\x07\x1b[2J"
 CLOSE, HANG = "close", "hang"  # answers that are no bytes: drop the connection; never answer
 MODEL = "tiny-moe"

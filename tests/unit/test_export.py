@@ -7,11 +7,14 @@ import socket
 import time
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from vllm_scene_eplb.formats import read_counts
+
+pytestmark = pytest.mark.timed  # asserts on time or waits on a tight deadline: the first lane (tests/conftest.py)
 
 SHAPE = (4, 3, 8)  # ring entries T, layers L, width W
 DEADLINE_S = 3.0

@@ -21,6 +21,8 @@ from vllm_scene_eplb.runtime.worker.load_audit import (
 )
 from vllm_scene_eplb.runtime.worker.load_journal import ExpertLoad, SourceTracer, audit, slot_fingerprints, written_tensors
 
+pytestmark = pytest.mark.timed  # asserts on time or waits on a tight deadline: the first lane (tests/conftest.py)
+
 ROW = np.array([0, 1, 2, 3, 1, 3])  # 4 experts, 2 redundant slots (4 -> expert 1, 5 -> expert 3)
 SHARDS = (("w13_weight", "w1"), ("w13_weight", "w3"), ("w2_weight", "w2"))
 

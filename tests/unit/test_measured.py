@@ -30,6 +30,8 @@ from vllm_scene_eplb.runtime.worker.replica_map import SourceRanks, layer_maps
 
 from ..conftest import skewed_counts
 
+pytestmark = pytest.mark.timed  # asserts on time or waits on a tight deadline: the first lane (tests/conftest.py)
+
 E, L, EP, R, TOP_K = 16, 3, 4, 4, 2
 
 

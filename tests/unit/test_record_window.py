@@ -18,6 +18,8 @@ from vllm_scene_eplb.runtime.worker.worker import RecorderPlugin
 
 from .test_worker_answers import _carried, recorder
 
+pytestmark = pytest.mark.timed  # asserts on time or waits on a tight deadline: the first lane (tests/conftest.py)
+
 LINEAR = torch.arange(8).repeat(2, 1)  # [L_moe, P]: slot p holds expert p; slots 0-3 on rank 0, 4-7 on rank 1
 COLD = torch.tensor([[0, 1], [2, 3], [0, 1]])  # three tokens on rank 0's experts
 HOT = torch.tensor([[4, 5], [6, 7], [4, 0], [5, 6]])  # four tokens, seven of eight assignments on rank 1

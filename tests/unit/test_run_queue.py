@@ -15,6 +15,8 @@ from vllm_scene_eplb.runtime.worker import moe_timing
 from vllm_scene_eplb.runtime.worker.observer import RoutingObserver
 from vllm_scene_eplb.runtime.worker.run_queue import SCHEDSTAT, RunQueueWait, parse_wait_ns
 
+pytestmark = pytest.mark.timed  # asserts on time or waits on a tight deadline: the first lane (tests/conftest.py)
+
 
 def test_the_reader_takes_the_second_field_of_a_schedstat_line_and_nothing_else():
     assert parse_wait_ns(b"116563 3249188 2\n") == 3249188

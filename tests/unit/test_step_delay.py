@@ -11,6 +11,8 @@ import pytest
 from vllm_scene_eplb.errors import SceneEplbError
 from vllm_scene_eplb.rig.step_delay import DELAY_ENV, StepDelay, write_delay
 
+pytestmark = pytest.mark.timed  # asserts on time or waits on a tight deadline: the first lane (tests/conftest.py)
+
 
 def _write(path, text: str, bump: int) -> None:
     path.write_text(text)
