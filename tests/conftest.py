@@ -40,11 +40,12 @@ SIDE_LANE = ("ascend", "repository", "unit")
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """Every run ends with the vLLM servers it started (engine starts are most of the suite's time)."""
-    from vllm_scene_eplb.rig.local_server import READY_S, SHARED, STARTED
+    from vllm_scene_eplb.rig.local_server import FORKED, READY_S, SHARED, STARTED
 
     starts = [f"{name} {READY_S[name]} s" if name in READY_S else name for name in STARTED]
     total = f", {sum(READY_S.values())} s to ready in all" if READY_S else ""
-    terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(starts) or 'none'}){total}")
+    forked = f"; {len(FORKED)} API servers forked from the zygote" if FORKED else ""
+    terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(starts) or 'none'}){total}{forked}")
     if SHARED:
         terminalreporter.write_line(f"shared from the pool, not started again: {', '.join(SHARED)}")
 

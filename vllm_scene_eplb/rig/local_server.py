@@ -225,6 +225,7 @@ SHARED_CACHE_ENV = "SCENE_EPLB_TEST_VLLM_CACHE"
 SERVER_SITE_ENV = "SCENE_EPLB_TEST_SERVER_SITE"
 STARTED: list[str] = []  # the names of the servers this process started, in order (the test suite prints them)
 SHARED: list[str] = []  # the names under which a pool answered a server already running (the test suite prints them)
+FORKED: list[str] = []  # the names of those whose API server was forked from a zygote (the test suite counts them)
 READY_S: dict[str, int] = {}  # each started server's seconds from its start to its first healthy answer
 
 
@@ -252,7 +253,9 @@ def start_server(
         args += ["--api-key", api_key]
     log = workdir / f"{name}.log"
     proc: subprocess.Popen | ForkedProcess | None = _ZYGOTE[0].fork(args, env, log) if _ZYGOTE else None
-    if proc is None:
+    if proc is not None:
+        FORKED.append(name)
+    else:
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
                 [sys.executable, "-m", API_SERVER, *args], stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -1,10 +1,11 @@
 """A Python that has imported vLLM's API server once and forks each test server's API server from
-there (test sessions only: ``ZYGOTE_ENV``). A server start waits on three Python imports of vLLM in
-a row (API server, engine core, workers), about 9 s each on two cores; the forked API server skips
-the first. It then runs ``python -m vllm.entrypoints.openai.api_server ARGS`` as a new process would
-(its own session, environment, working folder and log; ``runpy`` as ``-m`` does), and vLLM spawns its
-engine core and workers from it unchanged. A server whose interpreter would start otherwise (another
-``PYTHON*`` environment, such as the V4 stand-ins' path) is refused, and the caller starts it plainly.
+there (test sessions only: tests/conftest.py starts one). A server start waits on three Python
+imports of vLLM in a row (API server, engine core, workers), about 9 s each on two cores; the forked
+API server skips the first. It then runs ``python -m vllm.entrypoints.openai.api_server ARGS`` as a
+new process would (its own session and log; the caller's environment, working folder, cores, CPU
+priority and umask; ``runpy`` as ``-m`` does), and vLLM spawns its engine core and workers from it
+unchanged. A server whose interpreter would start otherwise (another ``PYTHON*`` environment, such
+as the V4 stand-ins' path) is refused, and the caller starts it as a new process.
 
 The zygote is single-threaded (it forks): one ``select`` loop accepts requests on a Unix socket,
 forks, answers the child's pid, and on the child's exit writes its exit code to that request's
@@ -25,7 +26,6 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ZYGOTE_ENV = "SCENE_EPLB_TEST_SERVER_ZYGOTE"  # the socket of the session's zygote, where one runs
 API_SERVER = "vllm.entrypoints.openai.api_server"  # what ``python -m`` runs to serve
 READY_TIMEOUT_S = 300.0  # a zygote's import of vLLM on a loaded 2-core host
 
@@ -97,18 +97,19 @@ class Zygote:
     path: Path
 
     @classmethod
-    def start(cls, folder: Path, env: dict[str, str]) -> Zygote:
-        """Start a zygote with ``env`` (its interpreter's environment), its socket and log in ``folder``."""
+    def start(cls, folder: Path, env: dict[str, str], module: str = API_SERVER) -> Zygote:
+        """Start a zygote that imports ``module`` and runs it in each child, with ``env`` (its
+        interpreter's environment), its socket and log in ``folder``."""
         path = folder / "zygote.sock"
         log = open(folder / "zygote.log", "wb")
-        args = [sys.executable, "-m", __name__, str(path)]
+        args = [sys.executable, "-m", __name__, str(path), module]
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=os.getcwd())
         log.close()
         return cls(proc, path)
 
     def fork(self, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess | None:
-        """``python -m vllm.entrypoints.openai.api_server ARGS`` forked from the zygote, or None where it
-        refuses (another interpreter environment) or is not running."""
+        """``python -m MODULE ARGS`` (the API server) forked from the zygote, or None where it refuses
+        (another interpreter environment) or is not running."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not self.path.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -117,7 +118,7 @@ class Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(str(self.path))
-            request = {"args": args, "env": env, "log": str(log), "cwd": os.getcwd()}
+            request = {"args": args, "env": env, "log": str(log), **_inherited()}
             conn.sendall(json.dumps(request).encode() + b"\n")
             answer = _read_line(conn)
         except OSError:
@@ -138,6 +139,19 @@ class Zygote:
                 self.proc.wait()
 
 
+def _inherited() -> dict:
+    """What a process started here would inherit beyond its environment: working folder, cores,
+    CPU priority and umask (the forked child takes them on)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return {
+        "cwd": os.getcwd(),
+        "cores": sorted(os.sched_getaffinity(0)),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "umask": mask,
+    }
+
+
 def _read_line(conn: socket.socket, timeout: float = 60.0) -> dict:
     conn.settimeout(timeout)
     data = b""
@@ -150,8 +164,8 @@ def _read_line(conn: socket.socket, timeout: float = 60.0) -> dict:
     return json.loads(data.split(b"\n", 1)[0])
 
 
-def _child(request: dict, listener: socket.socket, open_conns: list[socket.socket]) -> None:
-    """In the forked child: become the API server process ``python -m API_SERVER ARGS`` would be."""
+def _child(module: str, request: dict, listener: socket.socket, open_conns: list[socket.socket]) -> None:
+    """In the forked child: become the process ``python -m MODULE ARGS`` would be."""
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -167,10 +181,15 @@ def _child(request: dict, listener: socket.socket, open_conns: list[socket.socke
         os.dup2(null, 0)
         os.close(null)
         os.chdir(request["cwd"])
+        os.sched_setaffinity(0, request["cores"])
+        if request["nice"] > os.getpriority(os.PRIO_PROCESS, 0):  # lowering it would need privileges
+            os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
+        os.umask(request["umask"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = [API_SERVER, *request["args"]]
-        runpy.run_module(API_SERVER, run_name="__main__", alter_sys=True)
+        sys.argv = [module, *request["args"]]
+        _title(" ".join([sys.executable, "-m", *sys.argv]))
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -187,11 +206,20 @@ def _child(request: dict, listener: socket.socket, open_conns: list[socket.socke
         os._exit(code)
 
 
-def serve(path: Path) -> None:
-    """The zygote: import the API server, then fork one per request until the parent is gone."""
+def _title(title: str) -> None:
+    """Name the process as ``ps`` would show it started anew (``setproctitle``, which vLLM installs)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    setproctitle(title)
+
+
+def serve(path: Path, module: str) -> None:
+    """The zygote: import ``module``, then fork a process running it per request until the parent is gone."""
     import importlib
 
-    importlib.import_module(API_SERVER)  # the import every forked API server skips
+    importlib.import_module(module)  # the import every forked child skips
     parent = os.getppid()
     own = interpreter_env(dict(os.environ))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -216,7 +244,7 @@ def serve(path: Path) -> None:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _child(request, listener, [conn, *children.values()])
+                _child(module, request, listener, [conn, *children.values()])
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             children[pid] = conn
         while children:
@@ -238,4 +266,4 @@ def serve(path: Path) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    serve(Path(sys.argv[1]))
+    serve(Path(sys.argv[1]), sys.argv[2])

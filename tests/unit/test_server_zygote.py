@@ -1,0 +1,82 @@
+"""The test sessions' server zygote (``rig.server_zygote``) on a small module instead of vLLM's API
+server: a forked child runs as ``python -m MODULE ARGS`` started here would (the caller's environment,
+working folder and umask, its own session, its log), its exit code and a signal's come back, and a
+caller whose interpreter would start otherwise is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from vllm_scene_eplb.rig.server_zygote import ForkedProcess, Zygote
+
+# a module as vLLM's API server is: its work under ``__main__`` (the zygote imports it first)
+CHILD = """
+import json, os, sys, time
+
+if __name__ == "__main__":
+    mask = os.umask(0)
+    os.umask(mask)
+    seen = {"argv": sys.argv[1:], "cwd": os.getcwd(), "mark": os.environ.get("ZYGOTE_MARK"), "umask": mask}
+    print(json.dumps({**seen, "sid": os.getsid(0), "pid": os.getpid()}), flush=True)
+    if sys.argv[1] == "sleep":
+        time.sleep(60)
+    sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def zygote(tmp_path):
+    (tmp_path / "zygote_child.py").write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "ZYGOTE_MARK": "the zygote's"}
+    z = Zygote.start(tmp_path, env, module="zygote_child")
+    yield z, env
+    z.stop()
+
+
+def _forked(z: Zygote, env: dict, log, *args: str, **more: str) -> ForkedProcess:
+    proc = z.fork(list(args), {**env, **more}, log)
+    assert proc is not None, (z.path.parent / "zygote.log").read_text()
+    return proc
+
+
+def test_a_child_runs_as_a_new_process_would_and_its_exit_code_comes_back(zygote, tmp_path, monkeypatch):
+    z, env = zygote
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    old = os.umask(0o027)
+    try:
+        proc = _forked(z, env, tmp_path / "child.log", "3", "--flag", ZYGOTE_MARK="the caller's")
+    finally:
+        os.umask(old)
+    assert proc.wait(timeout=60) == 3 and proc.poll() == 3
+    seen = json.loads((tmp_path / "child.log").read_text().splitlines()[-1])
+    assert seen["argv"] == ["3", "--flag"]
+    assert seen["cwd"] == str(work) and seen["mark"] == "the caller's" and seen["umask"] == 0o027
+    assert seen["sid"] == seen["pid"] == proc.pid  # its own session, as start_new_session gives
+
+
+def test_a_signal_ends_a_child_with_the_code_popen_would_give(zygote, tmp_path):
+    z, env = zygote
+    log = tmp_path / "sleeper.log"
+    proc = _forked(z, env, log, "sleep")
+    for _ in range(600):  # until it has started (its line is in its log)
+        if log.exists() and log.read_text().strip():
+            break
+        time.sleep(0.1)
+    assert proc.poll() is None
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+
+
+def test_a_caller_whose_interpreter_starts_otherwise_is_refused(zygote, tmp_path):
+    z, env = zygote
+    assert z.fork(["0"], {**env, "PYTHONPATH": str(tmp_path) + os.pathsep + sys.prefix}, tmp_path / "x.log") is None
+    assert not (tmp_path / "x.log").exists()
+    assert _forked(z, env, tmp_path / "ok.log", "0").wait(timeout=60) == 0  # the zygote still serves
