@@ -44,7 +44,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
     starts = [f"{name} {READY_S[name]} s" if name in READY_S else name for name in STARTED]
     total = f", {sum(READY_S.values())} s to ready in all" if READY_S else ""
-    forked = f"; {len(FORKED)} API servers forked from the zygote" if FORKED else ""
+    forked = f"; {len(FORKED)} API servers forked from a zygote" if FORKED else ""
     terminalreporter.write_line(f"engine starts: {len(STARTED)} vLLM servers ({', '.join(starts) or 'none'}){total}{forked}")
     if SHARED:
         terminalreporter.write_line(f"shared from the pool, not started again: {', '.join(SHARED)}")
@@ -64,20 +64,16 @@ def pytest_sessionstart(session) -> None:
 
 
 def pytest_collection_finish(session) -> None:
-    """Where the session may start vLLM servers (an engine test outside the second lane), a zygote
-    imports vLLM's API server once, now, and each server's API server is forked from it
-    (``rig.server_zygote``: a start then waits on two imports of vLLM in a row, not three).
-    ``SCENE_EPLB_TEST_NO_ZYGOTE=1`` starts every server as a new process."""
-    from vllm_scene_eplb.rig.local_server import SHARED_CACHE_ENV, fork_servers_from, server_env
-    from vllm_scene_eplb.rig.server_zygote import Zygote
+    """Where the session may start vLLM servers (an engine test outside the second lane), each server's
+    API server is forked from a zygote that imported vLLM's API server once (``rig.server_zygote``: a
+    start then waits on two imports of vLLM in a row, not three), one zygote per environment at
+    startup. ``SCENE_EPLB_TEST_NO_ZYGOTE=1`` starts every server as a new process."""
+    from vllm_scene_eplb.rig.local_server import SHARED_CACHE_ENV, fork_servers_from
 
     servers = any(item.path.parent.name == "engine" and item.get_closest_marker("side_lane") is None for item in session.items)
-    if not servers or os.environ.get("SCENE_EPLB_TEST_NO_ZYGOTE") == "1":
-        return
-    folder = Path(os.environ[SHARED_CACHE_ENV])
-    zygote = Zygote.start(folder, server_env(folder, plugins=False))
-    fork_servers_from(zygote)
-    session.config.add_cleanup(lambda: (fork_servers_from(None), zygote.stop()))
+    if servers and os.environ.get("SCENE_EPLB_TEST_NO_ZYGOTE") != "1":
+        fork_servers_from(Path(os.environ[SHARED_CACHE_ENV]))
+        session.config.add_cleanup(lambda: fork_servers_from(None))
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,8 @@
 """The test sessions' server zygote (``rig.server_zygote``) on a small module instead of vLLM's API
-server: a forked child runs as ``python -m MODULE ARGS`` started here would (the caller's environment,
-working folder and umask, its own session, its log), its exit code and a signal's come back, and a
-caller whose interpreter would start otherwise is refused."""
+server (tests/scripts/zygote_child.py): a forked child runs as ``python -m MODULE ARGS`` started here
+would (the caller's environment with what the module's imports set, working folder and umask, its own
+session, its log), its exit code and a signal's come back, and a caller whose environment differs in
+more than the runtime variables is refused."""
 
 from __future__ import annotations
 
@@ -15,26 +16,13 @@ import pytest
 
 from vllm_scene_eplb.rig.server_zygote import ForkedProcess, Zygote
 
-# a module as vLLM's API server is: its work under ``__main__`` (the zygote imports it first)
-CHILD = """
-import json, os, sys, time
-
-if __name__ == "__main__":
-    mask = os.umask(0)
-    os.umask(mask)
-    seen = {"argv": sys.argv[1:], "cwd": os.getcwd(), "mark": os.environ.get("ZYGOTE_MARK"), "umask": mask}
-    print(json.dumps({**seen, "sid": os.getsid(0), "pid": os.getpid()}), flush=True)
-    if sys.argv[1] == "sleep":
-        time.sleep(60)
-    sys.exit(int(sys.argv[1]))
-"""
+from ..conftest import SCRIPTS
 
 
 @pytest.fixture
 def zygote(tmp_path):
-    (tmp_path / "zygote_child.py").write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "ZYGOTE_MARK": "the zygote's"}
-    z = Zygote.start(tmp_path, env, module="zygote_child")
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS), "ZYGOTE_MARK": "the zygote's"}
+    z = Zygote.start(tmp_path, env, runtime=("ZYGOTE_MARK",), module="zygote_child")
     yield z, env
     z.stop()
 
@@ -59,6 +47,7 @@ def test_a_child_runs_as_a_new_process_would_and_its_exit_code_comes_back(zygote
     seen = json.loads((tmp_path / "child.log").read_text().splitlines()[-1])
     assert seen["argv"] == ["3", "--flag"]
     assert seen["cwd"] == str(work) and seen["mark"] == "the caller's" and seen["umask"] == 0o027
+    assert seen["set_at_import"] == "yes"  # what the module's import did to the environment, as in a new process
     assert seen["sid"] == seen["pid"] == proc.pid  # its own session, as start_new_session gives
 
 
@@ -75,8 +64,10 @@ def test_a_signal_ends_a_child_with_the_code_popen_would_give(zygote, tmp_path):
     assert proc.wait(timeout=60) == -signal.SIGTERM
 
 
-def test_a_caller_whose_interpreter_starts_otherwise_is_refused(zygote, tmp_path):
+@pytest.mark.parametrize("other", [{"PYTHONPATH": os.pathsep + sys.prefix}, {"SCENE_EPLB_TEST_FORCE_AVX2": "1"}])
+def test_a_caller_whose_environment_differs_beyond_the_runtime_variables_is_refused(zygote, tmp_path, other):
+    """Another path, or a variable a ``sitecustomize`` reads as the interpreter starts: not the zygote's start."""
     z, env = zygote
-    assert z.fork(["0"], {**env, "PYTHONPATH": str(tmp_path) + os.pathsep + sys.prefix}, tmp_path / "x.log") is None
+    assert z.fork(["0"], {**env, **{k: env.get(k, "") + v for k, v in other.items()}}, tmp_path / "x.log") is None
     assert not (tmp_path / "x.log").exists()
     assert _forked(z, env, tmp_path / "ok.log", "0").wait(timeout=60) == 0  # the zygote still serves

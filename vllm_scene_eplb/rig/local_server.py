@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .server_zygote import API_SERVER, ForkedProcess, Zygote
+from .server_zygote import API_SERVER, ForkedProcess, Zygote, startup_env
 from .step_delay import DELAY_ENV, WORKER_EXTENSION
 
 # fp32, no prefix caching (recorded totals stay exact), small CPU memory share.
@@ -252,7 +252,8 @@ def start_server(
     if api_key:
         args += ["--api-key", api_key]
     log = workdir / f"{name}.log"
-    proc: subprocess.Popen | ForkedProcess | None = _ZYGOTE[0].fork(args, env, log) if _ZYGOTE else None
+    zygote = _zygote_for(env)
+    proc: subprocess.Popen | ForkedProcess | None = zygote.fork(args, env, log) if zygote else None
     if proc is not None:
         FORKED.append(name)
     else:
@@ -280,13 +281,41 @@ def server_env(workdir: Path, cores: str = "0|1", plugins: bool = True, env: dic
     return env
 
 
-_ZYGOTE: list[Zygote] = []  # the zygote this process forks its servers' API servers from, where one runs
+# The variables server_env sets per server, each read once the server runs (not as its Python starts):
+# servers whose environments differ only in these fork from one zygote.
+RUNTIME_VARS = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "VLLM_PLUGINS")
 
 
-def fork_servers_from(zygote: Zygote | None) -> None:
-    """From now on, start each server's API server forked from ``zygote`` (``rig.server_zygote``: it has
-    imported vLLM once), where it takes the server; ``None``: start every one as a new process."""
-    _ZYGOTE[:] = [zygote] if zygote is not None else []
+@dataclass
+class _Zygotes:
+    """The zygotes this process forks its servers' API servers from: one per environment at startup
+    (``RUNTIME_VARS`` aside: a V4 server's path differs), each started when a server first needs it,
+    in ``folder``."""
+
+    folder: Path | None = None
+    running: dict[str, Zygote] = field(default_factory=dict)
+
+
+_ZYGOTES = _Zygotes()
+
+
+def fork_servers_from(folder: Path | None) -> None:
+    """From now on, fork each server's API server from a zygote in ``folder`` (``rig.server_zygote``:
+    one that has imported vLLM's API server already); ``None`` stops them, and every server starts as
+    a new process again."""
+    for zygote in _ZYGOTES.running.values():
+        zygote.stop()
+    _ZYGOTES.folder, _ZYGOTES.running = folder, {}
+
+
+def _zygote_for(env: dict[str, str]) -> Zygote | None:
+    """The zygote whose interpreter ``env`` would start, started now where none runs; None where forking is off."""
+    if _ZYGOTES.folder is None:
+        return None
+    key = json.dumps(startup_env(env, RUNTIME_VARS), sort_keys=True)
+    if key not in _ZYGOTES.running:
+        _ZYGOTES.running[key] = Zygote.start(_ZYGOTES.folder, env, RUNTIME_VARS, name=f"zygote-{len(_ZYGOTES.running)}")
+    return _ZYGOTES.running[key]
 
 
 @dataclass

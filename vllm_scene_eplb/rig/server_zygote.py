@@ -4,8 +4,9 @@ imports of vLLM in a row (API server, engine core, workers), about 9 s each on t
 API server skips the first. It then runs ``python -m vllm.entrypoints.openai.api_server ARGS`` as a
 new process would (its own session and log; the caller's environment, working folder, cores, CPU
 priority and umask; ``runpy`` as ``-m`` does), and vLLM spawns its engine core and workers from it
-unchanged. A server whose interpreter would start otherwise (another ``PYTHON*`` environment, such
-as the V4 stand-ins' path) is refused, and the caller starts it as a new process.
+unchanged. A caller whose environment differs in more than the variables read once the server runs
+(another ``PYTHONPATH``, such as the V4 stand-ins') is refused: it takes another zygote, or starts
+the server as a new process.
 
 The zygote is single-threaded (it forks): one ``select`` loop accepts requests on a Unix socket,
 forks, answers the child's pid, and on the child's exit writes its exit code to that request's
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,10 +32,11 @@ API_SERVER = "vllm.entrypoints.openai.api_server"  # what ``python -m`` runs to 
 READY_TIMEOUT_S = 300.0  # a zygote's import of vLLM on a loaded 2-core host
 
 
-def interpreter_env(env: dict[str, str]) -> dict[str, str]:
-    """The variables a Python reads as it starts (``PYTHONPATH``, ``PYTHONHASHSEED``...): a forked
-    child keeps its parent's interpreter, so they must be the zygote's."""
-    return {k: v for k, v in env.items() if k.startswith("PYTHON")}
+def startup_env(env: dict[str, str], runtime: Collection[str]) -> dict[str, str]:
+    """``env`` but the variables in ``runtime`` (read once the program runs): what a Python and its
+    ``sitecustomize`` may read as they start (``PYTHONPATH``, the V4 stand-ins' switch...). A forked
+    child keeps the zygote's start, so this part of its environment must be the zygote's."""
+    return {k: v for k, v in env.items() if k not in runtime}
 
 
 @dataclass
@@ -97,19 +100,22 @@ class Zygote:
     path: Path
 
     @classmethod
-    def start(cls, folder: Path, env: dict[str, str], module: str = API_SERVER) -> Zygote:
-        """Start a zygote that imports ``module`` and runs it in each child, with ``env`` (its
-        interpreter's environment), its socket and log in ``folder``."""
-        path = folder / "zygote.sock"
-        log = open(folder / "zygote.log", "wb")
-        args = [sys.executable, "-m", __name__, str(path), module]
+    def start(
+        cls, folder: Path, env: dict[str, str], runtime: Collection[str] = (), module: str = API_SERVER, name: str = "zygote"
+    ) -> Zygote:
+        """Start a zygote that imports ``module`` and runs it in each child, with ``env``; it forks for
+        callers whose environment differs from it only in ``runtime`` variables. Its socket and log
+        are in ``folder`` under ``name``."""
+        path = folder / f"{name}.sock"
+        log = open(folder / f"{name}.log", "wb")
+        args = [sys.executable, "-m", __name__, str(path), module, json.dumps(sorted(runtime))]
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=os.getcwd())
         log.close()
         return cls(proc, path)
 
     def fork(self, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess | None:
         """``python -m MODULE ARGS`` (the API server) forked from the zygote, or None where it refuses
-        (another interpreter environment) or is not running."""
+        (another environment at startup) or is not running."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not self.path.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -164,7 +170,31 @@ def _read_line(conn: socket.socket, timeout: float = 60.0) -> dict:
     return json.loads(data.split(b"\n", 1)[0])
 
 
-def _child(module: str, request: dict, listener: socket.socket, open_conns: list[socket.socket]) -> None:
+@dataclass(frozen=True)
+class EnvChange:
+    """What a process did to its environment since it started (its ``sitecustomize`` and imports:
+    importing vLLM sets ``TORCHINDUCTOR_COMPILE_THREADS``, ``LD_LIBRARY_PATH``...): a forked child
+    applies it to the caller's environment, so the processes it starts inherit what a new one's would."""
+
+    set: dict[str, str]
+    unset: tuple[str, ...]
+
+    @classmethod
+    def since_start(cls, started: dict[str, str]) -> EnvChange:
+        now = dict(os.environ)
+        return cls({k: v for k, v in now.items() if started.get(k) != v}, tuple(k for k in started if k not in now))
+
+    def applied(self, env: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in {**env, **self.set}.items() if k not in self.unset}
+
+
+def launch_env() -> dict[str, str]:
+    """The environment this process was started with (Linux keeps it in ``/proc/self/environ``)."""
+    raw = Path("/proc/self/environ").read_bytes()
+    return dict(entry.split("=", 1) for entry in raw.decode(errors="surrogateescape").split("\0") if "=" in entry)
+
+
+def _child(module: str, request: dict, change: EnvChange, listener: socket.socket, open_conns: list[socket.socket]) -> None:
     """In the forked child: become the process ``python -m MODULE ARGS`` would be."""
     code = 1
     try:
@@ -186,7 +216,7 @@ def _child(module: str, request: dict, listener: socket.socket, open_conns: list
             os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
         os.umask(request["umask"])
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(change.applied(request["env"]))
         sys.argv = [module, *request["args"]]
         _title(" ".join([sys.executable, "-m", *sys.argv]))
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -215,13 +245,16 @@ def _title(title: str) -> None:
     setproctitle(title)
 
 
-def serve(path: Path, module: str) -> None:
-    """The zygote: import ``module``, then fork a process running it per request until the parent is gone."""
+def serve(path: Path, module: str, runtime: list[str]) -> None:
+    """The zygote: import ``module``, then fork a process running it per request (from a caller whose
+    environment differs only in ``runtime`` variables) until the parent is gone."""
     import importlib
 
+    started = launch_env()
     importlib.import_module(module)  # the import every forked child skips
+    change = EnvChange.since_start(started)
     parent = os.getppid()
-    own = interpreter_env(dict(os.environ))
+    own = startup_env(started, runtime)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = path.with_suffix(".tmp")
     listener.bind(str(tmp))
@@ -236,15 +269,15 @@ def serve(path: Path, module: str) -> None:
             except (OSError, ValueError):
                 conn.close()
                 continue
-            if interpreter_env(request.get("env", {})) != own:
-                conn.sendall(json.dumps({"refused": "another interpreter environment"}).encode() + b"\n")
+            if startup_env(request.get("env", {}), runtime) != own:
+                conn.sendall(json.dumps({"refused": "another environment at startup"}).encode() + b"\n")
                 conn.close()
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _child(module, request, listener, [conn, *children.values()])
+                _child(module, request, change, listener, [conn, *children.values()])
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             children[pid] = conn
         while children:
@@ -266,4 +299,4 @@ def serve(path: Path, module: str) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    serve(Path(sys.argv[1]), sys.argv[2])
+    serve(Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]))

@@ -64,7 +64,7 @@ class TinyDeepseekV4Spec:
     # the hash layers' routed experts' output weights (w2) at 0.1 of the other weights' scale, as every
     # block output: small outputs keep the residual's scale and the score layers' routing steady; at 1.0
     # a hash layer's expert moves the answers enough that a wrong one shows in them (the routing of a
-    # hash layer is the token's, whatever the residual; tests/engine/test_vllm_deepseek_v4.py's served model)
+    # hash layer is the token's, whatever the residual; tests/engine/test_vllm_deepseek_v4_served.py's model)
     hash_expert_output_scale: float = 0.1
 
     @property
