@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
 import pytest
 
-from vllm_scene_eplb.rig.server_zygote import ForkedProcess, Zygote
+from vllm_scene_eplb.rig.server_zygote import ForkedProcess, Zygote, read_line
 
 from ..conftest import SCRIPTS
 
@@ -71,3 +72,12 @@ def test_a_caller_whose_environment_differs_beyond_the_runtime_variables_is_refu
     assert z.fork(["0"], {**env, **{k: env.get(k, "") + v for k, v in other.items()}}, tmp_path / "x.log") is None
     assert not (tmp_path / "x.log").exists()
     assert _forked(z, env, tmp_path / "ok.log", "0").wait(timeout=60) == 0  # the zygote still serves
+
+
+def test_an_exit_code_that_arrives_with_the_pid_is_kept():
+    """A child that ends at once: its exit code can reach the caller in the same read as its pid."""
+    zygote_end, caller_end = socket.socketpair()
+    zygote_end.sendall(b'{"pid": 2147483647}\n{"returncode": 3}\n')
+    zygote_end.close()
+    answer, rest = read_line(caller_end)
+    assert ForkedProcess(answer["pid"], caller_end, _buffer=rest).poll() == 3

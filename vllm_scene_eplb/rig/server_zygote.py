@@ -61,6 +61,9 @@ class ForkedProcess:
     def _read(self, timeout: float | None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
+            if b"\n" in self._buffer:
+                self.returncode = int(json.loads(self._buffer.split(b"\n", 1)[0])["returncode"])
+                break
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not select.select([self.conn], [], [], left)[0]:
                 return None
@@ -68,8 +71,6 @@ class ForkedProcess:
             if not chunk:  # the zygote went away before reaping the child: a liveness check is all there is
                 return self._orphan(deadline)
             self._buffer += chunk
-            if b"\n" in self._buffer:
-                self.returncode = int(json.loads(self._buffer.split(b"\n", 1)[0])["returncode"])
         self.conn.close()
         return self.returncode
 
@@ -126,14 +127,14 @@ class Zygote:
             conn.connect(str(self.path))
             request = {"args": args, "env": env, "log": str(log), **_inherited()}
             conn.sendall(json.dumps(request).encode() + b"\n")
-            answer = _read_line(conn)
+            answer, rest = read_line(conn)
         except OSError:
             conn.close()
             return None
         if "pid" not in answer:
             conn.close()
             return None
-        return ForkedProcess(int(answer["pid"]), conn)
+        return ForkedProcess(int(answer["pid"]), conn, _buffer=rest)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -158,16 +159,19 @@ def _inherited() -> dict:
     }
 
 
-def _read_line(conn: socket.socket, timeout: float = 60.0) -> dict:
+def read_line(conn: socket.socket, timeout: float = 60.0) -> tuple[dict, bytes]:
+    """The first JSON line on ``conn`` ({} where it closes first), and what arrived after it (the
+    exit code of a child that ended at once can come in the same read as its pid)."""
     conn.settimeout(timeout)
     data = b""
     while b"\n" not in data:
         chunk = conn.recv(4096)
         if not chunk:
-            return {}
+            return {}, b""
         data += chunk
     conn.settimeout(None)
-    return json.loads(data.split(b"\n", 1)[0])
+    line, rest = data.split(b"\n", 1)
+    return json.loads(line), rest
 
 
 @dataclass(frozen=True)
@@ -265,7 +269,7 @@ def serve(path: Path, module: str, runtime: list[str]) -> None:
         if select.select([listener], [], [], 0.2)[0]:
             conn, _ = listener.accept()
             try:
-                request = _read_line(conn)
+                request, _ = read_line(conn)
             except (OSError, ValueError):
                 conn.close()
                 continue
