@@ -1,12 +1,12 @@
 """A Python that has imported vLLM's API server once and forks each test server's API server from
-there (test sessions only: tests/conftest.py starts one). A server start waits on three Python
-imports of vLLM in a row (API server, engine core, workers), about 9 s each on two cores; the forked
-API server skips the first. It then runs ``python -m vllm.entrypoints.openai.api_server ARGS`` as a
-new process would (its own session and log; the caller's environment, working folder, cores, CPU
-priority and umask; ``runpy`` as ``-m`` does), and vLLM spawns its engine core and workers from it
-unchanged. A caller whose environment differs in more than the variables read once the server runs
-(another ``PYTHONPATH``, such as the V4 stand-ins') is refused: it takes another zygote, or starts
-the server as a new process.
+there (test sessions only: tests/conftest.py turns them on, ``local_server`` starts them). A server
+start waits on three Python imports of vLLM in a row (API server, engine core, workers), about 9 s
+each on two cores; the forked API server skips the first. It then runs ``python -m
+vllm.entrypoints.openai.api_server ARGS`` as a new process would (its own session and log; the
+caller's environment, working folder, cores, CPU priority and umask; ``runpy`` as ``-m`` does), and
+vLLM spawns its engine core and workers from it unchanged. A caller whose environment differs in more
+than the variables read once the server runs (another ``PYTHONPATH``, such as the V4 stand-ins') is
+refused: it takes another zygote, or starts the server as a new process.
 
 The zygote is single-threaded (it forks): one ``select`` loop accepts requests on a Unix socket,
 forks, answers the child's pid, and on the child's exit writes its exit code to that request's
@@ -282,8 +282,11 @@ def serve(path: Path, module: str, runtime: list[str]) -> None:
             pid = os.fork()
             if pid == 0:
                 _child(module, request, change, listener, [conn, *children.values()])
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             children[pid] = conn
+            try:
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            except OSError:  # the caller is gone: its child runs on, reaped below
+                pass
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
