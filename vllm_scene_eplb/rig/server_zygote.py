@@ -76,21 +76,15 @@ class ForkedProcess:
 
     def _orphan(self, deadline: float | None) -> int | None:
         """The exit of a child its zygote no longer reaps: gone (code unknown, read as killed) or not yet."""
-        while _alive(self.pid):
+        import psutil  # vLLM's dependency, as in local_server
+
+        while psutil.pid_exists(self.pid):
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             time.sleep(0.2)
         self.returncode = -signal.SIGKILL
         self.conn.close()
         return self.returncode
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @dataclass
